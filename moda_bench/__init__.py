@@ -1,0 +1,14 @@
+"""moda-bench: benchmarking and kernel autotuning for Mixture-of-Depths Attention.
+
+`moda_attention`, `moda_reference` and `MoDAConfig` load lazily so that the report and gate
+commands work on machines without triton (or a GPU).
+"""
+__all__ = ["moda_attention", "moda_reference", "MoDAConfig"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import kernels
+        return getattr(kernels, name)
+    raise AttributeError(f"module 'moda_bench' has no attribute {name!r}")

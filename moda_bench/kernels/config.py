@@ -1,0 +1,102 @@
+"""Launch configuration of the fused MoDA kernel and how it is chosen.
+
+A `MoDAConfig` fixes the tile shapes of the three Triton kernels (forward, backward dq/depth
+pass, backward dk/dv pass). `resolve_config` picks one for a call: an explicit config wins,
+then a registered lookup (the tuning cache, see `moda_bench.kernels.tuning`), then
+`default_config`, a heuristic.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Callable, Optional
+
+import triton
+
+from .validate import MoDAShape
+
+
+@dataclass(frozen=True)
+class MoDAConfig:
+    """Tile shapes. Rows are (position, query-head-in-group) pairs folded as r = t*GP + g.
+
+    block_m   C: query rows per forward program (a multiple of GP = next_pow2(G)).
+    block_n   sequence keys per inner step of the forward.
+    depth_sub positions per depth sub-tile; 0 = auto (fewest positions whose rows fill a
+              16-row tensor-core tile, utilisation -> min(1, G/16)); block_m // GP = one
+              dense masked tile over the whole chunk (the paper's group-aware kernel, G/C).
+    block_l   depth entries per depth step.
+    bwd_*     the same for the backward passes: dq/dkd/dvd pass (q-major) and dk/dv pass
+              (kv-major).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    depth_sub: int = 0
+    block_l: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    bwd_q_block_m: int = 64
+    bwd_q_block_n: int = 64
+    bwd_q_warps: int = 4
+    bwd_q_stages: int = 2
+    bwd_kv_block_m: int = 64
+    bwd_kv_block_n: int = 64
+    bwd_kv_warps: int = 4
+    bwd_kv_stages: int = 2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MoDAConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown MoDAConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+    def replace(self, **kw) -> "MoDAConfig":
+        return replace(self, **kw)
+
+
+def group_pad(G: int) -> int:
+    """GP: G rounded up to a power of two (rows of one position inside a block)."""
+    return triton.next_power_of_2(G)
+
+
+def auto_depth_sub(G: int, block_m: int) -> int:
+    """Fewest positions whose GP rows make a 16-row MMA tile, capped at the chunk."""
+    gp = group_pad(G)
+    return max(1, min(block_m // gp, triton.cdiv(16, gp)))
+
+
+def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
+    """Heuristic used when no tuned entry exists."""
+    gp = group_pad(shape.G)
+    bm = max(64, gp)
+    bl = min(64, max(16, triton.next_power_of_2(max(shape.L, 1))))
+    cfg = MoDAConfig(block_m=bm, bwd_q_block_m=max(64, gp), block_l=bl)
+    if shape.d > 64:
+        cfg = cfg.replace(num_stages=2, bwd_q_block_n=32, bwd_kv_block_m=32)
+    return cfg
+
+
+ConfigLookup = Callable[[MoDAShape, object], Optional[MoDAConfig]]
+_lookup: Optional[ConfigLookup] = None
+
+
+def set_config_lookup(fn: Optional[ConfigLookup]) -> None:
+    """Register (or clear with None) a function (shape, dtype) -> MoDAConfig | None."""
+    global _lookup
+    _lookup = fn
+
+
+def resolve_config(shape: MoDAShape, dtype, config: Optional[MoDAConfig] = None) -> MoDAConfig:
+    """Explicit config, else the registered lookup's answer, else the heuristic default."""
+    if config is not None:
+        return config
+    if _lookup is not None:
+        found = _lookup(shape, dtype)
+        if found is not None:
+            return found
+    return default_config(shape, dtype)
