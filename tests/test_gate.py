@@ -1,0 +1,325 @@
+"""`moda-bench gate`: synthetic schema.COLUMNS CSVs through a local typer app wrapping gate_command."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from moda_bench.reports import gate
+from moda_bench.reports.gate import compare, gate_command, parse_threshold
+from moda_bench.sweeps import schema
+
+GPU = "NVIDIA H100 80GB HBM3"
+CONFIGS = [dict(T=T, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype="bfloat16") for T in (1024, 4096, 16384)]
+PROVIDERS = {"fa2": 1.0, "moda": 1.05, "moda-chunk": 1.6}  # time relative to fa2
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("gate")(gate_command)
+
+    @app.command("noop")  # a second command keeps typer in multi-command mode, like cli.py
+    def _noop() -> None:
+        pass
+    return app
+
+
+def make_run(rng: np.random.Generator, scale: dict | float = 1.0, spread: float = 0.02, gpu: str = GPU,
+             passes=("fwdbwd",), drop=(), status: dict | None = None) -> pd.DataFrame:
+    """One run: every provider on every config; base time ~ T^2, small random jitter.
+
+    scale: factor on all times, or provider -> factor. spread: relative half-width of p20/p80.
+    status: (provider, T) -> status string for rows that did not run ok.
+    """
+    rows = []
+    for pass_ in passes:
+        for cfg in CONFIGS:
+            for prov, rel in PROVIDERS.items():
+                if (prov, cfg["T"]) in drop:
+                    continue
+                factor = scale.get(prov, 1.0) if isinstance(scale, dict) else scale
+                med = 27.0 * (cfg["T"] / 16384) ** 2 * rel * factor * (1 + rng.uniform(-0.003, 0.003))
+                st = (status or {}).get((prov, cfg["T"]), schema.OK)
+                row = {c: np.nan for c in schema.COLUMNS}
+                row.update(cfg, sweep="t", provider=prov, impl_detail="", **{"pass": pass_},
+                           median_ms=med, p20_ms=med * (1 - spread), p80_ms=med * (1 + spread),
+                           status=st, reason="boom" if st != schema.OK else "", gpu=gpu, gpu_index=0,
+                           torch_version="2.11", triton_version="3.6", git_commit="abc",
+                           timestamp="2025-01-01T00:00:00+00:00")
+                if st != schema.OK:
+                    row.update(median_ms=np.nan, p20_ms=np.nan, p80_ms=np.nan)
+                rows.append(row)
+    return pd.DataFrame(rows, columns=schema.COLUMNS)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def gate_files(tmp_path):
+    """Write (baseline, current) frames to CSVs, invoke the gate, return the click Result."""
+    def invoke(base: pd.DataFrame, cur: pd.DataFrame, *args: str):
+        b, c = tmp_path / "base.csv", tmp_path / "cur.csv"
+        base.to_csv(b, index=False)
+        cur.to_csv(c, index=False)
+        return CliRunner().invoke(_app(), ["gate", "--baseline", str(b), "--current", str(c), *args],
+                                  env={"GITHUB_STEP_SUMMARY": "", "COLUMNS": "200"})
+    return invoke
+
+
+def _cat(result: gate.GateResult, provider: str, T: int) -> str:
+    r = result.rows
+    return r[(r["provider"] == provider) & (r["T"] == T)]["category"].item()
+
+
+def test_twenty_percent_slowdown_fails(rng, gate_files):
+    base, cur = make_run(rng), make_run(rng, scale={"moda": 1.2})
+    res = gate_files(base, cur)
+    assert res.exit_code == 1, res.output
+    assert "regressed" in res.output and "FAIL" in res.output
+    result = compare(base, cur, 0.05)
+    assert result.counts["regressed"] == 3  # moda at every T, nothing else
+    assert set(result.rows.query("category == 'regressed'")["provider"]) == {"moda"}
+    assert result.rows.query("category == 'regressed'")["change"].between(0.18, 0.22).all()
+    # the same slowdown on the time metric also fails
+    assert gate_files(base, cur, "--metric", "time").exit_code == 1
+
+
+def test_warn_only_reports_but_passes(rng, gate_files):
+    res = gate_files(make_run(rng), make_run(rng, scale={"moda": 1.2}), "--warn-only")
+    assert res.exit_code == 0, res.output
+    assert "regressed" in res.output and "warn-only" in res.output
+
+
+def test_change_within_noise_passes(rng, gate_files):
+    # +8% median is over the 5% threshold, but the p20-p80 bands (+-10%) overlap: noise, not a regression
+    base, cur = make_run(rng, spread=0.10), make_run(rng, scale={"moda": 1.08}, spread=0.10)
+    res = gate_files(base, cur, "--metric", "time")
+    assert res.exit_code == 0, res.output
+    result = compare(base, cur, 0.05, "time")
+    assert result.counts["regressed"] == 0 and result.counts["unchanged"] == 9
+    # a tight spread makes the same change significant
+    assert compare(make_run(rng, spread=0.005), make_run(rng, scale={"moda": 1.08}, spread=0.005),
+                   0.05, "time").counts["regressed"] == 3
+
+
+def test_below_threshold_passes_even_if_outside_noise(rng):
+    # +3% with a 0.5% spread is measurable but under the 5% threshold
+    result = compare(make_run(rng, spread=0.005), make_run(rng, scale={"moda": 1.03}, spread=0.005), 0.05, "time")
+    assert result.counts["regressed"] == 0 and not result.failed
+    assert compare(make_run(rng, spread=0.005), make_run(rng, scale={"moda": 1.03}, spread=0.005),
+                   0.02, "time").counts["regressed"] == 3
+
+
+def test_improvement_passes_and_is_reported(rng, gate_files):
+    base, cur = make_run(rng), make_run(rng, scale={"moda-chunk": 0.7})
+    res = gate_files(base, cur)
+    assert res.exit_code == 0, res.output
+    assert "improved" in res.output and "PASS" in res.output
+    result = compare(base, cur, 0.05)
+    assert result.counts["improved"] == 3 and _cat(result, "moda-chunk", 4096) == "improved"
+    assert _cat(result, "moda", 4096) == "unchanged"
+
+
+def test_ratio_metric_ignores_uniformly_slower_machine(rng, gate_files):
+    base, cur = make_run(rng), make_run(rng, scale=1.10)
+    res = gate_files(base, cur)  # default --metric ratio
+    assert res.exit_code == 0, res.output
+    result = compare(base, cur, 0.05, "ratio")
+    assert result.counts["regressed"] == 0
+    assert result.counts["reference"] == 3  # fa2 rows: time shown, not gated
+    assert result.rows.query("category == 'reference'")["change"].between(0.08, 0.12).all()
+    # the raw time metric sees the slower machine
+    assert gate_files(base, cur, "--metric", "time").exit_code == 1
+    # a provider slower relative to fa2 on a slower machine still fails on ratio
+    assert compare(base, make_run(rng, scale={"fa2": 1.1, "moda": 1.1 * 1.2, "moda-chunk": 1.1}),
+                   0.05).counts["regressed"] == 3
+
+
+def test_ratio_falls_back_to_time_without_reference(rng):
+    base = make_run(rng)
+    cur = make_run(rng, scale={"moda": 1.2}, drop={("fa2", 1024)})
+    result = compare(base, cur, 0.05)
+    r = result.rows
+    row = r[(r["provider"] == "moda") & (r["T"] == 1024)].iloc[0]
+    assert row["metric"] == "time" and row["category"] == "regressed" and "no fa2 row in current" in row["detail"]
+    assert _cat(result, "fa2", 1024) == "missing"
+
+
+def test_reference_matched_ignoring_depth_and_chunk(rng):
+    # fa2 rows recorded with L=0 and no C: moda rows still find their reference
+    def relabel(df):
+        df = df.copy()
+        df.loc[df["provider"] == "fa2", ["L", "C"]] = [0, np.nan]
+        return df
+    base, cur = relabel(make_run(rng)), relabel(make_run(rng, scale=1.1))
+    result = compare(base, cur, 0.05)
+    assert (result.rows.query("provider != 'fa2'")["metric"] == "ratio").all()
+    assert not result.failed
+
+
+def test_missing_new_and_failed_rows(rng, gate_files):
+    base = make_run(rng, drop={("moda-chunk", 16384)})
+    cur = make_run(rng, drop={("moda", 1024)}, status={("moda", 4096): schema.SKIPPED})
+    result = compare(base, cur, 0.05)
+    assert _cat(result, "moda", 1024) == "missing"
+    assert _cat(result, "moda", 4096) == "missing"
+    assert _cat(result, "moda-chunk", 16384) == "new"
+    assert not result.failed
+    res = gate_files(base, cur)
+    assert res.exit_code == 0, res.output
+    assert "missing" in res.output and "new" in res.output
+
+    # ok in baseline, error/oom now: the provider broke -> gate fails
+    broken = make_run(rng, status={("moda", 16384): schema.OOM})
+    assert _cat(compare(base, broken, 0.05), "moda", 16384) == "failed"
+    res = gate_files(base, broken)
+    assert res.exit_code == 1 and "failed" in res.output
+
+
+def test_duplicate_key_last_row_wins(rng):
+    base = make_run(rng)
+    stale = make_run(rng, scale={"moda": 2.0})
+    cur = pd.concat([stale, make_run(rng)], ignore_index=True)  # re-run appended to the same CSV
+    assert not compare(base, cur, 0.05).failed
+    assert compare(base, pd.concat([make_run(rng), stale]), 0.05).counts["regressed"] == 3
+
+
+def test_schema_error_names_missing_columns(rng, gate_files):
+    base = make_run(rng)
+    res = gate_files(base, make_run(rng).drop(columns=["p80_ms", "Hk"]))
+    assert res.exit_code == 2
+    assert "missing column(s)" in res.output and "Hk" in res.output and "p80_ms" in res.output
+    assert "Traceback" not in res.output
+    with pytest.raises(gate.GateInputError, match="baseline.*status"):
+        compare(base.drop(columns=["status"]), base)
+
+
+def test_missing_and_empty_files_exit_2(rng, tmp_path):
+    b = tmp_path / "base.csv"
+    make_run(rng).to_csv(b, index=False)
+    runner = CliRunner()
+    res = runner.invoke(_app(), ["gate", "--baseline", str(b), "--current", str(tmp_path / "nope.csv")])
+    assert res.exit_code == 2 and "not found" in res.output and "nope.csv" in res.output
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    res = runner.invoke(_app(), ["gate", "--baseline", str(b), "--current", str(empty)])
+    assert res.exit_code == 2 and "empty" in res.output
+    header_only = tmp_path / "header.csv"
+    header_only.write_text(",".join(schema.COLUMNS) + "\n")
+    res = runner.invoke(_app(), ["gate", "--baseline", str(header_only), "--current", str(b)])
+    assert res.exit_code == 2 and "no rows" in res.output
+    res = runner.invoke(_app(), ["gate", "--baseline", str(b)])
+    assert res.exit_code == 2 and "--current" in res.output
+
+
+def test_nothing_in_common_exits_2(rng, gate_files):
+    cur = make_run(rng, passes=("fwd",))
+    res = gate_files(make_run(rng), cur)
+    assert res.exit_code == 2 and "nothing to compare" in res.output
+
+
+def test_gpu_change_exits_2_unless_allowed(rng, gate_files):
+    base, cur = make_run(rng), make_run(rng, gpu="NVIDIA H200")
+    res = gate_files(base, cur)
+    assert res.exit_code == 2 and "GPU changed" in res.output and "H200" in res.output
+    assert gate_files(base, cur, "--allow-gpu-change").exit_code == 0
+    with pytest.raises(gate.GateInputError, match="allow-gpu-change"):
+        compare(base, cur)
+
+
+@pytest.mark.parametrize("text,value", [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125), ("0", 0.0)])
+def test_parse_threshold(text, value):
+    assert parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["5", "-1%", "abc", "%"])
+def test_parse_threshold_rejects(text):
+    with pytest.raises(typer.BadParameter):
+        parse_threshold(text)
+
+
+def test_threshold_option_accepts_both_spellings(rng, gate_files):
+    base, cur = make_run(rng, spread=0.005), make_run(rng, scale={"moda": 1.08}, spread=0.005)
+    assert gate_files(base, cur, "--threshold", "10%").exit_code == 0
+    assert gate_files(base, cur, "--threshold", "0.05").exit_code == 1
+    res = gate_files(base, cur, "--threshold", "5")
+    assert res.exit_code == 2 and "ambiguous" in res.output
+
+
+def test_summary_writes_markdown(rng, gate_files, tmp_path):
+    out = tmp_path / "sub" / "summary.md"
+    res = gate_files(make_run(rng), make_run(rng, scale={"moda": 1.2}), "--summary", str(out))
+    assert res.exit_code == 1
+    text = out.read_text()
+    assert text.startswith("## ") and "FAIL" in text
+    assert "| category | provider |" in text and "| regressed | moda |" in text
+    assert "+20" in text or "+19" in text or "+21" in text
+    assert "<details>" in text
+
+
+def test_github_step_summary_appended(rng, tmp_path):
+    b, c, step = tmp_path / "b.csv", tmp_path / "c.csv", tmp_path / "step.md"
+    make_run(rng).to_csv(b, index=False)
+    make_run(rng).to_csv(c, index=False)
+    step.write_text("previous step\n")
+    res = CliRunner().invoke(_app(), ["gate", "--baseline", str(b), "--current", str(c)],
+                             env={"GITHUB_STEP_SUMMARY": str(step)})
+    assert res.exit_code == 0, res.output
+    text = step.read_text()
+    assert text.startswith("previous step\n") and "PASS" in text
+
+
+def test_update_baseline_copies_current(rng, gate_files, tmp_path):
+    res = gate_files(make_run(rng), make_run(rng, scale={"moda-chunk": 0.7}), "--update-baseline")
+    assert res.exit_code == 0 and "baseline updated" in res.output
+    assert (tmp_path / "base.csv").read_bytes() == (tmp_path / "cur.csv").read_bytes()
+
+
+def test_points_from_baseline(rng):
+    df = make_run(rng, passes=("fwd", "fwdbwd"), status={("moda", 1024): schema.ERROR})
+    plan = gate.points_from_baseline(df)
+    assert set(plan) == {"fwd", "fwdbwd"}
+    points, providers = plan["fwdbwd"]
+    assert [p.T for p in points] == [1024, 4096, 16384]
+    assert all(p.Hq == 64 and p.L == 64 and p.C == 64 and p.dtype == "bfloat16" for p in points)
+    assert sorted(providers) == ["fa2", "moda", "moda-chunk"]
+
+
+def test_run_uses_runner_and_gates(rng, tmp_path, monkeypatch):
+    """--run: the runner (stubbed) gets the baseline's points/providers; its CSV is gated."""
+    import torch
+    from moda_bench.sweeps import runner
+
+    base = make_run(rng)
+    b = tmp_path / "base.csv"
+    base.to_csv(b, index=False)
+    calls = []
+
+    def fake_run_sweep(points, providers, pass_, csv_path, *, sweep_name, **kw):
+        calls.append((points, providers, pass_, sweep_name))
+        make_run(rng, scale={"moda": 1.25}).to_csv(csv_path, index=False)
+
+    monkeypatch.setattr(runner, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cur = tmp_path / "new.csv"
+    res = CliRunner().invoke(_app(), ["gate", "--run", "--baseline", str(b), "--current", str(cur),
+                                      "--update-baseline"], env={"GITHUB_STEP_SUMMARY": ""})
+    assert res.exit_code == 1, res.output
+    assert len(calls) == 1 and calls[0][2] == "fwdbwd" and calls[0][1] == ["fa2", "moda", "moda-chunk"]
+    assert len(calls[0][0]) == 3 and cur.exists()
+    assert "baseline updated" in res.output and b.read_bytes() == cur.read_bytes()
+    assert not list(tmp_path.glob(".gate-*"))  # the temporary file is gone
+
+
+def test_run_without_cuda_exits_2(rng, tmp_path, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    b = tmp_path / "base.csv"
+    make_run(rng).to_csv(b, index=False)
+    res = CliRunner().invoke(_app(), ["gate", "--run", "--baseline", str(b)])
+    assert res.exit_code == 2 and "CUDA" in res.output and "Traceback" not in res.output
