@@ -1,0 +1,69 @@
+"""Shared test utilities: random MoDA inputs and error metrics."""
+from __future__ import annotations
+
+import torch
+
+# ||err|| / ||ref|| tolerances vs the fp64 reference, per input dtype
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def random_inputs(B, T, Hq, Hk, d, L, dtype, seed=0, dev=None):
+    """Random (never zero) q, k, v, k_depth, v_depth, do; depth tensors None when L == 0."""
+    g = torch.Generator().manual_seed(seed)
+    dev = dev or device()
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dev, dtype).requires_grad_(True)
+
+    q, k, v = rnd(B, T, Hq, d), rnd(B, T, Hk, d), rnd(B, T, Hk, d)
+    kd = rnd(B, T, L, Hk, d) if L else None
+    vd = rnd(B, T, L, Hk, d) if L else None
+    do = torch.randn(B, T, Hq, d, generator=g).to(dev, dtype)
+    return q, k, v, kd, vd, do
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64; inf if a has a NaN/inf.
+
+    Where the exact answer is zero (||b|| < 1e-8 sqrt(n): dq and dk at T=1, L=0, where the
+    softmax has a single entry) it is the RMS of a - b instead, so rounding noise is judged
+    against the O(1) scale of the inputs rather than divided by zero."""
+    a, b = a.detach().double(), b.detach().double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    n = max(b.numel(), 1)
+    denom = b.norm()
+    if denom < 1e-8 * n ** 0.5:
+        denom = torch.tensor(float(n) ** 0.5, dtype=torch.float64)
+    return float((a - b).norm() / denom)
+
+
+def check_against_reference(fn, B, T, Hq, Hk, d, L, dtype, seed=0, tol=None, ref_dtype=torch.float64, **kw):
+    """Run fn (moda_attention-like) fwd+bwd and compare out, lse (if returned) and all five
+    gradients with moda_reference. Returns the dict of relative errors (asserted < tol)."""
+    from moda_bench.kernels.reference import moda_reference
+
+    tol = tol or TOLERANCE[dtype]
+    q, k, v, kd, vd, do = random_inputs(B, T, Hq, Hk, d, L, dtype, seed)
+    inputs = [x for x in (q, k, v, kd, vd) if x is not None]
+    names = ["q", "k", "v", "k_depth", "v_depth"][: len(inputs)]
+    res = fn(q, k, v, kd, vd, **kw)
+    out, lse = res if isinstance(res, tuple) else (res, None)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    grads = torch.autograd.grad(out, inputs, do)
+    ref_out, ref_lse = moda_reference(q, k, v, kd, vd, return_lse=True, compute_dtype=ref_dtype, out_dtype=ref_dtype)
+    ref_grads = torch.autograd.grad(ref_out, inputs, do.to(ref_dtype))
+    errs = {"out": rel_err(out, ref_out)}
+    if lse is not None:
+        assert lse.shape == (B, T, Hq) and lse.dtype == torch.float32
+        errs["lse"] = rel_err(lse, ref_lse)
+    for n, gk, gr in zip(names, grads, ref_grads):
+        assert gk.shape == gr.shape and gk.dtype == dtype, n
+        errs["d" + n] = rel_err(gk, gr)
+    bad = {k_: e for k_, e in errs.items() if not e < tol}
+    assert not bad, f"errors above {tol:g}: {bad} (all: {errs})"
+    return errs
