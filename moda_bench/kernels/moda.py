@@ -33,7 +33,7 @@ from .config import MoDAConfig, auto_depth_sub, group_pad, resolve_config
 from .validate import MoDAShape, check_inputs
 
 LOG2E = 1.4426950408889634
-NEG = -1.0e30  # finite "minus infinity": fully masked (padding) rows stay finite
+NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked (padding) rows stay finite
 
 
 # --------------------------------------------------------------------------------------------
