@@ -167,54 +167,64 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _measure(provider, point: Point, pass_: str, row: dict, *, device: str, chunk: Optional[int],
+             timer: Callable, warmup_ms: float, rep_ms: float, seed: int, check_len: int) -> None:
+    """Inputs, prepare, accuracy check, timing: fills row in place (its locals die on return)."""
+    import torch
+    from .timing import grad_inputs, make_inputs, make_pass_fn
+
+    on_cuda = str(device).startswith("cuda")
+    L_eff = point.L if provider.uses_depth else 0
+    inputs = make_inputs(point.B, point.T, point.Hq, point.Hk, point.d, L_eff, dtype=_torch_dtype(point.dtype),
+                         device=device, requires_grad=pass_ != "fwd", seed=seed)
+    prepared = provider.prepare(inputs, point, chunk)
+    row.update(impl_detail=prepared.impl_detail, depth_utilization=prepared.depth_utilization,
+               config=json.dumps(prepared.config, sort_keys=True) if prepared.config else "")
+    err = check_accuracy(prepared.forward, inputs, pass_, check_len)
+    row["max_rel_err"] = err
+    if on_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    fn = make_pass_fn(prepared.forward, inputs, pass_)
+    timing = timer(fn, grad_to_none=grad_inputs(inputs) or None, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    row.update({k: float(timing[k]) for k in ("median_ms", "p20_ms", "p80_ms")})
+    if on_cuda:
+        row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    flops = schema.pass_flops(pass_, point.B, point.Hq, point.T, point.d, L_eff)
+    row["tflops"] = flops / (row["median_ms"] * 1e9) if row["median_ms"] > 0 else math.nan
+    tol = ACCURACY_TOL.get(point.dtype, 1e-3)
+    if err <= tol:
+        row["status"] = schema.OK
+    else:
+        row.update(status=schema.ERROR, reason=f"accuracy: max_rel_err={err:.3g} > {tol:g} vs moda_reference")
+
+
 def run_one(provider, point: Point, pass_: str, *, sweep_name: str, device: str, chunk: Optional[int],
             timer: Callable, warmup_ms: float, rep_ms: float, seed: int, check_len: int = CHECK_LEN,
             unavailable_reason: Optional[str] = None, meta: Optional[dict] = None) -> dict:
-    """Measure one provider on one point; always returns a schema row (status ok/skipped/oom/error)."""
+    """Measure one provider on one point; always returns a schema row (status ok/skipped/oom/error).
+
+    Only KeyboardInterrupt (and other BaseExceptions) escape; CUDA OOM -> 'oom', ProviderSkip ->
+    'skipped', any other exception -> 'error' with its first line as the reason.
+    """
     import torch
     from .providers import ProviderSkip
-    from .timing import grad_inputs, make_inputs, make_pass_fn
 
     row = _base_row(point, provider.name, pass_, sweep_name)
     row.update(meta or {})
     if unavailable_reason:
         row.update(status=schema.SKIPPED, reason=unavailable_reason)
         return row
-    on_cuda = str(device).startswith("cuda")
-    L_eff = point.L if provider.uses_depth else 0
-    inputs = None
     try:
-        inputs = make_inputs(point.B, point.T, point.Hq, point.Hk, point.d, L_eff, dtype=_torch_dtype(point.dtype),
-                             device=device, requires_grad=pass_ != "fwd", seed=seed)
-        prepared = provider.prepare(inputs, point, chunk)
-        row.update(impl_detail=prepared.impl_detail, depth_utilization=prepared.depth_utilization,
-                   config=json.dumps(prepared.config, sort_keys=True) if prepared.config else "")
-        err = check_accuracy(prepared.forward, inputs, pass_, check_len)
-        row["max_rel_err"] = err
-        if on_cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        fn = make_pass_fn(prepared.forward, inputs, pass_)
-        timing = timer(fn, grad_to_none=grad_inputs(inputs) or None, warmup_ms=warmup_ms, rep_ms=rep_ms)
-        row.update({k: float(timing[k]) for k in ("median_ms", "p20_ms", "p80_ms")})
-        if on_cuda:
-            row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        flops = schema.pass_flops(pass_, point.B, point.Hq, point.T, point.d, L_eff)
-        row["tflops"] = flops / (row["median_ms"] * 1e9) if row["median_ms"] > 0 else math.nan
-        tol = ACCURACY_TOL.get(point.dtype, 1e-3)
-        if not (err <= tol):
-            row.update(status=schema.ERROR, reason=f"accuracy: max_rel_err={err:.3g} > {tol:g} vs moda_reference")
-        else:
-            row["status"] = schema.OK
+        _measure(provider, point, pass_, row, device=device, chunk=chunk, timer=timer, warmup_ms=warmup_ms,
+                 rep_ms=rep_ms, seed=seed, check_len=check_len)
     except ProviderSkip as exc:
         row.update(status=schema.SKIPPED, reason=str(exc))
     except torch.cuda.OutOfMemoryError as exc:
         row.update(status=schema.OOM, reason=_short(exc))
     except Exception as exc:  # any failure of one provider must not stop the sweep
         row.update(status=schema.ERROR, reason=_short(exc))
-    finally:
-        del inputs
-        _release(device)
+    _release(device)
     return row
 
 

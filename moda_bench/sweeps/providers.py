@@ -1,0 +1,294 @@
+"""Registry of the implementations a sweep can time ("providers").
+
+Adding one is one small function:
+
+    @register_provider("my-impl", uses_depth=True, unavailable=needs_cuda)
+    def _my_impl(inputs, point, chunk):
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        return Prepared(lambda: my_attention(q, k, v, inputs["k_depth"], inputs["v_depth"]),
+                        impl_detail="what actually ran", depth_utilization=...)
+
+`inputs` is `timing.make_inputs(...)` for the point (with L = 0 when uses_depth is False:
+sequence-only baselines such as fa2 and cudnn run the same T, G, Hk, d without depth), `chunk`
+is the query chunk C to pin (None: let the implementation choose). The function builds whatever
+is reused across calls (configs, masks, compiled functions) and returns a `Prepared` whose
+`forward()` returns out (B, T, Hq, d). Raise `ProviderSkip(reason)` when the point does not
+apply; `unavailable(device)` returns a reason when the provider cannot run at all.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+DEFAULT_PROVIDERS = ["moda", "fa2", "fa2-triton", "cudnn", "flex"]
+BASELINE = "fa2"
+
+
+class ProviderSkip(Exception):
+    """Raised by a provider's prepare function: this point does not apply (row status 'skipped')."""
+
+
+class UnknownProviderError(ValueError):
+    """A requested provider name is not registered."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a provider built for one point: the forward closure and what to record about it."""
+
+    forward: Callable[[], object]
+    impl_detail: str = ""
+    config: Optional[dict] = None
+    depth_utilization: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A named implementation. prepare(inputs, point, chunk) -> Prepared."""
+
+    name: str
+    prepare: Callable[..., Prepared]
+    uses_depth: bool = True
+    unavailable: Callable[[str], Optional[str]] = field(default=lambda device: None)
+    description: str = ""
+
+
+_REGISTRY: dict[str, Provider] = {}
+_optional_state: dict = {"loaded": False, "ladder_error": None}
+
+
+def register_provider(name: str, *, uses_depth: bool = True,
+                      unavailable: Optional[Callable[[str], Optional[str]]] = None,
+                      description: str = "", replace: bool = False):
+    """Decorator registering `prepare(inputs, point, chunk) -> Prepared` under `name`."""
+
+    def deco(prepare):
+        if name in _REGISTRY and not replace:
+            raise ValueError(f"provider {name!r} is already registered")
+        _REGISTRY[name] = Provider(name=name, prepare=prepare, uses_depth=uses_depth,
+                                   unavailable=unavailable or (lambda device: None),
+                                   description=description or (prepare.__doc__ or "").strip().split("\n")[0])
+        return prepare
+
+    return deco
+
+
+def unregister_provider(name: str) -> None:
+    """Remove a provider (tests inject fakes and remove them again)."""
+    _REGISTRY.pop(name, None)
+
+
+def _load_optional() -> None:
+    """Register the ablation rungs of moda_bench.kernels.ladder when that module is importable."""
+    if _optional_state["loaded"]:
+        return
+    _optional_state["loaded"] = True
+    try:
+        from ..kernels import ladder
+    except ImportError as exc:
+        _optional_state["ladder_error"] = f"{type(exc).__name__}: {exc}"
+        return
+    for rung in ladder.RUNGS:
+        if rung.name not in _REGISTRY:
+            _register_rung(rung)
+
+
+def provider_names() -> list[str]:
+    """All registered names (fixed providers first, then the ablation rungs)."""
+    _load_optional()
+    return list(_REGISTRY)
+
+
+def get_provider(name: str) -> Provider:
+    _load_optional()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        hint = ""
+        if _optional_state["ladder_error"]:
+            hint = f" (ablation rungs not loaded: {_optional_state['ladder_error']})"
+        raise UnknownProviderError(f"unknown provider {name!r}; known: {', '.join(_REGISTRY)}{hint}") from None
+
+
+def resolve_providers(names) -> list[Provider]:
+    """Providers for a list or comma string of names, in the given order (duplicates dropped)."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",")]
+    names = [n for n in dict.fromkeys(n.strip() for n in names) if n]
+    if not names:
+        raise UnknownProviderError("no provider given")
+    return [get_provider(n) for n in names]
+
+
+# ---------------------------------------------------------------------------------------------
+# availability checks
+# ---------------------------------------------------------------------------------------------
+
+def needs_cuda(device: str) -> Optional[str]:
+    return None if str(device).startswith("cuda") else f"needs a CUDA device (running on {device})"
+
+
+def _needs_moda_kernel(device: str) -> Optional[str]:
+    try:
+        from ..kernels import moda  # noqa: F401
+    except ImportError as exc:
+        return f"moda_bench.kernels.moda not importable: {exc}"
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return None
+    return needs_cuda(device)
+
+
+def _needs_sdpa_backend(backend: str) -> Callable[[str], Optional[str]]:
+    def check(device: str) -> Optional[str]:
+        try:
+            from torch.nn.attention import SDPBackend  # noqa: F401
+        except ImportError:
+            return "torch.nn.attention.SDPBackend not available in this torch"
+        if not hasattr(SDPBackend, backend):
+            return f"SDPBackend.{backend} not available in this torch"
+        if backend == "CUDNN_ATTENTION":
+            import torch
+            if not torch.backends.cudnn.is_available():
+                return "cuDNN not available"
+        return needs_cuda(device)
+    return check
+
+
+def _needs_flex(device: str) -> Optional[str]:
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
+    except ImportError as exc:
+        return f"torch.nn.attention.flex_attention not available: {exc}"
+    return needs_cuda(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# providers
+# ---------------------------------------------------------------------------------------------
+
+def _moda_config(point, L: int, dtype, chunk: Optional[int]):
+    """Config for moda_attention: tuned/default via resolve_config, block_m (and the backward's
+    q-major block, which chunks the depth pass of dq) pinned to `chunk` when given."""
+    from ..kernels.config import resolve_config
+    from ..kernels.moda import check_config
+    from ..kernels.validate import MoDAShape
+
+    shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=L)
+    cfg = resolve_config(shape, dtype)
+    if chunk is not None and (cfg.block_m, cfg.bwd_q_block_m) != (chunk, chunk):
+        cfg = cfg.replace(block_m=chunk, bwd_q_block_m=chunk, depth_sub=0)  # depth_sub re-derived for C
+    try:
+        check_config(cfg, point.G)
+    except ValueError as exc:
+        raise ProviderSkip(f"C={chunk} not valid for G={point.G}: {exc}") if chunk is not None else exc
+    return cfg
+
+
+def _moda_prepared(inputs, point, chunk, with_depth: bool) -> Prepared:
+    from ..kernels import moda as moda_mod
+
+    q = inputs["q"]
+    L = point.L if with_depth else 0
+    cfg = _moda_config(point, L, q.dtype, chunk)
+    kd, vd = (inputs["k_depth"], inputs["v_depth"]) if with_depth else (None, None)
+    eta = float("nan")
+    if L:
+        du = getattr(moda_mod, "depth_utilization", None)
+        eta = du(point.T, point.G, cfg.block_m, L, cfg) if du else point.G / cfg.block_m
+    pinned = "pinned" if chunk is not None else "resolved"
+    return Prepared(lambda: moda_mod.moda_attention(q, inputs["k"], inputs["v"], kd, vd, config=cfg),
+                    impl_detail=f"moda_attention block_m={cfg.block_m} ({pinned})" + ("" if L else ", L=0"),
+                    config=cfg.to_dict(), depth_utilization=eta)
+
+
+@register_provider("moda", unavailable=_needs_moda_kernel, description="fused Triton MoDA kernel")
+def _moda(inputs, point, chunk):
+    return _moda_prepared(inputs, point, chunk, with_depth=True)
+
+
+@register_provider("fa2-triton", uses_depth=False, unavailable=_needs_moda_kernel,
+                   description="the MoDA kernel with L=0 (its FlashAttention-2 Triton path)")
+def _fa2_triton(inputs, point, chunk):
+    return _moda_prepared(inputs, point, chunk, with_depth=False)
+
+
+def _sdpa_prepared(inputs, backend_name: str, label: str) -> Prepared:
+    """SDPA restricted to one backend on (B, H, T, d) transposed views; GQA through enable_gqa,
+    or repeat_interleave of k/v inside the timed call when the backend refuses enable_gqa."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    G = q.shape[2] // k.shape[2]
+
+    def make(expand: bool):
+        def forward():
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            kw = {}
+            if G > 1 and expand:
+                kt, vt = kt.repeat_interleave(G, dim=1), vt.repeat_interleave(G, dim=1)
+            elif G > 1:
+                kw["enable_gqa"] = True
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, **kw).transpose(1, 2)
+        return forward
+
+    forward, gqa = make(False), "enable_gqa" if G > 1 else "MHA"
+    try:
+        forward()  # probe (with autograd on, as timed): does the backend take this call?
+    except (RuntimeError, TypeError):
+        forward, gqa = make(True), "repeat_interleave (in timed call)"
+        forward()  # a genuine failure raises here
+    return Prepared(forward, impl_detail=f"{label}; GQA via {gqa}; sequence-only (no depth)")
+
+
+@register_provider("fa2", uses_depth=False, unavailable=needs_cuda,
+                   description="FlashAttention-2 (flash_attn package, else SDPA flash backend), no depth")
+def _fa2(inputs, point, chunk):
+    try:
+        import flash_attn
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return _sdpa_prepared(inputs, "FLASH_ATTENTION", "SDPA FLASH_ATTENTION backend")
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    return Prepared(lambda: flash_attn_func(q, k, v, causal=True),
+                    impl_detail=f"flash_attn.flash_attn_func {flash_attn.__version__}; sequence-only (no depth)")
+
+
+@register_provider("cudnn", uses_depth=False, unavailable=_needs_sdpa_backend("CUDNN_ATTENTION"),
+                   description="SDPA cuDNN backend, no depth")
+def _cudnn(inputs, point, chunk):
+    return _sdpa_prepared(inputs, "CUDNN_ATTENTION", "SDPA CUDNN_ATTENTION backend")
+
+
+@register_provider("flex", unavailable=_needs_flex,
+                   description="MoDA through torch.compile'd flex_attention with a block mask")
+def _flex(inputs, point, chunk):
+    from ..kernels.flex import block_mask_depth_utilization, make_moda_flex
+
+    q = inputs["q"]
+    block = 128
+    fn = make_moda_flex(point.T, point.L, device=q.device, block_size=block)
+    return Prepared(lambda: fn(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"]),
+                    impl_detail=f"flex_attention compiled, BlockMask {block}x{block} over T+T*L keys",
+                    config={"block_size": block},
+                    depth_utilization=block_mask_depth_utilization(point.T, point.L, block))
+
+
+def _register_rung(rung) -> None:
+    """One ablation rung of moda_bench.kernels.ladder as a provider named rung.name."""
+
+    def prepare(inputs, point, chunk):
+        C = point.C if chunk is None else chunk
+        args = [inputs[n] for n in ("q", "k", "v", "k_depth", "v_depth")]
+        eta = rung.depth_utilization(point.T, point.G, C, point.L) if point.L else math.nan
+        return Prepared(lambda: rung.fn(*args, chunk=C), impl_detail=f"ladder rung {rung.name}, chunk={C}",
+                        config={"chunk": C}, depth_utilization=float(eta))
+
+    triton_rung = getattr(rung, "needs_cuda", rung.name != "naive-torch")
+    unavailable = _needs_moda_kernel if triton_rung else (lambda device: None)
+    register_provider(rung.name, unavailable=unavailable, description=f"ablation rung {rung.name}")(prepare)
