@@ -1,0 +1,489 @@
+"""Autotuning: pruning rules, the search, the JSON tuning cache and its lookup (CPU).
+
+The cache tests use temporary files only; the lookup is uninstalled after every test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+from moda_bench.kernels import config as config_mod
+from moda_bench.kernels import tuning as tu
+from moda_bench.kernels.config import MoDAConfig, default_config, group_pad, resolve_config
+from moda_bench.kernels.validate import MoDAShape
+
+H100_SMEM = 232448
+
+
+def shape(T=1024, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:
+    return MoDAShape(B=B, T=T, Hq=G * Hk, Hk=Hk, d=d, L=L)
+
+
+@pytest.fixture(autouse=True)
+def _clean_lookup(monkeypatch, tmp_path):
+    """No test sees the user's cache or leaves a lookup installed."""
+    monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "env-cache.json"))
+    tu.uninstall_cache_lookup()
+    yield
+    tu.uninstall_cache_lookup()
+
+
+# ----------------------------------------------------------------------------- pruning
+
+@pytest.mark.parametrize("G", [1, 3, 8, 16, 64])
+def test_row_blocks_are_multiples_of_group_pad(G):
+    sh = shape(G=G)
+    gp = group_pad(G)
+    base = default_config(sh)
+    for kernel, field in (("fwd", "block_m"), ("bwd_q", "bwd_q_block_m")):
+        space = tu.search_space(sh, kernel, base)
+        assert {getattr(c, field) for c in space} == {m for m in (32, 64, 128) if m % gp == 0 and m >= gp}
+    if gp > 32:  # a chunk smaller than one position's rows is invalid
+        why = tu.prune_reason(base.replace(block_m=32), sh, "fwd", smem_limit=10**9)
+        assert why is not None and why.startswith("invalid") and "block_m=32" in why
+    else:
+        assert tu.prune_reason(base.replace(block_m=32, depth_sub=0), sh, "fwd", smem_limit=10**9) is None
+
+
+def test_dense_depth_sub_candidates_stay_valid_for_the_dq_pass():
+    sh = shape(G=8, L=64)
+    space = tu.search_space(sh, "fwd", default_config(sh))
+    dense = [c for c in space if c.depth_sub == c.block_m // group_pad(8)]
+    assert dense, "the paper's dense group-aware tile must be in the space"
+    assert all(c.bwd_q_block_m >= c.block_m for c in dense)
+    assert all(tu.config_problems(c, 8) == [] for c in dense)
+    # the same dense depth_sub with a smaller dq block is invalid (positions not divisible)
+    bad = dense[0].replace(block_m=128, depth_sub=16, bwd_q_block_m=64)
+    assert tu.config_problems(bad, 8)
+
+
+def test_shared_memory_estimate_and_limit():
+    sh = shape(d=128, L=64, G=8)
+    cfg = MoDAConfig(block_m=64, block_n=128, num_stages=4, depth_sub=8, block_l=16, num_warps=8,
+                     bwd_q_block_m=64)
+    # fwd: q (64x128) + 3 buffers x max(k+v 2*128*128, depth 2*NB(=1)*16*128) bf16
+    assert tu.smem_bytes(cfg, sh, "fwd", elem=2) == 2 * (64 * 128 + 3 * 2 * 128 * 128)
+    a100_smem = 166912
+    why = tu.prune_reason(cfg, sh, "fwd", smem_limit=a100_smem)
+    assert why is not None and why.startswith("shared memory")
+    assert tu.prune_reason(cfg, sh, "fwd", smem_limit=H100_SMEM) is None
+    assert tu.prune_reason(cfg.replace(num_stages=2), sh, "fwd", smem_limit=a100_smem) is None
+    # fp32 inputs double the footprint
+    assert tu.smem_bytes(cfg, sh, "fwd", elem=4) == 2 * tu.smem_bytes(cfg, sh, "fwd", elem=2)
+
+
+def test_register_estimate_prunes_big_tiles_on_few_warps():
+    sh = shape(d=128, L=0)
+    cfg = MoDAConfig(block_m=128, block_n=128, num_warps=4, num_stages=1)
+    assert tu.fp32_regs_per_thread(cfg, sh, "fwd") == (128 * 128 + 128 * 128) / 128
+    why = tu.prune_reason(cfg, sh, "fwd", smem_limit=10**9)
+    assert why is not None and why.startswith("registers")
+    assert tu.prune_reason(cfg.replace(num_warps=8), sh, "fwd", smem_limit=10**9) is None
+    kv = MoDAConfig(bwd_kv_block_m=128, bwd_kv_block_n=128, bwd_kv_warps=4)
+    assert tu.prune_reason(kv, sh, "bwd_kv", smem_limit=10**9).startswith("registers")
+
+
+def test_tiles_larger_than_the_problem_are_pruned():
+    base = default_config(shape(T=40, L=10))
+    sh = shape(T=40, L=10)
+    assert tu.prune_reason(base.replace(block_n=128), sh, "fwd").startswith("oversized")  # next_pow2(40) = 64
+    assert tu.prune_reason(base.replace(block_n=64, block_l=16), sh, "fwd") is None
+    assert tu.prune_reason(base.replace(block_l=32), sh, "fwd").startswith("oversized")  # next_pow2(10) = 16
+    tiny = shape(T=5, L=3, G=1)
+    cands, _ = tu.candidate_configs(tiny, "fwd", default_config(tiny), budget=1000, smem_limit=H100_SMEM)
+    assert {c.block_n for c in cands[1:]} == {32} and {c.block_l for c in cands[1:]} == {16}  # smallest kept
+    assert {c.block_m for c in cands[1:]} == {32}  # 5 positions x GP 1 rows -> smallest row block
+
+
+@pytest.mark.parametrize("T,G,L,d", [(1024, 8, 64, 64), (4096, 1, 64, 128), (300, 32, 7, 64), (2048, 4, 0, 64)])
+def test_every_candidate_is_accepted_by_the_kernel(T, G, L, d):
+    from moda_bench.kernels.moda import check_config
+    sh = shape(T=T, G=G, L=L, d=d)
+    base = default_config(sh)
+    for kernel in tu.KERNELS:
+        cands, stats = tu.candidate_configs(sh, kernel, base, budget=10**6, smem_limit=H100_SMEM)
+        assert cands[0] == base and len(set(cands)) == len(cands)
+        assert stats["space"] >= len(cands) - 1
+        for c in cands:
+            check_config(c, G)
+            if c != base:
+                assert tu.prune_reason(c, sh, kernel, smem_limit=H100_SMEM) is None
+            # only this kernel's fields move (fwd's dense depth_sub may raise the dq block)
+            other = {f for k, fs in tu.KERNEL_FIELDS.items() if k != kernel for f in fs} - {"bwd_q_block_m"}
+            assert all(getattr(c, f) == getattr(base, f) for f in other)
+
+
+def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
+    sh = shape(T=16384, G=8, L=64)
+    base = default_config(sh)
+    a, stats = tu.candidate_configs(sh, "fwd", base, budget=12, seed=3)
+    b, _ = tu.candidate_configs(sh, "fwd", base, budget=12, seed=3)
+    assert a == b and a[0] == base and len(a) == 6 and stats["survivors"] > 12
+    calls = []
+    ks = tu.tune_kernel(sh, "fwd", base, lambda c: calls.append(c) or 1.0 + c.block_n / 1000, budget=12)
+    assert 6 < len(calls) <= 12 and len(set(calls)) == len(calls)
+    # round 2 only tries one-field neighbours of round 1's best
+    for c in calls[6:]:
+        assert sum(getattr(c, f) != getattr(ks.best, f) for f in tu.KERNEL_FIELDS["fwd"]) <= 2
+
+
+# ----------------------------------------------------------------------------- search
+
+def test_search_skips_failing_candidates_and_picks_the_fastest():
+    base = MoDAConfig()
+    cands = [base, base.replace(block_n=32), base.replace(block_n=128), base.replace(num_warps=8)]
+    cost = {32: 0.7, 128: RuntimeError("out of resource: shared memory")}
+
+    def time_fn(c):
+        v = cost.get(c.block_n, 2.0 if c.num_warps == 8 else 1.0)
+        if isinstance(v, Exception):
+            raise v
+        return v
+
+    seen = []
+    ks = tu.search("fwd", cands, time_fn, on_done=lambda c, ms, note: seen.append((ms, note)))
+    assert ks.best == cands[1] and ks.best_ms == 0.7 and ks.base_ms == 1.0
+    assert ks.tried == 3 and len(ks.skipped) == 1 and "out of resource" in ks.skipped[0][1]
+    assert [ms for ms, _ in seen] == [1.0, 0.7, None, 2.0]
+    with pytest.raises(RuntimeError, match="base configuration fails"):
+        tu.search("fwd", cands[2:], time_fn)
+
+
+class FakeTimer(tu.Timer):
+    """Deterministic cost model: fwd prefers block_m=128/block_n=32, bwd prefers 8 warps."""
+
+    def __init__(self, final_penalty=0.0):
+        self.calls = []
+        self.final_penalty = final_penalty
+
+    def time(self, cfg, pass_, final=False):
+        self.calls.append((pass_, final))
+        fwd = 1.0 + (128 - cfg.block_m) / 100 + (cfg.block_n - 32) / 200
+        bwd = 2.0 + (8 - cfg.bwd_q_warps) / 10 + (8 - cfg.bwd_kv_warps) / 10
+        if pass_ == "fwd":
+            return fwd
+        if pass_ == "bwd":
+            return bwd
+        return fwd + bwd + (self.final_penalty if cfg != default_config(shape()) else 0.0)
+
+
+def test_tune_shape_finds_the_cost_model_optimum():
+    sh = shape()
+    timer = FakeTimer()
+    res = tu.tune_shape(sh, torch.bfloat16, timer, budget=200, smem_limit=H100_SMEM)
+    assert res.config.block_m == 128 and res.config.block_n == 32
+    assert res.config.bwd_q_warps == 8 and res.config.bwd_kv_warps == 8
+    assert res.tuned_ms < res.default_ms and res.speedup > 1 and res.dtype == "bfloat16"
+    assert set(res.kernels) == set(tu.KERNELS) and res.wall_s >= 0
+    assert {p for p, final in timer.calls if not final} == {"fwd", "bwd"}
+    assert [p for p, final in timer.calls if final] == ["fwdbwd", "fwdbwd"]
+
+
+def test_tune_shape_keeps_default_when_tuned_is_not_faster_end_to_end():
+    res = tu.tune_shape(shape(), "bfloat16", FakeTimer(final_penalty=10.0), budget=20, smem_limit=H100_SMEM)
+    assert res.config == default_config(shape()) and res.tuned_ms == res.default_ms
+    assert any("keeping default" in n for n in res.notes)
+
+
+def _buggy_attention(q, k, v, k_depth=None, v_depth=None, *, config=None, **kw):
+    """Exact reference in fp32, wrong (scaled output) whenever block_n == 32."""
+    from moda_bench.kernels.reference import moda_reference
+    out = moda_reference(q, k, v, k_depth, v_depth, compute_dtype=torch.float32, **kw)
+    return out * 1.5 if config is not None and config.block_n == 32 else out
+
+
+def _wall_measure(fn, grad_to_none=None, warmup_ms=0, rep_ms=0):
+    t0 = time.perf_counter()
+    fn()
+    return {"median_ms": (time.perf_counter() - t0) * 1e3 + 1e-6}
+
+
+def test_timer_skips_configs_with_wrong_results():
+    sh = shape(T=12, G=2, L=3, d=16, Hk=1)
+    timer = tu.CudaTimer(sh, "float32", device="cpu", attention=_buggy_attention, measure_fn=_wall_measure)
+    base = default_config(sh)
+    assert timer.time(base, "fwd") > 0
+    with pytest.raises(ValueError, match="wrong result"):
+        timer.time(base.replace(block_n=32), "fwd")
+    ks = tu.search("fwd", [base, base.replace(block_n=32), base.replace(num_warps=8)],
+                   lambda c: timer.time(c, "fwd"))
+    assert len(ks.skipped) == 1 and ks.skipped[0][0]["block_n"] == 32 and ks.tried == 2
+    assert timer.time(base, "bwd") > 0  # gradients of the default config are the reference
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="needs TRITON_INTERPRET=1 or CUDA")
+def test_tune_shape_with_the_real_kernel_tiny():
+    """End to end through moda_attention (interpreter on CPU): every tried config must run and
+    match the default config's output and gradients."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    sh = shape(T=20, G=2, L=3, d=16, Hk=1)
+    timer = tu.CudaTimer(sh, "float32", device=dev, measure_fn=_wall_measure)
+    res = tu.tune_shape(sh, "float32", timer, budget=2, smem_limit=H100_SMEM)
+    for ks in res.kernels.values():
+        assert ks.skipped == [] and ks.tried == 2
+    assert tu.config_problems(res.config, 2) == []
+
+
+# ----------------------------------------------------------------------------- cache keys and paths
+
+def test_cache_key_buckets_T_to_powers_of_two():
+    k = lambda T: tu.cache_key(shape(T=T), torch.bfloat16, gpu="H100", triton_version="3.6.0")  # noqa: E731
+    assert tu.t_bucket(1000) == 1024 and tu.t_bucket(1024) == 1024 and tu.t_bucket(1025) == 2048
+    assert tu.t_bucket(1) == 1 and tu.t_bucket(3) == 4
+    assert k(600) == k(1000) == k(1024) != k(1025) == k(2048)
+    assert k(4096) != k(8192)
+    assert "T<=1024" in k(700)
+
+
+def test_cache_key_separates_dtype_gpu_triton_and_model_dims_but_not_batch_or_heads():
+    base = dict(gpu="NVIDIA H100 80GB HBM3", triton_version="3.6.0")
+    k0 = tu.cache_key(shape(), torch.bfloat16, **base)
+    assert k0 == tu.cache_key(shape(), "bfloat16", **base)
+    assert k0 != tu.cache_key(shape(), torch.float16, **base)
+    assert k0 != tu.cache_key(shape(), torch.bfloat16, gpu="NVIDIA H200", triton_version="3.6.0")
+    assert k0 != tu.cache_key(shape(), torch.bfloat16, gpu=base["gpu"], triton_version="3.4.0")
+    for other in (shape(d=128), shape(G=4), shape(L=32)):
+        assert k0 != tu.cache_key(other, torch.bfloat16, **base)
+    assert k0 == tu.cache_key(shape(B=4, Hk=8), torch.bfloat16, **base)
+    assert tu.cache_key(shape(), "bfloat16").startswith(tu.current_gpu_name() + "|triton ")
+
+
+def test_cache_path_env_override_and_platform_defaults(monkeypatch, tmp_path):
+    monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "x.json"))
+    assert tu.resolve_cache_path() == tmp_path / "x.json"
+    assert tu.resolve_cache_path(tmp_path / "explicit.json") == tmp_path / "explicit.json"
+    monkeypatch.delenv(tu.ENV_CACHE)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tu.resolve_cache_path() == tmp_path / "xdg" / "moda-bench" / "tuning.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert tu.default_cache_path() == tmp_path / "home" / ".cache" / "moda-bench" / "tuning.json"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert tu.default_cache_path() == tmp_path / "home" / "Library" / "Caches" / "moda-bench" / "tuning.json"
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "local"))
+    assert tu.default_cache_path() == tmp_path / "local" / "moda-bench" / "tuning.json"
+
+
+# ----------------------------------------------------------------------------- cache files
+
+def _result(sh, cfg, default_ms=2.0, tuned_ms=1.5):
+    return tu.TuneResult(sh, "bfloat16", cfg, default_ms, tuned_ms, wall_s=12.5)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = tmp_path / "sub" / "tuning.json"
+    sh = shape(T=3000)
+    cfg = default_config(sh).replace(block_m=128, num_warps=8, bwd_q_block_m=128)
+    key, written = tu.save_result(_result(sh, cfg), path)
+    assert written == path and path.exists()
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == tu.SCHEMA_VERSION
+    entry = data["entries"][key]
+    assert entry["config"] == cfg.to_dict() and entry["T_bucket"] == 4096
+    assert entry["default_ms"] == 2.0 and entry["tuned_ms"] == 1.5 and entry["speedup"] == pytest.approx(4 / 3)
+    assert entry["tuning_wall_s"] == 12.5 and entry["date"][:2] == "20" and entry["dtype"] == "bfloat16"
+    assert tu.lookup(shape(T=2049), torch.bfloat16, path) == cfg  # same bucket
+    assert tu.lookup(shape(T=2048), torch.bfloat16, path) is None  # other bucket
+    assert tu.lookup(sh, torch.float16, path) is None
+    # a second entry is merged, not overwriting the first
+    key2, _ = tu.save_result(_result(shape(T=100), default_config(shape(T=100))), path)
+    assert set(tu.load_cache(path)) == {key, key2}
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"schema_version": 1}', ""])
+def test_corrupt_file_warns_and_is_ignored(tmp_path, content):
+    path = tmp_path / "tuning.json"
+    path.write_text(content)
+    with pytest.warns(UserWarning, match="tuning cache"):
+        assert tu.lookup(shape(), torch.bfloat16, path) is None
+    with pytest.warns(UserWarning):
+        key, _ = tu.save_result(_result(shape(), default_config(shape())), path)  # replaced, not a crash
+    assert key in json.loads(path.read_text())["entries"]
+
+
+def test_other_schema_version_is_ignored(tmp_path):
+    path = tmp_path / "tuning.json"
+    sh = shape()
+    key, _ = tu.save_result(_result(sh, default_config(sh).replace(num_warps=8)), path)
+    data = json.loads(path.read_text())
+    data["schema_version"] = tu.SCHEMA_VERSION + 1
+    path.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="schema version"):
+        assert tu.lookup(sh, "bfloat16", path) is None
+
+
+@pytest.mark.parametrize("bad_config", [{"block_m": 48}, {"block_m": 32, "bogus_field": 1}, {"num_warps": "4"}])
+def test_stale_entry_warns_and_falls_back(tmp_path, bad_config):
+    path = tmp_path / "tuning.json"
+    sh = shape(G=8)
+    key = tu.cache_key(sh, "bfloat16")
+    cfg = dict(default_config(sh).to_dict(), **bad_config)
+    tu.atomic_write_json(path, {"schema_version": tu.SCHEMA_VERSION, "entries": {key: {"config": cfg}}})
+    tu.install_cache_lookup(path)
+    with pytest.warns(UserWarning, match="stale"):
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+
+
+def test_env_var_selects_the_cache_of_an_installed_lookup(monkeypatch, tmp_path):
+    sh = shape()
+    cfg_a = default_config(sh).replace(num_warps=8)
+    cfg_b = default_config(sh).replace(block_n=32)
+    tu.save_result(_result(sh, cfg_a), tmp_path / "a.json")
+    tu.save_result(_result(sh, cfg_b), tmp_path / "b.json")
+    tu.install_cache_lookup()  # path from the environment, at every call
+    monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "a.json"))
+    assert resolve_config(sh, torch.bfloat16) == cfg_a
+    monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "b.json"))
+    assert resolve_config(sh, torch.bfloat16) == cfg_b
+
+
+def test_installed_lookup_changes_resolve_config_and_reloads_on_change(tmp_path, monkeypatch):
+    path = tmp_path / "tuning.json"
+    sh = shape(T=5000, G=4, L=16)
+    assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+    tuned = default_config(sh).replace(block_n=128, num_stages=3, bwd_kv_warps=8)
+    tu.save_result(_result(sh, tuned), path)
+    tu.install_cache_lookup(path)
+    assert config_mod._lookup is not None
+    assert resolve_config(sh, torch.bfloat16) == tuned
+    assert resolve_config(sh, torch.float16) == default_config(sh)  # not tuned for fp16
+    explicit = MoDAConfig(block_m=32)
+    assert resolve_config(sh, torch.bfloat16, explicit) is explicit  # explicit still wins
+    # memoised: repeated calls do not re-read the file
+    parses = []
+    orig = tu._parse
+    monkeypatch.setattr(tu, "_parse", lambda *a: parses.append(1) or orig(*a))
+    for _ in range(50):
+        resolve_config(sh, torch.bfloat16)
+    assert parses == []
+    # a rewrite (new mtime/size) is picked up
+    tuned2 = tuned.replace(num_warps=8)
+    tu.atomic_write_json(path, {"schema_version": tu.SCHEMA_VERSION,
+                                "entries": {tu.cache_key(sh, "bfloat16"): {"config": tuned2.to_dict(), "x": 1}}})
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert resolve_config(sh, torch.bfloat16) == tuned2 and parses == [1]
+    tu.uninstall_cache_lookup()
+    assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+
+
+def test_missing_file_is_silent(tmp_path):
+    tu.install_cache_lookup(tmp_path / "nope.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_config(shape(), torch.bfloat16) == default_config(shape())
+
+
+def test_install_default_lookup_honours_opt_out(monkeypatch):
+    monkeypatch.setenv(tu.ENV_NO_TUNING, "1")
+    assert tu.install_default_lookup() is False and config_mod._lookup is None
+    monkeypatch.setenv(tu.ENV_NO_TUNING, "0")
+    assert tu.install_default_lookup() is True and config_mod._lookup is not None
+
+
+def test_atomic_write_never_leaves_a_half_written_file(tmp_path, monkeypatch):
+    path = tmp_path / "tuning.json"
+    sh = shape()
+    key, _ = tu.save_result(_result(sh, default_config(sh)), path)
+    before = path.read_text()
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tu.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        tu.save_result(_result(shape(T=99), default_config(shape(T=99))), path)
+    assert path.read_text() == before
+    monkeypatch.undo()
+    with pytest.raises(TypeError):  # not JSON-serialisable: fails while writing the temp file
+        tu.atomic_write_json(path, {"schema_version": 1, "entries": {"k": object()}})
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuning.json"]  # no temp files left
+
+
+# ----------------------------------------------------------------------------- command
+
+def test_group_by_key_tunes_each_T_bucket_once():
+    from moda_bench.sweeps.runner import Point
+    from moda_bench.sweeps.tune import group_by_key, point_shape
+    pts = [Point(T=t) for t in (1000, 1024, 700, 2048, 1500)]
+    groups = group_by_key(pts, lambda p: tu.cache_key(point_shape(p), "bfloat16", gpu="g"))
+    assert [p.T for p in groups.values()] == [1024, 2048]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_tune_command_without_cuda_fails_cleanly(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from moda_bench.sweeps.tune import tune_command
+    app = typer.Typer()
+    app.command()(tune_command)
+    res = CliRunner().invoke(app, ["--T", "256", "--cache", str(tmp_path / "c.json")])
+    assert res.exit_code != 0 and "CUDA" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["--kernels", "fwd,nope"])
+    assert res.exit_code == 2 and "nope" in res.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tune_command_on_gpu(tmp_path):
+    import pandas as pd
+    import typer
+    from typer.testing import CliRunner
+
+    from moda_bench.sweeps.tune import tune_command
+    app = typer.Typer()
+    app.command()(tune_command)
+    cache, out = tmp_path / "c.json", tmp_path / "tune.csv"
+    res = CliRunner().invoke(app, ["--T", "512", "--G", "8", "--L", "16", "--budget", "3", "--cache", str(cache),
+                                   "--out", str(out), "--rep-ms", "10", "--warmup-ms", "5"])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(out)
+    assert len(df) == 1 and df["status"][0] == "ok" and df["tuned_ms"][0] <= df["default_ms"][0]
+    assert len(tu.load_cache(cache)) == 1
+
+
+def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
+    """The command's CPU-testable path: plan a T sweep, tune each T bucket once with a fake
+    timer, persist winners, write the CSV, then skip cached shapes on a second run."""
+    import pandas as pd
+    import typer
+    from typer.testing import CliRunner
+
+    from moda_bench.sweeps import schema
+    from moda_bench.sweeps.tune import TUNE_COLUMNS, tune_command
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tu, "current_gpu_name", lambda: "Fake GPU")
+    monkeypatch.setattr(tu, "device_smem_limit", lambda *a, **k: H100_SMEM)
+    monkeypatch.setattr(schema, "run_metadata", lambda device_index=None: {c: "x" for c in schema.META_COLUMNS})
+    made = []
+    monkeypatch.setattr(tu, "CudaTimer", lambda shape, dtype, **kw: made.append(shape) or FakeTimer())
+    app = typer.Typer()
+    app.command()(tune_command)
+    cache, out = tmp_path / "c.json", tmp_path / "tune.csv"
+    args = ["--vary", "T", "--values", "1000,1024,2048", "--G", "8", "--L", "64", "--Hk", "2", "--budget", "6",
+            "--cache", str(cache), "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert [s.T for s in made] == [1024, 2048]  # one tuning per T bucket
+    assert "tuning wall time" in res.output and "ms ->" in res.output
+    df = pd.read_csv(out)
+    assert list(df.columns) == TUNE_COLUMNS and len(df) == 2 and set(df["status"]) == {"ok"}
+    assert (df["tuned_ms"] < df["default_ms"]).all()
+    assert df["ratio"].tolist() == pytest.approx((df["tuned_ms"] / df["default_ms"]).tolist())
+    entries = tu.load_cache(cache)
+    assert len(entries) == 2 and all(k.startswith("Fake GPU|") for k in entries)
+    made.clear()
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0 and made == [] and "cached" in res.output
