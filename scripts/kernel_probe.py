@@ -21,15 +21,14 @@ from moda_bench.sweeps.timing import make_inputs, make_pass_fn, measure, grad_in
 VARIANTS = {
     "default": {},
     "dense": {"depth_sub": -1},  # paper's group-aware dense depth tile
-    "wide": dict(block_m=128, block_n=64, num_warps=8, num_stages=3, bwd_q_block_m=128, bwd_q_block_n=32,
-                 bwd_q_warps=8, bwd_q_stages=2, bwd_kv_block_m=32, bwd_kv_block_n=128, bwd_kv_warps=8,
-                 bwd_kv_stages=2),
-    "wide2": dict(block_m=128, block_n=128, num_warps=8, num_stages=2, bwd_q_block_m=64, bwd_q_block_n=64,
-                  bwd_q_warps=4, bwd_q_stages=2, bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8,
-                  bwd_kv_stages=2),
-    "m128w4": dict(block_m=128, block_n=64, num_warps=4, num_stages=3, bwd_q_block_m=128, bwd_q_block_n=64,
-                   bwd_q_warps=8, bwd_q_stages=2, bwd_kv_block_m=64, bwd_kv_block_n=64, bwd_kv_warps=4,
-                   bwd_kv_stages=3),
+    "bl32": dict(block_l=32),
+    "ds2": dict(depth_stages=2),
+    "f128w8": dict(block_m=128, block_n=64, num_warps=8, num_stages=3, bwd_q_block_m=128),
+    "f128w4": dict(block_m=128, block_n=64, num_warps=4, num_stages=3, bwd_q_block_m=128),
+    "f64s3": dict(num_stages=3, bwd_q_stages=3, bwd_kv_stages=3),
+    "bq128": dict(bwd_q_block_m=128, bwd_q_block_n=32, bwd_q_warps=8, bwd_q_stages=2),
+    "kv128": dict(bwd_kv_block_m=32, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=2),
+    "kv128w4": dict(bwd_kv_block_m=32, bwd_kv_block_n=128, bwd_kv_warps=4, bwd_kv_stages=3),
 }
 
 
@@ -69,7 +68,7 @@ def main():
                     cfg = cfg.replace(depth_sub=cfg.block_m // 8, bwd_q_block_m=cfg.block_m)
                 provs.append((f"moda[{vname}]", (lambda c: lambda: moda_attention(ins["q"], ins["k"], ins["v"],
                               ins["k_depth"], ins["v_depth"], config=c))(cfg), ins))
-                if vname in ("default", "wide"):
+                if vname in ("default", "f128w8", "kv128"):
                     provs.append((f"moda-L0[{vname}]", (lambda c: lambda: moda_attention(ins["q"], ins["k"], ins["v"],
                                   config=c))(cfg), ins0))
             for name, fwd, pins in provs:

@@ -24,7 +24,10 @@ class MoDAConfig:
     depth_sub positions per depth sub-tile; 0 = auto (fewest positions whose rows fill a
               16-row tensor-core tile, utilisation -> min(1, G/16)); block_m // GP = one
               dense masked tile over the whole chunk (the paper's group-aware kernel, G/C).
-    block_l   depth entries per depth step.
+    block_l   depth columns per depth step.
+    depth_stages software-pipelining depth of the (short) depth loop; 1 keeps its tiles
+              out of the pipeline's shared memory, so occupancy stays that of the
+              sequence loop.
     bwd_*     the same for the backward passes: dq/dkd/dvd pass (q-major) and dk/dv pass
               (kv-major).
     """
@@ -33,6 +36,7 @@ class MoDAConfig:
     block_n: int = 64
     depth_sub: int = 0
     block_l: int = 64
+    depth_stages: int = 1
     num_warps: int = 4
     num_stages: int = 2
     bwd_q_block_m: int = 64

@@ -85,6 +85,7 @@ def _moda_fwd_kernel(
     sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_DEPTH: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
+    DEPTH_STAGES: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -139,7 +140,7 @@ def _moda_fwd_kernel(
         R: tl.constexpr = S * GP
         dbase = b * sdb + j * sdh
         q3 = tl.reshape(q, (NB, R, HEAD_DIM))
-        for f0 in range(0, S * L, BLOCK_L):
+        for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
             offs, ld_ok, own = _depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
             kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)  # [NB, BLOCK_L, d]
             s3 = mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale  # [NB, R, BLOCK_L]
@@ -233,6 +234,7 @@ def _moda_bwd_q_kernel(
     sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_DEPTH: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
+    DEPTH_STAGES: tl.constexpr,
 ):
     """Query-major pass: dq (sequence + depth), dk_depth, dv_depth. DO/DQ share q's strides
     (sqb...), LSE/DELTA share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of
@@ -275,7 +277,7 @@ def _moda_bwd_q_kernel(
         do3 = tl.reshape(do, (NB, R, HEAD_DIM))
         lse3 = tl.reshape(lse2, (NB, R, 1))
         delta3 = tl.reshape(delta, (NB, R, 1))
-        for f0 in range(0, S * L, BLOCK_L):
+        for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
             offs, ld_ok, own = _depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
             kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)
             vd = tl.load(VD + dbase + offs, mask=ld_ok, other=0.0)
@@ -396,7 +398,7 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
         kd_.stride(0), kd_.stride(1), kd_.stride(2), kd_.stride(3),
         o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         GP=gp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, HAS_DEPTH=has_depth, S=S,
-        BLOCK_L=cfg.block_l, PREC=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_L=cfg.block_l, PREC=dot_precision(q.dtype), DEPTH_STAGES=cfg.depth_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse
 
@@ -431,7 +433,7 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig):
         kd_.stride(0), kd_.stride(1), kd_.stride(2), kd_.stride(3),
         do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, HAS_DEPTH=has_depth, S=S,
-        BLOCK_L=cfg.block_l, PREC=prec, num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages,
+        BLOCK_L=cfg.block_l, PREC=prec, DEPTH_STAGES=cfg.depth_stages, num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages,
     )
     _moda_bwd_kv_kernel[(triton.cdiv(T, cfg.bwd_kv_block_n), B * Hk)](
         q, k, v, do, lse, delta, dk, dv,
