@@ -1,0 +1,185 @@
+"""The ablation ladder: every rung against the fp64 reference (forward and all five gradients),
+the depth-utilisation formulas, and the `ablate` command's outputs and no-CUDA error.
+
+Triton rungs run on the CPU interpreter (TRITON_INTERPRET=1 is set here before triton is
+imported, when no GPU is present). Tolerances, as ||x - ref|| / ||ref||: fp32 1e-3, bf16 2e-2.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from moda_bench.kernels.ladder import RUNGS, rung  # noqa: E402
+from moda_bench.kernels.reference import moda_reference  # noqa: E402
+from moda_bench.kernels.ungrouped import moda_ungrouped  # noqa: E402
+from moda_bench.sweeps.timing import max_rel_err  # noqa: E402
+
+try:
+    import moda_bench.kernels.moda  # noqa: F401
+    HAVE_MODA = True
+except ImportError:
+    HAVE_MODA = False
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-3, torch.bfloat16: 2e-2}
+REPO = Path(__file__).resolve().parents[1]
+
+# (B, T, G, Hk, L, d, C, dtype): multi-chunk ragged T, T = 1, L = 0, MHA and GQA, one d = 64
+CASES = [
+    (1, 33, 2, 2, 3, 16, 16, torch.float32),
+    (2, 7, 1, 1, 0, 32, 16, torch.float32),
+    (1, 1, 4, 1, 1, 16, 16, torch.float32),
+    (2, 33, 4, 1, 3, 32, 32, torch.bfloat16),
+    (1, 20, 2, 1, 1, 64, 32, torch.float32),
+]
+
+
+def _case_id(c) -> str:
+    B, T, G, Hk, L, d, C, dt = c
+    return f"B{B}-T{T}-G{G}-Hk{Hk}-L{L}-d{d}-C{C}-{str(dt).split('.')[-1]}"
+
+
+def _inputs(B, T, G, Hk, L, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=DEVICE, dtype=dtype).requires_grad_()
+
+    ins = [rnd(B, T, G * Hk, d), rnd(B, T, Hk, d), rnd(B, T, Hk, d)]
+    ins += [rnd(B, T, L, Hk, d), rnd(B, T, L, Hk, d)] if L > 0 else [None, None]
+    do = torch.randn(B, T, G * Hk, d, generator=g).to(device=DEVICE, dtype=dtype)
+    return ins, do
+
+
+def _grads(out, ins, do):
+    used = [t for t in ins if t is not None]
+    return torch.autograd.grad(out, used, do)
+
+
+def _skip_if_no_production_kernel(r):
+    if r.needs_production_kernel and not HAVE_MODA:
+        pytest.skip("moda_bench.kernels.moda (production kernel) cannot be imported")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("name", [r.name for r in RUNGS])
+def test_rung_matches_reference(name, case):
+    r = rung(name)
+    _skip_if_no_production_kernel(r)
+    B, T, G, Hk, L, d, C, dtype = case
+    ins, do = _inputs(B, T, G, Hk, L, d, dtype)
+    ref = moda_reference(*ins, out_dtype=torch.float64)
+    ref_grads = _grads(ref, ins, do.double())
+    out = r.fn(*ins, chunk=C)
+    assert out.shape == (B, T, G * Hk, d) and out.dtype == dtype
+    grads = _grads(out, ins, do)
+    tol = TOL[dtype]
+    names = ["out", "dq", "dk", "dv", "dk_depth", "dv_depth"]
+    errs = {n: max_rel_err(x.detach(), y.detach()) for n, x, y in zip(names, (out, *grads), (ref, *ref_grads))}
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"{name} {_case_id(case)}: relative errors above {tol}: {bad}"
+
+
+def test_explicit_scale_and_empty_depth_tensors():
+    """A non-default scale, and L = 0 given as empty depth tensors (zero-size gradients)."""
+    ins, do = _inputs(1, 9, 2, 1, 0, 16, torch.float32, seed=3)
+    kd = torch.zeros(1, 9, 0, 1, 16, requires_grad=True, device=DEVICE)
+    vd = torch.zeros_like(kd, requires_grad=True)
+    ref = moda_reference(ins[0], ins[1], ins[2], scale=0.3, out_dtype=torch.float64)
+    for span in ("all", "chunk"):
+        out = moda_ungrouped(ins[0], ins[1], ins[2], kd, vd, scale=0.3, chunk=16, span=span)
+        assert max_rel_err(out.detach(), ref.detach()) < 1e-4
+        gkd, gvd = torch.autograd.grad(out, [kd, vd], do)
+        assert gkd.shape == kd.shape and gvd.shape == vd.shape
+
+
+def test_bad_arguments_raise_value_errors():
+    ins, _ = _inputs(1, 4, 1, 1, 1, 16, torch.float32)
+    with pytest.raises(ValueError, match="chunk"):
+        rung("chunk-aware").fn(*ins, chunk=24)
+    with pytest.raises(ValueError, match="span"):
+        moda_ungrouped(*ins, span="diagonal")
+    with pytest.raises(ValueError, match="unknown rung"):
+        rung("fastest")
+    with pytest.raises(ValueError, match="k_depth"):
+        rung("naive-torch").fn(ins[0], ins[1], ins[2], ins[3][:, :2], ins[4][:, :2])
+
+
+def test_depth_utilization_at_paper_config():
+    """T=1024, G=8, C=64, L=64: 1, 1/T, 1/C, G/C, G/16 (spec sections 2-3)."""
+    got = {r.name: r.depth_utilization(1024, 8, 64, 64) for r in RUNGS}
+    want = {"naive-torch": 1.0, "flash-compatible": 1 / 1024, "chunk-aware": 1 / 64, "group-aware": 8 / 64,
+            "ours": 8 / 16}
+    assert got == pytest.approx(want)
+    assert rung("ours").depth_utilization(1024, 16, 64, 64) == pytest.approx(1.0)
+    assert all(math.isnan(r.depth_utilization(1024, 8, 64, 0)) for r in RUNGS)
+
+
+def test_rung_order_and_paper_times_match_reference_csv():
+    import pandas as pd
+    assert [r.name for r in RUNGS] == ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "ours"]
+    paper = pd.read_csv(REPO / "results" / "reference" / "paper_a100_ablation.csv")
+    table = dict(zip(paper["implementation"], paper["ms"]))
+    for r in RUNGS[:4]:
+        assert r.paper_ms == pytest.approx(table[r.name])
+    assert rung("ours").paper_ms is None
+
+
+def _fake_rows():
+    """Schema rows as run_one returns them (made-up timings), with one rung skipped."""
+    from moda_bench.sweeps import schema
+    meta = schema.run_metadata()
+    rows = []
+    for r, ms in zip(RUNGS, [812.0, 11.0, 5.5, 1.2, 0.9]):
+        row = {c: math.nan for c in schema.COLUMNS}
+        row.update(meta, sweep="ablation", provider=r.name, impl_detail=r.label, status=schema.OK, reason="",
+                   config="{}", median_ms=ms, p20_ms=0.9 * ms, p80_ms=1.1 * ms, max_rel_err=1e-3,
+                   depth_utilization=r.depth_utilization(1024, 8, 64, 64),
+                   **{"pass": "fwdbwd", "T": 1024, "G": 8, "Hq": 64, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64,
+                      "dtype": "bfloat16"})
+        rows.append(row)
+    return rows
+
+
+def test_ablation_table_csv_and_chart(tmp_path):
+    """CSV rows follow schema.COLUMNS and are upserted on the row key; the chart sits beside it."""
+    import pandas as pd
+    from moda_bench.sweeps import schema
+    from moda_bench.sweeps.ablate import ablation_frame, ablation_table, write_outputs
+    rows = _fake_rows()
+    frame = ablation_frame(rows)
+    assert list(frame.columns) == schema.COLUMNS
+    table = ablation_table(frame)
+    assert table.row_count == len(RUNGS)
+    csv_path, figures = write_outputs(frame, tmp_path)
+    again = pd.read_csv(csv_path)
+    assert list(again.columns) == schema.COLUMNS and list(again["provider"]) == [r.name for r in RUNGS]
+    assert again.loc[again.provider == "chunk-aware", "depth_utilization"].item() == pytest.approx(1 / 64)
+    rows[0].update(status=schema.SKIPPED, reason="--skip-naive", median_ms=math.nan)
+    rows[1]["median_ms"] = 10.0
+    write_outputs(ablation_frame(rows), tmp_path)  # re-run: replaces by key, keeps the earlier naive row
+    again = pd.read_csv(csv_path)
+    assert len(again) == len(RUNGS)
+    assert again.set_index("provider")["median_ms"].to_dict()["flash-compatible"] == 10.0
+    assert again.set_index("provider")["status"].to_dict()["naive-torch"] == "ok"
+    png = [p for p in figures if p.suffix == ".png"]
+    assert png and png[0].parent == tmp_path and png[0].stat().st_size > 1000
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error path")
+def test_ablate_without_cuda_exits_nonzero():
+    import typer
+    from typer.testing import CliRunner
+    from moda_bench.sweeps.ablate import ablate_command
+    app = typer.Typer()
+    app.command()(ablate_command)
+    res = CliRunner().invoke(app, ["--T", "64"])
+    assert res.exit_code != 0
+    assert "CUDA" in res.output and "Traceback" not in res.output
