@@ -102,6 +102,7 @@ def sweep_command(
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
     else:
+        vary = vary.upper()
         if vary not in VARY_AXES:
             raise typer.BadParameter(f"--vary must be one of {', '.join(VARY_AXES)}, got {vary!r}")
         specs = [SweepSpec(vary, tuple(parse_int_list(values, "--values")) if values else None)]
@@ -138,8 +139,6 @@ def sweep_command(
         console.print("[red]error:[/] moda-bench sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
         raise typer.Exit(1)
 
-    import pandas as pd
-
     from .plots import plot_sweep
     from .runner import run_sweep
 
@@ -161,6 +160,5 @@ def sweep_command(
                               warmup_ms=warmup, rep_ms=rep, pin_chunk=pin, console=console)
         if csv_path.exists():
             png = plot_sweep(csv_path)
-            frame = pd.read_csv(csv_path) if gpus is not None else frame
             Console().print(summary_table(frame, axis, f"sweep {axis} ({pass_}, {dtype_name})"))
             console.print(f"wrote {csv_path} and {png}")

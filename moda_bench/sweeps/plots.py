@@ -50,13 +50,15 @@ def plot_sweep(csv_path, out_path=None, *, x: str | None = None, title: str | No
     if ok.empty:
         for ax in (ax_t, ax_e):
             ax.text(0.5, 0.5, "no successful rows", ha="center", va="center", transform=ax.transAxes)
-    for provider, grp in ok.groupby("provider", sort=False):
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (provider, grp) in enumerate(ok.groupby("provider", sort=False)):
+        colour = cycle[i % len(cycle)]  # same colour for a provider in both panels
         yerr = None
         if grp[["p20_ms", "p80_ms"]].notna().all().all():
             yerr = [(grp["median_ms"] - grp["p20_ms"]).clip(lower=0), (grp["p80_ms"] - grp["median_ms"]).clip(lower=0)]
-        ax_t.errorbar(grp[x], grp["median_ms"], yerr=yerr, marker="o", capsize=3, label=provider)
+        ax_t.errorbar(grp[x], grp["median_ms"], yerr=yerr, marker="o", capsize=3, label=provider, color=colour)
         if provider != "fa2" and grp["extra_time_pct"].notna().any():
-            ax_e.plot(grp[x], grp["extra_time_pct"], marker="o", label=provider)
+            ax_e.plot(grp[x], grp["extra_time_pct"], marker="o", label=provider, color=colour)
     if not ok.empty:
         _log_if_wide(ax_t, "x", ok[x])
         _log_if_wide(ax_t, "y", ok["median_ms"])

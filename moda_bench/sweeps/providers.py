@@ -208,12 +208,6 @@ def _moda(inputs, point, chunk):
     return _moda_prepared(inputs, point, chunk, with_depth=True)
 
 
-@register_provider("fa2-triton", uses_depth=False, unavailable=_needs_moda_kernel,
-                   description="the MoDA kernel with L=0 (its FlashAttention-2 Triton path)")
-def _fa2_triton(inputs, point, chunk):
-    return _moda_prepared(inputs, point, chunk, with_depth=False)
-
-
 def _sdpa_prepared(inputs, backend_name: str, label: str) -> Prepared:
     """SDPA restricted to one backend on (B, H, T, d) transposed views; GQA through enable_gqa,
     or repeat_interleave of k/v inside the timed call when the backend refuses enable_gqa."""
@@ -257,6 +251,12 @@ def _fa2(inputs, point, chunk):
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     return Prepared(lambda: flash_attn_func(q, k, v, causal=True),
                     impl_detail=f"flash_attn.flash_attn_func {flash_attn.__version__}; sequence-only (no depth)")
+
+
+@register_provider("fa2-triton", uses_depth=False, unavailable=_needs_moda_kernel,
+                   description="the MoDA kernel with L=0 (its FlashAttention-2 Triton path)")
+def _fa2_triton(inputs, point, chunk):
+    return _moda_prepared(inputs, point, chunk, with_depth=False)
 
 
 @register_provider("cudnn", uses_depth=False, unavailable=_needs_sdpa_backend("CUDNN_ATTENTION"),
