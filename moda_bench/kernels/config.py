@@ -38,15 +38,15 @@ class MoDAConfig:
     block_l: int = 64
     depth_stages: int = 1
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
     bwd_q_block_m: int = 64
     bwd_q_block_n: int = 64
     bwd_q_warps: int = 4
-    bwd_q_stages: int = 2
+    bwd_q_stages: int = 3
     bwd_kv_block_m: int = 64
     bwd_kv_block_n: int = 64
     bwd_kv_warps: int = 4
-    bwd_kv_stages: int = 2
+    bwd_kv_stages: int = 3
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,7 +81,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     bl = min(64, max(16, triton.next_power_of_2(max(shape.L, 1))))
     cfg = MoDAConfig(block_m=bm, bwd_q_block_m=max(64, gp), block_l=bl)
     if shape.d > 64:
-        cfg = cfg.replace(num_stages=2, bwd_q_block_n=32, bwd_kv_block_m=32)
+        cfg = cfg.replace(num_stages=2, bwd_q_stages=2, bwd_kv_stages=2, bwd_q_block_n=32, bwd_kv_block_m=32)
     return cfg
 
 

@@ -151,6 +151,18 @@ def sweep_command(
         csv_path = run_dir / f"sweep_{axis}.csv"
         console.print(f"[bold]sweep {axis}[/]: {len(pts)} points x {len(provider_names)} providers -> {csv_path}")
         pin = True if (C is not None or axis == "C") else None
+        from .shard import detect_distributed, run_distributed
+        try:
+            dist = detect_distributed()
+        except ValueError as e:
+            raise typer.BadParameter(str(e))
+        if dist is not None:  # under torchrun: this rank's share -> <stem>.rank<k>.csv
+            if gpus is not None:
+                raise typer.BadParameter("--gpus cannot be combined with torchrun (each rank owns one GPU)")
+            frame = run_distributed(pts, provider_names, pass_, csv_path, sweep_name=axis, dist=dist,
+                                    use_tuned=not no_tuned, warmup_ms=warmup, rep_ms=rep)
+            console.print(f"rank {dist.rank}: wrote its shard beside {csv_path}; combine with `moda-bench merge`")
+            continue
         if gpus is not None:
             from .shard import run_sharded  # one worker per GPU; pins C only on a C sweep
             frame = run_sharded(pts, provider_names, pass_, csv_path, sweep_name=axis, gpus=gpus,
