@@ -44,7 +44,10 @@ def pass_flops(pass_: str, B: int, Hq: int, T: int, d: int, L: int) -> float:
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
-    """Short commit of the source tree (with -dirty), or 'unknown'."""
+    """Short commit of the source tree (with -dirty), $MODA_BENCH_GIT_COMMIT where the tree has
+    no .git (a copied checkout), else 'unknown'."""
+    if os.environ.get("MODA_BENCH_GIT_COMMIT"):
+        return os.environ["MODA_BENCH_GIT_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
