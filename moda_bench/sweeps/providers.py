@@ -272,6 +272,13 @@ def _flex(inputs, point, chunk):
 
     q = inputs["q"]
     block = 128
+    # flex's Triton kernel addresses each batch's (Hk, T + T*L, d) key tensor with 32-bit
+    # offsets: past 2**31 elements it reads out of bounds (seen on the H200 at T=65536, L=64:
+    # an illegal memory access that kills the CUDA context), so such points are skipped.
+    n_keys = point.T * (1 + point.L)
+    if n_keys * point.Hk * point.d >= 2**31:
+        raise ProviderSkip(f"flex_attention uses 32-bit offsets: Hk*(T+T*L)*d = {n_keys * point.Hk * point.d:,} "
+                           ">= 2^31 elements per batch overflows them")
     fn = make_moda_flex(point.T, point.L, device=q.device, block_size=block)
     return Prepared(lambda: fn(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"]),
                     impl_detail=f"flex_attention compiled, BlockMask {block}x{block} over T+T*L keys",
