@@ -73,6 +73,37 @@ def _depth_tile(t_lo, f0, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr, R: 
     return offs, ld_ok, own
 
 
+@triton.jit
+def _softmax_update(s, m_i, l_i):
+    """Online-softmax step for log2-scaled scores s [rows, cols]: returns (p, alpha, m_new,
+    l_new) with p = exp2(s - m_new) and alpha the factor rescaling earlier sums."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, MASK: tl.constexpr):
+    """Fold one tile of BLOCK_N sequence keys into (acc, m_i, l_i); MASK applies the causal
+    mask and the key bound (diagonal tiles)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    kn = start_n + tl.arange(0, BLOCK_N)
+    if MASK:
+        kmask = kn < T
+        k = tl.load(kbase + kn[None, :] * skt + offs_d[:, None], mask=kmask[None, :], other=0.0)
+        v = tl.load(vbase + kn[:, None] * svt + offs_d[None, :], mask=kmask[:, None], other=0.0)
+    else:
+        k = tl.load(kbase + kn[None, :] * skt + offs_d[:, None])
+        v = tl.load(vbase + kn[:, None] * svt + offs_d[None, :])
+    qk = mm(q, k, PREC) * qk_scale
+    if MASK:
+        qk = tl.where((kn[None, :] <= t[:, None]) & kmask[None, :], qk, NEG)
+    p, alpha, m_i, l_i = _softmax_update(qk, m_i, l_i)
+    return acc * alpha[:, None] + mm(p.to(v.dtype), v, PREC), m_i, l_i
+
+
 # --------------------------------------------------------------------------------------------
 # forward
 # --------------------------------------------------------------------------------------------
@@ -105,35 +136,15 @@ def _moda_fwd_kernel(
     t_lo = pid_m * P
     t_end = tl.minimum(t_lo + P, T)
     n_full = (t_lo // BLOCK_N) * BLOCK_N
-    offs_n = tl.arange(0, BLOCK_N)
     kbase = K + b * skb + j * skh
     vbase = V + b * svb + j * svh
-    # keys entirely below the block's first position: no mask
+    # keys entirely below the block's first position: no mask; then the diagonal tiles
     for start_n in range(0, n_full, BLOCK_N):
-        kn = start_n + offs_n
-        k = tl.load(kbase + kn[None, :] * skt + offs_d[:, None])
-        qk = mm(q, k, PREC) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vbase + kn[:, None] * svt + offs_d[None, :])
-        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, PREC)
-        m_i = m_new
-    # diagonal tiles: causal mask
+        acc, m_i, l_i = _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
+                                      BLOCK_N, HEAD_DIM, PREC, False)
     for start_n in range(n_full, t_end, BLOCK_N):
-        kn = start_n + offs_n
-        kmask = kn < T
-        k = tl.load(kbase + kn[None, :] * skt + offs_d[:, None], mask=kmask[None, :], other=0.0)
-        qk = mm(q, k, PREC) * qk_scale
-        qk = tl.where((kn[None, :] <= t[:, None]) & kmask[None, :], qk, NEG)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vbase + kn[:, None] * svt + offs_d[None, :], mask=kmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, PREC)
-        m_i = m_new
+        acc, m_i, l_i = _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
+                                      BLOCK_N, HEAD_DIM, PREC, True)
 
     if HAS_DEPTH:
         NB: tl.constexpr = P // S
@@ -145,16 +156,11 @@ def _moda_fwd_kernel(
             kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)  # [NB, BLOCK_L, d]
             s3 = mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale  # [NB, R, BLOCK_L]
             s3 = tl.where(own, s3, NEG)
-            s2 = tl.reshape(s3, (BLOCK_M, BLOCK_L))
-            m_new = tl.maximum(m_i, tl.max(s2, 1))
-            p = tl.math.exp2(s2 - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = _softmax_update(tl.reshape(s3, (BLOCK_M, BLOCK_L)), m_i, l_i)
             vd = tl.load(VD + dbase + offs, mask=ld_ok, other=0.0)
             p3 = tl.reshape(p.to(vd.dtype), (NB, R, BLOCK_L))
             pv = tl.reshape(mm(p3, vd, PREC), (BLOCK_M, HEAD_DIM))
             acc = acc * alpha[:, None] + pv
-            m_i = m_new
 
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634
@@ -174,6 +180,23 @@ def _moda_bwd_delta_kernel(O, DO, DELTA, n_rows, HEAD_DIM: tl.constexpr, BLOCK: 
     o = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     tl.store(DELTA + rows, tl.sum(o * do, 1), mask=ok)
+
+
+@triton.jit
+def _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh, slb, slt, slh,
+              GP: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Folded rows r = t*GP + g of KV head j: (q, do, lse * log2(e), delta, t, row_ok); padding
+    rows (g >= G or t >= T) load zeros, so they add nothing to any gradient."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    t = rows // GP
+    g = rows % GP
+    row_ok = (t < T) & (g < G)
+    q = tl.load(_row_ptrs(Q, b, j, rows, offs_d, G, sqb, sqt, sqh, GP), mask=row_ok[:, None], other=0.0)
+    do = tl.load(_row_ptrs(DO, b, j, rows, offs_d, G, sob, sot, soh, GP), mask=row_ok[:, None], other=0.0)
+    lrow = b * slb + t * slt + (j * G + g) * slh
+    lse2 = tl.load(LSE + lrow, mask=row_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + lrow, mask=row_ok, other=0.0)
+    return q, do, lse2, delta, t, row_ok
 
 
 @triton.jit
@@ -204,16 +227,9 @@ def _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
                  GP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr,
                  MASK: tl.constexpr):
     """(dk (unscaled), dv) contributions of BLOCK_M folded query rows starting at r0."""
-    offs_d = tl.arange(0, HEAD_DIM)
     rows = r0 + tl.arange(0, BLOCK_M)
-    t = rows // GP
-    g = rows % GP
-    row_ok = (t < T) & (g < G)
-    q = tl.load(_row_ptrs(Q, b, j, rows, offs_d, G, sqb, sqt, sqh, GP), mask=row_ok[:, None], other=0.0)
-    do = tl.load(_row_ptrs(DO, b, j, rows, offs_d, G, sob, sot, soh, GP), mask=row_ok[:, None], other=0.0)
-    lrow = b * slb + t * slt + (j * G + g) * slh
-    lse2 = tl.load(LSE + lrow, mask=row_ok, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + lrow, mask=row_ok, other=0.0)
+    q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
+                                              slb, slt, slh, GP, HEAD_DIM)
     kq = mm(k, tl.trans(q), PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
     pT = tl.math.exp2(kq - lse2[None, :])
     if MASK:
@@ -245,16 +261,9 @@ def _moda_bwd_q_kernel(
     j = pid_bh % Hk
     P: tl.constexpr = BLOCK_M // GP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    t = rows // GP
-    g = rows % GP
-    row_ok = (t < T) & (g < G)
+    q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
+                                              slb, slt, slh, GP, HEAD_DIM)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = _row_ptrs(Q, b, j, rows, offs_d, G, sqb, sqt, sqh, GP)
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    do = tl.load(_row_ptrs(DO, b, j, rows, offs_d, G, sob, sot, soh, GP), mask=row_ok[:, None], other=0.0)
-    lrow = b * slb + t * slt + (j * G + g) * slh
-    lse2 = tl.load(LSE + lrow, mask=row_ok, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + lrow, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     t_lo = pid_m * P

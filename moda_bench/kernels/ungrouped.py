@@ -38,6 +38,16 @@ SPANS = ("all", "chunk")
 
 
 @triton.jit
+def _depth_span(pid_m, seq_hi, n_cols, L, BLOCK_M: tl.constexpr, SPAN_ALL: tl.constexpr):
+    """Flat depth columns [lo, hi) that query block pid_m scans: all T*L of them
+    (flash-compatible) or only those of its own positions pid_m*BLOCK_M .. seq_hi-1 (chunk-aware)."""
+    if SPAN_ALL:
+        return 0, n_cols
+    else:
+        return pid_m * BLOCK_M * L, seq_hi * L
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, KD, VD, O, LSE,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_db, s_dc, s_dh, s_ob, s_ot, s_oh,
@@ -81,12 +91,7 @@ def _fwd_kernel(
     # depth phase: flat depth columns c = t * L + l of the span, masked to c // L == row position
     if HAS_DEPTH:
         n_cols = T * L
-        if SPAN_ALL:
-            dep_lo = 0
-            dep_hi = n_cols
-        else:
-            dep_lo = pid_m * BLOCK_M * L
-            dep_hi = seq_hi * L
+        dep_lo, dep_hi = _depth_span(pid_m, seq_hi, n_cols, L, BLOCK_M, SPAN_ALL)
         kd_base = KD + b * s_db + j * s_dh
         vd_base = VD + b * s_db + j * s_dh
         for start_c in range(dep_lo, dep_hi, BLOCK_L):
@@ -150,12 +155,7 @@ def _bwd_dq_kernel(
 
     if HAS_DEPTH:
         n_cols = T * L
-        if SPAN_ALL:
-            dep_lo = 0
-            dep_hi = n_cols
-        else:
-            dep_lo = pid_m * BLOCK_M * L
-            dep_hi = seq_hi * L
+        dep_lo, dep_hi = _depth_span(pid_m, seq_hi, n_cols, L, BLOCK_M, SPAN_ALL)
         kd_base = KD + b * s_db + j * s_dh
         vd_base = VD + b * s_db + j * s_dh
         for start_c in range(dep_lo, dep_hi, BLOCK_L):
