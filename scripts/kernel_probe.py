@@ -20,15 +20,20 @@ from moda_bench.sweeps.timing import make_inputs, make_pass_fn, measure, grad_in
 
 VARIANTS = {
     "default": {},
+    "fused": dict(fwd_depth="fused", bwd_depth="fused"),  # depth phase inside the sequence programs
+    "split": dict(fwd_depth="split", bwd_depth="split"),  # depth-only launches
+    "overlap": dict(fwd_depth="overlap", bwd_depth="overlap"),  # depth programs inside the sequence grids
+    "splitovl": dict(fwd_depth="split", bwd_depth="overlap"),
+    "rev": dict(reverse=True),
+    "dbm128": dict(depth_block_m=128, depth_warps=8),
+    "dbm32": dict(depth_block_m=32),
     "dense": {"depth_sub": -1},  # paper's group-aware dense depth tile
     "bl32": dict(block_l=32),
-    "ds2": dict(depth_stages=2),
     "f128w8": dict(block_m=128, block_n=64, num_warps=8, num_stages=3, bwd_q_block_m=128),
     "f128w4": dict(block_m=128, block_n=64, num_warps=4, num_stages=3, bwd_q_block_m=128),
-    "f64s3": dict(num_stages=3, bwd_q_stages=3, bwd_kv_stages=3),
-    "bq128": dict(bwd_q_block_m=128, bwd_q_block_n=32, bwd_q_warps=8, bwd_q_stages=2),
-    "kv128": dict(bwd_kv_block_m=32, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=2),
-    "kv128w4": dict(bwd_kv_block_m=32, bwd_kv_block_n=128, bwd_kv_warps=4, bwd_kv_stages=3),
+    "f128n128": dict(block_m=128, block_n=128, num_warps=8, num_stages=3),
+    "kv128w8": dict(bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=3),
+    "q128w8": dict(bwd_q_block_m=128, bwd_q_block_n=64, bwd_q_warps=8, bwd_q_stages=3),
 }
 
 
@@ -47,6 +52,7 @@ def main():
     ap.add_argument("--L", type=int, default=64)
     ap.add_argument("--variants", default="default,dense,wide,wide2,m128w4")
     ap.add_argument("--passes", default="fwdbwd,fwd")
+    ap.add_argument("--l0-variants", default="default", help="variants also timed with L = 0")
     ap.add_argument("--out", default="probe.csv")
     a = ap.parse_args()
     rows = []
@@ -68,7 +74,7 @@ def main():
                     cfg = cfg.replace(depth_sub=cfg.block_m // 8, bwd_q_block_m=cfg.block_m)
                 provs.append((f"moda[{vname}]", (lambda c: lambda: moda_attention(ins["q"], ins["k"], ins["v"],
                               ins["k_depth"], ins["v_depth"], config=c))(cfg), ins))
-                if vname in ("default", "f128w8", "kv128"):
+                if vname in a.l0_variants.split(","):
                     provs.append((f"moda-L0[{vname}]", (lambda c: lambda: moda_attention(ins["q"], ins["k"], ins["v"],
                                   config=c))(cfg), ins0))
             for name, fwd, pins in provs:

@@ -46,13 +46,38 @@ def test_group_sizes_not_power_of_two_or_large(G):
 
 
 @pytest.mark.parametrize("cfg", [
-    MoDAConfig(block_m=64, depth_sub=8, block_l=16, bwd_q_block_m=64),  # paper's dense group-aware tile
+    MoDAConfig(block_m=64, depth_sub=8, block_l=16, bwd_q_block_m=64, fwd_depth="fused",
+               bwd_depth="fused"),  # paper's dense group-aware tile
     MoDAConfig(block_m=32, block_n=16, depth_sub=4, block_l=16, bwd_q_block_m=16, bwd_q_block_n=32,
                bwd_kv_block_m=16, bwd_kv_block_n=32),  # mixed tile shapes, L not a multiple of block_l
     MoDAConfig(block_m=128, block_n=32, block_l=32, bwd_q_block_m=128, bwd_kv_block_m=32, bwd_kv_block_n=16),
 ], ids=["dense", "small-tiles", "wide-rows"])
 def test_configs(cfg):
     check_against_reference(_moda_lse, 2, 45, 8, 2, 32, 19, torch.float32, seed=7, config=cfg)
+
+
+@pytest.mark.parametrize("fwd_depth", ["fused", "split", "overlap"])
+@pytest.mark.parametrize("bwd_depth", ["fused", "split", "overlap"])
+def test_depth_placement(fwd_depth, bwd_depth):
+    """Every placement of the depth work (fused / own launch / extra programs + merge) gives the
+    same answer; small tiles so several programs of each role run, T not a tile multiple."""
+    cfg = MoDAConfig(block_m=32, block_n=16, depth_block_m=16, bwd_q_block_m=32, bwd_kv_block_m=16,
+                     bwd_kv_block_n=16, block_l=16, fwd_depth=fwd_depth, bwd_depth=bwd_depth,
+                     reverse=fwd_depth == "split")
+    check_against_reference(_moda_lse, 2, 37, 8, 2, 32, 19, torch.float32, seed=11, config=cfg)
+
+
+@pytest.mark.parametrize("T,G,L", [(1, 1, 1), (50, 2, 1), (33, 4, 70)])
+@pytest.mark.parametrize("mode", ["split", "overlap"])
+def test_depth_placement_bf16_edges(T, G, L, mode):
+    """The partials pass through the bf16 output/dq buffers: still within bf16 tolerance."""
+    cfg = MoDAConfig(fwd_depth=mode, bwd_depth=mode, reverse=True)
+    check_against_reference(_moda_lse, 1, T, 2 * G, 2, 64, L, torch.bfloat16, seed=T + L, config=cfg)
+
+
+def test_bad_depth_mode_error():
+    with pytest.raises(ValueError, match="fwd_depth"):
+        moda_attention(*_good(), config=MoDAConfig(fwd_depth="sideways"))
 
 
 def test_scale_argument():
@@ -136,3 +161,13 @@ def test_gpu_realistic_bf16(T, G, L):
 @pytest.mark.gpu
 def test_gpu_fp16_d128():
     check_against_reference(_moda_lse, 2, 1111, 16, 4, 128, 32, torch.float16, ref_dtype=torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fused", "split", "overlap"])
+def test_gpu_depth_placement_bf16(mode):
+    """Each depth placement at a realistic size (many programs of each role in flight at once)."""
+    cfg = MoDAConfig(fwd_depth=mode, bwd_depth=mode)
+    errs = check_against_reference(_moda_lse, 1, 4096, 64, 8, 64, 64, torch.bfloat16, ref_dtype=torch.float32,
+                                   config=cfg)
+    print(f"{mode}: " + ", ".join(f"{k}={v:.2e}" for k, v in errs.items()))

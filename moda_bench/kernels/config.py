@@ -30,6 +30,18 @@ class MoDAConfig:
               sequence loop.
     bwd_*     the same for the backward passes: dq/dkd/dvd pass (q-major) and dk/dv pass
               (kv-major).
+    fwd_depth where the forward's depth phase runs: "fused" (after the sequence loop, same
+              program), "split" (a depth-only launch first; the sequence kernel starts its
+              online softmax from that partial), "overlap" (depth-only programs in the
+              sequence kernel's grid, partials merged by a small kernel).
+    bwd_depth where the backward's depth part (its dq share, dk_depth, dv_depth) runs:
+              "fused" (in the q-major pass), "split" (a depth-only launch), "overlap"
+              (depth-only programs in the kv-major pass's grid, so the depth bytes stream
+              while dk/dv compute).
+    depth_block_m, depth_warps  rows and warps of a depth-only program ("split", and the
+              backward's "overlap").
+    reverse   visit query blocks heaviest-first (last causal block first) in the forward and
+              the q-major pass.
     """
 
     block_m: int = 64
@@ -47,6 +59,11 @@ class MoDAConfig:
     bwd_kv_block_n: int = 64
     bwd_kv_warps: int = 4
     bwd_kv_stages: int = 3
+    fwd_depth: str = "split"
+    bwd_depth: str = "overlap"
+    depth_block_m: int = 64
+    depth_warps: int = 4
+    reverse: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,11 +14,17 @@ Design (group-aware, then batched depth tiles):
   columns of *its own* positions only, BLOCK_L columns a step, masked to the block diagonal.
   S = P is the paper's dense group-aware tile (utilisation G/C); the default S is the fewest
   positions that fill a 16-row tensor-core tile (utilisation min(1, G/16) for L >= BLOCK_L).
-  Sequence and depth logits share one online-softmax state.
-* Backward: a query-major pass computes dq (sequence + depth) and the depth gradients
-  dk_depth, dv_depth (a depth entry is read only by the rows of its own position, all inside
-  one block, so no atomics); a key-major pass computes dk, dv. delta = rowsum(o * do) comes
-  from a small preprocessing kernel. No scratch buffer beyond dq's fp32 accumulator tile.
+  Sequence and depth logits share one online softmax; where the depth phase runs is a config
+  choice (`fwd_depth`): fused after the sequence loop; "split" (default), a depth-only launch
+  first whose normalised partial (o_d, lse_d) the sequence kernel loads as its starting state
+  (m, l, acc) = (lse_d, 1, o_d), so the sequence loop is the L = 0 kernel's; or "overlap",
+  depth-only programs inside the sequence grid and a log-sum-exp merge of the two partials.
+* Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
+  comes from a small preprocessing kernel. The depth part (its dq share, dk_depth, dv_depth; a
+  depth entry is read only by the rows of its own position, so no atomics) runs fused in the
+  query-major pass, as its own launch, or (`bwd_depth="overlap"`, default) as extra programs
+  of the key-major grid, whose memory traffic then overlaps the dk/dv compute; the q-major
+  pass adds the depth dq partial it finds in dq.
 """
 from __future__ import annotations
 
@@ -107,65 +113,143 @@ def _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_sc
 # --------------------------------------------------------------------------------------------
 # forward
 # --------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["T", "L"])
-def _moda_fwd_kernel(
-    Q, K, V, KD, VD, O, LSE,
-    qk_scale, T, L, G, Hk,
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
-    sdb, sdt, sdl, sdh,
-    sob, sot, soh, slb, slt, slh,
-    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_DEPTH: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
-    DEPTH_STAGES: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // Hk
-    j = pid_bh % Hk
+# Forward kernel modes (what a program of _moda_fwd_kernel computes):
+FWD_SEQ = 0        # sequence phase only (L = 0)
+FWD_FUSED = 1      # sequence then depth phase in one program, one online softmax
+FWD_SEQ_INIT = 2   # sequence phase starting from the depth partial (o_d, lse_d) found in O, LSE
+FWD_BOTH = 3       # programs [0, n_seq) do the sequence phase into O/LSE, the rest the depth phase
+                   # into OD/LSED (two partials merged afterwards by _moda_merge_kernel)
+FWD_DEPTH = 4      # depth phase only, into OD/LSED
+
+
+@triton.jit
+def _fwd_depth_phase(q, acc, m_i, l_i, KD, VD, dbase, t_lo, T, L, sdt, sdl, qk_scale,
+                     NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+    """Fold the depth keys of the block's positions into (acc, m_i, l_i) with batched tiles."""
+    q3 = tl.reshape(q, (NB, R, HEAD_DIM))
+    for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
+        offs, ld_ok, own = _depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
+        kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)  # [NB, BLOCK_L, d]
+        s3 = mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale  # [NB, R, BLOCK_L]
+        s3 = tl.where(own, s3, NEG)
+        p, alpha, m_i, l_i = _softmax_update(tl.reshape(s3, (BLOCK_M, BLOCK_L)), m_i, l_i)
+        vd = tl.load(VD + dbase + offs, mask=ld_ok, other=0.0)
+        p3 = tl.reshape(p.to(vd.dtype), (NB, R, BLOCK_L))
+        pv = tl.reshape(mm(p3, vd, PREC), (BLOCK_M, HEAD_DIM))
+        acc = acc * alpha[:, None] + pv
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
+                 sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                 sob, sot, soh, slb, slt, slh,
+                 GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 SEQ: tl.constexpr, DEPTH: tl.constexpr, INIT: tl.constexpr, S: tl.constexpr,
+                 BLOCK_L: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+    """One block of BLOCK_M folded rows: the sequence phase (SEQ), the depth phase (DEPTH), or
+    both, writing the normalised output and lse of what it covered to O, LSE. INIT starts the
+    online softmax from the partial (o, lse) already in O, LSE for these rows."""
     P: tl.constexpr = BLOCK_M // GP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     t = rows // GP
     row_ok = (t < T) & ((rows % GP) < G)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(_row_ptrs(Q, b, j, rows, offs_d, G, sqb, sqt, sqh, GP), mask=row_ok[:, None], other=0.0)
-
-    m_i = tl.full([BLOCK_M], NEG, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-
+    o_ptrs = _row_ptrs(O, b, j, rows, offs_d, G, sob, sot, soh, GP)
+    l_ptrs = LSE + b * slb + t * slt + (j * G + rows % GP) * slh
+    if INIT:
+        # (m, l, acc) = (lse2, 1, o) reproduces the partial softmax state exactly
+        acc = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        m_i = tl.load(l_ptrs, mask=row_ok, other=0.0) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], NEG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     t_lo = pid_m * P
-    t_end = tl.minimum(t_lo + P, T)
-    n_full = (t_lo // BLOCK_N) * BLOCK_N
-    kbase = K + b * skb + j * skh
-    vbase = V + b * svb + j * svh
-    # keys entirely below the block's first position: no mask; then the diagonal tiles
-    for start_n in range(0, n_full, BLOCK_N):
-        acc, m_i, l_i = _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
-                                      BLOCK_N, HEAD_DIM, PREC, False)
-    for start_n in range(n_full, t_end, BLOCK_N):
-        acc, m_i, l_i = _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
-                                      BLOCK_N, HEAD_DIM, PREC, True)
-
-    if HAS_DEPTH:
-        NB: tl.constexpr = P // S
-        R: tl.constexpr = S * GP
-        dbase = b * sdb + j * sdh
-        q3 = tl.reshape(q, (NB, R, HEAD_DIM))
-        for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
-            offs, ld_ok, own = _depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
-            kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)  # [NB, BLOCK_L, d]
-            s3 = mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale  # [NB, R, BLOCK_L]
-            s3 = tl.where(own, s3, NEG)
-            p, alpha, m_i, l_i = _softmax_update(tl.reshape(s3, (BLOCK_M, BLOCK_L)), m_i, l_i)
-            vd = tl.load(VD + dbase + offs, mask=ld_ok, other=0.0)
-            p3 = tl.reshape(p.to(vd.dtype), (NB, R, BLOCK_L))
-            pv = tl.reshape(mm(p3, vd, PREC), (BLOCK_M, HEAD_DIM))
-            acc = acc * alpha[:, None] + pv
-
+    if SEQ:
+        t_end = tl.minimum(t_lo + P, T)
+        n_full = (t_lo // BLOCK_N) * BLOCK_N
+        kbase = K + b * skb + j * skh
+        vbase = V + b * svb + j * svh
+        # keys entirely below the block's first position: no mask; then the diagonal tiles
+        for start_n in range(0, n_full, BLOCK_N):
+            acc, m_i, l_i = _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
+                                          BLOCK_N, HEAD_DIM, PREC, False)
+        for start_n in range(n_full, t_end, BLOCK_N):
+            acc, m_i, l_i = _fwd_seq_step(q, acc, m_i, l_i, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
+                                          BLOCK_N, HEAD_DIM, PREC, True)
+    if DEPTH:
+        acc, m_i, l_i = _fwd_depth_phase(q, acc, m_i, l_i, KD, VD, b * sdb + j * sdh, t_lo, T, L, sdt, sdl, qk_scale,
+                                         P // S, S, S * GP, GP, BLOCK_M, BLOCK_L, HEAD_DIM, PREC, DEPTH_STAGES)
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634
-    tl.store(_row_ptrs(O, b, j, rows, offs_d, G, sob, sot, soh, GP), acc.to(O.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(LSE + b * slb + t * slt + (j * G + rows % GP) * slh, lse, mask=row_ok)
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(l_ptrs, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["T", "L", "n_seq"])
+def _moda_fwd_kernel(
+    Q, K, V, KD, VD, O, LSE, OD, LSED,
+    qk_scale, T, L, G, Hk, n_seq,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+    sdb, sdt, sdl, sdh,
+    sob, sot, soh, slb, slt, slh,
+    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
+    DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr,
+):
+    """Grid (programs along rows, B*Hk). MODE: one of FWD_* above. OD/LSED share O/LSE's strides.
+    REVERSE visits row blocks last-first (the causally heaviest first)."""
+    pid0 = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hk
+    j = pid_bh % Hk
+    if MODE == 3:
+        if pid0 < n_seq:
+            pid_m = (n_seq - 1 - pid0) if REVERSE else pid0
+            _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
+                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                         sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
+                         True, False, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+        else:
+            _fwd_program(pid0 - n_seq, b, j, Q, K, V, KD, VD, OD, LSED, qk_scale, T, L, G,
+                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                         sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
+                         False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+    elif MODE == 4:
+        _fwd_program(pid0, b, j, Q, K, V, KD, VD, OD, LSED, qk_scale, T, L, G,
+                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                     sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
+                     False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+    else:
+        pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
+        _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
+                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                     sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
+                     True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES)
+
+
+@triton.jit
+def _moda_merge_kernel(O, LSE, OD, LSED, n_rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """O, LSE <- softmax merge of the two partials (O, LSE) and (OD, LSED) over the flattened
+    (B*T*Hq, d) rows (all four contiguous)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = rows < n_rows
+    l1 = tl.load(LSE + rows, mask=ok, other=0.0)
+    l2 = tl.load(LSED + rows, mask=ok, other=0.0)
+    m = tl.maximum(l1, l2)
+    w1 = tl.exp(l1 - m)
+    w2 = tl.exp(l2 - m)
+    tot = w1 + w2
+    o1 = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    o2 = tl.load(OD + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    o = (o1 * w1[:, None] + o2 * w2[:, None]) / tot[:, None]
+    tl.store(O + rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=ok[:, None])
+    tl.store(LSE + rows, m + tl.log(tot), mask=ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,6 +306,101 @@ def _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, q
 
 
 @triton.jit
+def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, t_lo, T, L, sdt, sdl, qk_scale, sm_scale,
+                     NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+    """Depth part of the backward for one block of rows: adds the depth keys' (unscaled) dq
+    contribution to dq and writes dk_depth, dv_depth of the block's positions (each depth entry
+    is read by the rows of its own position only, so no other program touches it)."""
+    q3 = tl.reshape(q, (NB, R, HEAD_DIM))
+    do3 = tl.reshape(do, (NB, R, HEAD_DIM))
+    lse3 = tl.reshape(lse2, (NB, R, 1))
+    delta3 = tl.reshape(delta, (NB, R, 1))
+    for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
+        offs, ld_ok, own = _depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
+        kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)
+        vd = tl.load(VD + dbase + offs, mask=ld_ok, other=0.0)
+        s3 = mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale
+        p3 = tl.math.exp2(s3 - lse3)
+        p3 = tl.where(own, p3, 0.0)
+        dp3 = mm(do3, tl.trans(vd, 0, 2, 1), PREC)
+        ds3 = p3 * (dp3 - delta3)
+        dq += tl.reshape(mm(ds3.to(kd.dtype), kd, PREC), (BLOCK_M, HEAD_DIM))
+        dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC)
+        dkd = mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale
+        tl.store(DKD + dbase + offs, dkd.to(DKD.dtype.element_ty), mask=ld_ok)
+        tl.store(DVD + dbase + offs, dvd.to(DVD.dtype.element_ty), mask=ld_ok)
+    return dq
+
+
+@triton.jit
+def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, T, L, G,
+                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                   sob, sot, soh, slb, slt, slh,
+                   GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   SEQ: tl.constexpr, DEPTH: tl.constexpr, ADD: tl.constexpr, S: tl.constexpr,
+                   BLOCK_L: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+    """Query-major work of one block of BLOCK_M folded rows: dq from the sequence keys (SEQ)
+    and/or from the depth keys plus dk_depth, dv_depth (DEPTH). ADD adds the partial dq
+    already in DQ (written by a depth-only program) to this one's."""
+    P: tl.constexpr = BLOCK_M // GP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
+                                              slb, slt, slh, GP, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    t_lo = pid_m * P
+    if SEQ:
+        t_end = tl.minimum(t_lo + P, T)
+        n_full = (t_lo // BLOCK_N) * BLOCK_N
+        kbase = K + b * skb + j * skh
+        vbase = V + b * svb + j * svh
+        for start_n in range(0, n_full, BLOCK_N):
+            dq += _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
+                                  BLOCK_N, HEAD_DIM, PREC, False)
+        for start_n in range(n_full, t_end, BLOCK_N):
+            dq += _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
+                                  BLOCK_N, HEAD_DIM, PREC, True)
+    if DEPTH:
+        dq = _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, b * sdb + j * sdh, t_lo, T, L, sdt, sdl,
+                              qk_scale, sm_scale, P // S, S, S * GP, GP, BLOCK_M, BLOCK_L, HEAD_DIM, PREC,
+                              DEPTH_STAGES)
+    dq_ptrs = _row_ptrs(DQ, b, j, rows, offs_d, G, sqb, sqt, sqh, GP)
+    dq = dq * sm_scale
+    if ADD:
+        dq += tl.load(dq_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# Query-major kernel modes:
+BWDQ_SEQ = 0    # sequence keys only (L = 0)
+BWDQ_FUSED = 1  # sequence and depth keys, depth gradients written here
+BWDQ_ADD = 2    # sequence keys, plus the depth dq partial already in DQ
+
+
+@triton.jit(do_not_specialize=["T", "L"])
+def _moda_bwd_q_kernel(
+    Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
+    qk_scale, sm_scale, T, L, G, Hk,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+    sdb, sdt, sdl, sdh,
+    sob, sot, soh, slb, slt, slh,
+    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
+    DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr,
+):
+    """Query-major pass (MODE: one of BWDQ_*). DO/DQ share q's strides (sqb...), LSE/DELTA
+    share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of strides (sdb...)."""
+    pid0 = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
+    _bwd_q_program(pid_m, pid_bh // Hk, pid_bh % Hk, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
+                   qk_scale, sm_scale, T, L, G,
+                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
+                   GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES)
+
+
+@triton.jit
 def _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
                  sqb, sqt, sqh, sob, sot, soh, slb, slt, slh,
                  GP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr,
@@ -241,85 +420,12 @@ def _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["T", "L"])
-def _moda_bwd_q_kernel(
-    Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
-    qk_scale, sm_scale, T, L, G, Hk,
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
-    sdb, sdt, sdl, sdh,
-    sob, sot, soh, slb, slt, slh,
-    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_DEPTH: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
-    DEPTH_STAGES: tl.constexpr,
-):
-    """Query-major pass: dq (sequence + depth), dk_depth, dv_depth. DO/DQ share q's strides
-    (sqb...), LSE/DELTA share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of
-    strides (sdb, sdt, sdl, sdh)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // Hk
-    j = pid_bh % Hk
-    P: tl.constexpr = BLOCK_M // GP
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
-                                              slb, slt, slh, GP, HEAD_DIM)
-    offs_d = tl.arange(0, HEAD_DIM)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-
-    t_lo = pid_m * P
-    t_end = tl.minimum(t_lo + P, T)
-    n_full = (t_lo // BLOCK_N) * BLOCK_N
-    kbase = K + b * skb + j * skh
-    vbase = V + b * svb + j * svh
-    for start_n in range(0, n_full, BLOCK_N):
-        dq += _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
-                              BLOCK_N, HEAD_DIM, PREC, False)
-    for start_n in range(n_full, t_end, BLOCK_N):
-        dq += _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
-                              BLOCK_N, HEAD_DIM, PREC, True)
-
-    if HAS_DEPTH:
-        NB: tl.constexpr = P // S
-        R: tl.constexpr = S * GP
-        dbase = b * sdb + j * sdh
-        q3 = tl.reshape(q, (NB, R, HEAD_DIM))
-        do3 = tl.reshape(do, (NB, R, HEAD_DIM))
-        lse3 = tl.reshape(lse2, (NB, R, 1))
-        delta3 = tl.reshape(delta, (NB, R, 1))
-        for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
-            offs, ld_ok, own = _depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
-            kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)
-            vd = tl.load(VD + dbase + offs, mask=ld_ok, other=0.0)
-            s3 = mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale
-            p3 = tl.math.exp2(s3 - lse3)
-            p3 = tl.where(own, p3, 0.0)
-            dp3 = mm(do3, tl.trans(vd, 0, 2, 1), PREC)
-            ds3 = p3 * (dp3 - delta3)
-            dq += tl.reshape(mm(ds3.to(kd.dtype), kd, PREC), (BLOCK_M, HEAD_DIM))
-            dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC)
-            dkd = mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale
-            tl.store(DKD + dbase + offs, dkd.to(DKD.dtype.element_ty), mask=ld_ok)
-            tl.store(DVD + dbase + offs, dvd.to(DVD.dtype.element_ty), mask=ld_ok)
-
-    tl.store(_row_ptrs(DQ, b, j, rows, offs_d, G, sqb, sqt, sqh, GP), (dq * sm_scale).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
-
-
-@triton.jit(do_not_specialize=["T"])
-def _moda_bwd_kv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
-    qk_scale, sm_scale, T, G, Hk,
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
-    sob, sot, soh, slb, slt, slh,
-    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Key-major pass: dk, dv of BLOCK_N keys, looping over the folded query rows that see
-    them. DK/DV share k's strides (skb...)."""
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // Hk
-    j = pid_bh % Hk
+@triton.jit
+def _bwd_kv_program(pid_n, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
+                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
+                    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    PREC: tl.constexpr):
+    """dk, dv of BLOCK_N keys, looping over the folded query rows that see them."""
     offs_d = tl.arange(0, HEAD_DIM)
     n0 = pid_n * BLOCK_N
     kn = n0 + tl.arange(0, BLOCK_N)
@@ -348,9 +454,51 @@ def _moda_bwd_kv_kernel(
              mask=kmask[:, None])
 
 
+@triton.jit(do_not_specialize=["T", "L", "n_kv"])
+def _moda_bwd_kv_kernel(
+    Q, K, V, KD, VD, DO, LSE, DELTA, DK, DV, DQ, DKD, DVD,
+    qk_scale, sm_scale, T, L, G, Hk, n_kv,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+    sdb, sdt, sdl, sdh,
+    sob, sot, soh, slb, slt, slh,
+    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    KV: tl.constexpr, DEPTH: tl.constexpr, DBLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr,
+    PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
+):
+    """Key-major pass. With KV, programs [0, n_kv) compute dk, dv (DK/DV share k's strides);
+    with DEPTH the remaining programs each take DBLOCK_M folded rows and write their depth dq
+    partial to DQ and dk_depth, dv_depth (so the depth traffic overlaps the dk/dv compute)."""
+    pid0 = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hk
+    j = pid_bh % Hk
+    if KV and DEPTH:
+        if pid0 < n_kv:
+            _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
+                            sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
+                            GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC)
+        else:
+            _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
+                           T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                           sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
+                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+    elif KV:
+        _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
+                        sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
+                        GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC)
+    else:
+        _bwd_q_program(pid0, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
+                       T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                       sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
+                       False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+
+
 # --------------------------------------------------------------------------------------------
 # launchers
 # --------------------------------------------------------------------------------------------
+DEPTH_MODES = ("fused", "split", "overlap")
+
+
 def _depth_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
     s = cfg.depth_sub or auto_depth_sub(G, block_m)
     P = block_m // group_pad(G)
@@ -360,18 +508,37 @@ def _depth_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
     return s
 
 
+def _depth_sub_of(cfg: MoDAConfig, G: int, block_m: int) -> int:
+    """Depth sub-tile positions for a depth-only program of block_m rows: cfg.depth_sub when it
+    fits that block, else the automatic one."""
+    P = block_m // group_pad(G)
+    s = cfg.depth_sub
+    if s and P % s == 0 and s * group_pad(G) >= 16:
+        return s
+    return auto_depth_sub(G, block_m)
+
+
+def _fwd_depth_block(cfg: MoDAConfig) -> int:
+    """Rows per program of the forward's depth phase."""
+    return cfg.depth_block_m if cfg.fwd_depth == "split" else cfg.block_m
+
+
 def check_config(cfg: MoDAConfig, G: int) -> None:
     """Raise ValueError if cfg cannot run for group size G."""
     gp = group_pad(G)
-    for name in ("block_m", "bwd_q_block_m"):
+    for name in ("block_m", "bwd_q_block_m", "depth_block_m"):
         bm = getattr(cfg, name)
         if bm < 16 or bm & (bm - 1) or bm % gp:
             raise ValueError(f"config {name}={bm} must be a power of two >= 16 and a multiple of GP={gp} (G={G})")
-        _depth_sub(cfg, G, bm)
+    for name in ("block_m", "bwd_q_block_m"):
+        _depth_sub(cfg, G, getattr(cfg, name))
     for name in ("block_n", "bwd_q_block_n", "bwd_kv_block_m", "bwd_kv_block_n", "block_l"):
         v = getattr(cfg, name)
         if v < 16 or v & (v - 1):
             raise ValueError(f"config {name}={v} must be a power of two >= 16")
+    for name in ("fwd_depth", "bwd_depth"):
+        if getattr(cfg, name) not in DEPTH_MODES:
+            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be one of {DEPTH_MODES}")
 
 
 def depth_utilization(T: int, G: int, C: int, L: int, config: MoDAConfig | None = None) -> float:
@@ -382,11 +549,18 @@ def depth_utilization(T: int, G: int, C: int, L: int, config: MoDAConfig | None 
     """
     if L == 0:
         return float("nan")
-    cfg = config or MoDAConfig(block_m=max(C, group_pad(G)))
-    bm = cfg.block_m
-    S = _depth_sub(cfg, G, bm)
+    cfg = config or MoDAConfig(block_m=max(C, group_pad(G)), fwd_depth="fused")
+    bm = _fwd_depth_block(cfg)
+    S = _depth_sub(cfg, G, bm) if cfg.fwd_depth == "fused" else _depth_sub_of(cfg, G, bm)
     cols = triton.cdiv(S * L, cfg.block_l) * cfg.block_l
     return (S * G * L) / (S * group_pad(G) * cols)
+
+
+def _strides(q, k, v, kd, o, lse):
+    """The stride arguments shared by every kernel launch, in kernel-signature order."""
+    return (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), kd.stride(0), kd.stride(1), kd.stride(2), kd.stride(3),
+            o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
 
 
 def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
@@ -395,20 +569,33 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
     gp = group_pad(G)
     o = torch.empty_like(q)
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
-    has_depth = L > 0
-    kd_, vd_ = (kd, vd) if has_depth else (k.unsqueeze(2), v.unsqueeze(2))
-    S = _depth_sub(cfg, G, cfg.block_m)
-    grid = (triton.cdiv(T * gp, cfg.block_m), B * Hk)
-    _moda_fwd_kernel[grid](
-        q, k, v, kd_, vd_, o, lse,
-        scale * LOG2E, T, L, G, Hk,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        kd_.stride(0), kd_.stride(1), kd_.stride(2), kd_.stride(3),
-        o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-        GP=gp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, HAS_DEPTH=has_depth, S=S,
-        BLOCK_L=cfg.block_l, PREC=dot_precision(q.dtype), DEPTH_STAGES=cfg.depth_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    mode = cfg.fwd_depth if L > 0 else "none"
+    kd_, vd_ = (kd, vd) if L > 0 else (k.unsqueeze(2), v.unsqueeze(2))
+    st = _strides(q, k, v, kd_, o, lse)
+    prec = dot_precision(q.dtype)
+    n_seq = triton.cdiv(T * gp, cfg.block_m)
+    seq_meta = dict(GP=gp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, BLOCK_L=cfg.block_l, PREC=prec,
+                    DEPTH_STAGES=cfg.depth_stages, REVERSE=cfg.reverse, num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages)
+
+    def launch(grid, od, lsed, n, MODE, S, **meta):
+        _moda_fwd_kernel[grid](q, k, v, kd_, vd_, o, lse, od, lsed, scale * LOG2E, T, L, G, Hk, n, *st,
+                               MODE=MODE, S=S, **meta)
+
+    if mode == "none":
+        launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
+    elif mode == "fused":
+        launch((n_seq, B * Hk), o, lse, n_seq, FWD_FUSED, _depth_sub(cfg, G, cfg.block_m), **seq_meta)
+    elif mode == "split":
+        dbm = cfg.depth_block_m
+        launch((triton.cdiv(T * gp, dbm), B * Hk), o, lse, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
+               **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
+        launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ_INIT, 1, **seq_meta)
+    else:  # overlap
+        od, lsed = torch.empty_like(o), torch.empty_like(lse)
+        launch((2 * n_seq, B * Hk), od, lsed, n_seq, FWD_BOTH, _depth_sub_of(cfg, G, cfg.block_m), **seq_meta)
+        n_rows = B * T * Hq
+        _moda_merge_kernel[(triton.cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
     return o, lse
 
 
@@ -423,36 +610,48 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig):
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    has_depth = L > 0
-    if has_depth:
+    mode = cfg.bwd_depth if L > 0 else "none"
+    if L > 0:
         dkd = torch.empty_like(kd)
         dvd = torch.empty_like(vd)
         kd_, vd_, dkd_, dvd_ = kd, vd, dkd, dvd
     else:
         dkd = dvd = None
         kd_, vd_ = k.unsqueeze(2), v.unsqueeze(2)
-        dkd_, dvd_ = kd_, vd_  # never written (HAS_DEPTH=False)
+        dkd_, dvd_ = kd_, vd_  # never written (no depth work)
+    st = _strides(q, k, v, kd_, do, lse)
     prec = dot_precision(q.dtype)
-    S = _depth_sub(cfg, G, cfg.bwd_q_block_m)
-    _moda_bwd_q_kernel[(triton.cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
-        q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_,
-        scale * LOG2E, scale, T, L, G, Hk,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        kd_.stride(0), kd_.stride(1), kd_.stride(2), kd_.stride(3),
-        do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-        GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, HAS_DEPTH=has_depth, S=S,
-        BLOCK_L=cfg.block_l, PREC=prec, DEPTH_STAGES=cfg.depth_stages, num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages,
-    )
-    _moda_bwd_kv_kernel[(triton.cdiv(T, cfg.bwd_kv_block_n), B * Hk)](
-        q, k, v, do, lse, delta, dk, dv,
-        scale * LOG2E, scale, T, G, Hk,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        do.stride(0), do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-        GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, PREC=prec,
-        num_warps=cfg.bwd_kv_warps, num_stages=cfg.bwd_kv_stages,
-    )
+    args = (scale * LOG2E, scale, T, L, G, Hk)
+
+    def kv_launch(KV, DEPTH, **meta):
+        n_kv = triton.cdiv(T, cfg.bwd_kv_block_n) if KV else 0
+        dbm = cfg.depth_block_m
+        n_d = triton.cdiv(T * gp, dbm) if DEPTH else 0
+        _moda_bwd_kv_kernel[(n_kv + n_d, B * Hk)](
+            q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, *st,
+            GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV, DEPTH=DEPTH,
+            DBLOCK_M=dbm, S=_depth_sub_of(cfg, G, dbm), BLOCK_L=cfg.block_l, PREC=prec,
+            DEPTH_STAGES=cfg.depth_stages, **meta)
+
+    def q_launch(MODE):
+        S = _depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1
+        _moda_bwd_q_kernel[(triton.cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
+            q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, *args, *st,
+            GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE, S=S,
+            BLOCK_L=cfg.block_l, PREC=prec, DEPTH_STAGES=cfg.depth_stages, REVERSE=cfg.reverse,
+            num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages)
+
+    kv_meta = dict(num_warps=cfg.bwd_kv_warps, num_stages=cfg.bwd_kv_stages)
+    if mode in ("none", "fused"):
+        q_launch(BWDQ_SEQ if mode == "none" else BWDQ_FUSED)
+        kv_launch(True, False, **kv_meta)
+    elif mode == "split":
+        kv_launch(False, True, num_warps=cfg.depth_warps, num_stages=1)
+        q_launch(BWDQ_ADD)
+        kv_launch(True, False, **kv_meta)
+    else:  # overlap: depth programs ride in the kv-major grid, the q-major pass adds their dq
+        kv_launch(True, True, **kv_meta)
+        q_launch(BWDQ_ADD)
     return dq, dk, dv, dkd, dvd
 
 
