@@ -27,6 +27,9 @@ VARIANTS = {
     "rev": dict(reverse=True),
     "dbm128": dict(depth_block_m=128, depth_warps=8),
     "dbm32": dict(depth_block_m=32),
+    "ds2": dict(depth_stages=2),
+    "bl128": dict(block_l=128),
+    "f128w8f": dict(block_m=128, num_warps=8),
     "dense": {"depth_sub": -1},  # paper's group-aware dense depth tile
     "bl32": dict(block_l=32),
     "f128w8": dict(block_m=128, block_n=64, num_warps=8, num_stages=3, bwd_q_block_m=128),

@@ -22,7 +22,7 @@ Design (group-aware, then batched depth tiles):
 * Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
   comes from a small preprocessing kernel. The depth part (its dq share, dk_depth, dv_depth; a
   depth entry is read only by the rows of its own position, so no atomics) runs fused in the
-  query-major pass, as its own launch, or (`bwd_depth="overlap"`, default) as extra programs
+  query-major pass, as its own launch (`bwd_depth="split"`, default), or ("overlap") as extra programs
   of the key-major grid, whose memory traffic then overlaps the dk/dv compute; the q-major
   pass adds the depth dq partial it finds in dq.
 """
@@ -190,10 +190,10 @@ def _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
     tl.store(l_ptrs, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["T", "L", "n_seq"])
+@triton.jit(do_not_specialize=["T", "L", "n_seq", "n_bh"])
 def _moda_fwd_kernel(
     Q, K, V, KD, VD, O, LSE, OD, LSED,
-    qk_scale, T, L, G, Hk, n_seq,
+    qk_scale, T, L, G, Hk, n_seq, n_bh,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
     sdb, sdt, sdl, sdh,
     sob, sot, soh, slb, slt, slh,
@@ -201,10 +201,14 @@ def _moda_fwd_kernel(
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
     DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr,
 ):
-    """Grid (programs along rows, B*Hk). MODE: one of FWD_* above. OD/LSED share O/LSE's strides.
+    """Grid (programs along rows, B*Hk); 1-D (B*Hk*programs) for FWD_DEPTH. MODE: one of FWD_* above. OD/LSED share O/LSE's strides.
     REVERSE visits row blocks last-first (the causally heaviest first)."""
-    pid0 = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    if MODE == 4:  # depth-only launch, 1-D grid with (b, KV head) fastest: programs in flight
+        pid0 = tl.program_id(0) // n_bh  # read neighbouring heads of the same positions, whose
+        pid_bh = tl.program_id(0) % n_bh  # depth entries are contiguous in memory
+    else:
+        pid0 = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     b = pid_bh // Hk
     j = pid_bh % Hk
     if MODE == 3:
@@ -454,10 +458,10 @@ def _bwd_kv_program(pid_n, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_s
              mask=kmask[:, None])
 
 
-@triton.jit(do_not_specialize=["T", "L", "n_kv"])
+@triton.jit(do_not_specialize=["T", "L", "n_kv", "n_bh"])
 def _moda_bwd_kv_kernel(
     Q, K, V, KD, VD, DO, LSE, DELTA, DK, DV, DQ, DKD, DVD,
-    qk_scale, sm_scale, T, L, G, Hk, n_kv,
+    qk_scale, sm_scale, T, L, G, Hk, n_kv, n_bh,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
     sdb, sdt, sdl, sdh,
     sob, sot, soh, slb, slt, slh,
@@ -468,8 +472,12 @@ def _moda_bwd_kv_kernel(
     """Key-major pass. With KV, programs [0, n_kv) compute dk, dv (DK/DV share k's strides);
     with DEPTH the remaining programs each take DBLOCK_M folded rows and write their depth dq
     partial to DQ and dk_depth, dv_depth (so the depth traffic overlaps the dk/dv compute)."""
-    pid0 = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    if KV:
+        pid0 = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    else:  # depth-only launch: 1-D grid, (b, KV head) fastest, as in the forward's
+        pid0 = tl.program_id(0) // n_bh
+        pid_bh = tl.program_id(0) % n_bh
     b = pid_bh // Hk
     j = pid_bh % Hk
     if KV and DEPTH:
@@ -579,7 +587,7 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
                     num_stages=cfg.num_stages)
 
     def launch(grid, od, lsed, n, MODE, S, **meta):
-        _moda_fwd_kernel[grid](q, k, v, kd_, vd_, o, lse, od, lsed, scale * LOG2E, T, L, G, Hk, n, *st,
+        _moda_fwd_kernel[grid](q, k, v, kd_, vd_, o, lse, od, lsed, scale * LOG2E, T, L, G, Hk, n, B * Hk, *st,
                                MODE=MODE, S=S, **meta)
 
     if mode == "none":
@@ -588,7 +596,7 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
         launch((n_seq, B * Hk), o, lse, n_seq, FWD_FUSED, _depth_sub(cfg, G, cfg.block_m), **seq_meta)
     elif mode == "split":
         dbm = cfg.depth_block_m
-        launch((triton.cdiv(T * gp, dbm), B * Hk), o, lse, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
+        launch((B * Hk * triton.cdiv(T * gp, dbm),), o, lse, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
                **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
         launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ_INIT, 1, **seq_meta)
     else:  # overlap
@@ -627,8 +635,9 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig):
         n_kv = triton.cdiv(T, cfg.bwd_kv_block_n) if KV else 0
         dbm = cfg.depth_block_m
         n_d = triton.cdiv(T * gp, dbm) if DEPTH else 0
-        _moda_bwd_kv_kernel[(n_kv + n_d, B * Hk)](
-            q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, *st,
+        grid = (n_kv + n_d, B * Hk) if KV else (B * Hk * n_d,)
+        _moda_bwd_kv_kernel[grid](
+            q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, *st,
             GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV, DEPTH=DEPTH,
             DBLOCK_M=dbm, S=_depth_sub_of(cfg, G, dbm), BLOCK_L=cfg.block_l, PREC=prec,
             DEPTH_STAGES=cfg.depth_stages, **meta)
