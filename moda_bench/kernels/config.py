@@ -38,8 +38,10 @@ class MoDAConfig:
               "fused" (in the q-major pass), "split" (a depth-only launch), "overlap"
               (depth-only programs in the kv-major pass's grid, so the depth bytes stream
               while dk/dv compute).
-    depth_block_m, depth_warps  rows and warps of a depth-only program ("split", and the
-              backward's "overlap").
+    depth_block_m, depth_warps  rows and warps of the forward's depth-only program ("split").
+    bwd_depth_block_m, bwd_depth_warps, bwd_block_l, bwd_depth_stages  the same for the
+              backward's depth part (its own launch, "overlap" programs, or, for block_l and
+              stages, the fused q-major pass).
     reverse   visit query blocks heaviest-first (last causal block first) in the forward and
               the q-major pass.
     """
@@ -63,6 +65,10 @@ class MoDAConfig:
     bwd_depth: str = "split"
     depth_block_m: int = 64
     depth_warps: int = 4
+    bwd_depth_block_m: int = 64
+    bwd_depth_warps: int = 4
+    bwd_block_l: int = 64
+    bwd_depth_stages: int = 1
     reverse: bool = False
 
     def to_dict(self) -> dict:
@@ -96,7 +102,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     gp = group_pad(shape.G)
     bm = max(64, gp)
     bl = min(64, max(16, triton.next_power_of_2(max(shape.L, 1))))
-    cfg = MoDAConfig(block_m=bm, bwd_q_block_m=max(64, gp), block_l=bl)
+    cfg = MoDAConfig(block_m=bm, bwd_q_block_m=max(64, gp), block_l=bl, bwd_block_l=bl)
     if shape.d > 64:
         cfg = cfg.replace(num_stages=2, bwd_q_stages=2, bwd_kv_stages=2, bwd_q_block_n=32, bwd_kv_block_m=32)
     return cfg

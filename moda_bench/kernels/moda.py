@@ -534,13 +534,13 @@ def _fwd_depth_block(cfg: MoDAConfig) -> int:
 def check_config(cfg: MoDAConfig, G: int) -> None:
     """Raise ValueError if cfg cannot run for group size G."""
     gp = group_pad(G)
-    for name in ("block_m", "bwd_q_block_m", "depth_block_m"):
+    for name in ("block_m", "bwd_q_block_m", "depth_block_m", "bwd_depth_block_m"):
         bm = getattr(cfg, name)
         if bm < 16 or bm & (bm - 1) or bm % gp:
             raise ValueError(f"config {name}={bm} must be a power of two >= 16 and a multiple of GP={gp} (G={G})")
     for name in ("block_m", "bwd_q_block_m"):
         _depth_sub(cfg, G, getattr(cfg, name))
-    for name in ("block_n", "bwd_q_block_n", "bwd_kv_block_m", "bwd_kv_block_n", "block_l"):
+    for name in ("block_n", "bwd_q_block_n", "bwd_kv_block_m", "bwd_kv_block_n", "block_l", "bwd_block_l"):
         v = getattr(cfg, name)
         if v < 16 or v & (v - 1):
             raise ValueError(f"config {name}={v} must be a power of two >= 16")
@@ -571,7 +571,9 @@ def _strides(q, k, v, kd, o, lse):
             o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
 
 
-def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
+def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False):
+    """Forward launches; depth_only (split mode, for timing the depth kernel alone) stops after
+    the depth-only launch and returns its partial (o_d, lse_d)."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
@@ -598,6 +600,8 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
         dbm = cfg.depth_block_m
         launch((B * Hk * triton.cdiv(T * gp, dbm),), o, lse, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
                **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
+        if depth_only:
+            return o, lse
         launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ_INIT, 1, **seq_meta)
     else:  # overlap
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
@@ -607,14 +611,17 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig):
     return o, lse
 
 
-def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig):
+def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False):
+    """Backward launches; depth_only (split mode, for timing) runs the depth-only launch alone
+    (delta left uninitialised) and returns (dq partial, None, None, dkd, dvd)."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
     do = do.contiguous()
     delta = torch.empty_like(lse)
     n_rows = B * T * Hq
-    _moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
+    if not depth_only:
+        _moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -633,21 +640,21 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig):
 
     def kv_launch(KV, DEPTH, **meta):
         n_kv = triton.cdiv(T, cfg.bwd_kv_block_n) if KV else 0
-        dbm = cfg.depth_block_m
+        dbm = cfg.bwd_depth_block_m
         n_d = triton.cdiv(T * gp, dbm) if DEPTH else 0
         grid = (n_kv + n_d, B * Hk) if KV else (B * Hk * n_d,)
         _moda_bwd_kv_kernel[grid](
             q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, *st,
             GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV, DEPTH=DEPTH,
-            DBLOCK_M=dbm, S=_depth_sub_of(cfg, G, dbm), BLOCK_L=cfg.block_l, PREC=prec,
-            DEPTH_STAGES=cfg.depth_stages, **meta)
+            DBLOCK_M=dbm, S=_depth_sub_of(cfg, G, dbm), BLOCK_L=cfg.bwd_block_l, PREC=prec,
+            DEPTH_STAGES=cfg.bwd_depth_stages, **meta)
 
     def q_launch(MODE):
         S = _depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1
         _moda_bwd_q_kernel[(triton.cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
             q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, *args, *st,
             GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE, S=S,
-            BLOCK_L=cfg.block_l, PREC=prec, DEPTH_STAGES=cfg.depth_stages, REVERSE=cfg.reverse,
+            BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, REVERSE=cfg.reverse,
             num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages)
 
     kv_meta = dict(num_warps=cfg.bwd_kv_warps, num_stages=cfg.bwd_kv_stages)
@@ -655,7 +662,9 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig):
         q_launch(BWDQ_SEQ if mode == "none" else BWDQ_FUSED)
         kv_launch(True, False, **kv_meta)
     elif mode == "split":
-        kv_launch(False, True, num_warps=cfg.depth_warps, num_stages=1)
+        kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1)
+        if depth_only:
+            return dq, None, None, dkd, dvd
         q_launch(BWDQ_ADD)
         kv_launch(True, False, **kv_meta)
     else:  # overlap: depth programs ride in the kv-major grid, the q-major pass adds their dq

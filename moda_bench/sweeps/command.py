@@ -1,7 +1,9 @@
 """`moda-bench sweep`: one-axis sweeps (or a preset of them) of MoDA against FA2, cuDNN, flex.
 
 Writes `<out>/sweep_<vary>.csv` (rows appended as they finish), `<out>/sweep_<vary>.png` and
-`<out>/run.json` (the options); prints a summary table per sweep.
+`<out>/run.json` (the options); prints a summary table per sweep. With `--gpus` the points of
+every sweep form one pool run by one worker per GPU (shard.run_pool); under torchrun each rank
+runs its share of that pool (shard.run_distributed_pool).
 """
 from __future__ import annotations
 
@@ -80,8 +82,9 @@ def sweep_command(
     rep_ms: Annotated[Optional[float], typer.Option("--rep-ms", help="do_bench repetition time (default 100).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help=f"Few repetitions (warm-up {QUICK_WARMUP_MS:g} ms, "
                                         f"rep {QUICK_REP_MS:g} ms).")] = False,
-    gpus: Annotated[Optional[str], typer.Option("--gpus", help="Shard the points over GPUs of this node: "
-                                                "'all', a count, or a list like 0,2.")] = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="Run the points of every sweep as one pool "
+                                                "over GPUs of this node (one worker per GPU): 'all', a count, "
+                                                "or a list like 0,2.")] = None,
 ) -> None:
     """Time MoDA and the baselines over one axis (T, G, L or C) or a preset of sweeps."""
     from rich.console import Console
@@ -132,6 +135,13 @@ def sweep_command(
     for axis, _ in plans:
         if (run_dir / f"sweep_{axis}.csv").exists():
             raise typer.BadParameter(f"{run_dir / f'sweep_{axis}.csv'} already exists; choose another --out")
+    from .shard import SweepPlan, detect_distributed
+    try:
+        dist = detect_distributed()
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if dist is not None and gpus is not None:
+        raise typer.BadParameter("--gpus cannot be combined with torchrun (each rank owns one GPU)")
 
     # ---- GPU ----
     import torch
@@ -147,30 +157,33 @@ def sweep_command(
         "sweeps": {axis: [p.to_dict() for p in pts] for axis, pts in plans}, "providers": provider_names,
         "pass": pass_, "use_tuned": not no_tuned, "pin_chunk": "every sweep" if C is not None else "C sweep only", "warmup_ms": warmup,
         "rep_ms": rep, "preset": preset, "gpus": gpus}, indent=1))
-    for axis, pts in plans:
+    # pin MoDA's block_m to C with --C or on a C sweep; else run_sweep's rule (points differ in C)
+    sweeps = [SweepPlan(axis, tuple(pts), run_dir / f"sweep_{axis}.csv",
+                        True if (C is not None or axis == "C") else None) for axis, pts in plans]
+
+    def finish(axis: str, frame) -> None:
         csv_path = run_dir / f"sweep_{axis}.csv"
-        console.print(f"[bold]sweep {axis}[/]: {len(pts)} points x {len(provider_names)} providers -> {csv_path}")
-        pin = True if (C is not None or axis == "C") else None
-        from .shard import detect_distributed, run_distributed
-        try:
-            dist = detect_distributed()
-        except ValueError as e:
-            raise typer.BadParameter(str(e))
-        if dist is not None:  # under torchrun: this rank's share -> <stem>.rank<k>.csv
-            if gpus is not None:
-                raise typer.BadParameter("--gpus cannot be combined with torchrun (each rank owns one GPU)")
-            frame = run_distributed(pts, provider_names, pass_, csv_path, sweep_name=axis, dist=dist,
-                                    use_tuned=not no_tuned, warmup_ms=warmup, rep_ms=rep)
-            console.print(f"rank {dist.rank}: wrote its shard beside {csv_path}; combine with `moda-bench merge`")
-            continue
-        if gpus is not None:
-            from .shard import run_sharded  # one worker per GPU; pins C only on a C sweep
-            frame = run_sharded(pts, provider_names, pass_, csv_path, sweep_name=axis, gpus=gpus,
-                                use_tuned=not no_tuned, warmup_ms=warmup, rep_ms=rep)
-        else:
-            frame = run_sweep(pts, provider_names, pass_, csv_path, sweep_name=axis, use_tuned=not no_tuned,
-                              warmup_ms=warmup, rep_ms=rep, pin_chunk=pin, console=console)
         if csv_path.exists():
             png = plot_sweep(csv_path)
             Console().print(summary_table(frame, axis, f"sweep {axis} ({pass_}, {dtype_name})"))
             console.print(f"wrote {csv_path} and {png}")
+
+    if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
+        from .shard import run_distributed_pool
+        run_distributed_pool(sweeps, provider_names, pass_, dist=dist, use_tuned=not no_tuned,
+                             warmup_ms=warmup, rep_ms=rep)
+        console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each "
+                      f"sweep with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
+        return
+    if gpus is not None:  # one pool of every sweep's points; one worker per GPU for the whole run
+        from .shard import run_pool
+        result = run_pool(sweeps, provider_names, pass_, gpus=gpus, use_tuned=not no_tuned,
+                          warmup_ms=warmup, rep_ms=rep)
+        for s in sweeps:
+            finish(s.name, result.rows[s.name])
+        return
+    for s in sweeps:
+        console.print(f"[bold]sweep {s.name}[/]: {len(s.points)} points x {len(provider_names)} providers -> {s.csv}")
+        frame = run_sweep(list(s.points), provider_names, pass_, s.csv, sweep_name=s.name, use_tuned=not no_tuned,
+                          warmup_ms=warmup, rep_ms=rep, pin_chunk=s.pin_chunk, console=console)
+        finish(s.name, frame)
