@@ -101,6 +101,20 @@ def stamp_gpu_index(csv_path: Path, gpu_index: int) -> None:
         write_csv_atomic(frame.assign(gpu_index=gpu_index), csv_path)
 
 
+def cuda_fault() -> str | None:
+    """The error of a CUDA context that a fault (e.g. an illegal memory access) has left unusable,
+    None when it still works. run_one turns such a fault into an error row and carries on, which
+    a one-sweep worker could afford; a worker serving a whole run would turn every later point it
+    takes from the shared queue into an error row, so it checks after each point and quits."""
+    import torch
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).item()
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure here means the context is gone
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
 def serve(providers: list[str], pass_: str, csv: Path, *, gpu_index: int, warmup_ms: float, rep_ms: float,
           tuned: bool, fake: bool = False, fake_fail_after: int | None = None, fake_delay_s: float = 0.0,
           fake_barrier: Path | None = None, fake_barrier_n: int = 1) -> None:
@@ -144,6 +158,15 @@ def serve(providers: list[str], pass_: str, csv: Path, *, gpu_index: int, warmup
         else:
             run_sweep([point], providers, pass_, csv, sweep_name=task["sweep"], use_tuned=tuned, progress=False,
                       device_index=0, warmup_ms=warmup_ms, rep_ms=rep_ms, pin_chunk=pin)
+            fault = cuda_fault()
+            if fault is not None:  # this point's rows are written; leave the rest to healthy workers
+                send("done", id=task["id"])
+                print(f"worker: CUDA context unusable after task {task['id']} ({fault}); exiting so the "
+                      "other GPUs take the remaining points", file=sys.stderr, flush=True)
+                if csv.exists():
+                    stamp_gpu_index(csv, gpu_index)
+                proto.close()
+                os._exit(4)
         send("done", id=task["id"])
     if csv.exists():
         stamp_gpu_index(csv, gpu_index)
