@@ -24,6 +24,10 @@ VARIANTS = {
     "split": dict(fwd_depth="split", bwd_depth="split"),  # depth-only launches
     "overlap": dict(fwd_depth="overlap", bwd_depth="overlap"),  # depth programs inside the sequence grids
     "splitovl": dict(fwd_depth="split", bwd_depth="overlap"),
+    "stream": dict(fwd_depth="stream", bwd_depth="stream"),
+    "splitstr": dict(fwd_depth="split", bwd_depth="stream"),
+    "stream128": dict(fwd_depth="stream", bwd_depth="stream", block_m=128, num_warps=8),
+    "split128": dict(block_m=128, num_warps=8),
     "rev": dict(reverse=True),
     "dbm128": dict(depth_block_m=128, depth_warps=8),
     "dbm32": dict(depth_block_m=32),

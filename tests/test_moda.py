@@ -56,8 +56,8 @@ def test_configs(cfg):
     check_against_reference(_moda_lse, 2, 45, 8, 2, 32, 19, torch.float32, seed=7, config=cfg)
 
 
-@pytest.mark.parametrize("fwd_depth", ["fused", "split", "overlap"])
-@pytest.mark.parametrize("bwd_depth", ["fused", "split", "overlap"])
+@pytest.mark.parametrize("fwd_depth", ["fused", "split", "overlap", "stream"])
+@pytest.mark.parametrize("bwd_depth", ["fused", "split", "overlap", "stream"])
 def test_depth_placement(fwd_depth, bwd_depth):
     """Every placement of the depth work (fused / own launch / extra programs + merge) gives the
     same answer; small tiles so several programs of each role run, T not a tile multiple."""
@@ -68,7 +68,7 @@ def test_depth_placement(fwd_depth, bwd_depth):
 
 
 @pytest.mark.parametrize("T,G,L", [(1, 1, 1), (50, 2, 1), (33, 4, 70)])
-@pytest.mark.parametrize("mode", ["split", "overlap"])
+@pytest.mark.parametrize("mode", ["split", "overlap", "stream"])
 def test_depth_placement_bf16_edges(T, G, L, mode):
     """The partials pass through the bf16 output/dq buffers: still within bf16 tolerance."""
     cfg = MoDAConfig(fwd_depth=mode, bwd_depth=mode, reverse=True)
@@ -164,7 +164,7 @@ def test_gpu_fp16_d128():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["fused", "split", "overlap"])
+@pytest.mark.parametrize("mode", ["fused", "split", "overlap", "stream"])
 def test_gpu_depth_placement_bf16(mode):
     """Each depth placement at a realistic size (many programs of each role in flight at once)."""
     cfg = MoDAConfig(fwd_depth=mode, bwd_depth=mode)

@@ -33,11 +33,14 @@ class MoDAConfig:
     fwd_depth where the forward's depth phase runs: "fused" (after the sequence loop, same
               program), "split" (a depth-only launch first; the sequence kernel starts its
               online softmax from that partial), "overlap" (depth-only programs in the
-              sequence kernel's grid, partials merged by a small kernel).
+              sequence kernel's grid, partials merged by a small kernel), "stream" (the
+              depth-only kernel on a second CUDA stream, concurrent with the L=0 sequence
+              kernel, then the merge).
     bwd_depth where the backward's depth part (its dq share, dk_depth, dv_depth) runs:
               "fused" (in the q-major pass), "split" (a depth-only launch), "overlap"
               (depth-only programs in the kv-major pass's grid, so the depth bytes stream
-              while dk/dv compute).
+              while dk/dv compute), "stream" (a depth-only launch on a second CUDA stream,
+              concurrent with the dk/dv pass).
     depth_block_m, depth_warps  rows and warps of the forward's depth-only program ("split").
     bwd_depth_block_m, bwd_depth_warps, bwd_block_l, bwd_depth_stages  the same for the
               backward's depth part (its own launch, "overlap" programs, or, for block_l and
@@ -50,7 +53,7 @@ class MoDAConfig:
     block_n: int = 64
     depth_sub: int = 0
     block_l: int = 64
-    depth_stages: int = 1
+    depth_stages: int = 2
     num_warps: int = 4
     num_stages: int = 3
     bwd_q_block_m: int = 64
@@ -68,7 +71,7 @@ class MoDAConfig:
     bwd_depth_block_m: int = 64
     bwd_depth_warps: int = 4
     bwd_block_l: int = 64
-    bwd_depth_stages: int = 1
+    bwd_depth_stages: int = 2
     reverse: bool = False
 
     def to_dict(self) -> dict:

@@ -504,7 +504,43 @@ def _moda_bwd_kv_kernel(
 # --------------------------------------------------------------------------------------------
 # launchers
 # --------------------------------------------------------------------------------------------
-DEPTH_MODES = ("fused", "split", "overlap")
+DEPTH_MODES = ("fused", "split", "overlap", "stream")
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device):
+    """A second CUDA stream per device for the depth kernels ("stream" placement); None off CUDA
+    (the interpreter), where the launches simply run in order."""
+    if device.type != "cuda":
+        return None
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
+class _Concurrent:
+    """Context: launches inside run on the side stream, ordered after the main stream's work so
+    far; `join()` makes the main stream wait for them."""
+
+    def __init__(self, device):
+        self.side = _side_stream(device)
+        self.main = torch.cuda.current_stream(device) if self.side is not None else None
+
+    def __enter__(self):
+        if self.side is not None:
+            self.side.wait_stream(self.main)
+            self._ctx = torch.cuda.stream(self.side)
+            self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.side is not None:
+            self._ctx.__exit__(*exc)
+        return False
+
+    def join(self):
+        if self.side is not None:
+            self.main.wait_stream(self.side)
 
 
 def _depth_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
@@ -596,6 +632,16 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: 
         launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
     elif mode == "fused":
         launch((n_seq, B * Hk), o, lse, n_seq, FWD_FUSED, _depth_sub(cfg, G, cfg.block_m), **seq_meta)
+    elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the L=0 kernel
+        od, lsed = torch.empty_like(o), torch.empty_like(lse)
+        dbm = cfg.depth_block_m
+        with _Concurrent(q.device) as conc:
+            launch((B * Hk * triton.cdiv(T * gp, dbm),), od, lsed, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
+                   **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
+        launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
+        conc.join()
+        n_rows = B * T * Hq
+        _moda_merge_kernel[(triton.cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
     elif mode == "split":
         dbm = cfg.depth_block_m
         launch((B * Hk * triton.cdiv(T * gp, dbm),), o, lse, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
@@ -667,6 +713,12 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, 
             return dq, None, None, dkd, dvd
         q_launch(BWDQ_ADD)
         kv_launch(True, False, **kv_meta)
+    elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the dk/dv pass
+        with _Concurrent(q.device) as conc:
+            kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1)
+        kv_launch(True, False, **kv_meta)
+        conc.join()
+        q_launch(BWDQ_ADD)
     else:  # overlap: depth programs ride in the kv-major grid, the q-major pass adds their dq
         kv_launch(True, True, **kv_meta)
         q_launch(BWDQ_ADD)
