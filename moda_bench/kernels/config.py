@@ -65,7 +65,7 @@ class MoDAConfig:
     bwd_kv_warps: int = 4
     bwd_kv_stages: int = 3
     fwd_depth: str = "split"
-    bwd_depth: str = "split"
+    bwd_depth: str = "stream"
     depth_block_m: int = 64
     depth_warps: int = 4
     bwd_depth_block_m: int = 64

@@ -22,9 +22,10 @@ Design (group-aware, then batched depth tiles):
 * Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
   comes from a small preprocessing kernel. The depth part (its dq share, dk_depth, dv_depth; a
   depth entry is read only by the rows of its own position, so no atomics) runs fused in the
-  query-major pass, as its own launch (`bwd_depth="split"`, default), or ("overlap") as extra programs
-  of the key-major grid, whose memory traffic then overlaps the dk/dv compute; the q-major
-  pass adds the depth dq partial it finds in dq.
+  query-major pass, as its own launch ("split"), as extra programs of the key-major grid
+  ("overlap"), or (`bwd_depth="stream"`, default) as its own launch on a second CUDA stream,
+  concurrent with the key-major pass, so its memory traffic overlaps the dk/dv compute; the
+  q-major pass adds the depth dq partial it finds in dq.
 """
 from __future__ import annotations
 
