@@ -174,7 +174,10 @@ def config_problems(cfg: MoDAConfig, G: int) -> list[str]:
     """
     from .moda import check_config  # lazy: moda may import this module
     bad = [f"{f.name}={getattr(cfg, f.name)!r} is not a positive integer" for f in fields(cfg)
-           if type(getattr(cfg, f.name)) is not int or getattr(cfg, f.name) < (0 if f.name == "depth_sub" else 1)]
+           if f.type in (int, "int")
+           and (type(getattr(cfg, f.name)) is not int or getattr(cfg, f.name) < (0 if f.name == "depth_sub" else 1))]
+    bad += [f"{f.name}={getattr(cfg, f.name)!r} is not a bool" for f in fields(cfg)
+            if f.type in (bool, "bool") and type(getattr(cfg, f.name)) is not bool]
     bad += [f"{name}={getattr(cfg, name)} is not 1..16 warps" for name in ("num_warps", "bwd_q_warps", "bwd_kv_warps")
             if not bad and (getattr(cfg, name) > 16 or not _pow2(getattr(cfg, name)))]
     if bad:
