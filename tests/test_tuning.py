@@ -128,9 +128,59 @@ def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
     calls = []
     ks = tu.tune_kernel(sh, "fwd", base, lambda c: calls.append(c) or 1.0 + c.block_n / 1000, budget=12)
     assert 6 < len(calls) <= 12 and len(set(calls)) == len(calls)
-    # round 2 only tries one-field neighbours of round 1's best
-    for c in calls[6:]:
-        assert sum(getattr(c, f) != getattr(ks.best, f) for f in tu.KERNEL_FIELDS["fwd"]) <= 2
+    # later rounds only try one-field neighbours of a config tried before them
+    fields_ = tu.KERNEL_FIELDS["fwd"]
+    for i, c in enumerate(calls[6:], start=6):
+        assert any(sum(getattr(c, f) != getattr(e, f) for f in fields_) == 1 for e in calls[:i])
+
+
+def test_depth_groups_cover_every_placement_and_keep_unused_fields():
+    from moda_bench.kernels.moda import DEPTH_MODES
+    assert set(tu.PLACEMENTS) == set(DEPTH_MODES)
+    sh = shape(T=4096, G=2, L=64)
+    base = default_config(sh)
+    for kernel, unused in (("fwd_depth", tu._UNUSED_BY_PLACEMENT["fwd_depth"]),
+                           ("bwd_depth", tu._UNUSED_BY_PLACEMENT["bwd_depth"])):
+        place = tu.KERNEL_FIELDS[kernel][0]
+        space = tu.search_space(sh, kernel, base)
+        assert {getattr(c, place) for c in space} == set(tu.PLACEMENTS)
+        for c in space:
+            for f in unused.get(getattr(c, place), ()):
+                assert getattr(c, f) == getattr(base, f), (kernel, getattr(c, place), f)
+        # split/stream vary the depth-only launch's rows and warps
+        split = [c for c in space if getattr(c, place) == "split"]
+        assert {getattr(c, tu.KERNEL_FIELDS[kernel][2]) for c in split} == set(tu.DEPTH_WARPS)
+        # first round: the base, then one candidate per other placement with the base's other fields
+        cands, _ = tu.candidate_configs(sh, kernel, base, budget=8)
+        assert cands[0] == base and {getattr(c, place) for c in cands[:4]} == set(tu.PLACEMENTS)
+        for c in cands[1:4]:
+            assert c == base.replace(**{place: getattr(c, place)})
+
+
+def test_depth_groups_are_empty_and_skipped_without_depth():
+    sh = shape(L=0)
+    for kernel in tu.DEPTH_GROUPS:
+        assert tu.search_space(sh, kernel, default_config(sh)) == []
+    timer = DepthFakeTimer()
+    res = tu.tune_shape(sh, "bfloat16", timer, budget=4, smem_limit=H100_SMEM)
+    assert set(res.kernels) == set(tu.TILE_KERNELS)
+
+
+def test_depth_group_pruning_rejects_oversized_and_register_hungry_launches():
+    sh = shape(T=3, G=1, L=5)  # 3 rows, 5 depth entries
+    base = default_config(sh)
+    why = tu.prune_reason(base.replace(bwd_depth_block_m=128), sh, "bwd_depth", smem_limit=H100_SMEM)
+    assert why is not None and why.startswith("oversized") and "bwd_depth_block_m=128" in why
+    why = tu.prune_reason(base.replace(bwd_depth_block_m=32, bwd_block_l=64), sh, "bwd_depth", smem_limit=H100_SMEM)
+    assert why is not None and why.startswith("oversized") and "bwd_block_l=64" in why
+    big = shape(T=4096, G=8, L=64, d=128)
+    why = tu.prune_reason(default_config(big).replace(depth_block_m=128, depth_warps=2), big, "fwd_depth",
+                          smem_limit=H100_SMEM)
+    assert why is not None and why.startswith("registers")
+    # the same tile is fine where the placement does not use the depth-only launch
+    assert tu.prune_reason(default_config(big).replace(fwd_depth="fused", depth_block_m=128, depth_warps=2), big,
+                           "fwd_depth", smem_limit=H100_SMEM) is None
+    assert tu.prune_reason(base.replace(depth_warps=3), sh, "fwd_depth").startswith("invalid")
 
 
 # ----------------------------------------------------------------------------- search
@@ -183,6 +233,33 @@ def test_tune_shape_finds_the_cost_model_optimum():
     assert set(res.kernels) == set(tu.KERNELS) and res.wall_s >= 0
     assert {p for p, final in timer.calls if not final} == {"fwd", "bwd"}
     assert [p for p, final in timer.calls if final] == ["fwdbwd", "fwdbwd"]
+
+
+class DepthFakeTimer(tu.Timer):
+    """Cost model of the depth part: fwd prefers 'stream' with 2 warps and 32-row launches,
+    bwd prefers 'overlap' with bwd_block_l=32 and one stage; tile fields cost nothing."""
+
+    def time(self, cfg, pass_, final=False):
+        fwd = 1.0 + {"stream": 0.0, "split": 0.2, "fused": 0.5, "overlap": 0.4}[cfg.fwd_depth]
+        if cfg.fwd_depth in ("split", "stream"):
+            fwd += (cfg.depth_warps - 2) / 50 + (cfg.depth_block_m - 32) / 1000
+        bwd = 2.0 + {"overlap": 0.0, "stream": 0.1, "split": 0.3, "fused": 0.6}[cfg.bwd_depth]
+        bwd += (cfg.bwd_block_l - 32) ** 2 / 1e4 + (cfg.bwd_depth_stages - 1) / 20
+        return {"fwd": fwd, "bwd": bwd}.get(pass_, fwd + bwd)
+
+
+def test_tune_shape_finds_the_depth_placement_optimum():
+    sh = shape(T=4096, G=8, L=64)
+    res = tu.tune_shape(sh, "bfloat16", DepthFakeTimer(), kernels=tu.DEPTH_GROUPS, budget=16,
+                        smem_limit=H100_SMEM)
+    c = res.config
+    assert (c.fwd_depth, c.depth_warps, c.depth_block_m) == ("stream", 2, 32)
+    assert (c.bwd_depth, c.bwd_block_l, c.bwd_depth_stages) == ("overlap", 32, 1)
+    assert res.speedup > 1 and set(res.kernels) == set(tu.DEPTH_GROUPS)
+    assert all(ks.tried <= 16 for ks in res.kernels.values())
+    # tile fields untouched by the depth groups
+    base = default_config(sh)
+    assert all(getattr(c, f) == getattr(base, f) for k in tu.TILE_KERNELS for f in tu.KERNEL_FIELDS[k])
 
 
 def test_tune_shape_keeps_default_when_tuned_is_not_faster_end_to_end():

@@ -565,7 +565,7 @@ def _depth_sub_of(cfg: MoDAConfig, G: int, block_m: int) -> int:
 
 def _fwd_depth_block(cfg: MoDAConfig) -> int:
     """Rows per program of the forward's depth phase."""
-    return cfg.depth_block_m if cfg.fwd_depth == "split" else cfg.block_m
+    return cfg.depth_block_m if cfg.fwd_depth in ("split", "stream") else cfg.block_m
 
 
 def check_config(cfg: MoDAConfig, G: int) -> None:

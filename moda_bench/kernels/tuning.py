@@ -1,15 +1,24 @@
 """Autotuning of the fused MoDA kernel: search spaces, pruning, the search, and a persistent
 JSON cache of winners that `resolve_config` consults through `install_cache_lookup`.
 
-Search spaces (one per Triton kernel, tuned independently, in this order):
+Search spaces (one group of MoDAConfig fields each, tuned one after another in this order):
+  fwd_depth where the forward's depth phase runs (fwd_depth: split / stream / fused / overlap)
+          and, for the depth-only launch of split/stream, depth_block_m x depth_warps; timed
+          on the forward pass. Skipped when L = 0;
+  bwd_depth the same for the backward's depth part: bwd_depth x bwd_depth_block_m x
+          bwd_depth_warps x bwd_block_l x bwd_depth_stages (fields a placement does not use
+          stay at the base's values); timed on the backward pass. Skipped when L = 0;
   fwd     block_m (chunk C, rows) x block_n x num_warps x num_stages x depth_sub x block_l,
           timed on the forward pass (no grad), backward fields at their defaults;
   bwd_q   dq / depth-grad pass: bwd_q_block_m x bwd_q_block_n x bwd_q_warps x bwd_q_stages,
           timed on the backward pass with the forward winner fixed;
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages,
           timed on the backward pass with the fwd and bwd_q winners fixed.
-The backward passes cannot be timed apart (one `.backward()` runs both kernels), so the bwd_q
-and bwd_kv searches each time the whole backward while only their own fields change.
+The backward passes cannot be timed apart (one `.backward()` runs both kernels), so the bwd_q,
+bwd_kv and bwd_depth searches each time the whole backward while only their own fields change.
+The two depth groups start with one candidate per placement (the base's other fields), since
+the placement decides most of what the depth part costs; the tile groups start with a seeded
+random sample.
 
 Pruning (before anything compiles): row blocks must be multiples of GP = next_pow2(G) and at
 least GP; an estimate of shared memory (q/k/v/depth tiles x stages x element bytes) must fit
@@ -51,7 +60,9 @@ from .validate import MoDAShape
 SCHEMA_VERSION = 1
 ENV_CACHE = "MODA_BENCH_TUNING_CACHE"
 ENV_NO_TUNING = "MODA_BENCH_NO_TUNING"
-KERNELS = ("fwd", "bwd_q", "bwd_kv")
+TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
+DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
+KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order
 DEFAULT_BUDGET = 40
 DEFAULT_SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
 MAX_REGS_PER_THREAD = 255
@@ -62,12 +73,23 @@ COL_BLOCKS = (32, 64, 128)
 WARPS = (4, 8)
 STAGES = (1, 2, 3, 4)
 DEPTH_BLOCKS = (16, 32, 64)
+DEPTH_WARPS = (2, 4, 8)  # the depth-only launches are memory-bound: fewer warps can pay
+PLACEMENTS = ("split", "stream", "fused", "overlap")  # = moda.DEPTH_MODES
+BWD_DEPTH_STAGES = (1, 2)
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {
     "fwd": ("block_m", "block_n", "num_warps", "num_stages", "depth_sub", "block_l"),
     "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages"),
     "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages"),
+    # depth groups: placement first, then the fields of the depth-only launch
+    "fwd_depth": ("fwd_depth", "depth_block_m", "depth_warps"),
+    "bwd_depth": ("bwd_depth", "bwd_depth_block_m", "bwd_depth_warps", "bwd_block_l", "bwd_depth_stages"),
+}
+# Fields each placement leaves unused (they stay at the base's value in the search space).
+_UNUSED_BY_PLACEMENT = {
+    "fwd_depth": {"fused": ("depth_block_m", "depth_warps"), "overlap": ("depth_block_m", "depth_warps")},
+    "bwd_depth": {"fused": ("bwd_depth_block_m", "bwd_depth_warps"), "overlap": ("bwd_depth_warps",)},
 }
 
 
@@ -178,7 +200,8 @@ def config_problems(cfg: MoDAConfig, G: int) -> list[str]:
            and (type(getattr(cfg, f.name)) is not int or getattr(cfg, f.name) < (0 if f.name == "depth_sub" else 1))]
     bad += [f"{f.name}={getattr(cfg, f.name)!r} is not a bool" for f in fields(cfg)
             if f.type in (bool, "bool") and type(getattr(cfg, f.name)) is not bool]
-    bad += [f"{name}={getattr(cfg, name)} is not 1..16 warps" for name in ("num_warps", "bwd_q_warps", "bwd_kv_warps")
+    bad += [f"{name}={getattr(cfg, name)} is not 1..16 warps" for name in ("num_warps", "bwd_q_warps", "bwd_kv_warps",
+                                                                          "depth_warps", "bwd_depth_warps")
             if not bad and (getattr(cfg, name) > 16 or not _pow2(getattr(cfg, name)))]
     if bad:
         return bad
@@ -199,6 +222,8 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
     probs = config_problems(cfg, shape.G)
     if probs:
         return f"invalid: {probs[0]}"
+    if kernel in DEPTH_GROUPS:
+        return _depth_prune_reason(cfg, shape, kernel, max_regs)
     smem = smem_bytes(cfg, shape, kernel, elem)
     if smem > smem_limit:
         return f"shared memory: ~{smem // 1024} KiB > {smem_limit // 1024} KiB"
@@ -217,6 +242,44 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
     return None
 
 
+def _depth_prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, max_regs: float) -> Optional[str]:
+    """prune_reason of the depth groups: registers of the depth-only program (rows x (d +
+    score columns), two score tiles in the backward) and tiles larger than the problem."""
+    gp = group_pad(shape.G)
+    fwd = kernel == "fwd_depth"
+    mode = cfg.fwd_depth if fwd else cfg.bwd_depth
+    m_name, w_name = ("depth_block_m", "depth_warps") if fwd else ("bwd_depth_block_m", "bwd_depth_warps")
+    m, w = getattr(cfg, m_name), getattr(cfg, w_name)
+    cols = cfg.block_l if fwd else cfg.bwd_block_l
+    if mode in ("split", "stream"):
+        regs = m * (shape.d + (1 if fwd else 2) * cols) / (32 * w)
+        if regs > max_regs:
+            return f"registers: ~{regs:.0f} fp32 values/thread > {max_regs:.0f}"
+    if m > max(min(ROW_BLOCKS), triton.next_power_of_2(shape.T * gp)):
+        return f"oversized: {m_name}={m} > next_pow2(T*GP={shape.T * gp})"
+    if not fwd and cols > max(min(DEPTH_BLOCKS), triton.next_power_of_2(max(shape.L, 1))):
+        return f"oversized: bwd_block_l={cols} > next_pow2(L={shape.L})"
+    return None
+
+
+def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDAConfig]:
+    """Placements x the depth-only launch's fields; unused fields keep the base's values."""
+    if shape.L == 0:
+        return []
+    rows = _row_choices(group_pad(shape.G))
+    names = KERNEL_FIELDS[kernel]
+    values = {names[1]: rows, names[2]: DEPTH_WARPS}
+    if kernel == "bwd_depth":
+        values.update(bwd_block_l=DEPTH_BLOCKS, bwd_depth_stages=BWD_DEPTH_STAGES)
+    out = []
+    for mode in PLACEMENTS:
+        unused = _UNUSED_BY_PLACEMENT[kernel].get(mode, ())
+        axes = [(n, (getattr(base, n),) if n in unused else values[n]) for n in names[1:]]
+        for combo in itertools.product(*(v for _, v in axes)):
+            out.append(base.replace(**{names[0]: mode}, **dict(zip((n for n, _ in axes), combo))))
+    return out
+
+
 def _row_choices(gp: int) -> tuple[int, ...]:
     """Row-block values: multiples of GP that are >= GP (GP itself when GP > 128)."""
     vals = tuple(v for v in ROW_BLOCKS if v >= gp and v % gp == 0)
@@ -231,6 +294,8 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
     least block_m so that its positions stay divisible. bwd_kv's row block tiles query rows
     that need not align to GP.
     """
+    if kernel in DEPTH_GROUPS:
+        return list(dict.fromkeys(_depth_search_space(shape, kernel, base)))
     gp = group_pad(shape.G)
     rows = _row_choices(gp)
     out: list[MoDAConfig] = []
@@ -288,20 +353,30 @@ def candidate_configs(shape: MoDAShape, kernel: str, base: MoDAConfig, *, dtype=
     budget = max(1, int(budget))
     rest = survivors[1:]
     if len(rest) > budget - 1:
-        rest = random.Random(seed).sample(rest, max(0, (budget + 1) // 2 - 1))
+        n = max(0, (budget + 1) // 2 - 1)
+        lead = []
+        if kernel in DEPTH_GROUPS:  # one candidate per other placement first
+            lead = neighbours(base, rest, kernel, only=KERNEL_FIELDS[kernel][0])[:budget - 1]
+        pool = [c for c in rest if c not in lead]
+        rest = lead + random.Random(seed).sample(pool, max(0, n - len(lead)))
     chosen = survivors[:1] + rest
     stats = dict(stats, survivors=len(survivors), kept=len(chosen))
     return chosen, stats
 
 
-def neighbours(cfg: MoDAConfig, pool: Iterable[MoDAConfig], kernel: str) -> list[MoDAConfig]:
-    """Configs of `pool` that differ from `cfg` in exactly one of `kernel`'s fields."""
+def neighbours(cfg: MoDAConfig, pool: Iterable[MoDAConfig], kernel: str,
+               only: Optional[str] = None) -> list[MoDAConfig]:
+    """Configs of `pool` that differ from `cfg` in exactly one of `kernel`'s fields (`only`:
+    that field), taken round-robin over the fields so that a short list still varies each."""
     names = KERNEL_FIELDS[kernel]
-    out = []
+    by_field: dict[str, list[MoDAConfig]] = {n: [] for n in names}
     for c in pool:
         diff = [n for n in names if getattr(c, n) != getattr(cfg, n)]
-        if len(diff) == 1:
-            out.append(c)
+        if len(diff) == 1 and (only is None or diff[0] == only):
+            by_field[diff[0]].append(c)
+    out = []
+    for group in itertools.zip_longest(*by_field.values()):
+        out.extend(c for c in group if c is not None)
     return out
 
 
@@ -362,8 +437,9 @@ def tune_kernel(shape: MoDAShape, kernel: str, base: MoDAConfig, time_fn: Callab
                 on_done: Optional[Callable[[MoDAConfig, Optional[float], Optional[str]], None]] = None
                 ) -> KernelSearch:
     """Tune one kernel's fields on top of `base` with at most `budget` timed candidates:
-    round 1 times `candidate_configs`, round 2 (when the space exceeds the budget) the
-    untried pruned configs one field away from round 1's best."""
+    round 1 times `candidate_configs`; then, while budget is left (the space exceeds it), each
+    further round times the untried pruned configs one field away from the best so far (a hill
+    climb that stops when the best has no untried neighbour)."""
     survivors, _ = prune_candidates(shape, kernel, base, dtype=dtype, smem_limit=smem_limit)
     first, stats = candidate_configs(shape, kernel, base, dtype=dtype, budget=budget, smem_limit=smem_limit,
                                      seed=seed)
@@ -371,11 +447,15 @@ def tune_kernel(shape: MoDAShape, kernel: str, base: MoDAConfig, time_fn: Callab
     if on_plan:
         on_plan(kernel, planned, stats)
     ks = search(kernel, first, time_fn, on_done=on_done)
+    seen = set(first)
     left = planned - len(first)
-    if left > 0:
-        seen = set(first)
-        second = [c for c in neighbours(ks.best, survivors, kernel) if c not in seen][:left]
-        search(kernel, second, time_fn, on_done=on_done, into=ks)
+    while left > 0:
+        batch = [c for c in neighbours(ks.best, survivors, kernel) if c not in seen][:left]
+        if not batch:
+            break
+        seen.update(batch)
+        left -= len(batch)
+        search(kernel, batch, time_fn, on_done=on_done, into=ks)
     return ks
 
 
@@ -502,8 +582,9 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
                budget: int = DEFAULT_BUDGET, smem_limit: Optional[int] = None, seed: int = 0,
                on_plan: Optional[Callable[[str, int, dict], None]] = None,
                on_done: Optional[Callable[[MoDAConfig, Optional[float], Optional[str]], None]] = None) -> TuneResult:
-    """Tune `kernels` one after another (fwd on 'fwd', bwd_q/bwd_kv on 'bwd'), then time the
-    default and the tuned config on fwd+bwd. The tuned config is kept only if it is faster
+    """Tune `kernels` one after another (fwd and fwd_depth timed on 'fwd', the others on
+    'bwd'; the depth groups are skipped when L = 0), then time the default and the tuned
+    config on fwd+bwd. The tuned config is kept only if it is faster
     there; otherwise the default is recorded (speedup 1).
     """
     t0 = time.perf_counter()
@@ -512,7 +593,9 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
     default = default_config(shape, dtype)
     cfg, results, notes = default, {}, []
     for kernel in kernels:
-        pass_ = "fwd" if kernel == "fwd" else "bwd"
+        if kernel in DEPTH_GROUPS and shape.L == 0:
+            continue  # no depth part to place
+        pass_ = "fwd" if kernel in ("fwd", "fwd_depth") else "bwd"
         ks = tune_kernel(shape, kernel, cfg, lambda c, p=pass_: timer.time(c, p), dtype=dtype, budget=budget,
                          smem_limit=smem_limit, seed=seed, on_plan=on_plan, on_done=on_done)
         results[kernel] = ks

@@ -127,7 +127,8 @@ def tune_command(
     preset: Annotated[Optional[str], typer.Option(
         "--preset", help="'paper': every shape of the paper's T, G and L sweeps.")] = None,
     kernels: Annotated[str, typer.Option(
-        "--kernels", help="Comma-separated kernels to tune, in order: fwd, bwd_q, bwd_kv.")] = "fwd,bwd_q,bwd_kv",
+        "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
+        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles).")] = "fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv",
     budget: Annotated[int, typer.Option(
         "--budget", "--max-candidates", min=1, help="Most candidates timed per kernel and shape.")] = 40,
     cache: Annotated[Optional[Path], typer.Option(
@@ -142,7 +143,7 @@ def tune_command(
     device: Annotated[Optional[int], typer.Option("--device", help="CUDA device index.")] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the tuning cache and exit.")] = False,
 ) -> None:
-    """Autotune the MoDA kernel's tiles per shape and store the winners in the tuning cache."""
+    """Autotune the MoDA kernel's depth placements and tiles per shape; store the winners in the tuning cache."""
     if show:
         _show_cache(cache)
         return
