@@ -116,7 +116,7 @@ def test_depth_utilization_at_paper_config():
     """T=1024, G=8, C=64, L=64: 1, 1/T, 1/C, G/C, G/16 (spec sections 2-3)."""
     got = {r.name: r.depth_utilization(1024, 8, 64, 64) for r in RUNGS}
     want = {"naive-torch": 1.0, "flash-compatible": 1 / 1024, "chunk-aware": 1 / 64, "group-aware": 8 / 64,
-            "ours": 8 / 16}
+            "batched-tiles": 8 / 16, "ours": 8 / 16}
     assert got == pytest.approx(want)
     assert rung("ours").depth_utilization(1024, 16, 64, 64) == pytest.approx(1.0)
     assert all(math.isnan(r.depth_utilization(1024, 8, 64, 0)) for r in RUNGS)
@@ -124,12 +124,13 @@ def test_depth_utilization_at_paper_config():
 
 def test_rung_order_and_paper_times_match_reference_csv():
     import pandas as pd
-    assert [r.name for r in RUNGS] == ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "ours"]
+    assert [r.name for r in RUNGS] == ["naive-torch", "flash-compatible", "chunk-aware", "group-aware",
+                                       "batched-tiles", "ours"]
     paper = pd.read_csv(REPO / "results" / "reference" / "paper_a100_ablation.csv")
     table = dict(zip(paper["implementation"], paper["ms"]))
     for r in RUNGS[:4]:
         assert r.paper_ms == pytest.approx(table[r.name])
-    assert rung("ours").paper_ms is None
+    assert rung("batched-tiles").paper_ms is None and rung("ours").paper_ms is None
 
 
 def _fake_rows():
@@ -137,7 +138,7 @@ def _fake_rows():
     from moda_bench.sweeps import schema
     meta = schema.run_metadata()
     rows = []
-    for r, ms in zip(RUNGS, [812.0, 11.0, 5.5, 1.2, 0.9]):
+    for r, ms in zip(RUNGS, [812.0, 11.0, 5.5, 1.2, 1.0, 0.9]):
         row = {c: math.nan for c in schema.COLUMNS}
         row.update(meta, sweep="ablation", provider=r.name, impl_detail=r.label, status=schema.OK, reason="",
                    config="{}", median_ms=ms, p20_ms=0.9 * ms, p80_ms=1.1 * ms, max_rel_err=1e-3,

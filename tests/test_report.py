@@ -107,11 +107,11 @@ def test_ablation_table(report):
     assert cell(header, body, "1", "ms") == "1000.000"
     assert cell(header, body, "2", "speedup vs previous") == "100.00x"
     assert cell(header, body, "4", "speedup vs previous") == "4.00x"
-    assert cell(header, body, "5", "speedup vs previous") == "1.25x"
+    assert cell(header, body, "6", "speedup vs previous") == "1.25x"  # rung 6 (ours) after 4: no batched-tiles row
     assert cell(header, body, "1", "paper ms (A100)") == "2128.900"
     assert cell(header, body, "2", "paper speedup vs previous") == "162.49x"   # 2128.9 / 13.102
     assert cell(header, body, "4", "ours / paper ms") == "0.856"               # 1.25 / 1.46
-    assert cell(header, body, "5", "paper ms (A100)") == "-"
+    assert cell(header, body, "6", "paper ms (A100)") == "-"
 
 
 def test_provenance_and_ceiling(report):

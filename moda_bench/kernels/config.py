@@ -41,7 +41,14 @@ class MoDAConfig:
               (depth-only programs in the kv-major pass's grid, so the depth bytes stream
               while dk/dv compute), "stream" (a depth-only launch on a second CUDA stream,
               concurrent with the dk/dv pass).
-    depth_block_m, depth_warps  rows and warps of the forward's depth-only program ("split").
+    depth_after, bwd_depth_after  "stream" only: launch the depth-only kernel after the
+              sequence kernel instead of before it. The sequence kernel's programs then take
+              their resident slots first and the small depth programs fill what is left on
+              each multiprocessor, so the depth bytes stream while the sequence part computes;
+              launched first, the depth programs fill the multiprocessors and the sequence
+              kernel mostly waits for them.
+    depth_block_m, depth_warps  rows and warps of the forward's depth-only program ("split",
+              "stream").
     bwd_depth_block_m, bwd_depth_warps, bwd_block_l, bwd_depth_stages  the same for the
               backward's depth part (its own launch, "overlap" programs, or, for block_l and
               stages, the fused q-major pass).
@@ -66,6 +73,8 @@ class MoDAConfig:
     bwd_kv_stages: int = 3
     fwd_depth: str = "split"
     bwd_depth: str = "stream"
+    depth_after: bool = False
+    bwd_depth_after: bool = False
     depth_block_m: int = 64
     depth_warps: int = 4
     bwd_depth_block_m: int = 64

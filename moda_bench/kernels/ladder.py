@@ -1,4 +1,4 @@
-"""The kernel ablation ladder (spec section 3): five implementations of the same MoDA function,
+"""The kernel ablation ladder (spec section 3): six implementations of the same MoDA function,
 each adding one idea, with their depth utilisation and the paper's A100 timings.
 
 Depth utilisation eta = useful depth logits / depth logits computed (spec section 2).
@@ -11,7 +11,7 @@ from typing import Callable, Optional
 from .config import auto_depth_sub, default_config, group_pad
 from .chunk_aware import moda_chunk_aware
 from .flash_compatible import moda_flash_compatible
-from .group_aware import moda_group_aware, moda_ours, pinned_config
+from .group_aware import moda_batched_tiles, moda_group_aware, moda_ours, pinned_config
 from .naive import moda_naive
 from .ungrouped import tiles as ungrouped_tiles
 from .validate import MoDAShape
@@ -62,9 +62,9 @@ def _ungrouped_launch(span: str) -> Callable[[MoDAShape, object, int], dict]:
     return launch
 
 
-def _pinned_launch(depth_sub: Optional[int]) -> Callable[[MoDAShape, object, int], dict]:
+def _pinned_launch(depth_sub: Optional[int], fused: bool) -> Callable[[MoDAShape, object, int], dict]:
     def launch(shape: MoDAShape, dtype, C: int) -> dict:
-        return pinned_config(shape, dtype, chunk=C, depth_sub=depth_sub).to_dict()
+        return pinned_config(shape, dtype, chunk=C, depth_sub=depth_sub, fused=fused).to_dict()
     return launch
 
 
@@ -93,9 +93,11 @@ RUNGS: list[Rung] = [
     Rung("chunk-aware", "fused Triton, a chunk of C positions visits its C*L depth columns",
          moda_chunk_aware, eta_chunk_aware, 6.286, _ungrouped_launch("chunk")),
     Rung("group-aware", "G query heads folded into rows, one dense depth tile per chunk (paper final)",
-         moda_group_aware, eta_group_aware, 1.460, _pinned_launch(None), needs_production_kernel=True),
-    Rung("ours", "production kernel: group-aware rows, batched 16-row depth tiles",
-         moda_ours, eta_ours, None, _pinned_launch(0), needs_production_kernel=True),
+         moda_group_aware, eta_group_aware, 1.460, _pinned_launch(None, True), needs_production_kernel=True),
+    Rung("batched-tiles", "group-aware rows, batched 16-row depth tiles, depth phase still fused",
+         moda_batched_tiles, eta_ours, None, _pinned_launch(0, True), needs_production_kernel=True),
+    Rung("ours", "production kernel: batched tiles, depth-only launches (fwd first, bwd on a side stream)",
+         moda_ours, eta_ours, None, _pinned_launch(0, False), needs_production_kernel=True),
 ]
 
 

@@ -520,16 +520,21 @@ def _side_stream(device):
 
 
 class _Concurrent:
-    """Context: launches inside run on the side stream, ordered after the main stream's work so
-    far; `join()` makes the main stream wait for them."""
+    """Context: launches inside run on the side stream, ordered after the main stream's work up
+    to the creation of this object (not up to entering it: main-stream launches made in
+    between run concurrently with the side launches); `join()` makes the main stream wait for
+    them."""
 
     def __init__(self, device):
         self.side = _side_stream(device)
         self.main = torch.cuda.current_stream(device) if self.side is not None else None
+        if self.side is not None:
+            self.ready = torch.cuda.Event()
+            self.ready.record(self.main)
 
     def __enter__(self):
         if self.side is not None:
-            self.side.wait_stream(self.main)
+            self.side.wait_event(self.ready)
             self._ctx = torch.cuda.stream(self.side)
             self._ctx.__enter__()
         return self
@@ -636,10 +641,14 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: 
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the L=0 kernel
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
         dbm = cfg.depth_block_m
-        with _Concurrent(q.device) as conc:
+        conc = _Concurrent(q.device)
+        if cfg.depth_after:
+            launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
+        with conc:
             launch((B * Hk * triton.cdiv(T * gp, dbm),), od, lsed, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
                    **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
-        launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
+        if not cfg.depth_after:
+            launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
         conc.join()
         n_rows = B * T * Hq
         _moda_merge_kernel[(triton.cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
@@ -715,9 +724,13 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, 
         q_launch(BWDQ_ADD)
         kv_launch(True, False, **kv_meta)
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the dk/dv pass
-        with _Concurrent(q.device) as conc:
+        conc = _Concurrent(q.device)
+        if cfg.bwd_depth_after:
+            kv_launch(True, False, **kv_meta)
+        with conc:
             kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1)
-        kv_launch(True, False, **kv_meta)
+        if not cfg.bwd_depth_after:
+            kv_launch(True, False, **kv_meta)
         conc.join()
         q_launch(BWDQ_ADD)
     else:  # overlap: depth programs ride in the kv-major grid, the q-major pass adds their dq

@@ -3,11 +3,13 @@ JSON cache of winners that `resolve_config` consults through `install_cache_look
 
 Search spaces (one group of MoDAConfig fields each, tuned one after another in this order):
   fwd_depth where the forward's depth phase runs (fwd_depth: split / stream / fused / overlap)
-          and, for the depth-only launch of split/stream, depth_block_m x depth_warps; timed
-          on the forward pass. Skipped when L = 0;
+          and, for the depth-only launch of split/stream, depth_block_m x depth_warps (x
+          depth_after, the launch order of "stream"); timed on the forward pass. Skipped
+          when L = 0;
   bwd_depth the same for the backward's depth part: bwd_depth x bwd_depth_block_m x
-          bwd_depth_warps x bwd_block_l x bwd_depth_stages (fields a placement does not use
-          stay at the base's values); timed on the backward pass. Skipped when L = 0;
+          bwd_depth_warps x bwd_block_l x bwd_depth_stages x bwd_depth_after (fields a
+          placement does not use stay at the base's values); timed on the backward pass.
+          Skipped when L = 0;
   fwd     block_m (chunk C, rows) x block_n x num_warps x num_stages x depth_sub x block_l,
           timed on the forward pass (no grad), backward fields at their defaults;
   bwd_q   dq / depth-grad pass: bwd_q_block_m x bwd_q_block_n x bwd_q_warps x bwd_q_stages,
@@ -83,13 +85,16 @@ KERNEL_FIELDS = {
     "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages"),
     "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages"),
     # depth groups: placement first, then the fields of the depth-only launch
-    "fwd_depth": ("fwd_depth", "depth_block_m", "depth_warps"),
-    "bwd_depth": ("bwd_depth", "bwd_depth_block_m", "bwd_depth_warps", "bwd_block_l", "bwd_depth_stages"),
+    "fwd_depth": ("fwd_depth", "depth_block_m", "depth_warps", "depth_after"),
+    "bwd_depth": ("bwd_depth", "bwd_depth_block_m", "bwd_depth_warps", "bwd_block_l", "bwd_depth_stages",
+                  "bwd_depth_after"),
 }
 # Fields each placement leaves unused (they stay at the base's value in the search space).
 _UNUSED_BY_PLACEMENT = {
-    "fwd_depth": {"fused": ("depth_block_m", "depth_warps"), "overlap": ("depth_block_m", "depth_warps")},
-    "bwd_depth": {"fused": ("bwd_depth_block_m", "bwd_depth_warps"), "overlap": ("bwd_depth_warps",)},
+    "fwd_depth": {"split": ("depth_after",), "fused": ("depth_block_m", "depth_warps", "depth_after"),
+                  "overlap": ("depth_block_m", "depth_warps", "depth_after")},
+    "bwd_depth": {"split": ("bwd_depth_after",), "fused": ("bwd_depth_block_m", "bwd_depth_warps", "bwd_depth_after"),
+                  "overlap": ("bwd_depth_warps", "bwd_depth_after")},
 }
 
 
@@ -268,7 +273,7 @@ def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list
         return []
     rows = _row_choices(group_pad(shape.G))
     names = KERNEL_FIELDS[kernel]
-    values = {names[1]: rows, names[2]: DEPTH_WARPS}
+    values = {names[1]: rows, names[2]: DEPTH_WARPS, names[-1]: (False, True)}
     if kernel == "bwd_depth":
         values.update(bwd_block_l=DEPTH_BLOCKS, bwd_depth_stages=BWD_DEPTH_STAGES)
     out = []
@@ -355,8 +360,10 @@ def candidate_configs(shape: MoDAShape, kernel: str, base: MoDAConfig, *, dtype=
     if len(rest) > budget - 1:
         n = max(0, (budget + 1) // 2 - 1)
         lead = []
-        if kernel in DEPTH_GROUPS:  # one candidate per other placement first
-            lead = neighbours(base, rest, kernel, only=KERNEL_FIELDS[kernel][0])[:budget - 1]
+        if kernel in DEPTH_GROUPS:  # one candidate per other placement (and launch order) first
+            names = KERNEL_FIELDS[kernel]
+            lead = (neighbours(base, rest, kernel, only=names[0])
+                    + neighbours(base, rest, kernel, only=names[-1]))[:budget - 1]
         pool = [c for c in rest if c not in lead]
         rest = lead + random.Random(seed).sample(pool, max(0, n - len(lead)))
     chosen = survivors[:1] + rest
@@ -367,11 +374,17 @@ def candidate_configs(shape: MoDAShape, kernel: str, base: MoDAConfig, *, dtype=
 def neighbours(cfg: MoDAConfig, pool: Iterable[MoDAConfig], kernel: str,
                only: Optional[str] = None) -> list[MoDAConfig]:
     """Configs of `pool` that differ from `cfg` in exactly one of `kernel`'s fields (`only`:
-    that field), taken round-robin over the fields so that a short list still varies each."""
+    that field), taken round-robin over the fields so that a short list still varies each.
+    Fields that either config's depth placement does not use are not compared (a 'stream'
+    candidate's fused neighbour is the fused config, whatever the stream launch's warps)."""
     names = KERNEL_FIELDS[kernel]
+    unused = _UNUSED_BY_PLACEMENT.get(kernel, {})
+    ignore = lambda c: unused.get(getattr(c, names[0]), ())  # noqa: E731 - fields c's placement ignores
+    skip_cfg = ignore(cfg)
     by_field: dict[str, list[MoDAConfig]] = {n: [] for n in names}
     for c in pool:
-        diff = [n for n in names if getattr(c, n) != getattr(cfg, n)]
+        skip = set(skip_cfg) | set(ignore(c))
+        diff = [n for n in names if n not in skip and getattr(c, n) != getattr(cfg, n)]
         if len(diff) == 1 and (only is None or diff[0] == only):
             by_field[diff[0]].append(c)
     out = []

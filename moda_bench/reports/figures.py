@@ -19,7 +19,7 @@ SVG_METADATA = {"Date": None, "Creator": None}
 PNG_DPI = 150
 LOG_RANGE = 16.0                                  # use a log axis when max/min reaches this
 PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-torch", "flash-compatible",
-                  "chunk-aware", "group-aware"]
+                  "chunk-aware", "group-aware", "batched-tiles"]
 AXIS_LABEL = {"T": "sequence length T", "G": "GQA group size G (Hq = G * Hk)", "L": "depth L",
               "C": "query chunk C (rows)"}
 

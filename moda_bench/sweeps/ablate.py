@@ -225,7 +225,7 @@ def ablate_command(
     out: Annotated[Path, typer.Option("--out", help="Output directory (ablation.csv, ablation.png).")] =
         Path("results/ablation"),
 ) -> None:
-    """Run the kernel ablation ladder (naive -> flash-compatible -> chunk-aware -> group-aware -> ours)."""
+    """Run the kernel ablation ladder (naive -> flash-compatible -> chunk-aware -> group-aware -> batched-tiles -> ours)."""
     from rich.console import Console
 
     started = time.perf_counter()
