@@ -32,6 +32,10 @@ VARIANTS = {
     "stw2s1": dict(bwd_depth_warps=2, bwd_depth_block_m=32, bwd_block_l=32, bwd_depth_stages=1),
     "stw2f": dict(fwd_depth="stream", depth_warps=2, depth_block_m=32, block_l=32, bwd_depth_warps=2,
                   bwd_depth_block_m=32, bwd_block_l=32),
+    "after": dict(fwd_depth="stream", bwd_depth="stream", depth_after=True, bwd_depth_after=True),
+    "after_w2": dict(fwd_depth="stream", bwd_depth="stream", depth_after=True, bwd_depth_after=True,
+                     depth_warps=2, depth_block_m=32, bwd_depth_warps=2, bwd_depth_block_m=32),
+    "bwdafter": dict(bwd_depth_after=True),  # default forward, backward depth launched after dk/dv
     "rev": dict(reverse=True),
     "dbm128": dict(depth_block_m=128, depth_warps=8),
     "dbm32": dict(depth_block_m=32),
