@@ -569,3 +569,13 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
     made.clear()
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0 and made == [] and "cached" in res.output
+
+
+def test_default_placement_is_fused_for_short_sequences_only():
+    from moda_bench.kernels.config import FUSED_DEPTH_MAX_T
+    short, long_ = default_config(shape(T=FUSED_DEPTH_MAX_T)), default_config(shape(T=FUSED_DEPTH_MAX_T + 1))
+    assert (short.fwd_depth, short.bwd_depth) == ("fused", "fused")
+    assert (long_.fwd_depth, long_.bwd_depth) == ("split", "stream")
+    # only the placement differs; both are valid kernel configs
+    assert short == long_.replace(fwd_depth="fused", bwd_depth="fused")
+    assert tu.config_problems(short, 8) == [] and tu.config_problems(long_, 8) == []

@@ -8,9 +8,10 @@ C/GP positions. Each differs from the one before it in one idea:
                  depth phase fused into the sequence kernels (one forward kernel, depth
                  gradients in the query-major backward pass), as in the paper
   batched-tiles: depth_sub = 0 (auto), batched tiles of 16 rows (eta = min(1, G/16)), still fused
-  ours:          the same tiles, the depth part placed as the production default places it
-                 (forward: a depth-only launch whose partial the sequence kernel starts from;
-                 backward: a depth-only launch on a side stream beside the dk/dv pass)
+  ours:          the same tiles, the depth part placed as the production default places it for
+                 the shape: fused up to T = config.FUSED_DEPTH_MAX_T, beyond that a forward
+                 depth-only launch whose partial the sequence kernel starts from and a backward
+                 depth-only launch on a side stream beside the dk/dv pass
 """
 from __future__ import annotations
 

@@ -96,7 +96,8 @@ RUNGS: list[Rung] = [
          moda_group_aware, eta_group_aware, 1.460, _pinned_launch(None, True), needs_production_kernel=True),
     Rung("batched-tiles", "group-aware rows, batched 16-row depth tiles, depth phase still fused",
          moda_batched_tiles, eta_ours, None, _pinned_launch(0, True), needs_production_kernel=True),
-    Rung("ours", "production kernel: batched tiles, depth-only launches (fwd first, bwd on a side stream)",
+    Rung("ours", "production kernel: batched tiles, default depth placement (fused for T<=2048, else "
+                 "depth-only launches: fwd first, bwd on a side stream)",
          moda_ours, eta_ours, None, _pinned_launch(0, False), needs_production_kernel=True),
 ]
 
