@@ -15,6 +15,11 @@ import triton
 from .validate import MoDAShape
 
 
+# Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth); the order is the
+# tuner's candidate order.
+DEPTH_MODES = ("split", "stream", "fused", "overlap")
+
+
 @dataclass(frozen=True)
 class MoDAConfig:
     """Tile shapes. Rows are (position, query-head-in-group) pairs folded as r = t*GP + g.

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .triton_utils import dot_precision, mm
-from .config import MoDAConfig, auto_depth_sub, group_pad, resolve_config
+from .config import DEPTH_MODES, MoDAConfig, auto_depth_sub, group_pad, resolve_config
 from .validate import MoDAShape, check_inputs
 
 LOG2E = 1.4426950408889634
@@ -505,7 +505,6 @@ def _moda_bwd_kv_kernel(
 # --------------------------------------------------------------------------------------------
 # launchers
 # --------------------------------------------------------------------------------------------
-DEPTH_MODES = ("fused", "split", "overlap", "stream")
 _SIDE_STREAMS: dict = {}
 
 
@@ -547,6 +546,20 @@ class _Concurrent:
     def join(self):
         if self.side is not None:
             self.main.wait_stream(self.side)
+
+
+def _run_beside(device, main_launch, side_launch, side_after: bool) -> None:
+    """The "stream" placement: side_launch() on the side stream concurrently with main_launch()
+    on the main stream, side_launch issued after main_launch when side_after (else before);
+    on return the main stream waits for both."""
+    conc = _Concurrent(device)
+    if side_after:
+        main_launch()
+    with conc:
+        side_launch()
+    if not side_after:
+        main_launch()
+    conc.join()
 
 
 def _depth_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
@@ -641,15 +654,12 @@ def _fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: 
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the L=0 kernel
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
         dbm = cfg.depth_block_m
-        conc = _Concurrent(q.device)
-        if cfg.depth_after:
-            launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
-        with conc:
-            launch((B * Hk * triton.cdiv(T * gp, dbm),), od, lsed, 0, FWD_DEPTH, _depth_sub_of(cfg, G, dbm),
-                   **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
-        if not cfg.depth_after:
-            launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
-        conc.join()
+        _run_beside(q.device,
+                    lambda: launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta),
+                    lambda: launch((B * Hk * triton.cdiv(T * gp, dbm),), od, lsed, 0, FWD_DEPTH,
+                                   _depth_sub_of(cfg, G, dbm),
+                                   **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1)),
+                    cfg.depth_after)
         n_rows = B * T * Hq
         _moda_merge_kernel[(triton.cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
     elif mode == "split":
@@ -724,14 +734,9 @@ def _bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, 
         q_launch(BWDQ_ADD)
         kv_launch(True, False, **kv_meta)
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the dk/dv pass
-        conc = _Concurrent(q.device)
-        if cfg.bwd_depth_after:
-            kv_launch(True, False, **kv_meta)
-        with conc:
-            kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1)
-        if not cfg.bwd_depth_after:
-            kv_launch(True, False, **kv_meta)
-        conc.join()
+        _run_beside(q.device, lambda: kv_launch(True, False, **kv_meta),
+                    lambda: kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1),
+                    cfg.bwd_depth_after)
         q_launch(BWDQ_ADD)
     else:  # overlap: depth programs ride in the kv-major grid, the q-major pass adds their dq
         kv_launch(True, True, **kv_meta)

@@ -56,7 +56,7 @@ from typing import Callable, Iterable, Optional
 
 import triton
 
-from .config import MoDAConfig, auto_depth_sub, default_config, group_pad, set_config_lookup
+from .config import DEPTH_MODES, MoDAConfig, auto_depth_sub, default_config, group_pad, set_config_lookup
 from .validate import MoDAShape
 
 SCHEMA_VERSION = 1
@@ -76,7 +76,6 @@ WARPS = (4, 8)
 STAGES = (1, 2, 3, 4)
 DEPTH_BLOCKS = (16, 32, 64)
 DEPTH_WARPS = (2, 4, 8)  # the depth-only launches are memory-bound: fewer warps can pay
-PLACEMENTS = ("split", "stream", "fused", "overlap")  # = moda.DEPTH_MODES
 BWD_DEPTH_STAGES = (1, 2)
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
@@ -235,22 +234,34 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
     regs = fp32_regs_per_thread(cfg, shape, kernel)
     if regs > max_regs:
         return f"registers: ~{regs:.0f} fp32 values/thread > {max_regs:.0f}"
-    gp = group_pad(shape.G)
     m_name, n_name = KERNEL_FIELDS[kernel][:2]
     m, n = getattr(cfg, m_name), getattr(cfg, n_name)
-    if m > max(min(ROW_BLOCKS), triton.next_power_of_2(shape.T * gp)):  # rows r = t*GP + g
-        return f"oversized: {m_name}={m} > next_pow2(T*GP={shape.T * gp})"
+    why = _oversized_rows(m_name, m, shape)
+    if why:
+        return why
     if n > max(min(COL_BLOCKS), triton.next_power_of_2(shape.T)):
         return f"oversized: {n_name}={n} > next_pow2(T={shape.T})"
-    if kernel == "fwd" and shape.L > 0 and cfg.block_l > max(min(DEPTH_BLOCKS), triton.next_power_of_2(shape.L)):
-        return f"oversized: block_l={cfg.block_l} > next_pow2(L={shape.L})"
+    return _oversized_depth_cols("block_l", cfg.block_l, shape) if kernel == "fwd" else None
+
+
+def _oversized_rows(name: str, m: int, shape: MoDAShape) -> Optional[str]:
+    """A row block larger than the problem's folded rows (r = t*GP + g), unless it is the smallest."""
+    rows = shape.T * group_pad(shape.G)
+    if m > max(min(ROW_BLOCKS), triton.next_power_of_2(rows)):
+        return f"oversized: {name}={m} > next_pow2(T*GP={rows})"
+    return None
+
+
+def _oversized_depth_cols(name: str, bl: int, shape: MoDAShape) -> Optional[str]:
+    """A depth column block larger than L (L > 0), unless it is the smallest."""
+    if shape.L > 0 and bl > max(min(DEPTH_BLOCKS), triton.next_power_of_2(shape.L)):
+        return f"oversized: {name}={bl} > next_pow2(L={shape.L})"
     return None
 
 
 def _depth_prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, max_regs: float) -> Optional[str]:
     """prune_reason of the depth groups: registers of the depth-only program (rows x (d +
     score columns), two score tiles in the backward) and tiles larger than the problem."""
-    gp = group_pad(shape.G)
     fwd = kernel == "fwd_depth"
     mode = cfg.fwd_depth if fwd else cfg.bwd_depth
     m_name, w_name = ("depth_block_m", "depth_warps") if fwd else ("bwd_depth_block_m", "bwd_depth_warps")
@@ -260,11 +271,7 @@ def _depth_prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, max_regs
         regs = m * (shape.d + (1 if fwd else 2) * cols) / (32 * w)
         if regs > max_regs:
             return f"registers: ~{regs:.0f} fp32 values/thread > {max_regs:.0f}"
-    if m > max(min(ROW_BLOCKS), triton.next_power_of_2(shape.T * gp)):
-        return f"oversized: {m_name}={m} > next_pow2(T*GP={shape.T * gp})"
-    if not fwd and cols > max(min(DEPTH_BLOCKS), triton.next_power_of_2(max(shape.L, 1))):
-        return f"oversized: bwd_block_l={cols} > next_pow2(L={shape.L})"
-    return None
+    return _oversized_rows(m_name, m, shape) or (None if fwd else _oversized_depth_cols("bwd_block_l", cols, shape))
 
 
 def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDAConfig]:
@@ -277,7 +284,7 @@ def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list
     if kernel == "bwd_depth":
         values.update(bwd_block_l=DEPTH_BLOCKS, bwd_depth_stages=BWD_DEPTH_STAGES)
     out = []
-    for mode in PLACEMENTS:
+    for mode in DEPTH_MODES:
         unused = _UNUSED_BY_PLACEMENT[kernel].get(mode, ())
         axes = [(n, (getattr(base, n),) if n in unused else values[n]) for n in names[1:]]
         for combo in itertools.product(*(v for _, v in axes)):
