@@ -9,6 +9,6 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name in __all__:
-        from . import kernels
+        from moda_bench.ops import moda as kernels
         return getattr(kernels, name)
     raise AttributeError(f"module 'moda_bench' has no attribute {name!r}")

@@ -16,12 +16,12 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from .sweeps.command import sweep_command
-    from .sweeps.shard import merge_command
-    from .sweeps.ablate import ablate_command
-    from .sweeps.tune import tune_command
-    from .reports.report import report_command
-    from .reports.gate import gate_command
+    from moda_bench.bench.sweep import sweep_command
+    from moda_bench.bench.pool.shard import merge_command
+    from moda_bench.bench.ablate import ablate_command
+    from moda_bench.bench.tune import tune_command
+    from moda_bench.reports.report import report_command
+    from moda_bench.reports.gate import gate_command
 
     app.command("sweep")(sweep_command)
     app.command("ablate")(ablate_command)

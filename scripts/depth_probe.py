@@ -13,10 +13,10 @@ import math
 import pandas as pd
 import torch
 
-from moda_bench.kernels.config import default_config
-from moda_bench.kernels.moda import _bwd, _fwd
-from moda_bench.kernels.validate import MoDAShape
-from moda_bench.sweeps.timing import measure
+from moda_bench.ops.moda.config import default_config
+from moda_bench.ops.moda.kernel import _bwd, _fwd
+from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.timing import measure
 
 
 def main():

@@ -14,7 +14,7 @@ tune T 170 --vary T --values 4096,8192,16384,32768
 tune G 190 --vary G --values 2,4,16,32
 tune L 100 --vary L --values 128,256
 python3 - <<PY
-from moda_bench.kernels import tuning as tu
+from moda_bench.ops.moda import tuning as tu
 for k, v in sorted(tu.load_cache("$OUT/tuning.json").items()):
     c = v["config"]
     print(f"{k[k.index('d64'):]:24s} {v['default_ms']:8.3f} -> {v['tuned_ms']:8.3f} ms  x{v['speedup']:.3f}  "

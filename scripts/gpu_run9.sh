@@ -23,7 +23,7 @@ T0=$(date +%s)
     --out $R/tune_L.csv > $R/tune_L.log 2>&1; echo "tune L exit $?" ) &
 wait
 python3 - <<EOF
-from moda_bench.kernels import tuning as tu
+from moda_bench.ops.moda import tuning as tu
 e = {}
 for f in ("$R/tune_T.json", "$R/tune_GL.json"):
     e.update(tu.load_cache(f))

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from moda_bench.kernels import MoDAConfig, moda_attention
-from moda_bench.kernels.validate import MoDAShape
-from moda_bench.kernels.config import default_config
-from moda_bench.sweeps.timing import make_inputs, make_pass_fn, measure, grad_inputs
+from moda_bench.ops.moda import MoDAConfig, moda_attention
+from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.ops.moda.config import default_config
+from moda_bench.timing import make_inputs, make_pass_fn, measure, grad_inputs
 
 VARIANTS = {
     "default": {},

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from moda_bench.reports import gate
 from moda_bench.reports.gate import compare, gate_command, parse_threshold
-from moda_bench.sweeps import schema
+from moda_bench import schema
 
 GPU = "NVIDIA H100 80GB HBM3"
 CONFIGS = [dict(T=T, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype="bfloat16") for T in (1024, 4096, 16384)]
@@ -293,7 +293,7 @@ def test_points_from_baseline(rng):
 def test_run_uses_runner_and_gates(rng, tmp_path, monkeypatch):
     """--run: the runner (stubbed) gets the baseline's points/providers; its CSV is gated."""
     import torch
-    from moda_bench.sweeps import runner
+    from moda_bench.bench import runner
 
     base = make_run(rng)
     b = tmp_path / "base.csv"

@@ -16,13 +16,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from moda_bench.kernels.ladder import RUNGS, rung  # noqa: E402
-from moda_bench.kernels.reference import moda_reference  # noqa: E402
-from moda_bench.kernels.ungrouped import moda_ungrouped  # noqa: E402
-from moda_bench.sweeps.timing import max_rel_err  # noqa: E402
+from moda_bench.ops.moda.ladder.table import RUNGS, rung  # noqa: E402
+from moda_bench.ops.moda.reference import moda_reference  # noqa: E402
+from moda_bench.ops.moda.ladder.ungrouped import moda_ungrouped  # noqa: E402
+from moda_bench.timing import max_rel_err  # noqa: E402
 
 try:
-    import moda_bench.kernels.moda  # noqa: F401
+    import moda_bench.ops.moda.kernel  # noqa: F401
     HAVE_MODA = True
 except ImportError:
     HAVE_MODA = False
@@ -65,7 +65,7 @@ def _grads(out, ins, do):
 
 def _skip_if_no_production_kernel(r):
     if r.needs_production_kernel and not HAVE_MODA:
-        pytest.skip("moda_bench.kernels.moda (production kernel) cannot be imported")
+        pytest.skip("moda_bench.ops.moda.kernel (production kernel) cannot be imported")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -135,7 +135,7 @@ def test_rung_order_and_paper_times_match_reference_csv():
 
 def _fake_rows():
     """Schema rows as run_one returns them (made-up timings), with one rung skipped."""
-    from moda_bench.sweeps import schema
+    from moda_bench import schema
     meta = schema.run_metadata()
     rows = []
     for r, ms in zip(RUNGS, [812.0, 11.0, 5.5, 1.2, 1.0, 0.9]):
@@ -152,8 +152,8 @@ def _fake_rows():
 def test_ablation_table_csv_and_chart(tmp_path):
     """CSV rows follow schema.COLUMNS and are upserted on the row key; the chart sits beside it."""
     import pandas as pd
-    from moda_bench.sweeps import schema
-    from moda_bench.sweeps.ablate import ablation_frame, ablation_table, write_outputs
+    from moda_bench import schema
+    from moda_bench.bench.ablate import ablation_frame, ablation_table, write_outputs
     rows = _fake_rows()
     frame = ablation_frame(rows)
     assert list(frame.columns) == schema.COLUMNS
@@ -178,7 +178,7 @@ def test_ablation_table_csv_and_chart(tmp_path):
 def test_ablate_without_cuda_exits_nonzero():
     import typer
     from typer.testing import CliRunner
-    from moda_bench.sweeps.ablate import ablate_command
+    from moda_bench.bench.ablate import ablate_command
     app = typer.Typer()
     app.command()(ablate_command)
     res = CliRunner().invoke(app, ["--T", "64"])

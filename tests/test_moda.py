@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs, rel_err
-from moda_bench.kernels import MoDAConfig, moda_attention, moda_reference
-from moda_bench.kernels.moda import depth_utilization
+from moda_bench.ops.moda import MoDAConfig, moda_attention, moda_reference
+from moda_bench.ops.moda.kernel import depth_utilization
 
 
 def _moda_lse(*args, **kw):

@@ -13,10 +13,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from moda_bench.sweeps import runner, schema, shard
-from moda_bench.sweeps.runner import Point
-from moda_bench.sweeps.runner import append_row
-from moda_bench.sweeps.worker import fake_row
+from moda_bench.bench import runner
+from moda_bench import schema
+from moda_bench.bench.pool import shard
+from moda_bench.bench.runner import Point
+from moda_bench.bench.runner import append_row
+from moda_bench.bench.pool.worker import fake_row
 
 PROVIDERS = ["moda", "fa2"]
 FAKE_WORKER = [sys.executable, "-m", shard.WORKER_MODULE, "--fake"]
@@ -349,7 +351,7 @@ def test_sweep_command_preset_on_gpus_uses_one_pool(tmp_path, monkeypatch):
     """`moda-bench sweep --preset paper --gpus 0,1`: one worker per GPU for all three sweeps,
     the same files as a single-GPU run, rows in their own sweep's CSV."""
     import torch
-    from moda_bench.sweeps.command import sweep_command
+    from moda_bench.bench.sweep import sweep_command
     calls = []
     monkeypatch.setattr(shard, "default_worker_cmd", fake_pool_cmd(tmp_path / "barrier", 2, delay_s=0.01,
                                                                    calls=calls))

@@ -15,10 +15,11 @@ import pandas as pd
 import pytest
 import torch
 
-from moda_bench.kernels.reference import moda_reference
-from moda_bench.sweeps import providers, schema
-from moda_bench.sweeps.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
-from moda_bench.sweeps.runner import DEFAULT_VALUES, Point, check_accuracy, plan_points, run_sweep
+from moda_bench.ops.moda.reference import moda_reference
+from moda_bench.bench import providers
+from moda_bench import schema
+from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
+from moda_bench.bench.runner import DEFAULT_VALUES, Point, check_accuracy, plan_points, run_sweep
 
 HAS_CUDA = torch.cuda.is_available()
 TINY = Point(T=24, G=2, Hk=2, L=3, B=2, d=16, C=16, dtype="float32")
@@ -234,7 +235,7 @@ def test_interrupted_sweep_keeps_rows(tmp_path, fakes):
 
 def test_check_accuracy_gradients_of_prefix():
     """Slice check: exact for the prefix (out and all five gradients); a gradient-only bug is caught."""
-    from moda_bench.sweeps.timing import make_inputs
+    from moda_bench.timing import make_inputs
     inputs = make_inputs(2, 20, 4, 2, 8, 3, dtype=torch.float64, device="cpu", seed=3)
     fwd = lambda: moda_reference(*(inputs[k] for k in ("q", "k", "v", "k_depth", "v_depth")))  # noqa: E731
     assert check_accuracy(fwd, inputs, "fwdbwd", n=7) < 1e-12
@@ -256,7 +257,7 @@ def test_check_accuracy_gradients_of_prefix():
 
 
 def test_moda_provider_config_pinning():
-    from moda_bench.sweeps.providers import _moda_config
+    from moda_bench.bench.providers import _moda_config
     cfg = _moda_config(Point(G=8, C=32), 64, torch.bfloat16, chunk=32)
     assert cfg.block_m == 32 and cfg.bwd_q_block_m == 32
     assert _moda_config(Point(G=8), 64, torch.bfloat16, chunk=None).block_m == 64
@@ -300,7 +301,7 @@ def _synthetic_csv(path: Path) -> Path:
 
 def test_plot_from_csv_only(tmp_path):
     csv = _synthetic_csv(tmp_path / "sweep_T.csv")
-    code = ("import sys; from moda_bench.sweeps.plots import plot_sweep, infer_x; import pandas as pd; "
+    code = ("import sys; from moda_bench.reports.plots import plot_sweep, infer_x; import pandas as pd; "
             f"p = plot_sweep({str(csv)!r}); print(p); print(infer_x(pd.read_csv({str(csv)!r}))); "
             "bad = [m for m in ('triton', 'torch') if m in sys.modules]; assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -312,7 +313,7 @@ def test_plot_from_csv_only(tmp_path):
 
 
 def test_plot_all_failed_and_other_axis(tmp_path):
-    from moda_bench.sweeps.plots import infer_x, plot_sweep
+    from moda_bench.reports.plots import infer_x, plot_sweep
     csv = _synthetic_csv(tmp_path / "s.csv")
     frame = pd.read_csv(csv)
     frame = frame.assign(sweep="custom", status="error")
@@ -335,7 +336,7 @@ def _app():
         return app
     except ImportError:
         import typer
-        from moda_bench.sweeps.command import sweep_command
+        from moda_bench.bench.sweep import sweep_command
         app = typer.Typer()
         app.command("sweep")(sweep_command)
         app.command("noop")(lambda: None)  # keep `sweep` a subcommand
@@ -377,7 +378,7 @@ def test_cli_user_errors(args, message):
 
 def test_cli_end_to_end_with_fake_gpu(tmp_path, monkeypatch, fakes):
     """The whole command (preset, overrides, CSV per sweep, PNG, summary) with run_sweep on the CPU."""
-    import moda_bench.sweeps.runner as runner
+    import moda_bench.bench.runner as runner
     real_run, real_avail = runner.run_sweep, torch.cuda.is_available
     seen = []
 
@@ -414,7 +415,7 @@ def test_cli_end_to_end_with_fake_gpu(tmp_path, monkeypatch, fakes):
 @pytest.mark.parametrize("T, L, block", [(40, 3, 8), (33, 1, 8), (17, 7, 4), (16, 0, 8), (5, 2, 8)])
 def test_flex_block_mask_matches_dense_construction(T, L, block):
     from torch.nn.attention.flex_attention import create_block_mask
-    from moda_bench.kernels.flex import moda_block_mask, moda_mask_mod
+    from moda_bench.ops.moda.flex import moda_block_mask, moda_mask_mod
     mine = moda_block_mask(T, L, device="cpu", block_size=block)
     ref = create_block_mask(moda_mask_mod(T, L), None, None, T, T + T * L, device="cpu", BLOCK_SIZE=block)
     assert torch.equal(mine.to_dense(), ref.to_dense())
@@ -424,7 +425,7 @@ def test_flex_block_mask_matches_dense_construction(T, L, block):
 
 @pytest.mark.parametrize("T, L, block", [(40, 3, 8), (33, 1, 8), (17, 7, 4), (64, 5, 16), (1, 2, 4)])
 def test_flex_depth_utilization_counts_visited_tiles(T, L, block):
-    from moda_bench.kernels.flex import block_mask_depth_utilization, moda_mask_mod
+    from moda_bench.ops.moda.flex import block_mask_depth_utilization, moda_mask_mod
     q = torch.arange(T)[:, None]
     kv = torch.arange(T + T * L)[None, :]
     allowed = moda_mask_mod(T, L)(0, 0, q, kv)
@@ -439,7 +440,7 @@ def test_flex_depth_utilization_counts_visited_tiles(T, L, block):
 
 
 def test_flex_eager_forward_matches_reference():
-    from moda_bench.kernels.flex import make_moda_flex
+    from moda_bench.ops.moda.flex import make_moda_flex
     g = torch.Generator().manual_seed(0)
     B, T, Hk, G, d, L = 2, 37, 2, 3, 16, 5
     q = torch.randn(B, T, Hk * G, d, generator=g)
@@ -460,8 +461,8 @@ def test_flex_eager_forward_matches_reference():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_flex_compiled_gradients_reach_all_inputs():
-    from moda_bench.kernels.flex import make_moda_flex
-    from moda_bench.sweeps.timing import make_inputs
+    from moda_bench.ops.moda.flex import make_moda_flex
+    from moda_bench.timing import make_inputs
     inp = make_inputs(1, 300, 16, 4, 64, 6, dtype=torch.bfloat16, device="cuda", seed=0)
     names = ("q", "k", "v", "k_depth", "v_depth")
     out = make_moda_flex(300, 6, device="cuda")(*(inp[n] for n in names))

@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-from moda_bench.kernels import config as config_mod
-from moda_bench.kernels import tuning as tu
-from moda_bench.kernels.config import MoDAConfig, default_config, group_pad, resolve_config
-from moda_bench.kernels.validate import MoDAShape
+from moda_bench.ops.moda import config as config_mod
+from moda_bench import tuning as tu
+from moda_bench.ops.moda.config import MoDAConfig, default_config, group_pad, resolve_config
+from moda_bench.ops.moda.validate import MoDAShape
 
 H100_SMEM = 232448
 
@@ -103,7 +103,7 @@ def test_tiles_larger_than_the_problem_are_pruned():
 
 @pytest.mark.parametrize("T,G,L,d", [(1024, 8, 64, 64), (4096, 1, 64, 128), (300, 32, 7, 64), (2048, 4, 0, 64)])
 def test_every_candidate_is_accepted_by_the_kernel(T, G, L, d):
-    from moda_bench.kernels.moda import check_config
+    from moda_bench.ops.moda.kernel import check_config
     sh = shape(T=T, G=G, L=L, d=d)
     base = default_config(sh)
     for kernel in tu.KERNELS:
@@ -135,7 +135,7 @@ def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
 
 
 def test_depth_groups_cover_every_placement_and_keep_unused_fields():
-    from moda_bench.kernels.config import DEPTH_MODES
+    from moda_bench.ops.moda.config import DEPTH_MODES
     sh = shape(T=4096, G=2, L=64)
     base = default_config(sh)
     for kernel, unused in (("fwd_depth", tu._UNUSED_BY_PLACEMENT["fwd_depth"]),
@@ -274,7 +274,7 @@ def test_tune_shape_keeps_default_when_tuned_is_not_faster_end_to_end():
 
 def _buggy_attention(q, k, v, k_depth=None, v_depth=None, *, config=None, **kw):
     """Exact reference in fp32, wrong (scaled output) whenever block_n == 32."""
-    from moda_bench.kernels.reference import moda_reference
+    from moda_bench.ops.moda.reference import moda_reference
     out = moda_reference(q, k, v, k_depth, v_depth, compute_dtype=torch.float32, **kw)
     return out * 1.5 if config is not None and config.block_n == 32 else out
 
@@ -494,8 +494,8 @@ def test_atomic_write_never_leaves_a_half_written_file(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- command
 
 def test_group_by_key_tunes_each_T_bucket_once():
-    from moda_bench.sweeps.runner import Point
-    from moda_bench.sweeps.tune import group_by_key, point_shape
+    from moda_bench.bench.runner import Point
+    from moda_bench.bench.tune import group_by_key, point_shape
     pts = [Point(T=t) for t in (1000, 1024, 700, 2048, 1500)]
     groups = group_by_key(pts, lambda p: tu.cache_key(point_shape(p), "bfloat16", gpu="g"))
     assert [p.T for p in groups.values()] == [1024, 2048]
@@ -506,7 +506,7 @@ def test_tune_command_without_cuda_fails_cleanly(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from moda_bench.sweeps.tune import tune_command
+    from moda_bench.bench.tune import tune_command
     app = typer.Typer()
     app.command()(tune_command)
     res = CliRunner().invoke(app, ["--T", "256", "--cache", str(tmp_path / "c.json")])
@@ -522,7 +522,7 @@ def test_tune_command_on_gpu(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from moda_bench.sweeps.tune import tune_command
+    from moda_bench.bench.tune import tune_command
     app = typer.Typer()
     app.command()(tune_command)
     cache, out = tmp_path / "c.json", tmp_path / "tune.csv"
@@ -541,8 +541,8 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
     import typer
     from typer.testing import CliRunner
 
-    from moda_bench.sweeps import schema
-    from moda_bench.sweeps.tune import TUNE_COLUMNS, tune_command
+    from moda_bench import schema
+    from moda_bench.bench.tune import TUNE_COLUMNS, tune_command
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(tu, "current_gpu_name", lambda: "Fake GPU")
@@ -571,7 +571,7 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
 
 
 def test_default_placement_is_fused_for_short_sequences_only():
-    from moda_bench.kernels.config import FUSED_DEPTH_MAX_T
+    from moda_bench.ops.moda.config import FUSED_DEPTH_MAX_T
     short, long_ = default_config(shape(T=FUSED_DEPTH_MAX_T)), default_config(shape(T=FUSED_DEPTH_MAX_T + 1))
     assert (short.fwd_depth, short.bwd_depth) == ("fused", "fused")
     assert (long_.fwd_depth, long_.bwd_depth) == ("split", "stream")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..sweeps import schema
-from .report import AXES, CEILING_PROVIDER, INT_CONFIG_COLUMNS, LADDER, PAPER_AXES, PASS_LABEL, _sort_passes
+from moda_bench import schema
+from moda_bench.reports.report import AXES, CEILING_PROVIDER, INT_CONFIG_COLUMNS, LADDER, PAPER_AXES, PASS_LABEL, _sort_passes
 
 RC = {"svg.hashsalt": "moda-bench", "svg.fonttype": "path", "figure.dpi": 100, "font.size": 9,
       "axes.grid": True, "grid.alpha": 0.3}

@@ -48,7 +48,7 @@ from typing import Annotated, Optional
 import pandas as pd
 import typer
 
-from ..sweeps import schema
+from moda_bench import schema
 
 REFERENCE_PROVIDER = "fa2"
 REQUIRED_COLUMNS = schema.KEY_COLUMNS + ["median_ms", "p20_ms", "p80_ms", "status", "gpu"]
@@ -415,7 +415,7 @@ def markdown_summary(result: GateResult, baseline: str, current: str) -> str:
 # ----------------------------------------------------------------------------- --run
 def points_from_baseline(df: pd.DataFrame) -> dict[str, tuple[list, list[str]]]:
     """pass -> (unique runner.Point list, provider list) of the baseline's ok rows."""
-    from ..sweeps.runner import Point
+    from moda_bench.bench.runner import Point
 
     default = Point()
     ok = df[df["status"] == schema.OK]
@@ -437,7 +437,7 @@ def points_from_baseline(df: pd.DataFrame) -> dict[str, tuple[list, list[str]]]:
 def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, warmup_ms: float,
                 rep_ms: float, console) -> None:
     """Re-run the baseline's points and providers on this GPU into out_csv (replaced)."""
-    from ..sweeps.runner import run_sweep
+    from moda_bench.bench.runner import run_sweep
 
     plan = points_from_baseline(baseline_df)
     out_csv = Path(out_csv)

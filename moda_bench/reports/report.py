@@ -1,6 +1,6 @@
 """`moda-bench report`: every table and figure regenerated from saved CSVs (no GPU, no torch, no triton).
 
-Inputs: the long-format sweep / ablation CSVs (columns: `moda_bench.sweeps.schema.COLUMNS`) found
+Inputs: the long-format sweep / ablation CSVs (columns: `moda_bench.schema.COLUMNS`) found
 recursively under the given results directories, and the paper's A100 reference tables
 (`paper_a100_efficiency.csv`, `paper_a100_ablation.csv`, by default in `<results dir>/reference/`).
 Outputs, byte-identical for identical inputs: `REPORT.md` and `figures/*.png|svg` in the out directory.
@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..sweeps import schema
+from moda_bench import schema
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary
@@ -127,7 +127,7 @@ def read_results_csv(path: Path, display: str | None = None):
     """One sweep/ablation CSV as a DataFrame with numeric config/measure columns."""
     display = display or str(path)
     df = _read_csv_text(path, display)
-    _require_columns(df, REQUIRED_COLUMNS, display, "moda_bench.sweeps.schema.COLUMNS")
+    _require_columns(df, REQUIRED_COLUMNS, display, "moda_bench.schema.COLUMNS")
     for c in schema.COLUMNS:
         if c not in df.columns:
             df[c] = ""
@@ -509,7 +509,7 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     written: list[Path] = []
     fig_links: dict[str, str] = {}
     if figures:
-        from . import figures as figs
+        from moda_bench.reports import figures as figs
         written += figs.write_all(out_dir / "figures", rows=eff_rows, eff_sections=eff, abl_sections=abl,
                                   paper=paper, ceiling=ceiling)
         fig_links = {p.stem: os.path.relpath(p, out_dir).replace(os.sep, "/") for p in written if p.suffix == ".png"}

@@ -1,11 +1,11 @@
 """Rung 2 of the ablation ladder: flash-compatible MoDA (flat depth axis, full masked scan).
 
 Every query block of C positions scans all T*L flat depth columns with a mask: depth
-utilisation eta = 1/T. Kernel: `moda_bench.kernels.ungrouped` with span 'all'.
+utilisation eta = 1/T. Kernel: `moda_bench.ops.moda.ladder.ungrouped` with span 'all'.
 """
 from __future__ import annotations
 
-from .ungrouped import moda_ungrouped
+from moda_bench.ops.moda.ladder.ungrouped import moda_ungrouped
 
 
 def moda_flash_compatible(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, chunk: int = 64):

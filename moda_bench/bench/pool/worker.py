@@ -2,7 +2,7 @@
 
 Serve mode (what `shard.run_pool` starts, once per GPU for a whole run):
 
-    python -m moda_bench.sweeps.worker --serve --providers moda,fa2 --pass fwdbwd \
+    python -m moda_bench.bench.pool.worker --serve --providers moda,fa2 --pass fwdbwd \
         --csv out.gpu3.csv --gpu-index 3
 
 It sets up torch on cuda:0 (the one visible GPU), prints {"event": "ready"} on stdout, then
@@ -14,7 +14,7 @@ Compiled Triton kernels and the CUDA context stay warm across the points of ever
 
 Batch mode (one fixed list of points of one sweep):
 
-    python -m moda_bench.sweeps.worker --points shard.points.json --providers moda,fa2 \
+    python -m moda_bench.bench.pool.worker --points shard.points.json --providers moda,fa2 \
         --pass fwdbwd --csv out.gpu3.csv --sweep-name paper --gpu-index 3
 
 Either way the physical `--gpu-index` is stamped into the rows at the end. `--fake` writes
@@ -33,9 +33,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import schema
-from .runner import Point, append_row
-from .shard import point_cost, points_from_json, read_shard, write_csv_atomic
+from moda_bench import schema
+from moda_bench.bench.runner import Point, append_row
+from moda_bench.bench.pool.shard import point_cost, points_from_json, read_shard, write_csv_atomic
 
 FAKE_TFLOPS = 100.0  # synthetic throughput of a fake GPU
 
@@ -138,7 +138,7 @@ def serve(providers: list[str], pass_: str, csv: Path, *, gpu_index: int, warmup
                   f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})", file=sys.stderr)
             raise typer.Exit(2)
         torch.cuda.set_device(0)
-        from .runner import run_sweep
+        from moda_bench.bench.runner import run_sweep
     send("ready", pid=os.getpid())
     written = 0
     while True:
@@ -217,7 +217,7 @@ def worker_main(
                   f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})", file=sys.stderr)
             raise typer.Exit(2)
         torch.cuda.set_device(0)
-        from .runner import run_sweep
+        from moda_bench.bench.runner import run_sweep
         run_sweep(shard_points, provider_list, pass_, csv, sweep_name=sweep_name, use_tuned=tuned,
                   progress=False, device_index=0, warmup_ms=warmup_ms, rep_ms=rep_ms,
                   **({"pin_chunk": True} if pin_chunk else {}))

@@ -2,7 +2,7 @@
 
 A `MoDAConfig` fixes the tile shapes of the three Triton kernels (forward, backward dq/depth
 pass, backward dk/dv pass). `resolve_config` picks one for a call: an explicit config wins,
-then a registered lookup (the tuning cache, see `moda_bench.kernels.tuning`), then
+then a registered lookup (the tuning cache, see `moda_bench.tuning`), then
 `default_config`, a heuristic.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import triton
 
-from .validate import MoDAShape
+from moda_bench.ops.moda.validate import MoDAShape
 
 
 # Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth); the order is the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import schema
+from moda_bench import schema
 
 _AXIS_ORDER = ["T", "G", "L", "C", "B", "d", "Hk"]  # Hq follows G; never chosen as x
 

@@ -1,6 +1,6 @@
 """`moda-bench ablate`: the kernel ablation ladder (spec section 3) on this GPU, beside the paper's A100.
 
-Every rung of `moda_bench.kernels.ladder.RUNGS` runs through the sweep machinery (the rungs are
+Every rung of `moda_bench.ops.moda.ladder.table.RUNGS` runs through the sweep machinery (the rungs are
 registered providers; `runner.run_one` makes the inputs, checks a slice against moda_reference,
 times with do_bench and fills one schema row). The naive rung takes about a second per call at
 T=1024, so it is timed with a few CUDA-event repetitions instead of do_bench, and shows its
@@ -22,7 +22,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import schema
+from moda_bench import schema
 
 SWEEP_NAME = "ablation"
 CSV_NAME = "ablation.csv"
@@ -79,7 +79,7 @@ def few_reps_timer(reps: int, on_rep=None):
 
     def timer(fn, grad_to_none=None, warmup_ms=None, rep_ms=None) -> dict:
         import torch
-        from .timing import QUANTILES
+        from moda_bench.timing import QUANTILES
         times = []
         for i in range(reps):
             for t in grad_to_none or []:
@@ -127,7 +127,7 @@ def ablation_table(frame, *, show_paper: bool = True, title: str = "MoDA kernel 
     """Rich table in the paper's format: ms (p20-p80), speedup over previous rung and over naive,
     depth utilisation, paper A100 ms and speedup, accuracy, status."""
     from rich.table import Table
-    from ..kernels.ladder import rung as find_rung
+    from moda_bench.ops.moda.ladder.table import rung as find_rung
 
     table = Table(title=title, title_justify="left")
     for col, just in (("implementation", "left"), ("median ms (p20-p80)", "right"), ("x prev", "right"),
@@ -174,8 +174,8 @@ def write_outputs(frame, out_dir: Path) -> tuple[Path, list[Path]]:
     """Upsert the measured rows (not 'skipped') into out_dir/ablation.csv on (sweep, row key);
     draw out_dir/ablation.png/.svg from that CSV. Returns (csv path, figure paths)."""
     import pandas as pd
-    from ..reports.figures import ablation_figure, save_figure
-    from ..reports.report import ablation_sections, load_paper, load_results
+    from moda_bench.reports.figures import ablation_figure, save_figure
+    from moda_bench.reports.report import ablation_sections, load_paper, load_results
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -243,7 +243,7 @@ def ablate_command(
         raise typer.BadParameter(f"--d must be one of 16, 32, 64, 128, got {d}")
     if C < 16 or C > 128 or C & (C - 1):
         raise typer.BadParameter(f"--C must be a power of two in 16..128, got {C}")
-    from ..kernels.config import group_pad
+    from moda_bench.ops.moda.config import group_pad
     gp = group_pad(G)
     if C % gp:
         raise typer.BadParameter(f"--C={C} must be a multiple of G rounded up to a power of two ({gp})")
@@ -254,11 +254,11 @@ def ablate_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..kernels.ladder import RUNGS
-    from ..kernels.validate import MoDAShape
-    from .providers import get_provider
-    from .runner import Point, run_one
-    from .timing import measure
+    from moda_bench.ops.moda.ladder.table import RUNGS
+    from moda_bench.ops.moda.validate import MoDAShape
+    from moda_bench.bench.providers import get_provider
+    from moda_bench.bench.runner import Point, run_one
+    from moda_bench.timing import measure
 
     point = Point(T=T, G=G, Hk=Hk, L=L, B=B, d=d, C=C, dtype=dtype_name)
     shape = MoDAShape(B=B, T=T, Hq=G * Hk, Hk=Hk, d=d, L=L)

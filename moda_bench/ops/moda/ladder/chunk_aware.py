@@ -1,12 +1,12 @@
 """Rung 3 of the ablation ladder: chunk-aware MoDA.
 
 A query block of C positions (one query head) visits only the C*L depth columns of the
-positions it covers: depth utilisation eta = 1/C. Kernel: `moda_bench.kernels.ungrouped`
+positions it covers: depth utilisation eta = 1/C. Kernel: `moda_bench.ops.moda.ladder.ungrouped`
 with span 'chunk'.
 """
 from __future__ import annotations
 
-from .ungrouped import moda_ungrouped
+from moda_bench.ops.moda.ladder.ungrouped import moda_ungrouped
 
 
 def moda_chunk_aware(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, chunk: int = 64):

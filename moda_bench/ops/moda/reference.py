@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .validate import check_inputs
+from moda_bench.ops.moda.validate import check_inputs
 
 
 def moda_reference(

@@ -1,7 +1,7 @@
 """Sweep planning and execution.
 
 A sweep is a list of `Point`s; each point is run for every requested provider (fa2 first, the
-baseline of extra_time_pct / ratio_to_fa2); one CSV row (schema: moda_bench.sweeps.schema.COLUMNS)
+baseline of extra_time_pct / ratio_to_fa2); one CSV row (schema: moda_bench.schema.COLUMNS)
 is appended per (provider, point) as it finishes, so an interrupted sweep keeps its rows.
 
 Per row: fresh random inputs (same seed for every provider of a point), an accuracy check of a
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import schema
+from moda_bench import schema
 
 # paper defaults of each one-axis sweep (spec section 4); C = query chunk rows (MoDA block_m)
 DEFAULT_VALUES = {
@@ -124,8 +124,8 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
     Costs one extra forward (+ backward) of the provider. Leaves .grad cleared.
     """
     import torch
-    from ..kernels.reference import moda_reference
-    from .timing import grad_inputs, max_rel_err
+    from moda_bench.ops.moda.reference import moda_reference
+    from moda_bench.timing import grad_inputs, max_rel_err
 
     names = [k for k in ("q", "k", "v", "k_depth", "v_depth") if inputs.get(k) is not None]
     leaves = grad_inputs(inputs)
@@ -171,7 +171,7 @@ def _measure(provider, point: Point, pass_: str, row: dict, *, device: str, chun
              timer: Callable, warmup_ms: float, rep_ms: float, seed: int, check_len: int) -> None:
     """Inputs, prepare, accuracy check, timing: fills row in place (its locals die on return)."""
     import torch
-    from .timing import grad_inputs, make_inputs, make_pass_fn
+    from moda_bench.timing import grad_inputs, make_inputs, make_pass_fn
 
     on_cuda = str(device).startswith("cuda")
     L_eff = point.L if provider.uses_depth else 0
@@ -208,7 +208,7 @@ def run_one(provider, point: Point, pass_: str, *, sweep_name: str, device: str,
     'skipped', any other exception -> 'error' with its first line as the reason.
     """
     import torch
-    from .providers import ProviderSkip
+    from moda_bench.bench.providers import ProviderSkip
 
     row = _base_row(point, provider.name, pass_, sweep_name)
     row.update(meta or {})
@@ -248,7 +248,7 @@ class _TunedConfigs:
 
     def __enter__(self):
         try:
-            from ..kernels import config as cfg_mod
+            from moda_bench.ops.moda import config as cfg_mod
         except ImportError:
             self.cfg_mod = None
             return self
@@ -258,7 +258,7 @@ class _TunedConfigs:
             self.note = "tuned configs disabled"
             return self
         try:
-            from ..kernels.tuning import install_cache_lookup
+            from moda_bench.tuning import install_cache_lookup
             install_cache_lookup()
             self.note = "tuned configs from the tuning cache"
         except ImportError:
@@ -277,7 +277,7 @@ def _ordered(providers) -> list:
 
 
 def _baseline_name() -> str:
-    from .providers import BASELINE
+    from moda_bench.bench.providers import BASELINE
     return BASELINE
 
 
@@ -294,8 +294,8 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
     points differ in C). seed: base seed of the inputs (point i uses seed + i; None: random).
     """
     import pandas as pd
-    from .providers import resolve_providers
-    from .timing import measure
+    from moda_bench.bench.providers import resolve_providers
+    from moda_bench.timing import measure
 
     if pass_ not in ("fwd", "bwd", "fwdbwd"):
         raise ValueError(f"pass must be fwd, bwd or fwdbwd, got {pass_!r}")

@@ -34,10 +34,10 @@ from typing import Annotated, Union
 
 import typer
 
-from . import schema
-from .runner import Point
+from moda_bench import schema
+from moda_bench.bench.runner import Point
 
-WORKER_MODULE = "moda_bench.sweeps.worker"
+WORKER_MODULE = "moda_bench.bench.pool.worker"
 GPU_INDEX_ENV = "MODA_BENCH_GPU_INDEX"  # physical GPU index of a worker, for its rows' gpu_index
 _POINT_FIELDS = [f.name for f in dataclasses.fields(Point)]
 
@@ -511,7 +511,7 @@ def _row_key(row: dict) -> tuple | None:
 
 def _provider_rank(providers: Sequence[str]) -> dict:
     """Row order of a point in a single-GPU run: the baseline first, then the given order."""
-    from .providers import BASELINE
+    from moda_bench.bench.providers import BASELINE
     ordered = sorted(providers, key=lambda name: name != BASELINE)
     return {name: i for i, name in enumerate(ordered)}
 
@@ -519,7 +519,7 @@ def _provider_rank(providers: Sequence[str]) -> dict:
 def _lost_rows(w: _Worker, task: Task, providers: Sequence[str], pass_: str, have: set, meta: dict) -> list[dict]:
     """status=error rows for the providers of the point a worker died on that have no row."""
     import datetime as _dt
-    from .runner import _base_row
+    from moda_bench.bench.runner import _base_row
     if w.timed_out:
         why = "killed: timeout_s exceeded"
     else:
@@ -603,7 +603,7 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
     """Run every point of every sweep with one isolated worker process per GPU; write each
     sweep's rows to its CSV.
 
-    Workers (`python -m moda_bench.sweeps.worker --serve`, or `worker_cmd`: an argv prefix or a
+    Workers (`python -m moda_bench.bench.pool.worker --serve`, or `worker_cmd`: an argv prefix or a
     function of the GpuSlot returning one) start once for the whole run with
     CUDA_VISIBLE_DEVICES=<that GPU>, take tasks (one point of one sweep, all providers) from a
     shared queue, most expensive first, and append rows to `<base>.gpu<k>.csv` as they finish.
@@ -837,7 +837,7 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], 
     No process group is needed: ranks never talk; combine each sweep's shards afterwards with
     `moda-bench merge <dir>/<stem>.rank*.csv --out <dir>/<stem>.csv`. Returns {sweep: rows}.
     """
-    from . import runner  # looked up at call time (tests substitute run_sweep)
+    from moda_bench.bench import runner  # looked up at call time (tests substitute run_sweep)
     dist = dist or detect_distributed()
     if dist is None:
         raise ValueError("run_distributed needs RANK and WORLD_SIZE (launch with torchrun)")

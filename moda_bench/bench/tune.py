@@ -1,5 +1,5 @@
 """`moda-bench tune`: autotune the fused MoDA kernel for one shape, a one-axis sweep or a preset,
-persist the winners in the tuning cache (moda_bench.kernels.tuning) and report the speedup
+persist the winners in the tuning cache (moda_bench.tuning) and report the speedup
 over the default configuration (fwd+bwd, timed like the sweep: sweeps.timing.measure).
 
 Shapes that share a cache key (same GPU, triton, dtype, d, G, L and power-of-two bucket of T)
@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .schema import CONFIG_COLUMNS, META_COLUMNS
+from moda_bench.schema import CONFIG_COLUMNS, META_COLUMNS
 
 TUNE_COLUMNS = CONFIG_COLUMNS + ["default_ms", "tuned_ms", "ratio", "speedup", "wall_s", "status", "reason",
                                  "config", "cache_key"] + META_COLUMNS
@@ -45,7 +45,7 @@ def _parse_ints(text: str, option: str) -> list[int]:
 
 def plan_tuning_points(base, vary: Optional[str], values: Optional[list[int]], preset: Optional[str]) -> list:
     """Points to tune: the preset's sweeps, one `--vary` sweep, or just `base` (runner.Point)."""
-    from .runner import plan_points
+    from moda_bench.bench.runner import plan_points
     if preset:
         points = [p for axis in PRESETS[preset] for p in plan_points(axis, None, base)]
     elif vary:
@@ -67,7 +67,7 @@ def group_by_key(points: list, key_fn) -> dict:
 
 def point_shape(p):
     """MoDAShape of a runner.Point."""
-    from ..kernels.validate import MoDAShape
+    from moda_bench.ops.moda.validate import MoDAShape
     return MoDAShape(B=p.B, T=p.T, Hq=p.Hq, Hk=p.Hk, d=p.d, L=p.L)
 
 
@@ -96,7 +96,7 @@ def _row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s=flo
 
 
 def _show_cache(path) -> None:
-    from ..kernels import tuning
+    from moda_bench import tuning
     p = tuning.resolve_cache_path(path)
     entries = tuning.load_cache(p)
     table = Table(title=f"tuning cache {p} ({len(entries)} entries)")
@@ -147,8 +147,8 @@ def tune_command(
     if show:
         _show_cache(cache)
         return
-    from ..kernels import tuning
-    from .runner import Point
+    from moda_bench import tuning
+    from moda_bench.bench.runner import Point
 
     kernel_list = [k.strip() for k in kernels.split(",") if k.strip()]
     bad = [k for k in kernel_list if k not in tuning.KERNELS]
@@ -166,7 +166,7 @@ def tune_command(
         raise typer.BadParameter(f"--vary must be T, G or L{hint}, got {vary!r}", param_hint="--vary")
     if values and not vary:
         raise typer.BadParameter("--values needs --vary", param_hint="--values")
-    from ..kernels.validate import SUPPORTED_HEAD_DIMS
+    from moda_bench.ops.moda.validate import SUPPORTED_HEAD_DIMS
     if d is not None and d not in SUPPORTED_HEAD_DIMS:
         raise typer.BadParameter(f"head dim {d} is not supported; use one of {SUPPORTED_HEAD_DIMS}", param_hint="--d")
     given = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d).items() if v is not None}
@@ -185,11 +185,11 @@ def tune_command(
                                      param_hint="--device")
         torch.cuda.set_device(device)
     try:
-        from ..kernels.moda import moda_attention
+        from moda_bench.ops.moda.kernel import moda_attention
     except ImportError as exc:
         _fail(f"the MoDA kernel cannot be imported: {exc}")
 
-    from .schema import run_metadata
+    from moda_bench.schema import run_metadata
     cache_path = tuning.resolve_cache_path(cache)
     groups = group_by_key(points, lambda p: tuning.cache_key(point_shape(p), dtype))
     console.print(f"tuning {len(groups)} shape(s) ({len(points)} point(s)) on {tuning.current_gpu_name()}, "
@@ -262,7 +262,7 @@ def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, att
     """Tune one shape with a rich progress bar (one bar per kernel)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..kernels import tuning
+    from moda_bench import tuning
     import torch
     timer = tuning.CudaTimer(shape, dtype, device=f"cuda:{torch.cuda.current_device()}", warmup_ms=warmup_ms,
                              rep_ms=rep_ms, seed=seed, attention=attention)

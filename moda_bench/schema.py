@@ -1,7 +1,9 @@
-"""The one CSV schema every sweep, ablation, tuning and gate file uses (long format, one row
-per (provider, configuration, pass)).
+"""The vocabulary every layer shares: the CSV schema (long format, one row per (sweep,
+provider, configuration, pass)), its row key, the sweep axes with their paper values and base
+point, the pass names, FLOP counts and run metadata.
 
-`CONFIG_COLUMNS` + provider + pass is the row key: define it here once, use it everywhere.
+`ROW_KEY` (sweep + provider + pass + CONFIG_COLUMNS) is the row key of every results file;
+`moda_bench.results` is the one reader that uses it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,36 @@ COLUMNS = (
     ["sweep", "provider", "impl_detail", "pass"] + CONFIG_COLUMNS + MEASURE_COLUMNS
     + ["status", "reason", "config"] + META_COLUMNS
 )
+ROW_KEY = ["sweep"] + KEY_COLUMNS
+# a results file must have these; columns added later are optional (older files lack them)
+REQUIRED_COLUMNS = (["sweep", "provider", "pass"] + CONFIG_COLUMNS + ["median_ms", "status"]
+                    + ["gpu", "torch_version", "triton_version", "git_commit", "timestamp"])
+INT_CONFIG_COLUMNS = [c for c in CONFIG_COLUMNS if c != "dtype"]
+NUMERIC_COLUMNS = INT_CONFIG_COLUMNS + MEASURE_COLUMNS
+
+# passes: what is timed (forward only, backward only, both)
+PASSES = ("fwd", "bwd", "fwdbwd")
+PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}   # useful FLOPs relative to the forward
+
+# one-axis sweeps: the paper's values per axis (spec section 4) around the base point.
+# C = query chunk rows (MoDA block_m).
+AXIS_VALUES = {
+    "T": (4096, 8192, 16384, 32768, 65536),
+    "G": (2, 4, 8, 16, 32),
+    "L": (64, 128, 256),
+    "C": (16, 32, 64, 128),
+}
+AXES = tuple(AXIS_VALUES)
+BASE_POINT = {"T": 16384, "G": 8, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64, "dtype": "bfloat16"}
+
+
+def check_pass(pass_: str) -> str:
+    """pass_ if it is a pass name, else ValueError listing them."""
+    if pass_ not in PASSES:
+        raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
+    return pass_
+
+
 # status values
 OK, SKIPPED, OOM, ERROR = "ok", "skipped", "oom", "error"
 
@@ -39,7 +71,7 @@ def depth_flops(B: int, Hq: int, T: int, d: int, L: int) -> float:
 def pass_flops(pass_: str, B: int, Hq: int, T: int, d: int, L: int) -> float:
     """Useful FLOPs for fwd / bwd (2.5x fwd) / fwdbwd (3.5x fwd)."""
     f = seq_flops(B, Hq, T, d) + depth_flops(B, Hq, T, d, L)
-    return f * {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_]
+    return f * PASS_FACTOR[check_pass(pass_)]
 
 
 @functools.lru_cache(maxsize=1)

@@ -89,9 +89,9 @@ def sweep_command(
     """Time MoDA and the baselines over one axis (T, G, L or C) or a preset of sweeps."""
     from rich.console import Console
 
-    from .presets import SweepSpec, preset_sweeps
-    from .providers import UnknownProviderError, resolve_providers
-    from .runner import VARY_AXES, Point, plan_points
+    from moda_bench.bench.presets import SweepSpec, preset_sweeps
+    from moda_bench.bench.providers import UnknownProviderError, resolve_providers
+    from moda_bench.bench.runner import VARY_AXES, Point, plan_points
 
     console = Console(stderr=True, soft_wrap=True)
     # ---- option checks (no GPU needed) ----
@@ -135,7 +135,7 @@ def sweep_command(
     for axis, _ in plans:
         if (run_dir / f"sweep_{axis}.csv").exists():
             raise typer.BadParameter(f"{run_dir / f'sweep_{axis}.csv'} already exists; choose another --out")
-    from .shard import SweepPlan, detect_distributed
+    from moda_bench.bench.pool.shard import SweepPlan, detect_distributed
     try:
         dist = detect_distributed()
     except ValueError as e:
@@ -149,8 +149,8 @@ def sweep_command(
         console.print("[red]error:[/] moda-bench sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
         raise typer.Exit(1)
 
-    from .plots import plot_sweep
-    from .runner import run_sweep
+    from moda_bench.reports.plots import plot_sweep
+    from moda_bench.bench.runner import run_sweep
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({
@@ -169,14 +169,14 @@ def sweep_command(
             console.print(f"wrote {csv_path} and {png}")
 
     if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
-        from .shard import run_distributed_pool
+        from moda_bench.bench.pool.shard import run_distributed_pool
         run_distributed_pool(sweeps, provider_names, pass_, dist=dist, use_tuned=not no_tuned,
                              warmup_ms=warmup, rep_ms=rep)
         console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each "
                       f"sweep with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
         return
     if gpus is not None:  # one pool of every sweep's points; one worker per GPU for the whole run
-        from .shard import run_pool
+        from moda_bench.bench.pool.shard import run_pool
         result = run_pool(sweeps, provider_names, pass_, gpus=gpus, use_tuned=not no_tuned,
                           warmup_ms=warmup, rep_ms=rep)
         for s in sweeps:

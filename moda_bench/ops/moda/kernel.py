@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_utils import dot_precision, mm
-from .config import DEPTH_MODES, MoDAConfig, auto_depth_sub, group_pad, resolve_config
-from .validate import MoDAShape, check_inputs
+from moda_bench.ops.moda.triton_utils import dot_precision, mm
+from moda_bench.ops.moda.config import DEPTH_MODES, MoDAConfig, auto_depth_sub, group_pad, resolve_config
+from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked (padding) rows stay finite

@@ -81,12 +81,12 @@ def unregister_provider(name: str) -> None:
 
 
 def _load_optional() -> None:
-    """Register the ablation rungs of moda_bench.kernels.ladder when that module is importable."""
+    """Register the ablation rungs of moda_bench.ops.moda.ladder.table when that module is importable."""
     if _optional_state["loaded"]:
         return
     _optional_state["loaded"] = True
     try:
-        from ..kernels import ladder
+        from moda_bench.ops.moda.ladder import table as ladder
     except ImportError as exc:
         _optional_state["ladder_error"] = f"{type(exc).__name__}: {exc}"
         return
@@ -132,9 +132,9 @@ def needs_cuda(device: str) -> Optional[str]:
 
 def _needs_moda_kernel(device: str) -> Optional[str]:
     try:
-        from ..kernels import moda  # noqa: F401
+        from moda_bench.ops.moda import kernel as moda  # noqa: F401
     except ImportError as exc:
-        return f"moda_bench.kernels.moda not importable: {exc}"
+        return f"moda_bench.ops.moda.kernel not importable: {exc}"
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return None
     return needs_cuda(device)
@@ -171,9 +171,9 @@ def _needs_flex(device: str) -> Optional[str]:
 def _moda_config(point, L: int, dtype, chunk: Optional[int]):
     """Config for moda_attention: tuned/default via resolve_config, block_m (and the backward's
     q-major block, which chunks the depth pass of dq) pinned to `chunk` when given."""
-    from ..kernels.config import resolve_config
-    from ..kernels.moda import check_config
-    from ..kernels.validate import MoDAShape
+    from moda_bench.ops.moda.config import resolve_config
+    from moda_bench.ops.moda.kernel import check_config
+    from moda_bench.ops.moda.validate import MoDAShape
 
     shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=L)
     cfg = resolve_config(shape, dtype)
@@ -187,7 +187,7 @@ def _moda_config(point, L: int, dtype, chunk: Optional[int]):
 
 
 def _moda_prepared(inputs, point, chunk, with_depth: bool) -> Prepared:
-    from ..kernels import moda as moda_mod
+    from moda_bench.ops.moda import kernel as moda_mod
 
     q = inputs["q"]
     L = point.L if with_depth else 0
@@ -268,7 +268,7 @@ def _cudnn(inputs, point, chunk):
 @register_provider("flex", unavailable=_needs_flex,
                    description="MoDA through torch.compile'd flex_attention with a block mask")
 def _flex(inputs, point, chunk):
-    from ..kernels.flex import block_mask_depth_utilization, make_moda_flex
+    from moda_bench.ops.moda.flex import block_mask_depth_utilization, make_moda_flex
 
     q = inputs["q"]
     block = 128
@@ -287,7 +287,7 @@ def _flex(inputs, point, chunk):
 
 
 def _register_rung(rung) -> None:
-    """One ablation rung of moda_bench.kernels.ladder as a provider named rung.name."""
+    """One ablation rung of moda_bench.ops.moda.ladder.table as a provider named rung.name."""
 
     def prepare(inputs, point, chunk):
         C = point.C if chunk is None else chunk

@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .config import auto_depth_sub, default_config, group_pad
-from .chunk_aware import moda_chunk_aware
-from .flash_compatible import moda_flash_compatible
-from .group_aware import moda_batched_tiles, moda_group_aware, moda_ours, pinned_config
-from .naive import moda_naive
-from .ungrouped import tiles as ungrouped_tiles
-from .validate import MoDAShape
+from moda_bench.ops.moda.config import auto_depth_sub, default_config, group_pad
+from moda_bench.ops.moda.ladder.chunk_aware import moda_chunk_aware
+from moda_bench.ops.moda.ladder.flash_compatible import moda_flash_compatible
+from moda_bench.ops.moda.ladder.group_aware import moda_batched_tiles, moda_group_aware, moda_ours, pinned_config
+from moda_bench.ops.moda.naive import moda_naive
+from moda_bench.ops.moda.ladder.ungrouped import tiles as ungrouped_tiles
+from moda_bench.ops.moda.validate import MoDAShape
 
 
 def eta_naive(T: int, G: int, C: int, L: int) -> float:

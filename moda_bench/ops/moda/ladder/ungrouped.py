@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_utils import dot_precision, mm
-from .validate import check_inputs
+from moda_bench.ops.moda.triton_utils import dot_precision, mm
+from moda_bench.ops.moda.validate import check_inputs
 
 LOG2E = 1.4426950408889634
 SPANS = ("all", "chunk")

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .validate import check_inputs
+from moda_bench.ops.moda.validate import check_inputs
 
 
 def moda_naive(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, chunk: int | None = None,

@@ -56,8 +56,8 @@ from typing import Callable, Iterable, Optional
 
 import triton
 
-from .config import DEPTH_MODES, MoDAConfig, auto_depth_sub, default_config, group_pad, set_config_lookup
-from .validate import MoDAShape
+from moda_bench.ops.moda.config import DEPTH_MODES, MoDAConfig, auto_depth_sub, default_config, group_pad, set_config_lookup
+from moda_bench.ops.moda.validate import MoDAShape
 
 SCHEMA_VERSION = 1
 ENV_CACHE = "MODA_BENCH_TUNING_CACHE"
@@ -198,7 +198,7 @@ def config_problems(cfg: MoDAConfig, G: int) -> list[str]:
     >= 16 and multiples of GP, depth_sub dividing both row blocks' positions, ...). Nothing
     here depends on the GPU or on T, so it also decides whether a cached entry is stale.
     """
-    from .moda import check_config  # lazy: moda may import this module
+    from moda_bench.ops.moda.kernel import check_config  # lazy: moda may import this module
     bad = [f"{f.name}={getattr(cfg, f.name)!r} is not a positive integer" for f in fields(cfg)
            if f.type in (int, "int")
            and (type(getattr(cfg, f.name)) is not int or getattr(cfg, f.name) < (0 if f.name == "depth_sub" else 1))]
@@ -509,11 +509,11 @@ class CudaTimer(Timer):
                  attention: Optional[Callable] = None, measure_fn: Optional[Callable] = None):
         import torch
 
-        from ..sweeps.timing import make_inputs
+        from moda_bench.timing import make_inputs
         if attention is None:
-            from .moda import moda_attention as attention
+            from moda_bench.ops.moda.kernel import moda_attention as attention
         if measure_fn is None:
-            from ..sweeps.timing import measure as measure_fn
+            from moda_bench.timing import measure as measure_fn
         self.torch, self.attention, self.measure_fn = torch, attention, measure_fn
         self.shape, self.tol = shape, tol
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
@@ -529,7 +529,7 @@ class CudaTimer(Timer):
         return lambda: self.attention(x["q"], x["k"], x["v"], x["k_depth"], x["v_depth"], config=cfg)
 
     def _results(self, cfg: MoDAConfig, kind: str) -> list:
-        from ..sweeps.timing import grad_inputs
+        from moda_bench.timing import grad_inputs
         torch = self.torch
         if kind == "fwd":
             with torch.no_grad():
@@ -545,7 +545,7 @@ class CudaTimer(Timer):
 
     def check(self, cfg: MoDAConfig, kind: str) -> None:
         """Raise ValueError if cfg's fwd output / gradients differ from the default config's."""
-        from ..sweeps.timing import max_rel_err
+        from moda_bench.timing import max_rel_err
         if kind not in self._ref:
             self._ref[kind] = self._results(self._ref_cfg, kind)
         if cfg == self._ref_cfg:
@@ -556,7 +556,7 @@ class CudaTimer(Timer):
                 raise ValueError(f"wrong result: relative error {err:.3g} vs default config > {self.tol}")
 
     def time(self, cfg: MoDAConfig, pass_: str, final: bool = False) -> float:
-        from ..sweeps.timing import grad_inputs, make_pass_fn
+        from moda_bench.timing import grad_inputs, make_pass_fn
         if not final:
             self.check(cfg, "fwd" if pass_ == "fwd" else "bwd")
         fn = make_pass_fn(self._forward(cfg), self.inputs, pass_)

@@ -1,0 +1,1 @@
+"""Measurement: providers, the sweep runner, presets, the ablation ladder and the tuning driver."""

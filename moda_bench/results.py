@@ -1,0 +1,201 @@
+"""The one reader and writer of result CSVs (schema: `moda_bench.schema`).
+
+Every consumer (report, gate, ablate, the pools' merge) reads through `read_csv` /
+`read_results`, so one row key (`schema.ROW_KEY`), one notion of "newest row" and one set of
+messages hold everywhere:
+
+- a file whose header lacks the schema's required columns is not a sweep CSV: `read_results`
+  skips it with a one-line warning naming it (a folder may hold other tables), `read_csv`
+  raises `ResultsError`;
+- a malformed row (wrong number of fields, or a last line cut off mid-write) is skipped with a
+  warning naming the file and line;
+- a non-numeric value in a numeric column is a `ResultsError` naming file, line and column.
+
+Columns added to the schema later (older files lack them) are filled with empty values, so
+committed results stay readable. Writes are appends of one row (`append_row`, header once) or
+whole files through a temporary file and a rename (`write_csv_atomic`).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from moda_bench import schema
+
+Warn = Callable[[str], None]
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be used; the message is one line naming file (and row/column)."""
+
+
+class NotResultsFile(ResultsError):
+    """A CSV that is not a moda-bench results file (its header lacks required columns)."""
+
+
+def default_warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def _split_rows(text: str, display: str, warn: Warn) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """Header and (line number, fields) of every well-formed data row; malformed rows warned."""
+    cut_last = bool(text) and not text.endswith("\n")
+    lines = text.splitlines()
+    if not lines or not lines[0].strip():
+        raise ResultsError(f"{display}: empty file (no CSV header)")
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+        rows = []
+        for fields in reader:
+            rows.append((reader.line_num, fields))
+    except csv.Error as exc:
+        raise ResultsError(f"{display}: not a readable CSV ({exc})") from None
+    good = []
+    for i, (line, fields) in enumerate(rows):
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        last = i == len(rows) - 1
+        if last and cut_last:
+            warn(f"{display}: line {line} skipped: cut off mid-row (no newline at end of file)")
+            continue
+        if len(fields) != len(header):
+            warn(f"{display}: line {line} skipped: {len(fields)} fields, the header has {len(header)}")
+            continue
+        good.append((line, fields))
+    return header, good
+
+
+def read_csv(path, *, display: Optional[str] = None, warn: Warn = default_warn):
+    """One results CSV as a DataFrame: every schema column (missing optional ones empty), config
+    and measure columns numeric, the rest text; plus `_file` and `_line` (its line number)."""
+    import pandas as pd
+
+    path = Path(path)
+    display = display or str(path)
+    if not path.is_file():
+        raise ResultsError(f"{display}: file not found")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ResultsError(f"{display}: not a text CSV") from None
+    header, rows = _split_rows(text, display, warn)
+    missing = [c for c in schema.REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise NotResultsFile(f"{display}: not a moda-bench results CSV (missing column(s) {', '.join(missing)})")
+    df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
+    for c in schema.COLUMNS:
+        if c not in df.columns:
+            df[c] = ""
+    for c in schema.NUMERIC_COLUMNS:
+        text_col = df[c].astype(str).str.strip()
+        num = pd.to_numeric(text_col.where(text_col != "", None), errors="coerce")
+        bad = num.isna() & (text_col != "") & (text_col.str.lower() != "nan")
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise ResultsError(f"{display}: line {rows[i][0]}: non-numeric value {text_col.iloc[i]!r} in column {c}")
+        df[c] = num.astype(float)
+    extra = [c for c in df.columns if c not in schema.COLUMNS]
+    df = df[schema.COLUMNS + extra]
+    df["_file"] = display
+    df["_line"] = [line for line, _ in rows]
+    return df
+
+
+def find_csvs(paths: Iterable, exclude: Optional[Path] = None) -> list[tuple[Path, str]]:
+    """(path, display name) of the CSVs named: files as given, folders searched recursively
+    (a `reference/` folder, the paper's tables, is left out); `exclude` is never returned."""
+    found: dict[Path, str] = {}
+    skip = Path(exclude).resolve() if exclude is not None else None
+    for item in paths:
+        item = Path(item)
+        if not item.exists():
+            raise ResultsError(f"{item}: no such file or directory")
+        if item.is_file():
+            candidates, base = [item], item.parent
+        else:
+            candidates = sorted(p for p in item.rglob("*.csv")
+                                if "reference" not in p.relative_to(item).parts[:-1])
+            base = item
+        for p in candidates:
+            if p.resolve() != skip:
+                found.setdefault(p.resolve(), str(p.relative_to(base)) if base != p.parent or item.is_dir() else p.name)
+    return sorted(found.items(), key=lambda pn: (pn[1], str(pn[0])))
+
+
+def read_results(paths: Iterable, *, warn: Warn = default_warn, exclude: Optional[Path] = None):
+    """All rows of every results CSV under `paths` (files or folders), in file order. Files that
+    are not results CSVs are skipped with a warning; other problems raise ResultsError."""
+    import pandas as pd
+
+    frames = []
+    for path, display in find_csvs(paths, exclude):
+        try:
+            frames.append(read_csv(path, display=display, warn=warn))
+        except NotResultsFile as exc:
+            warn(f"skipping {exc}")
+    if not frames:
+        return empty_frame()
+    return pd.concat(frames, ignore_index=True)
+
+
+def empty_frame():
+    import pandas as pd
+    df = pd.DataFrame(columns=schema.COLUMNS + ["_file", "_line"])
+    for c in schema.NUMERIC_COLUMNS:
+        df[c] = df[c].astype(float)
+    return df
+
+
+def newest(df, key: Optional[list[str]] = None):
+    """(newest, superseded): the last-measured row of each row key (by timestamp, then file
+    and line), and the rows it replaced."""
+    import pandas as pd
+    key = key or schema.ROW_KEY
+    if df.empty:
+        return df, df
+    ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
+    ordered = df.assign(_ts=ts).sort_values(["_ts", "_file", "_line"], kind="stable", na_position="first")
+    last = ~ordered.duplicated(key, keep="last")
+    order = key + ["_file", "_line"]
+    keep = ordered[last].drop(columns="_ts").sort_values(order, kind="stable", na_position="last")
+    old = ordered[~last].drop(columns="_ts").sort_values(order, kind="stable", na_position="last")
+    return keep.reset_index(drop=True), old.reset_index(drop=True)
+
+
+def schema_frame(df):
+    """Exactly the schema's columns, in order (for writing)."""
+    return df[schema.COLUMNS]
+
+
+def append_row(csv_path, row: dict) -> None:
+    """Append one schema row to csv_path (header written once, when the file is new or empty)."""
+    import pandas as pd
+    csv_path = Path(csv_path)
+    new = not csv_path.exists() or csv_path.stat().st_size == 0
+    if not new:
+        with open(csv_path) as f:
+            header = f.readline().strip().split(",")
+        if header != schema.COLUMNS:
+            raise ResultsError(f"{csv_path}: header differs from the current schema; write to a new file")
+    pd.DataFrame([row], columns=schema.COLUMNS).to_csv(csv_path, mode="a", header=new, index=False)
+
+
+def write_csv_atomic(path, frame) -> None:
+    """Write frame (schema columns) to path through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            schema_frame(frame).to_csv(f, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
