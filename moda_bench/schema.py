@@ -54,6 +54,19 @@ def check_pass(pass_: str) -> str:
     return pass_
 
 
+# dtype spellings accepted on the command line -> the torch dtype name stored in the `dtype` column
+DTYPE_ALIASES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                 "half": "float16", "fp32": "float32", "float32": "float32"}
+
+
+def dtype_name(text: str) -> str:
+    """The `dtype` column's name for a spelling such as 'bf16', else ValueError listing them."""
+    name = DTYPE_ALIASES.get(str(text).lower())
+    if name is None:
+        raise ValueError(f"dtype must be one of bf16, fp16, fp32, got {text!r}")
+    return name
+
+
 # status values
 OK, SKIPPED, OOM, ERROR = "ok", "skipped", "oom", "error"
 

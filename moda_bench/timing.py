@@ -1,23 +1,49 @@
-"""Timing and input generation shared by sweep, ablate, tune and gate.
+"""Timing and input generation shared by sweep, ablate, tune, gate and the health canary.
 
-Timing is `triton.testing.do_bench` (CUDA events, L2 flushed before every repetition,
-warm-up first) asking for the median and the 20th/80th percentiles.
+Owns:
+* MoDA inputs and the callable to time (`make_inputs`, `grad_inputs`, `make_pass_fn`,
+  `max_rel_err`) and the legacy do_bench timer `measure` (median / p20 / p80, `QUANTILES`).
+* The measurement core (issue 15), in three layers:
+  - statistics and stopping rules in pure Python, driven by any sample source and clock so they
+    are tested on the CPU: `quantile`, `summarize` -> `Measurement`, `StopRule` + `collect`
+    (NVBench-style: sample until min_samples AND min_time AND a stable spread, capped by
+    max_time, min_samples always honoured), `RoundRule` + `interleave` (rounds A B C A B C ...
+    for fair ratios) -> `Interleaved`, and `ratio_ci` (paired confidence interval of a ratio);
+  - GPU repetition samplers, `make_sampler(fn, "eager" | "graph")`: each call is one
+    repetition, L2 flushed (a 256 MB buffer zeroed) before it and timed with CUDA events;
+    "eager" includes host launch latency, "graph" replays fn captured once into a CUDA graph
+    (`GraphCaptureError` when capture fails);
+  - the entry points `time_fn`, `time_interleaved` and `make_timer` (the runner's
+    `timer(fn, grad_to_none=, warmup_ms=, rep_ms=) -> dict` hook).
+
+Definitions: p20 / median / p80 are linearly interpolated quantiles (numpy's default);
+spread = (p80 - p20) / median, reported as noise_pct = 100 * spread.
+torch is imported lazily: the statistics work without it.
 """
 from __future__ import annotations
 
-from typing import Callable
-
-import torch
+import bisect
+import functools
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
 
 QUANTILES = [0.5, 0.2, 0.8]
+TIMERS = ("eager", "graph")
+FLUSH_BYTES = 256 * 1024 * 1024   # > L2 of every current GPU (H100/H200: 50 MB), as triton's do_bench
 
 
-def make_inputs(B: int, T: int, Hq: int, Hk: int, d: int, L: int, dtype=torch.bfloat16,
+# ----------------------------------------------------------------------------- MoDA inputs
+
+def make_inputs(B: int, T: int, Hq: int, Hk: int, d: int, L: int, dtype=None,
                 device="cuda", requires_grad: bool = True, seed: int | None = None) -> dict:
-    """Fresh random MoDA inputs in the user-facing layout (never zeros).
+    """Fresh random MoDA inputs in the user-facing layout (never zeros); dtype default bfloat16.
 
     Returns dict(q, k, v, k_depth, v_depth, do); k_depth/v_depth are None when L == 0.
     """
+    import torch
+    dtype = torch.bfloat16 if dtype is None else dtype
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else torch.seed() % (2**31))
 
@@ -32,14 +58,16 @@ def make_inputs(B: int, T: int, Hq: int, Hk: int, d: int, L: int, dtype=torch.bf
 
 
 def grad_inputs(inputs: dict) -> list:
+    """The input tensors that receive gradients (everything but `do`)."""
     return [t for name, t in inputs.items() if name != "do" and t is not None and t.requires_grad]
 
 
-def make_pass_fn(forward: Callable[[], torch.Tensor], inputs: dict, pass_: str) -> Callable[[], object]:
+def make_pass_fn(forward: Callable[[], object], inputs: dict, pass_: str) -> Callable[[], object]:
     """Wrap a forward closure into the callable to time for 'fwd', 'bwd' or 'fwdbwd'.
 
     For 'bwd' the forward runs once here and only the backward is timed (retain_graph).
     """
+    import torch
     do = inputs["do"]
     if pass_ == "fwd":
         def fn():
@@ -68,9 +96,448 @@ def measure(fn: Callable[[], object], grad_to_none: list | None = None, warmup_m
     return {"median_ms": float(med), "p20_ms": float(p20), "p80_ms": float(p80)}
 
 
-def max_rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+def max_rel_err(out, ref) -> float:
     """||out - ref|| / ||ref|| in float64 (NaN if out has non-finite values)."""
+    import torch
     o, r = out.double(), ref.double()
     if not torch.isfinite(o).all():
         return float("nan")
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """q-quantile (0..1) of already sorted values, linear interpolation (numpy's default)."""
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("quantile of no values")
+    pos = q * (n - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def relative_spread(sorted_values: Sequence[float]) -> float:
+    """(p80 - p20) / median of sorted values (0 for a single value; inf for a zero median)."""
+    med = quantile(sorted_values, 0.5)
+    width = quantile(sorted_values, 0.8) - quantile(sorted_values, 0.2)
+    if med <= 0:
+        return 0.0 if width == 0 else math.inf
+    return width / med
+
+
+@dataclass
+class Measurement:
+    """Repetition times of one callable and their summary.
+
+    spread = (p80 - p20) / median. stop_reason says why sampling ended: 'noise' (spread at or
+    below StopRule.max_noise), 'stable' (spread stopped changing), 'max_time' / 'max_samples'
+    (the cap), or for interleaved rounds 'ci', 'rounds', 'max_time', 'max_rounds'.
+    """
+
+    samples_ms: list
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    n_samples: int
+    spread: float
+    stop_reason: str = ""
+    timer: str = ""
+    elapsed_s: float = 0.0          # wall clock spent sampling, warm-up excluded
+
+    def row(self) -> dict:
+        """The CSV columns of this measurement (median_ms, p20_ms, p80_ms, n_samples, noise_pct,
+        stop_reason, timer)."""
+        return {"median_ms": self.median_ms, "p20_ms": self.p20_ms, "p80_ms": self.p80_ms,
+                "n_samples": self.n_samples, "noise_pct": 100.0 * self.spread,
+                "stop_reason": self.stop_reason, "timer": self.timer}
+
+
+def summarize(samples_ms: Sequence[float], stop_reason: str = "", timer: str = "",
+              elapsed_s: float = 0.0) -> Measurement:
+    """A Measurement of the samples (milliseconds); ValueError when there are none."""
+    samples = [float(x) for x in samples_ms]
+    if not samples:
+        raise ValueError("no samples to summarize")
+    s = sorted(samples)
+    return Measurement(samples_ms=samples, median_ms=quantile(s, 0.5), p20_ms=quantile(s, 0.2),
+                       p80_ms=quantile(s, 0.8), n_samples=len(s), spread=relative_spread(s),
+                       stop_reason=stop_reason, timer=timer, elapsed_s=elapsed_s)
+
+
+# ----------------------------------------------------------------------------- stopping rule
+
+@dataclass(frozen=True)
+class StopRule:
+    """When to stop sampling one callable (NVBench's stdrel criterion, on a robust spread).
+
+    Continue while n < min_samples (always honoured, even past the cap). Then stop at the cap:
+    wall time >= max_time_s or n >= max_samples. Otherwise continue until the summed sample
+    (GPU) time reaches min_time_s, then stop when the spread is at most max_noise ('noise') or
+    when the spreads of the last max(window, window_frac * n) samples (one spread per sample
+    count) lie within stable_tol * the current spread of each other ('stable': the noise is
+    characterised and further samples would not change it; a spread that keeps drifting, as
+    with a sinking clock, never passes and runs to the cap).
+    """
+
+    min_samples: int = 10
+    min_time_s: float = 0.5
+    max_time_s: float = 10.0
+    max_noise: float = 0.005
+    window: int = 16
+    window_frac: float = 0.25
+    stable_tol: float = 0.05
+    max_samples: int = 100_000
+
+    def check(self, n: int, sample_time_s: float, wall_s: float, spreads: Sequence[float]) -> Optional[str]:
+        """The stop reason after n samples, or None to continue. spreads[i] = spread of the first
+        i + 1 samples."""
+        if n < self.min_samples:
+            return None
+        if wall_s >= self.max_time_s:
+            return "max_time"
+        if n >= self.max_samples:
+            return "max_samples"
+        if sample_time_s < self.min_time_s:
+            return None
+        if spreads and spreads[-1] <= self.max_noise:
+            return "noise"
+        window = max(self.window, math.ceil(self.window_frac * n))
+        if len(spreads) >= window:
+            recent = spreads[-window:]
+            if max(recent) - min(recent) <= self.stable_tol * spreads[-1]:
+                return "stable"
+        return None
+
+
+def collect(sample: Callable[[], float], rule: StopRule | None = None, *, timer: str = "",
+            clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """Call sample() (one repetition, returns ms) until `rule` says stop; the Measurement."""
+    rule = rule or StopRule()
+    samples, ordered, spreads = [], [], []
+    total_ms, t0 = 0.0, clock()
+    while True:
+        ms = float(sample())
+        samples.append(ms)
+        bisect.insort(ordered, ms)
+        total_ms += ms
+        spreads.append(relative_spread(ordered))
+        wall = clock() - t0
+        reason = rule.check(len(samples), total_ms / 1e3, wall, spreads)
+        if reason:
+            return summarize(samples, reason, timer, wall)
+
+
+def warmup(sample: Callable[[], float], warmup_s: float = 0.025, *, min_calls: int = 2,
+           clock: Callable[[], float] = time.perf_counter) -> float:
+    """Call sample() at least min_calls times and for warmup_s; the median of the calls after the
+    first (which may include compilation), an estimate of one repetition in ms."""
+    t0, times = clock(), []
+    while len(times) < min_calls or clock() - t0 < warmup_s:
+        times.append(float(sample()))
+    rest = sorted(times[1:] or times)
+    return quantile(rest, 0.5)
+
+
+# ----------------------------------------------------------------------------- ratio intervals
+
+def t_two_sided(conf: float, df: int) -> float:
+    """t such that P(|T| <= t) = conf for Student's t with df (>= 1) degrees of freedom."""
+    return _t_two_sided(round(float(conf), 12), int(df))
+
+
+@functools.lru_cache(maxsize=256)
+def _t_two_sided(conf: float, df: int) -> float:
+    if not 0 < conf < 1 or df < 1:
+        raise ValueError(f"need 0 < conf < 1 and df >= 1, got conf={conf}, df={df}")
+
+    def inside(t: float) -> float:   # P(|T| <= t), exact finite series (Abramowitz & Stegun 26.7.3-4)
+        th = math.atan(t / math.sqrt(df))
+        c, s = math.cos(th), math.sin(th)
+        if df % 2:
+            total, term = 0.0, c
+            for j in range(1, (df - 1) // 2 + 1):
+                total += term
+                term *= c * c * (2 * j) / (2 * j + 1)
+            return 2 / math.pi * (th + s * total) if df > 1 else 2 * th / math.pi
+        total, term = 0.0, 1.0
+        for j in range(1, df // 2 + 1):
+            total += term
+            term *= c * c * (2 * j - 1) / (2 * j)
+        return s * total
+
+    lo, hi = 0.0, 1.0
+    while inside(hi) < conf:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if inside(mid) < conf else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ratio_ci(num_rounds: Sequence[float], den_rounds: Sequence[float], conf: float = 0.95, *,
+             method: str = "t", n_boot: int = 2000, seed: int = 0) -> tuple:
+    """(ratio, lo, hi): num / den with a `conf` confidence interval, from paired rounds (round i
+    of num and of den ran back to back, so drift shared by the round cancels in the ratio).
+
+    method 't' (default): Student-t interval of the mean of the paired log ratios
+    log(num_i / den_i); ratio = their geometric mean. Exact for multiplicative (log-normal) noise,
+    shrinks like 1/sqrt(rounds), and keeps its coverage with as few as 10 rounds, where
+    a bootstrap under-covers. method 'bootstrap': ratio = median(num) / median(den), interval =
+    percentiles of that statistic over n_boot resamples of the rounds (pairs kept), seeded, so
+    results are reproducible; more robust to a few outlying rounds. Fewer than 2 rounds give
+    (ratio, nan, nan).
+    """
+    import numpy as np
+    num = np.asarray(num_rounds, dtype=float)
+    den = np.asarray(den_rounds, dtype=float)
+    if num.shape != den.shape or num.ndim != 1 or num.size == 0:
+        raise ValueError(f"need two equally long, non-empty round lists, got {num.shape} and {den.shape}")
+    if np.any(num <= 0) or np.any(den <= 0):
+        raise ValueError("round times must be positive")
+    n = num.size
+    if method == "t":
+        logs = np.log(num) - np.log(den)
+        mean = float(logs.mean())
+        if n < 2:
+            return math.exp(mean), math.nan, math.nan
+        half = t_two_sided(conf, n - 1) * float(logs.std(ddof=1)) / math.sqrt(n)
+        return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    if method == "bootstrap":
+        ratio = float(np.median(num) / np.median(den))
+        if n < 2:
+            return ratio, math.nan, math.nan
+        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+        boots = np.median(num[idx], axis=1) / np.median(den[idx], axis=1)
+        lo, hi = np.quantile(boots, [(1 - conf) / 2, (1 + conf) / 2])
+        return ratio, float(lo), float(hi)
+    raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
+
+
+# ----------------------------------------------------------------------------- interleaved rounds
+
+@dataclass(frozen=True)
+class RoundRule:
+    """When to stop interleaved rounds. Rounds continue until rounds >= max(min_rounds,
+    ceil(min_samples / reps)) (always honoured) and the summed sample time of the round loop
+    reaches min_time_s; then stop at the cap (wall time >= max_time_s: 'max_time'; rounds >=
+    max_rounds: 'max_rounds'), or when every callable's ratio CI against the baseline has a
+    half-width <= ci_tol * ratio ('ci'), or without a baseline (or with one callable) at once
+    ('rounds')."""
+
+    min_rounds: int = 10
+    min_samples: int = 10
+    ci_tol: float = 0.01
+    conf: float = 0.95
+    min_time_s: float = 0.0
+    max_time_s: float = 60.0
+    max_rounds: int = 1000
+    method: str = "t"
+
+    def rounds_needed(self, reps: int) -> int:
+        return max(self.min_rounds, -(-self.min_samples // max(1, reps)))
+
+
+@dataclass
+class Interleaved:
+    """Result of `interleave`: per callable all repetition samples (a Measurement) and the median
+    of each round; ratios[name] = (ratio, lo, hi) against the baseline (not for the baseline)."""
+
+    measurements: dict
+    round_medians: dict
+    baseline: Optional[str]
+    ratios: dict
+    rounds: int
+    reps: int
+    stop_reason: str
+    elapsed_s: float = 0.0
+
+    def ratio_row(self, name: str) -> dict:
+        """CSV columns of name's ratio to the baseline: ratio, ratio_lo, ratio_hi (NaN if none)."""
+        r, lo, hi = self.ratios.get(name, (math.nan, math.nan, math.nan))
+        return {"ratio": r, "ratio_lo": lo, "ratio_hi": hi}
+
+
+def choose_reps(est_ms: float, target_ms: float = 50.0, max_reps: int = 5) -> int:
+    """Repetitions per callable per round: about target_ms of work, between 1 and max_reps
+    (a 400 ms call gets 1, a 1 ms call max_reps)."""
+    if not est_ms > 0:
+        return max_reps
+    return int(min(max_reps, max(1, target_ms // est_ms)))
+
+
+def interleave(samplers: Mapping[str, Callable[[], float]], *, baseline: Optional[str] = None,
+               reps: int = 1, rule: RoundRule | None = None, timer: str = "",
+               clock: Callable[[], float] = time.perf_counter) -> Interleaved:
+    """Run rounds A B C A B C ... (mapping order), each round `reps` calls of every sampler
+    (each call returns one repetition in ms), until `rule` says stop."""
+    rule = rule or RoundRule()
+    names = list(samplers)
+    if not names:
+        raise ValueError("nothing to interleave")
+    if baseline is not None and baseline not in samplers:
+        raise ValueError(f"baseline {baseline!r} is not one of {names}")
+    reps = max(1, int(reps))
+    needed = rule.rounds_needed(reps)
+    others = [n for n in names if n != baseline] if baseline is not None else []
+    samples = {n: [] for n in names}
+    medians = {n: [] for n in names}
+    ratios, total_ms, t0, rounds = {}, 0.0, clock(), 0
+    while True:
+        for name in names:
+            got = sorted(float(samplers[name]()) for _ in range(reps))
+            samples[name].extend(got)
+            medians[name].append(quantile(got, 0.5))
+            total_ms += sum(got)
+        rounds += 1
+        if rounds < needed or total_ms / 1e3 < rule.min_time_s:
+            continue
+        wall = clock() - t0
+        ratios = {n: ratio_ci(medians[n], medians[baseline], rule.conf, method=rule.method) for n in others}
+        if wall >= rule.max_time_s:
+            reason = "max_time"
+        elif rounds >= rule.max_rounds:
+            reason = "max_rounds"
+        elif not others:
+            reason = "rounds"
+        elif all((hi - lo) / 2 <= rule.ci_tol * r for r, lo, hi in ratios.values()):
+            reason = "ci"
+        else:
+            continue
+        ms = {n: summarize(samples[n], reason, timer, wall) for n in names}
+        return Interleaved(ms, medians, baseline, ratios, rounds, reps, reason, wall)
+
+
+# ----------------------------------------------------------------------------- GPU samplers
+
+class GraphCaptureError(RuntimeError):
+    """fn could not be captured into a CUDA graph (a row reason for the runner)."""
+
+
+@functools.lru_cache(maxsize=None)
+def flush_buffer(device_index: int):
+    """The L2-flush buffer of a device (FLUSH_BYTES, allocated once)."""
+    import torch
+    return torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=f"cuda:{device_index}")
+
+
+class EagerSampler:
+    """One call = one host-inclusive repetition: grads set to None, L2 flushed, then start event,
+    fn(), end event, synchronize; returns the event time in ms (launch latency included)."""
+
+    timer = "eager"
+
+    def __init__(self, fn: Callable[[], object], grad_to_none: Optional[list] = None):
+        import torch
+        self.torch, self.fn, self.grads = torch, fn, list(grad_to_none or [])
+        self.cache = flush_buffer(torch.cuda.current_device())
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def run(self) -> None:
+        """One untimed call of the timed work (no flush)."""
+        self.fn()
+
+    def __call__(self) -> float:
+        for t in self.grads:
+            t.grad = None
+        self.cache.zero_()
+        self.start.record()
+        self.run()
+        self.end.record()
+        self.end.synchronize()
+        return float(self.start.elapsed_time(self.end))
+
+
+class GraphSampler(EagerSampler):
+    """One call = one replay of fn captured into a CUDA graph (host launch cost drops out).
+
+    fn runs `warmup_calls` times on a side stream first (compilation, autotuning, and .grad
+    tensors for callables that call backward: the captured backward then accumulates into them in
+    place, so grads are NOT set to None between replays). Raises GraphCaptureError if capture
+    fails."""
+
+    timer = "graph"
+
+    def __init__(self, fn: Callable[[], object], grad_to_none: Optional[list] = None, warmup_calls: int = 3):
+        super().__init__(fn, None)
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(1, warmup_calls)):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph):
+                fn()
+        except Exception as exc:
+            self.graph = None
+            try:
+                torch.cuda.synchronize()
+            except Exception:   # noqa: BLE001 - the capture error is the one to report
+                pass
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise GraphCaptureError(f"CUDA graph capture failed: {type(exc).__name__}: {msg}"[:300]) from exc
+        torch.cuda.synchronize()
+
+    def run(self) -> None:
+        self.graph.replay()
+
+
+def make_sampler(fn: Callable[[], object], timer: str = "eager", grad_to_none: Optional[list] = None):
+    """A zero-argument callable timing one repetition of fn on the current CUDA device (ms):
+    timer 'eager' (EagerSampler) or 'graph' (GraphSampler; may raise GraphCaptureError)."""
+    if timer == "eager":
+        return EagerSampler(fn, grad_to_none)
+    if timer == "graph":
+        return GraphSampler(fn, grad_to_none)
+    raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
+
+
+def time_fn(fn: Callable[[], object], *, timer: str = "eager", grad_to_none: Optional[list] = None,
+            rule: StopRule | None = None, warmup_s: float = 0.025) -> Measurement:
+    """Time fn on the current CUDA device: sampler, warm-up, then samples until `rule` stops."""
+    sampler = make_sampler(fn, timer, grad_to_none)
+    warmup(sampler, warmup_s)
+    return collect(sampler, rule, timer=timer)
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], object]], *, baseline: Optional[str] = None,
+                     timer: str = "eager", grad_to_none: Optional[Mapping[str, list]] = None,
+                     reps: Optional[int] = None, rule: RoundRule | None = None,
+                     warmup_s: float = 0.025) -> Interleaved:
+    """Time several callables (the providers of one point) in interleaved rounds on the current
+    CUDA device. reps None: `choose_reps` of the slowest warm-up estimate. An error of one
+    callable (capture, OOM) ends the whole call: to drop only that provider, build the samplers
+    with `make_sampler` one by one, then `warmup` each and `interleave` those that worked."""
+    grad_to_none = grad_to_none or {}
+    samplers = {name: make_sampler(fn, timer, grad_to_none.get(name)) for name, fn in fns.items()}
+    est = max(warmup(s, warmup_s) for s in samplers.values())
+    return interleave(samplers, baseline=baseline, reps=reps or choose_reps(est), rule=rule, timer=timer)
+
+
+def make_timer(timer: str = "eager", **rule_kw) -> Callable[..., dict]:
+    """A runner-compatible `timer(fn, grad_to_none=None, warmup_ms=25, rep_ms=100) -> dict` that
+    uses `time_fn`: returns Measurement.row() (median_ms, p20_ms, p80_ms, n_samples, noise_pct,
+    stop_reason, timer). rule_kw are StopRule fields; min_time_s defaults to rep_ms / 1000."""
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
+
+    def run(fn, grad_to_none=None, warmup_ms: float = 25, rep_ms: float = 100) -> dict:
+        rule = StopRule(**{"min_time_s": rep_ms / 1e3, **rule_kw})
+        return time_fn(fn, timer=timer, grad_to_none=grad_to_none, rule=rule, warmup_s=warmup_ms / 1e3).row()
+
+    return run
+
+
+__all__ = [
+    "QUANTILES", "TIMERS", "FLUSH_BYTES", "make_inputs", "grad_inputs", "make_pass_fn", "measure",
+    "max_rel_err", "quantile", "relative_spread", "Measurement", "summarize", "StopRule", "collect",
+    "warmup", "t_two_sided", "ratio_ci", "RoundRule", "Interleaved", "choose_reps", "interleave",
+    "GraphCaptureError", "flush_buffer", "EagerSampler", "GraphSampler", "make_sampler", "time_fn",
+    "time_interleaved", "make_timer",
+]

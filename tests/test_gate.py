@@ -1,4 +1,5 @@
-"""`moda-bench gate`: synthetic schema.COLUMNS CSVs through a local typer app wrapping gate_command."""
+"""`moda-bench gate`: synthetic schema.COLUMNS CSVs through a local typer app wrapping gate_command
+(moda_bench.cli.gate); the comparison itself is moda_bench.reports.gate."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from moda_bench.cli.gate import gate_command, parse_threshold
 from moda_bench.reports import gate
-from moda_bench.reports.gate import compare, gate_command, parse_threshold
+from moda_bench.reports.gate import compare
 from moda_bench import schema
 
 GPU = "NVIDIA H100 80GB HBM3"
@@ -189,14 +191,64 @@ def test_duplicate_key_last_row_wins(rng):
     assert compare(base, pd.concat([make_run(rng), stale]), 0.05).counts["regressed"] == 3
 
 
+def _error_lines(res) -> list[str]:
+    return [line for line in res.output.splitlines() if line.strip()]
+
+
 def test_schema_error_names_missing_columns(rng, gate_files):
     base = make_run(rng)
-    res = gate_files(base, make_run(rng).drop(columns=["p80_ms", "Hk"]))
+    res = gate_files(base, make_run(rng).drop(columns=["sweep", "Hk"]))
     assert res.exit_code == 2
-    assert "missing column(s)" in res.output and "Hk" in res.output and "p80_ms" in res.output
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "cur.csv" in lines[0], res.output
+    assert "missing column(s)" in lines[0] and "Hk" in lines[0] and "sweep" in lines[0]
     assert "Traceback" not in res.output
     with pytest.raises(gate.GateInputError, match="baseline.*status"):
         compare(base.drop(columns=["status"]), base)
+    with pytest.raises(gate.GateInputError, match="current.*p80_ms"):   # frames given directly
+        compare(base, base.drop(columns=["p80_ms"]))
+
+
+def test_unreadable_input_is_one_line_naming_the_file(rng, tmp_path):
+    """Not a results CSV, a non-numeric value: exit 2, one line naming file (line, column)."""
+    b = tmp_path / "base.csv"
+    make_run(rng).to_csv(b, index=False)
+    other = tmp_path / "wall_time.csv"
+    other.write_text("run_dir,gpus,wall_s\nx,1,2.5\n")
+    res = CliRunner().invoke(_app(), ["gate", "--baseline", str(b), "--current", str(other)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = _error_lines(res)
+    assert len(lines) == 1 and "wall_time.csv" in lines[0] and "not a moda-bench results CSV" in lines[0], res.output
+    text = b.read_text().splitlines()
+    fields = text[3].split(",")
+    fields[schema.COLUMNS.index("median_ms")] = "slow"                      # line 4 of the file
+    text[3] = ",".join(fields)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(text) + "\n")
+    res = CliRunner().invoke(_app(), ["gate", "--baseline", str(bad), "--current", str(b)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = _error_lines(res)
+    assert len(lines) == 1, res.output
+    assert "baseline" in lines[0] and "bad.csv" in lines[0] and "line 4" in lines[0] and "median_ms" in lines[0]
+    assert "'slow'" in lines[0]
+
+
+def test_malformed_rows_are_skipped_with_a_warning(rng, tmp_path):
+    """A row with the wrong field count and a last row cut mid-line: one warning each, gate goes on."""
+    b, c = tmp_path / "base.csv", tmp_path / "cur.csv"
+    make_run(rng).to_csv(b, index=False)
+    make_run(rng).to_csv(c, index=False)
+    lines = c.read_text().splitlines()
+    lines[2] = lines[2] + ",extra"                   # line 3: one field too many
+    c.write_text("\n".join(lines)[:-20])            # the last row cut off, no newline at the end
+    res = CliRunner().invoke(_app(), ["gate", "--baseline", str(b), "--current", str(c)],
+                             env={"GITHUB_STEP_SUMMARY": "", "COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    warnings = [line for line in res.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2, res.output
+    assert "cur.csv: line 3 skipped" in warnings[0] and "fields" in warnings[0]
+    assert f"cur.csv: line {len(lines)} skipped: cut off" in warnings[1]
+    assert "missing" in res.output   # the two dropped rows are reported as missing, not compared
 
 
 def test_missing_and_empty_files_exit_2(rng, tmp_path):
@@ -205,6 +257,7 @@ def test_missing_and_empty_files_exit_2(rng, tmp_path):
     runner = CliRunner()
     res = runner.invoke(_app(), ["gate", "--baseline", str(b), "--current", str(tmp_path / "nope.csv")])
     assert res.exit_code == 2 and "not found" in res.output and "nope.csv" in res.output
+    assert len(_error_lines(res)) == 1 and "Traceback" not in res.output
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     res = runner.invoke(_app(), ["gate", "--baseline", str(b), "--current", str(empty)])

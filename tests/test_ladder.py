@@ -21,12 +21,6 @@ from moda_bench.ops.moda.reference import moda_reference  # noqa: E402
 from moda_bench.ops.moda.ladder.ungrouped import moda_ungrouped  # noqa: E402
 from moda_bench.timing import max_rel_err  # noqa: E402
 
-try:
-    import moda_bench.ops.moda.kernel  # noqa: F401
-    HAVE_MODA = True
-except ImportError:
-    HAVE_MODA = False
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-3, torch.bfloat16: 2e-2}
 REPO = Path(__file__).resolve().parents[1]
@@ -63,16 +57,10 @@ def _grads(out, ins, do):
     return torch.autograd.grad(out, used, do)
 
 
-def _skip_if_no_production_kernel(r):
-    if r.needs_production_kernel and not HAVE_MODA:
-        pytest.skip("moda_bench.ops.moda.kernel (production kernel) cannot be imported")
-
-
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("name", [r.name for r in RUNGS])
 def test_rung_matches_reference(name, case):
     r = rung(name)
-    _skip_if_no_production_kernel(r)
     B, T, G, Hk, L, d, C, dtype = case
     ins, do = _inputs(B, T, G, Hk, L, d, dtype)
     ref = moda_reference(*ins, out_dtype=torch.float64)

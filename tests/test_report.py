@@ -17,7 +17,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from moda_bench.reports.report import ReportError, generate_report, report_command
+from moda_bench.cli.report import report_command
+from moda_bench.reports.report import ReportError, generate_report
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "report" / "results"
@@ -173,28 +174,66 @@ def test_cli_writes_report(tmp_path):
     assert res.exit_code == 2 and "FA2 provider 'nope' not in the results" in res.output, res.output
 
 
-def test_malformed_csv_names_file_and_columns(tmp_path):
-    bad = tmp_path / "res" / "sub"
-    bad.mkdir(parents=True)
+def _warnings(output: str) -> list[str]:
+    return [l for l in output.splitlines() if l.startswith("warning:")]
+
+
+def test_non_results_csv_is_skipped_with_a_warning(tmp_path):
+    """A CSV lacking schema columns (e.g. a wall-time table) is skipped with one line naming it."""
+    res_dir = tmp_path / "res" / "sub"
+    res_dir.mkdir(parents=True)
+    shutil.copy(DATA / "sweeps" / "sweep_G.csv", res_dir / "sweep_G.csv")
     src = (DATA / "sweeps" / "sweep_G.csv").read_text().splitlines()
     header = src[0].split(",")
     drop = [header.index("median_ms"), header.index("pass")]
     keep = lambda line: ",".join(c for i, c in enumerate(line.split(",")) if i not in drop)
-    (bad / "broken.csv").write_text("\n".join(keep(l) for l in src) + "\n")
-    with pytest.raises(ReportError, match=r"res/sub/broken\.csv: missing column\(s\) pass, median_ms"):
-        generate_report([tmp_path / "res"], tmp_path / "out")
-    res = _cli([str(tmp_path / "res"), "--out", str(tmp_path / "out")])
-    assert res.exit_code == 2
-    lines = [l for l in res.output.splitlines() if l.strip()]
-    assert len(lines) == 1 and "broken.csv" in lines[0] and "pass, median_ms" in lines[0], res.output
+    (res_dir / "broken.csv").write_text("\n".join(keep(l) for l in src) + "\n")
+    (res_dir / "wall_time.csv").write_text("run_dir,gpus,command,wall_s\nx,1,sweep,2.5\n")
+    seen = []
+    generate_report([tmp_path / "res"], tmp_path / "out", figures=False, warn=seen.append)
+    assert len(seen) == 2 and "res/sub/broken.csv" in seen[0] and "pass, median_ms" in seen[0], seen
+    assert "res/sub/wall_time.csv" in seen[1], seen
+    text = (tmp_path / "out" / "REPORT.md").read_text()
+    assert "Input files: `res/sub/sweep_G.csv`." in text and "from 1 CSV file(s)" in text
+    res = _cli([str(tmp_path / "res"), "--out", str(tmp_path / "o2"), "--no-figures"])
+    assert res.exit_code == 0, res.output
+    warned = _warnings(res.output)
+    assert len(warned) == 2 and "broken.csv" in warned[0] and "wall_time.csv" in warned[1], res.output
     assert "Traceback" not in res.output
+    # nothing readable left: one error line
+    (res_dir / "sweep_G.csv").unlink()
+    res = _cli([str(tmp_path / "res"), "--out", str(tmp_path / "o3")])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    errors = [l for l in res.output.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "no measurement rows" in errors[0], res.output
+
+
+def test_malformed_rows_are_skipped_with_a_warning(tmp_path):
+    """A row with the wrong field count and a last row cut mid-line: skipped, each named with its line."""
+    lines = (DATA / "sweeps" / "sweep_G.csv").read_text().splitlines()
+    n = len(lines)
+    assert n >= 5
+    lines[2] = lines[2] + ",surplus"                                   # line 3
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "cut.csv").write_text("\n".join(lines)[:-7])   # line n loses its end and newline
+    res = _cli([str(tmp_path / "res"), "--out", str(tmp_path / "out"), "--no-figures"])
+    assert res.exit_code == 0, res.output
+    warned = _warnings(res.output)
+    assert len(warned) == 2, res.output
+    assert "res/cut.csv: line 3 skipped" in warned[0] and "fields" in warned[0]
+    assert f"res/cut.csv: line {n} skipped: cut off" in warned[1]
+    text = (tmp_path / "out" / "REPORT.md").read_text()
+    assert f"{n - 1 - 2} measurement row(s) shown" in text
 
 
 def test_non_numeric_value_is_reported(tmp_path):
     src = (DATA / "sweeps" / "sweep_G.csv").read_text().replace(",7.0,", ",seven,", 1)
     (tmp_path / "x.csv").write_text(src)
-    with pytest.raises(ReportError, match=r"x\.csv: non-numeric value 'seven' in column median_ms \(line 2\)"):
+    with pytest.raises(ReportError, match=r"x\.csv: line 2: non-numeric value 'seven' in column median_ms"):
         generate_report([tmp_path], tmp_path / "out")
+    res = _cli([str(tmp_path), "--out", str(tmp_path / "out")])
+    lines = [l for l in res.output.splitlines() if l.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "x.csv: line 2" in lines[0], res.output
 
 
 def test_empty_and_missing_dirs(tmp_path):

@@ -19,7 +19,7 @@ from moda_bench.ops.moda.reference import moda_reference
 from moda_bench.bench import providers
 from moda_bench import schema
 from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
-from moda_bench.bench.runner import DEFAULT_VALUES, Point, check_accuracy, plan_points, run_sweep
+from moda_bench.bench.runner import Point, check_accuracy, plan_points, run_sweep
 
 HAS_CUDA = torch.cuda.is_available()
 TINY = Point(T=24, G=2, Hk=2, L=3, B=2, d=16, C=16, dtype="float32")
@@ -39,7 +39,8 @@ def test_plan_points_paper_defaults():
     assert [p.G for p in g] == [2, 4, 8, 16, 32] and [p.Hq for p in g] == [16, 32, 64, 128, 256]
     assert all(p.T == 16384 and p.L == 64 for p in g)
     assert [p.L for p in plan_points("L", None, base)] == [64, 128, 256]
-    assert [p.C for p in plan_points("C", None, base)] == DEFAULT_VALUES["C"] == [16, 32, 64, 128]
+    assert [p.C for p in plan_points("C", None, base)] == list(schema.AXIS_VALUES["C"]) == [16, 32, 64, 128]
+    assert base.fields() == schema.BASE_POINT and schema.AXES == ("T", "G", "L", "C")
     # 13 rows of the paper's efficiency table = 5 + 5 + 3
     assert sum(len(plan_points(v, None, base)) for v in "TGL") == 13
 
@@ -330,13 +331,13 @@ def test_plot_all_failed_and_other_axis(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def _app():
-    """moda_bench.cli.app when every command module exists, else a local app with `sweep` only."""
+    """moda_bench.cli.app when every command module imports, else a local app with `sweep` only."""
     try:
         from moda_bench.cli import app
         return app
     except ImportError:
         import typer
-        from moda_bench.bench.sweep import sweep_command
+        from moda_bench.cli.sweep import sweep_command
         app = typer.Typer()
         app.command("sweep")(sweep_command)
         app.command("noop")(lambda: None)  # keep `sweep` a subcommand
@@ -390,7 +391,7 @@ def test_cli_end_to_end_with_fake_gpu(tmp_path, monkeypatch, fakes):
 
     monkeypatch.setattr(runner, "run_sweep", cpu_run_sweep)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(runner, "DEFAULT_VALUES", {"T": [16, 24], "G": [1, 2], "L": [2, 4], "C": [16]})
+    monkeypatch.setattr(schema, "AXIS_VALUES", {"T": (16, 24), "G": (1, 2), "L": (2, 4), "C": (16,)})
     out = tmp_path / "run"
     res = _invoke("--preset", "paper", "--providers", "fake-moda,fa2", "--T", "20", "--Hk", "1", "--d", "8",
                   "--dtype", "fp32", "--quick", "--no-tuned", "--out", str(out))

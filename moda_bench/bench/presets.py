@@ -1,12 +1,15 @@
 """Named sets of one-axis sweeps (`moda-bench sweep --preset NAME`).
 
-Each sweep varies one axis over its values (None = the paper defaults of runner.DEFAULT_VALUES)
-around the base point (B=1, Hk=8, d=64, C=64, bf16; T=16384, G=8, L=64 where not varied).
+Each sweep varies one axis of schema.AXES over its values (None = the paper's,
+schema.AXIS_VALUES) around the base point (schema.BASE_POINT, with the command's overrides).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+# the axes of the paper's efficiency table, in its order (the C axis is ours)
+PAPER_AXES = ("T", "G", "L")
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,7 @@ class SweepSpec:
 
 PRESETS: dict[str, tuple[SweepSpec, ...]] = {
     # the three sweeps of the paper's hardware-efficiency table (13 rows, spec section 4)
-    "paper": (SweepSpec("T"), SweepSpec("G"), SweepSpec("L")),
+    "paper": tuple(SweepSpec(axis) for axis in PAPER_AXES),
     # a minute-scale GPU smoke test of the whole pipeline
     "smoke": (SweepSpec("T", (1024, 4096)),),
 }

@@ -132,9 +132,9 @@ def needs_cuda(device: str) -> Optional[str]:
 
 def _needs_moda_kernel(device: str) -> Optional[str]:
     try:
-        from moda_bench.ops.moda import kernel as moda  # noqa: F401
+        from moda_bench.ops.moda import moda_attention  # noqa: F401
     except ImportError as exc:
-        return f"moda_bench.ops.moda.kernel not importable: {exc}"
+        return f"moda_bench.ops.moda (the MoDA kernel) not importable: {exc}"
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return None
     return needs_cuda(device)
@@ -171,9 +171,7 @@ def _needs_flex(device: str) -> Optional[str]:
 def _moda_config(point, L: int, dtype, chunk: Optional[int]):
     """Config for moda_attention: tuned/default via resolve_config, block_m (and the backward's
     q-major block, which chunks the depth pass of dq) pinned to `chunk` when given."""
-    from moda_bench.ops.moda.config import resolve_config
-    from moda_bench.ops.moda.kernel import check_config
-    from moda_bench.ops.moda.validate import MoDAShape
+    from moda_bench.ops.moda import MoDAShape, check_config, resolve_config
 
     shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=L)
     cfg = resolve_config(shape, dtype)
@@ -187,18 +185,15 @@ def _moda_config(point, L: int, dtype, chunk: Optional[int]):
 
 
 def _moda_prepared(inputs, point, chunk, with_depth: bool) -> Prepared:
-    from moda_bench.ops.moda import kernel as moda_mod
+    from moda_bench.ops.moda import depth_utilization, moda_attention
 
     q = inputs["q"]
     L = point.L if with_depth else 0
     cfg = _moda_config(point, L, q.dtype, chunk)
     kd, vd = (inputs["k_depth"], inputs["v_depth"]) if with_depth else (None, None)
-    eta = float("nan")
-    if L:
-        du = getattr(moda_mod, "depth_utilization", None)
-        eta = du(point.T, point.G, cfg.block_m, L, cfg) if du else point.G / cfg.block_m
+    eta = depth_utilization(point.T, point.G, cfg.block_m, L, cfg) if L else float("nan")
     pinned = "pinned" if chunk is not None else "resolved"
-    return Prepared(lambda: moda_mod.moda_attention(q, inputs["k"], inputs["v"], kd, vd, config=cfg),
+    return Prepared(lambda: moda_attention(q, inputs["k"], inputs["v"], kd, vd, config=cfg),
                     impl_detail=f"moda_attention block_m={cfg.block_m} ({pinned})" + ("" if L else ", L=0"),
                     config=cfg.to_dict(), depth_utilization=eta)
 

@@ -1,14 +1,16 @@
-"""Sweep planning and execution.
+"""Sweep planning and execution: the `Point`, one schema row per (provider, point), the sweep loop.
 
 A sweep is a list of `Point`s; each point is run for every requested provider (fa2 first, the
 baseline of extra_time_pct / ratio_to_fa2); one CSV row (schema: moda_bench.schema.COLUMNS)
-is appended per (provider, point) as it finishes, so an interrupted sweep keeps its rows.
+is appended per (provider, point) as it finishes (`results.append_row`), so an interrupted sweep
+keeps its rows. Axes, their paper values, the base point and the pass names are the schema's.
 
 Per row: fresh random inputs (same seed for every provider of a point), an accuracy check of a
 slice against moda_reference, then timing (warm-up, do_bench median/p20/p80, L2 flushed).
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
@@ -17,52 +19,61 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from moda_bench import schema
+from moda_bench import results, schema
 
-# paper defaults of each one-axis sweep (spec section 4); C = query chunk rows (MoDA block_m)
-DEFAULT_VALUES = {
-    "T": [4096, 8192, 16384, 32768, 65536],
-    "G": [2, 4, 8, 16, 32],
-    "L": [64, 128, 256],
-    "C": [16, 32, 64, 128],
-}
-VARY_AXES = tuple(DEFAULT_VALUES)
 # ||out - ref|| / ||ref|| above which a row is marked 'error' (bf16/fp16 kernels vs fp64 reference)
 ACCURACY_TOL = {"bfloat16": 4e-2, "float16": 1e-2, "float32": 1e-3}
 CHECK_LEN = 512  # positions of batch 0 compared with the reference
+# do_bench budget: the default, and --quick
+WARMUP_MS, REP_MS = 25.0, 100.0
+QUICK_WARMUP_MS, QUICK_REP_MS = 5.0, 20.0
+
+_BASE = schema.BASE_POINT
 
 
 @dataclass(frozen=True)
 class Point:
-    """One configuration. Hq = G * Hk. C is the query chunk in rows (MoDA block_m)."""
+    """One configuration (defaults: schema.BASE_POINT). Hq = G * Hk. C is the query chunk in rows
+    (MoDA block_m)."""
 
-    T: int = 16384
-    G: int = 8
-    Hk: int = 8
-    L: int = 64
-    B: int = 1
-    d: int = 64
-    C: int = 64
-    dtype: str = "bfloat16"
+    T: int = _BASE["T"]
+    G: int = _BASE["G"]
+    Hk: int = _BASE["Hk"]
+    L: int = _BASE["L"]
+    B: int = _BASE["B"]
+    d: int = _BASE["d"]
+    C: int = _BASE["C"]
+    dtype: str = _BASE["dtype"]
 
     @property
     def Hq(self) -> int:
         return self.G * self.Hk
 
     def to_dict(self) -> dict:
+        """The fields and Hq (run.json, CSV rows)."""
         d = asdict(self)
         d["Hq"] = self.Hq
         return d
+
+    def fields(self) -> dict:
+        """The fields only (Hq is derived): what `from_dict` takes back."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Point":
+        """Inverse of `fields` / `to_dict` (other keys, such as Hq, are ignored)."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
     def replace(self, **kw) -> "Point":
         return replace(self, **kw)
 
 
 def plan_points(vary: str, values: list[int] | None, base: Point) -> list[Point]:
-    """Points of a one-axis sweep over `vary` in {T, G, L, C} (values None = paper defaults)."""
-    if vary not in DEFAULT_VALUES:
-        raise ValueError(f"vary must be one of {', '.join(VARY_AXES)}, got {vary!r}")
-    values = list(DEFAULT_VALUES[vary] if values is None else values)
+    """Points of a one-axis sweep over `vary` in schema.AXES (values None = the paper's,
+    schema.AXIS_VALUES)."""
+    if vary not in schema.AXIS_VALUES:
+        raise ValueError(f"vary must be one of {', '.join(schema.AXIS_VALUES)}, got {vary!r}")
+    values = list(schema.AXIS_VALUES[vary] if values is None else values)
     if not values:
         raise ValueError(f"no values to sweep {vary} over")
     minimum = 0 if vary == "L" else 1
@@ -75,23 +86,11 @@ def plan_points(vary: str, values: list[int] | None, base: Point) -> list[Point]
 
 
 # ---------------------------------------------------------------------------------------------
-# CSV
+# rows
 # ---------------------------------------------------------------------------------------------
 
-def append_row(csv_path: Path, row: dict) -> None:
-    """Append one schema row to csv_path (header written once, when the file is new or empty)."""
-    import pandas as pd
-    csv_path = Path(csv_path)
-    new = not csv_path.exists() or csv_path.stat().st_size == 0
-    if not new:
-        with open(csv_path) as f:
-            header = f.readline().strip().split(",")
-        if header != schema.COLUMNS:
-            raise ValueError(f"{csv_path} has a different header than schema.COLUMNS; write to a new file")
-    pd.DataFrame([row], columns=schema.COLUMNS).to_csv(csv_path, mode="a", header=new, index=False)
-
-
-def _base_row(point: Point, provider: str, pass_: str, sweep_name: str) -> dict:
+def base_row(point: Point, provider: str, pass_: str, sweep_name: str) -> dict:
+    """A schema row of (sweep, provider, pass, point) with no measurement yet (measures NaN)."""
     row = {c: None for c in schema.COLUMNS}
     cfg = point.to_dict()
     row.update({c: cfg[c] for c in schema.CONFIG_COLUMNS})
@@ -100,6 +99,17 @@ def _base_row(point: Point, provider: str, pass_: str, sweep_name: str) -> dict:
     for c in schema.MEASURE_COLUMNS:
         row[c] = math.nan
     return row
+
+
+def schema_rows(frame):
+    """Exactly schema.COLUMNS, integer columns (configuration, gpu_index) as integers: what the
+    rows read back by `results.read_csv` (numbers as floats) need before they are written again,
+    so a rewritten CSV reads `T=1024`, as `run_sweep` wrote it, not `1024.0`."""
+    import pandas as pd
+    frame = results.schema_frame(frame).copy()
+    for c in schema.INT_CONFIG_COLUMNS + ["gpu_index"]:
+        frame[c] = pd.to_numeric(frame[c], errors="coerce").astype("Int64")
+    return frame
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +134,7 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
     Costs one extra forward (+ backward) of the provider. Leaves .grad cleared.
     """
     import torch
-    from moda_bench.ops.moda.reference import moda_reference
+    from moda_bench.ops.moda import moda_reference
     from moda_bench.timing import grad_inputs, max_rel_err
 
     names = [k for k in ("q", "k", "v", "k_depth", "v_depth") if inputs.get(k) is not None]
@@ -210,7 +220,7 @@ def run_one(provider, point: Point, pass_: str, *, sweep_name: str, device: str,
     import torch
     from moda_bench.bench.providers import ProviderSkip
 
-    row = _base_row(point, provider.name, pass_, sweep_name)
+    row = base_row(point, provider.name, pass_, sweep_name)
     row.update(meta or {})
     if unavailable_reason:
         row.update(status=schema.SKIPPED, reason=unavailable_reason)
@@ -271,19 +281,9 @@ class _TunedConfigs:
         return False
 
 
-def _ordered(providers) -> list:
-    """Baseline first (extra_time_pct needs it), the others in the given order."""
-    return sorted(providers, key=lambda p: p.name != _baseline_name())
-
-
-def _baseline_name() -> str:
-    from moda_bench.bench.providers import BASELINE
-    return BASELINE
-
-
 def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: Path, *, sweep_name: str,
               use_tuned: bool = True, progress: bool = True, device_index: int | None = None,
-              warmup_ms: float = 25, rep_ms: float = 100, device: str | None = None,
+              warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, device: str | None = None,
               timer: Callable | None = None, pin_chunk: bool | None = None, check_len: int = CHECK_LEN,
               seed: int | None = None, console=None):
     """Run every provider on every point, appending rows to csv_path; returns a DataFrame.
@@ -294,12 +294,12 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
     points differ in C). seed: base seed of the inputs (point i uses seed + i; None: random).
     """
     import pandas as pd
-    from moda_bench.bench.providers import resolve_providers
+    from moda_bench.bench.providers import BASELINE, resolve_providers
     from moda_bench.timing import measure
 
-    if pass_ not in ("fwd", "bwd", "fwdbwd"):
-        raise ValueError(f"pass must be fwd, bwd or fwdbwd, got {pass_!r}")
-    provs = _ordered(resolve_providers(providers))
+    schema.check_pass(pass_)
+    # baseline first (extra_time_pct needs it), the others in the given order
+    provs = sorted(resolve_providers(providers), key=lambda p: p.name != BASELINE)
     points = list(points)
     timer = timer or measure
     if device is None:
@@ -338,10 +338,10 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
                                   rep_ms=rep_ms, seed=seed + i, check_len=check_len,
                                   unavailable_reason=unavailable[prov.name],
                                   meta=schema.run_metadata(meta_index))
-                    if prov.name == _baseline_name() and row["status"] == schema.OK:
+                    if prov.name == BASELINE and row["status"] == schema.OK:
                         fa2_ms = row["median_ms"]
                     fill_baseline(row, fa2_ms)
-                    append_row(csv_path, row)
+                    results.append_row(csv_path, row)
                     rows.append(row)
                     if bar is not None:
                         bar.advance(task)

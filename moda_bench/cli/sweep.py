@@ -1,5 +1,193 @@
-"""`moda-bench sweep` and `moda-bench merge` (to be thinned: options here, work in bench)."""
-from moda_bench.bench.pool.shard import merge_command
-from moda_bench.bench.sweep import sweep_command
+"""`moda-bench sweep` and `moda-bench merge`: options, messages, the summary table and the
+figure of each sweep. The work is in bench (bench.sweep plans and runs, bench.pool.* for
+`--gpus`, torchrun and merging); the figure is `reports.plots.plot_sweep`.
 
-__all__ = ["sweep_command", "merge_command"]
+Writes `<out>/sweep_<vary>.csv` (rows appended as they finish), `<out>/sweep_<vary>.png` and
+`<out>/run.json` (the options); prints a summary table per sweep.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS
+
+
+def parse_int_list(text: str, option: str) -> list[int]:
+    """'4096,8192' -> [4096, 8192] (BadParameter naming the option otherwise)."""
+    try:
+        values = [int(tok) for tok in text.split(",") if tok.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{option} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise typer.BadParameter(f"{option} is empty")
+    return values
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def summary_table(frame, x: str, title: str):
+    """rich Table of one sweep: a row per (point, provider); the note is the reason of non-ok rows."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for col, justify in [(x, "right"), ("provider", "left"), ("status", "left"), ("median ms", "right"),
+                         ("p20-p80 ms", "right"), ("TFLOP/s", "right"), ("extra % vs fa2", "right"),
+                         ("eta", "right"), ("rel err", "right"), ("peak MB", "right")]:
+        table.add_column(col, justify=justify, no_wrap=True)
+    table.add_column("note", overflow="fold")
+    colour = {"ok": "green", "skipped": "yellow", "oom": "magenta", "error": "red"}
+    for r in frame.to_dict("records"):
+        note = r["reason"] if isinstance(r["reason"], str) else ""
+        table.add_row(str(r[x]), r["provider"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
+                      _fmt(r["median_ms"], ".3f"), f"{_fmt(r['p20_ms'], '.3f')}-{_fmt(r['p80_ms'], '.3f')}",
+                      _fmt(r["tflops"], ".1f"), _fmt(r["extra_time_pct"], "+.2f"),
+                      _fmt(r["depth_utilization"], ".4f"), _fmt(r["max_rel_err"], ".1e"),
+                      _fmt(r["peak_mem_mb"], ".0f"), note)
+    return table
+
+
+def checked(check, *args, option: bool = False):
+    """check(*args), its ValueError turned into a BadParameter; option=True when the message
+    starts with the option's name ('pass must be ...' -> '--pass must be ...')."""
+    try:
+        return check(*args)
+    except ValueError as err:
+        raise typer.BadParameter(f"--{err}" if option else str(err)) from None
+
+
+def sweep_command(
+    vary: Annotated[Optional[str], typer.Option("--vary", help="Axis to sweep: T, G, L or C (C = query chunk "
+                                                "rows = MoDA block_m).")] = None,
+    values: Annotated[Optional[str], typer.Option("--values", help="Comma-separated values of the swept axis "
+                                                  "(default: the paper's).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="Named set of sweeps; 'paper' = the T, G "
+                                                  "and L sweeps of the paper's efficiency table.")] = None,
+    T: Annotated[Optional[int], typer.Option("--T", help="Sequence length (default 16384).")] = None,
+    G: Annotated[Optional[int], typer.Option("--G", help="Query heads per KV head (default 8).")] = None,
+    L: Annotated[Optional[int], typer.Option("--L", help="Depth entries per position (default 64).")] = None,
+    B: Annotated[Optional[int], typer.Option("--B", help="Batch (default 1).")] = None,
+    Hk: Annotated[Optional[int], typer.Option("--Hk", help="KV heads (default 8).")] = None,
+    d: Annotated[Optional[int], typer.Option("--d", help="Head dim (default 64).")] = None,
+    C: Annotated[Optional[int], typer.Option("--C", help="Query chunk rows; pins MoDA's block_m (default: "
+                                             "tuned/heuristic config, recorded as 64).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
+    pass_: Annotated[str, typer.Option("--pass", help="fwd, bwd or fwdbwd.")] = "fwdbwd",
+    providers: Annotated[str, typer.Option("--providers", help="Comma-separated providers.")] =
+        "moda,fa2,fa2-triton,cudnn,flex",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default results/sweep-<timestamp>).")] = None,
+    no_tuned: Annotated[bool, typer.Option("--no-tuned", help="Ignore the tuning cache (heuristic configs).")] = False,
+    warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help="do_bench warm-up (default 25).")] = None,
+    rep_ms: Annotated[Optional[float], typer.Option("--rep-ms", help="do_bench repetition time (default 100).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help=f"Few repetitions (warm-up {QUICK_WARMUP_MS:g} ms, "
+                                        f"rep {QUICK_REP_MS:g} ms).")] = False,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="Run the points of every sweep as one pool "
+                                                "over GPUs of this node (one worker per GPU): 'all', a count, "
+                                                "or a list like 0,2.")] = None,
+) -> None:
+    """Time MoDA and the baselines over one axis (T, G, L or C) or a preset of sweeps."""
+    from rich.console import Console
+
+    from moda_bench import schema
+    from moda_bench.bench import sweep as run
+    from moda_bench.bench.pool.plan import detect_distributed
+    from moda_bench.bench.presets import SweepSpec, preset_sweeps
+    from moda_bench.bench.providers import UnknownProviderError, resolve_providers
+    from moda_bench.bench.runner import Point
+
+    console = Console(stderr=True, soft_wrap=True)
+    # ---- option checks (no GPU needed) ----
+    if (vary is None) == (preset is None):
+        raise typer.BadParameter("give exactly one of --vary (T, G, L, C) or --preset (e.g. paper)")
+    if preset is not None:
+        if values is not None:
+            raise typer.BadParameter("--values applies to --vary, not to --preset")
+        specs = list(checked(preset_sweeps, preset))
+    else:
+        vary = vary.upper()
+        if vary not in schema.AXES:
+            raise typer.BadParameter(f"--vary must be one of {', '.join(schema.AXES)}, got {vary!r}")
+        specs = [SweepSpec(vary, tuple(parse_int_list(values, "--values")) if values else None)]
+    dtype_name = checked(schema.dtype_name, dtype, option=True)
+    checked(schema.check_pass, pass_, option=True)
+    try:
+        provider_names = [p.name for p in resolve_providers(providers)]
+    except UnknownProviderError as err:
+        raise typer.BadParameter(str(err)) from None
+    overrides = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d, C=C).items() if v is not None}
+    for k, v in overrides.items():
+        if v < (0 if k == "L" else 1):
+            raise typer.BadParameter(f"--{k} must be >= {0 if k == 'L' else 1}, got {v}")
+    base = Point(dtype=dtype_name, **overrides)
+    run_dir = out or Path("results") / f"sweep-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    try:
+        sweeps = run.plan_run(specs, base, run_dir, pin_chunk=C is not None)
+    except (ValueError, FileExistsError) as err:
+        raise typer.BadParameter(str(err)) from None
+    warmup, rep = run.timing_budget(warmup_ms, rep_ms, quick)
+    dist = checked(detect_distributed)
+    if dist is not None and gpus is not None:
+        raise typer.BadParameter("--gpus cannot be combined with torchrun (each rank owns one GPU)")
+
+    # ---- GPU ----
+    import torch
+    if not torch.cuda.is_available():
+        console.print("[red]error:[/] moda-bench sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
+        raise typer.Exit(1)
+
+    run.write_run_record(run_dir, sweeps, provider_names, pass_, use_tuned=not no_tuned, pin_chunk=C is not None,
+                         warmup_ms=warmup, rep_ms=rep, preset=preset, gpus=gpus)
+    if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
+        from moda_bench.bench.pool.distributed import run_distributed_pool
+        run_distributed_pool(sweeps, provider_names, pass_, dist=dist, use_tuned=not no_tuned,
+                             warmup_ms=warmup, rep_ms=rep)
+        console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each "
+                      f"sweep with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
+        return
+
+    def start(s) -> None:
+        console.print(f"[bold]sweep {s.name}[/]: {len(s.points)} points x {len(provider_names)} providers -> {s.csv}")
+
+    def finish(s, frame) -> None:
+        if s.csv.exists():
+            from moda_bench.reports.plots import plot_sweep
+            png = plot_sweep(s.csv)
+            Console().print(summary_table(frame, s.name, f"sweep {s.name} ({pass_}, {dtype_name})"))
+            console.print(f"wrote {s.csv} and {png}")
+
+    run.run_sweeps(sweeps, provider_names, pass_, gpus=gpus, use_tuned=not no_tuned, warmup_ms=warmup, rep_ms=rep,
+                   console=console, on_start=start, on_done=finish)
+
+
+def merge_command(
+    inputs: Annotated[list[Path], typer.Argument(help="Shard CSV files and/or directories of shard CSVs.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Merged CSV to write.")],
+) -> None:
+    """Merge shard CSVs (from --gpus workers or torchrun ranks) into one CSV: schema checked,
+    duplicates on sweep + row key + timestamp dropped, rows sorted deterministically."""
+    from rich.console import Console
+
+    from moda_bench.bench.pool.merge import expand_shard_inputs, merge_shards
+    from moda_bench.results import ResultsError
+
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        files = expand_shard_inputs(inputs, exclude=out)
+    except FileNotFoundError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2)
+    if not files:
+        console.print(f"[red]error:[/] no CSV files found in {', '.join(map(str, inputs))}")
+        raise typer.Exit(2)
+    try:
+        merged = merge_shards(files, out)
+    except ResultsError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1)
+    console.print(f"merged {len(files)} file(s) -> {out} ({len(merged)} rows)")

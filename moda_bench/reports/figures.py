@@ -1,16 +1,22 @@
-"""Report figures (PNG + SVG), drawn with matplotlib's object API (no pyplot, no global state).
+"""Every figure moda-bench draws (PNG + SVG, matplotlib's object API: no pyplot, no global state).
 
-Every figure is built and saved inside matplotlib's default style with a fixed SVG hash salt and
-no date/software metadata, so identical inputs give byte-identical files on one matplotlib version.
-Inputs are the frames built by `moda_bench.reports.report` (rows, efficiency and ablation sections).
+- Report figures (`write_all`: runtime, extra time, ablation ladder, TFLOP/s) from the frames
+  built by `reports.tables`; `ablation_figure` and `save_figure` are also used by `ablate`.
+  They are built and saved inside matplotlib's default style with a fixed SVG hash salt and no
+  date/software metadata, so identical inputs give byte-identical files on one matplotlib version.
+- The per-sweep figure (`plot_sweep`, used by `sweep`), drawn from one sweep CSV alone (read
+  through `moda_bench.results`): median runtime with p20-p80 bars and extra time % vs FA2
+  against the swept parameter (`infer_x`).
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable, Optional
 
+from moda_bench import results as results_io
 from moda_bench import schema
-from moda_bench.reports.report import AXES, CEILING_PROVIDER, INT_CONFIG_COLUMNS, LADDER, PAPER_AXES, PASS_LABEL, _sort_passes
+from moda_bench.reports.vocab import CEILING_PROVIDER, PAPER_AXES, fmt_config, pass_label, sort_passes
 
 RC = {"svg.hashsalt": "moda-bench", "svg.fonttype": "path", "figure.dpi": 100, "font.size": 9,
       "axes.grid": True, "grid.alpha": 0.3}
@@ -60,7 +66,7 @@ def _series(part, axis: str, ycol: str):
         key = key if isinstance(key, tuple) else (key,)
         provider = key[0]
         label = provider + ("" if not others else " (" + ", ".join(
-            f"{c}={int(v) if c in INT_CONFIG_COLUMNS else v}" for c, v in zip(others, key[1:])) + ")")
+            f"{c}={fmt_config(c, v)}" for c, v in zip(others, key[1:])) + ")")
         g = g.sort_values(axis)
         out.append((label, provider, g[axis].astype(float).tolist(), g[ycol].astype(float).tolist()))
     out.sort(key=lambda s: (rank.get(s[1], len(rank)), s[0]))
@@ -85,13 +91,13 @@ def _measure_figure(rows, ycol: str, ylabel: str, title: str, ceiling=None):
     ok = rows[(rows["status"] == schema.OK) & rows[ycol].notna() & (rows["provider"] != CEILING_PROVIDER)]
     if ok.empty:
         return None
-    pass_ = _sort_passes(ok["pass"])[0]
+    pass_ = sort_passes(ok["pass"])[0]
     ok = ok[ok["pass"] == pass_]
-    axes_present = [a for a in AXES if (ok["sweep"] == a).any()]
+    axes_present = [a for a in schema.AXES if (ok["sweep"] == a).any()]
     if not axes_present:
         return None
     providers = sorted(set(ok["provider"]))
-    fig, axs = _new_figure(len(axes_present), f"{title} ({PASS_LABEL.get(pass_, pass_)})")
+    fig, axs = _new_figure(len(axes_present), f"{title} ({pass_label(pass_)})")
     for ax, axis in zip(axs, axes_present):
         part = ok[ok["sweep"] == axis]
         ys = []
@@ -133,10 +139,10 @@ def _paper_axis(paper_eff, axis: str):
 
 def extra_time_figure(eff_sections, paper):
     """Extra time % of MoDA over FA2 against T, G, L (C): ours (fwd+bwd) vs the paper's A100."""
-    ours = {s.sweep: s.frame for s in eff_sections if s.pass_ == "fwdbwd" and s.sweep in AXES
+    ours = {s.sweep: s.frame for s in eff_sections if s.pass_ == "fwdbwd" and s.sweep in schema.AXES
             and s.frame["extra_pct"].notna().any()}
     has_paper = paper.efficiency is not None
-    axes_present = [a for a in AXES if a in ours or (has_paper and a in PAPER_AXES)]
+    axes_present = [a for a in schema.AXES if a in ours or (has_paper and a in PAPER_AXES)]
     if not ours and not has_paper:
         return None
     fig, axs = _new_figure(len(axes_present), "MoDA extra time over FA2 (fwd+bwd)")
@@ -212,3 +218,106 @@ def write_all(fig_dir: Path, *, rows, eff_sections, abl_sections, paper, ceiling
             if fig is not None:
                 written += save_figure(fig, fig_dir / name)
     return written
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-sweep figure (written by `moda-bench sweep` beside each sweep CSV)
+# ---------------------------------------------------------------------------------------------
+SWEEP_X_ORDER = list(schema.AXES) + ["B", "d", "Hk"]   # Hq follows G; never chosen as x
+
+
+def infer_x(frame) -> str:
+    """The swept column: the `sweep` name when it is a config column, else the first config
+    column (T, G, L, C, B, d, Hk) taking more than one value, else T."""
+    names = [s for s in frame["sweep"].dropna().unique() if s != ""] if "sweep" in frame else []
+    if len(names) == 1 and names[0] in SWEEP_X_ORDER:
+        return names[0]
+    for col in SWEEP_X_ORDER:
+        if col in frame and frame[col].nunique() > 1:
+            return col
+    return "T"
+
+
+def read_sweep(csv_path, warn: Optional[Callable[[str], None]] = None):
+    """One sweep CSV through `results.read_csv`; integer config columns without gaps as int64."""
+    frame = results_io.read_csv(csv_path, warn=warn or results_io.default_warn)
+    for c in schema.INT_CONFIG_COLUMNS:
+        col = frame[c]
+        if len(col) and col.notna().all() and (col == col.round()).all():
+            frame[c] = col.astype("int64")
+    return frame
+
+
+def _log_if_wide(ax, axis: str, values) -> None:
+    vals = [v for v in values if v > 0]
+    if vals and max(vals) / min(vals) >= 8:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=2 if axis == "x" else 10)
+
+
+def plot_sweep(csv_path, out_path=None, *, x: str | None = None, title: str | None = None,
+               warn: Optional[Callable[[str], None]] = None) -> Path:
+    """Write the figure of one sweep CSV; returns its path (default: the CSV's path with .png).
+
+    Left panel: median runtime (p20-p80 error bars) vs the swept parameter, one line per provider.
+    Right panel: extra time % vs FA2 of every non-baseline provider. Only status 'ok' rows are drawn.
+    Raises `results.ResultsError` (a ValueError) when the CSV is not a readable sweep CSV.
+    """
+    from matplotlib import rcParams
+    from matplotlib.figure import Figure
+
+    csv_path = Path(csv_path)
+    out_path = Path(out_path) if out_path else csv_path.with_suffix(".png")
+    frame = read_sweep(csv_path, warn)
+    x = x or infer_x(frame)
+    ok = frame[frame["status"] == schema.OK].sort_values(x)
+
+    fig = Figure(figsize=(12, 4.8))
+    ax_t, ax_e = fig.subplots(1, 2)
+    if ok.empty:
+        for ax in (ax_t, ax_e):
+            ax.text(0.5, 0.5, "no successful rows", ha="center", va="center", transform=ax.transAxes)
+    cycle = rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (provider, grp) in enumerate(ok.groupby("provider", sort=False)):
+        colour = cycle[i % len(cycle)]  # same colour for a provider in both panels
+        yerr = None
+        if grp[["p20_ms", "p80_ms"]].notna().all().all():
+            yerr = [(grp["median_ms"] - grp["p20_ms"]).clip(lower=0), (grp["p80_ms"] - grp["median_ms"]).clip(lower=0)]
+        ax_t.errorbar(grp[x], grp["median_ms"], yerr=yerr, marker="o", capsize=3, label=provider, color=colour)
+        if provider != "fa2" and grp["extra_time_pct"].notna().any():
+            ax_e.plot(grp[x], grp["extra_time_pct"], marker="o", label=provider, color=colour)
+    if not ok.empty:
+        _log_if_wide(ax_t, "x", ok[x])
+        _log_if_wide(ax_t, "y", ok["median_ms"])
+        _log_if_wide(ax_e, "x", ok[x])
+        ax_t.legend(fontsize=8)
+        if ax_e.lines:
+            ax_e.legend(fontsize=8)
+    ax_e.axhline(0.0, color="grey", linewidth=0.8)
+    ax_t.set_xlabel(x)
+    ax_t.set_ylabel("median runtime (ms)")
+    ax_e.set_xlabel(x)
+    ax_e.set_ylabel("extra time vs FA2 (%)")
+    for ax in (ax_t, ax_e):
+        ax.grid(True, which="both", alpha=0.3)
+        vals = sorted(ok[x].unique()) if not ok.empty else []
+        if vals:
+            ax.set_xticks(vals)
+            ax.set_xticklabels([str(int(v)) for v in vals])
+    fig.suptitle(title or _sweep_title(frame, x), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    return out_path
+
+
+def _sweep_title(frame, x: str) -> str:
+    """'<pass>, <dtype>, fixed params, <gpu>' from the CSV's columns."""
+    parts = []
+    for col in ("pass", "dtype"):
+        if col in frame and frame[col].nunique() == 1:
+            parts.append(str(frame[col].iloc[0]))
+    fixed = [f"{c}={fmt_config(c, frame[c].iloc[0])}" for c in ("B", "T", "G", "Hk", "L", "d", "C")
+             if c != x and c in frame and frame[c].nunique() == 1]
+    parts.append(" ".join(fixed))
+    if "gpu" in frame and frame["gpu"].nunique() == 1:
+        parts.append(str(frame["gpu"].iloc[0]))
+    return f"sweep over {x}: " + ", ".join(p for p in parts if p)

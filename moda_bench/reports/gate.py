@@ -1,8 +1,10 @@
-"""`moda-bench gate`: fail CI when a provider got slower than a stored baseline.
+"""`moda-bench gate`'s work: judge whether a provider got slower than a stored baseline. The
+command (options, messages, exit codes) is `moda_bench.cli.gate`.
 
-Rows of the two CSVs (schema.COLUMNS, long format) are matched on `schema.KEY_COLUMNS`
-(provider, pass, T, G, Hq, Hk, L, B, d, C, dtype); only `status == "ok"` rows are timed
-comparisons. If a key occurs more than once in one file (an appended re-run), the last row wins.
+Both CSVs (schema.COLUMNS, long format) are read through `moda_bench.results` (`read_run`).
+Their rows are matched on `schema.KEY_COLUMNS` (provider, pass, T, G, Hq, Hk, L, B, d, C, dtype;
+the sweep name is not part of the gate's key); only `status == "ok"` rows are timed comparisons.
+If a key occurs more than once in one file (an appended re-run), the last row wins.
 
 Value compared per row (`metric`):
 
@@ -29,25 +31,24 @@ Other categories: ``missing`` (ok in baseline, absent or skipped in current), ``
 baseline, ``error``/``oom`` in current: the provider broke on that configuration), ``new`` (ok in
 current only). A missing p20/p80 collapses the band to the median (threshold-only decision).
 
-Exit codes: 0 pass; 1 at least one ``regressed`` or ``failed`` row (0 with ``--warn-only``,
-which still reports); 2 unusable input (missing/empty file, missing columns, no ok baseline rows,
-different GPU names without ``--allow-gpu-change``, no configuration in common, ``--run``
-without CUDA).
+Exit codes, set by the command from `GateResult.failed` and `GateInputError`: 0 pass; 1 at
+least one ``regressed`` or ``failed`` row (0 with ``--warn-only``, which still reports); 2
+unusable input (missing/empty/unreadable file, not a results CSV, a non-numeric value, missing
+columns, no ok baseline rows, different GPU names without ``--allow-gpu-change``, no
+configuration in common, ``--run`` without CUDA).
 """
 from __future__ import annotations
 
 import enum
-import math
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Callable, Optional
 
 import pandas as pd
-import typer
 
+from moda_bench import results as results_io
 from moda_bench import schema
 
 REFERENCE_PROVIDER = "fa2"
@@ -103,40 +104,20 @@ class GateResult:
 
 
 # ----------------------------------------------------------------------------- input
-def parse_threshold(text: str) -> float:
-    """'5%' -> 0.05, '0.05' -> 0.05; rejects negatives and ambiguous bare numbers >= 1."""
-    s = str(text).strip()
+def read_run(path: Path, what: str, warn: Optional[Callable[[str], None]] = None) -> pd.DataFrame:
+    """One results CSV (`results.read_csv`); GateInputError, one line naming `what` and the file
+    (and line, column), for a missing, empty, unreadable, non-results or row-less file."""
     try:
-        value = float(s[:-1]) / 100.0 if s.endswith("%") else float(s)
-    except ValueError:
-        raise typer.BadParameter(f"threshold must look like 5% or 0.05, got {text!r}",
-                                 param_hint="--threshold") from None
-    if not s.endswith("%") and value >= 1:
-        raise typer.BadParameter(f"threshold {text!r} is ambiguous: write {s}% or {value / 100:g}",
-                                 param_hint="--threshold")
-    if not math.isfinite(value) or value < 0:
-        raise typer.BadParameter(f"threshold must be a non-negative fraction, got {text!r}",
-                                 param_hint="--threshold")
-    return value
-
-
-def load_results(path: Path, what: str) -> pd.DataFrame:
-    """Read one results CSV; GateInputError for a missing, empty or header-only file."""
-    path = Path(path)
-    if not path.is_file():
-        raise GateInputError(f"{what} file not found: {path}")
-    try:
-        df = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise GateInputError(f"{what} file is empty: {path}") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise GateInputError(f"{what} file is not a readable CSV: {path} ({exc})") from None
+        df = results_io.read_csv(path, warn=warn or results_io.default_warn)
+    except results_io.ResultsError as exc:
+        raise GateInputError(f"{what}: {exc}") from None
     if df.empty:
-        raise GateInputError(f"{what} file has no rows: {path}")
+        raise GateInputError(f"{what}: {path}: file has no rows")
     return df
 
 
-def _check_columns(df: pd.DataFrame, what: str) -> None:
+def check_columns(df: pd.DataFrame, what: str) -> None:
+    """GateInputError naming the columns the gate needs that df lacks."""
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise GateInputError(f"{what} CSV does not match the schema: missing column(s) {', '.join(missing)}")
@@ -163,9 +144,14 @@ def _keyed(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop_duplicates(subset=kcols, keep="last").reset_index(drop=True)
 
 
+def _blank(value) -> bool:
+    """An empty cell: NaN/None (pandas' reading) or '' (results.read_csv's text columns)."""
+    return value is None or (not isinstance(value, str) and pd.isna(value)) or value == ""
+
+
 def _gpus(df: pd.DataFrame) -> list[str]:
     ok = df[df["status"] == schema.OK]
-    return sorted({"unknown" if pd.isna(g) else str(g) for g in ok["gpu"]})
+    return sorted({"unknown" if _blank(g) else str(g) for g in ok["gpu"]})
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -218,8 +204,8 @@ def compare(baseline_df: pd.DataFrame, current_df: pd.DataFrame, threshold: floa
     (unless allow_gpu_change).
     """
     metric = Metric(metric).value
-    _check_columns(baseline_df, "baseline")
-    _check_columns(current_df, "current")
+    check_columns(baseline_df, "baseline")
+    check_columns(current_df, "current")
     base, cur = _keyed(baseline_df), _keyed(current_df)
     base_ok = base[base["status"] == schema.OK]
     cur_ok = cur[cur["status"] == schema.OK]
@@ -248,7 +234,7 @@ def compare(baseline_df: pd.DataFrame, current_df: pd.DataFrame, threshold: floa
             rec.update(metric="time", base=b_time[0], base_lo=b_time[1], base_hi=b_time[2])
             other = cur_any_by_key.get(key)
             if other is not None and other["status"] in BROKEN_STATUSES:
-                reason = "" if pd.isna(other.get("reason")) else f": {other['reason']}"
+                reason = "" if _blank(other.get("reason")) else f": {other['reason']}"
                 rec.update(category="failed", detail=f"current status {other['status']}{reason}")
             elif other is not None:
                 rec.update(category="missing", detail=f"current status {other['status']}")
@@ -293,6 +279,13 @@ def compare(baseline_df: pd.DataFrame, current_df: pd.DataFrame, threshold: floa
                             else -s.fillna(0), kind="stable").reset_index(drop=True)
     return GateResult(rows=rows, threshold=threshold, metric=metric, baseline_gpus=base_gpus,
                       current_gpus=cur_gpus)
+
+
+def require_overlap(result: GateResult) -> GateResult:
+    """result, or GateInputError when the two runs share no ok configuration (nothing judged)."""
+    if result.n_compared == 0 and not result.failed:
+        raise GateInputError("baseline and current have no ok configuration in common: nothing to compare")
+    return result
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -435,7 +428,7 @@ def points_from_baseline(df: pd.DataFrame) -> dict[str, tuple[list, list[str]]]:
 
 
 def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, warmup_ms: float,
-                rep_ms: float, console) -> None:
+                rep_ms: float, log: Callable[[str], None] = print) -> None:
     """Re-run the baseline's points and providers on this GPU into out_csv (replaced)."""
     from moda_bench.bench.runner import run_sweep
 
@@ -447,7 +440,7 @@ def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, wa
     os.unlink(tmp)  # run_sweep appends: start from no file
     try:
         for pass_, (points, providers) in plan.items():
-            console.print(f"gate --run: {pass_}: {len(points)} point(s) x {len(providers)} provider(s) "
+            log(f"gate --run: {pass_}: {len(points)} point(s) x {len(providers)} provider(s) "
                           f"({', '.join(providers)})")
             run_sweep(points, providers, pass_, Path(tmp), sweep_name="gate", use_tuned=use_tuned,
                       warmup_ms=warmup_ms, rep_ms=rep_ms)
@@ -457,76 +450,3 @@ def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, wa
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-# ----------------------------------------------------------------------------- command
-def gate_command(
-    baseline: Annotated[Path, typer.Option("--baseline", help="Baseline results CSV (schema.COLUMNS).")],
-    current: Annotated[Optional[Path], typer.Option(
-        "--current", help="Current results CSV; with --run, where the new run is written "
-                          "(default gate-current.csv).")] = None,
-    threshold: Annotated[str, typer.Option(
-        "--threshold", help="Smallest change that counts, as 5% or 0.05 (and it must exceed the noise).")] = "5%",
-    metric: Annotated[Metric, typer.Option(
-        "--metric", help="ratio: time / fa2 time of the same run and config (robust to machine speed); "
-                         "time: raw median_ms.")] = Metric.ratio,
-    run: Annotated[bool, typer.Option("--run", help="Run the baseline's points and providers on this GPU "
-                                                    "first, then gate that run.")] = False,
-    update_baseline: Annotated[bool, typer.Option(
-        "--update-baseline", help="After gating, copy the current CSV over the baseline (deliberate).")] = False,
-    allow_gpu_change: Annotated[bool, typer.Option(
-        "--allow-gpu-change", help="Compare even if the GPU names differ.")] = False,
-    warn_only: Annotated[bool, typer.Option("--warn-only", help="Report regressions but exit 0.")] = False,
-    summary: Annotated[Optional[Path], typer.Option(
-        "--summary", help="Write a Markdown summary here (default: append to $GITHUB_STEP_SUMMARY if set).")] = None,
-    all_rows: Annotated[bool, typer.Option("--all-rows", help="List unchanged rows too.")] = False,
-    use_tuned: Annotated[bool, typer.Option(help="--run: use tuned kernel configs.")] = True,
-    warmup_ms: Annotated[float, typer.Option(help="--run: do_bench warm-up per measurement (ms).")] = 25,
-    rep_ms: Annotated[float, typer.Option(help="--run: do_bench repetition time per measurement (ms).")] = 100,
-) -> None:
-    """Compare a results CSV with a baseline; exit 1 on a regression beyond threshold and noise."""
-    from rich.console import Console
-
-    out, err = Console(), Console(stderr=True)
-    threshold_value = parse_threshold(threshold)
-    try:
-        baseline_df = load_results(baseline, "baseline")
-        if run:
-            import torch
-            if not torch.cuda.is_available():
-                err.print("[red]error:[/] gate --run needs a CUDA GPU and none is available "
-                          "(compare two existing CSVs with --current instead)")
-                raise typer.Exit(2)
-            current = current or Path("gate-current.csv")
-            _check_columns(baseline_df, "baseline")
-            run_current(baseline_df, current, use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                        console=out)
-            out.print(f"gate --run: wrote {current}")
-        elif current is None:
-            raise typer.BadParameter("give --current NEW.csv, or --run to measure it now", param_hint="--current")
-        current_df = load_results(current, "current")
-        result = compare(baseline_df, current_df, threshold_value, metric.value, allow_gpu_change)
-        if result.n_compared == 0 and not result.failed:
-            raise GateInputError("baseline and current have no ok configuration in common: nothing to compare")
-    except GateInputError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-
-    print_report(result, out, all_rows=all_rows)
-    text = markdown_summary(result, str(baseline), str(current))
-    if summary is not None:
-        summary.parent.mkdir(parents=True, exist_ok=True)
-        summary.write_text(text)
-        out.print(f"summary written to {summary}")
-    elif os.environ.get("GITHUB_STEP_SUMMARY"):
-        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    if update_baseline:
-        shutil.copyfile(current, baseline)
-        out.print(f"[bold yellow]baseline updated:[/] copied {current} over {baseline} "
-                  f"({len(current_df)} rows; gate verdict {verdict_text(result)})")
-    if result.failed:
-        if warn_only:
-            out.print("[yellow]--warn-only: exiting 0 despite the regression[/]")
-            return
-        raise typer.Exit(1)

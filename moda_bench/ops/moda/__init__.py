@@ -1,13 +1,15 @@
-"""MoDA implementations: the exact reference, the fused Triton kernel and the ablation rungs."""
-from moda_bench.ops.moda.config import MoDAConfig, default_config, resolve_config, set_config_lookup
-from moda_bench.ops.moda.kernel import moda_attention
+"""MoDA implementations: the exact reference, the fused Triton kernel and the ablation rungs.
+
+This package's face is what the layers above import: `moda_attention` (the fused kernel),
+`moda_reference` (the fp64 oracle), `MoDAConfig` / `MoDAShape`, and how a config is chosen
+and checked (`default_config`, `resolve_config`, `check_config`, `depth_utilization`).
+Importing it installs no config source: a call without `config=` gets the heuristic default
+until something (e.g. `moda_bench.tuning.use()`) installs one.
+"""
+from moda_bench.ops.moda.config import MoDAConfig, check_config, default_config, resolve_config
+from moda_bench.ops.moda.kernel import depth_utilization, moda_attention
 from moda_bench.ops.moda.reference import moda_reference
+from moda_bench.ops.moda.validate import MoDAShape
 
-__all__ = ["moda_attention", "moda_reference", "MoDAConfig", "default_config", "resolve_config",
-           "set_config_lookup"]
-
-# Tuned configurations (moda-bench tune) are consulted at every launch unless
-# MODA_BENCH_NO_TUNING=1; without a cache entry the heuristic default_config is used.
-from moda_bench.tuning import install_default_lookup as _install_default_lookup  # noqa: E402
-
-_install_default_lookup()
+__all__ = ["moda_attention", "moda_reference", "MoDAConfig", "MoDAShape", "default_config", "resolve_config",
+           "check_config", "depth_utilization"]

@@ -1,9 +1,12 @@
-"""Launch configuration of the fused MoDA kernel and how it is chosen.
+"""Launch configuration of the fused MoDA kernel: `MoDAConfig`, its validity rules, and how
+one is chosen for a call.
 
 A `MoDAConfig` fixes the tile shapes of the three Triton kernels (forward, backward dq/depth
-pass, backward dk/dv pass). `resolve_config` picks one for a call: an explicit config wins,
-then a registered lookup (the tuning cache, see `moda_bench.tuning`), then
-`default_config`, a heuristic.
+pass, backward dk/dv pass) and where the depth part runs. `resolve_config` picks one for a
+call: an explicit config wins, then the installed config source (a function (shape, dtype) ->
+MoDAConfig | None; `moda_bench.tuning.use()` installs the tuning cache as one), then
+`default_config`, a heuristic. Nothing installs a source at import: without one, every call
+gets the heuristic default. `check_config` is the kernel's rule for a valid config.
 """
 from __future__ import annotations
 
@@ -133,22 +136,69 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     return cfg
 
 
-ConfigLookup = Callable[[MoDAShape, object], Optional[MoDAConfig]]
-_lookup: Optional[ConfigLookup] = None
+def fused_depth_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
+    """Depth sub-tile positions of a sequence-kernel program of block_m rows (block_m or
+    bwd_q_block_m) running the depth phase fused: cfg.depth_sub (0 = auto); ValueError unless it
+    divides the block's positions and its rows fill a 16-row tile."""
+    s = cfg.depth_sub or auto_depth_sub(G, block_m)
+    P = block_m // group_pad(G)
+    if P % s != 0 or s * group_pad(G) < 16:
+        raise ValueError(f"config depth_sub={cfg.depth_sub} invalid for G={G}, block_m={block_m}: need a divisor "
+                         f"of {P} positions with depth_sub*{group_pad(G)} >= 16")
+    return s
 
 
-def set_config_lookup(fn: Optional[ConfigLookup]) -> None:
-    """Register (or clear with None) a function (shape, dtype) -> MoDAConfig | None."""
-    global _lookup
-    _lookup = fn
+def depth_only_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
+    """Depth sub-tile positions for a depth-only program of block_m rows: cfg.depth_sub when it
+    fits that block, else the automatic one."""
+    P = block_m // group_pad(G)
+    s = cfg.depth_sub
+    if s and P % s == 0 and s * group_pad(G) >= 16:
+        return s
+    return auto_depth_sub(G, block_m)
+
+
+def check_config(cfg: MoDAConfig, G: int) -> None:
+    """Raise ValueError if cfg cannot run for group size G."""
+    gp = group_pad(G)
+    for name in ("block_m", "bwd_q_block_m", "depth_block_m", "bwd_depth_block_m"):
+        bm = getattr(cfg, name)
+        if bm < 16 or bm & (bm - 1) or bm % gp:
+            raise ValueError(f"config {name}={bm} must be a power of two >= 16 and a multiple of GP={gp} (G={G})")
+    for name in ("block_m", "bwd_q_block_m"):
+        fused_depth_sub(cfg, G, getattr(cfg, name))
+    for name in ("block_n", "bwd_q_block_n", "bwd_kv_block_m", "bwd_kv_block_n", "block_l", "bwd_block_l"):
+        v = getattr(cfg, name)
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"config {name}={v} must be a power of two >= 16")
+    for name in ("fwd_depth", "bwd_depth"):
+        if getattr(cfg, name) not in DEPTH_MODES:
+            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be one of {DEPTH_MODES}")
+
+
+ConfigSource = Callable[[MoDAShape, object], Optional[MoDAConfig]]
+_source: Optional[ConfigSource] = None
+
+
+def set_config_source(fn: Optional[ConfigSource]) -> Optional[ConfigSource]:
+    """Install fn(shape, dtype) -> MoDAConfig | None as the config source of `resolve_config`
+    (None: none, heuristic defaults); returns the source it replaces, for restoring it."""
+    global _source
+    previous, _source = _source, fn
+    return previous
+
+
+def config_source() -> Optional[ConfigSource]:
+    """The installed config source, or None."""
+    return _source
 
 
 def resolve_config(shape: MoDAShape, dtype, config: Optional[MoDAConfig] = None) -> MoDAConfig:
-    """Explicit config, else the registered lookup's answer, else the heuristic default."""
+    """Explicit config, else the installed source's answer, else the heuristic default."""
     if config is not None:
         return config
-    if _lookup is not None:
-        found = _lookup(shape, dtype)
+    if _source is not None:
+        found = _source(shape, dtype)
         if found is not None:
             return found
     return default_config(shape, dtype)

@@ -1,4 +1,5 @@
-"""Small pieces shared by the Triton kernels.
+"""Small pieces shared by the Triton kernels: the dot-product precision, and the folded-row
+and depth-tile addressing that the fused kernel's forward and backward passes share.
 
 `dot_precision(dtype)` picks the `PREC` constexpr every kernel passes to `mm`:
 - "ieee" for float32 inputs (true fp32 products; tf32 would cost ~3e-4 relative error),
@@ -34,3 +35,45 @@ def mm(a, b, PREC: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def row_ptrs(base, b, j, rows, offs_d, G, sb, st, sh, GP: tl.constexpr):
+    """Pointers [rows, d] into a (B, T, Hq, d) tensor for folded rows r = t*GP + g of KV head j."""
+    t = rows // GP
+    g = rows % GP
+    return base + b * sb + t[:, None] * st + (j * G + g)[:, None] * sh + offs_d[None, :]
+
+
+@triton.jit
+def depth_tile(t_lo, f0, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr,
+                BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Depth step f0 of a block whose first position is t_lo, cut into NB sub-tiles of S positions.
+
+    Returns (offs [NB, BLOCK_L, d] element offsets of the depth entries relative to the
+    (b, KV head) base, ld_ok [NB, BLOCK_L, 1] load mask, own [NB, R, BLOCK_L] score mask).
+    Flat column f (0 <= f < S*L) of sub-tile nb is depth entry f % L of position
+    t_lo + nb*S + f // L; row rr of the sub-tile belongs to position t_lo + nb*S + rr // GP.
+    """
+    offs_d = tl.arange(0, HEAD_DIM)
+    f = f0 + tl.arange(0, BLOCK_L)
+    nb = tl.arange(0, NB)
+    # load side [NB, BLOCK_L, 1]
+    f_l = f[None, :, None]
+    pos_l = t_lo + nb[:, None, None] * S + f_l // L
+    ld_ok = (f_l < S * L) & (pos_l < T)
+    offs = pos_l * sdt + (f_l % L) * sdl + offs_d[None, None, :]
+    # score side [NB, R, BLOCK_L]
+    f_s = f[None, None, :]
+    pos_s = t_lo + nb[:, None, None] * S + f_s // L
+    rr = tl.arange(0, R)[None, :, None]
+    own = ((rr // GP) == (f_s // L)) & (f_s < S * L) & (pos_s < T)
+    return offs, ld_ok, own
+
+
+@triton.jit
+def key_span(K, V, b, j, skb, skh, svb, svh, t_lo, T, P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The sequence keys of a block of P positions from t_lo, for (b, KV head j): (kbase, vbase,
+    n_full, t_end). Key tiles [0, n_full) lie entirely below the block's first position (no
+    mask needed); tiles [n_full, t_end) reach the causal diagonal."""
+    return K + b * skb + j * skh, V + b * svb + j * svh, (t_lo // BLOCK_N) * BLOCK_N, tl.minimum(t_lo + P, T)

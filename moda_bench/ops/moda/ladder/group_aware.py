@@ -16,6 +16,7 @@ C/GP positions. Each differs from the one before it in one idea:
 from __future__ import annotations
 
 from moda_bench.ops.moda.config import MoDAConfig, default_config, group_pad
+from moda_bench.ops.moda.kernel import moda_attention
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
 
@@ -32,7 +33,6 @@ def pinned_config(shape: MoDAShape, dtype, *, chunk: int, depth_sub: int | None,
 
 
 def _run_pinned(q, k, v, k_depth, v_depth, scale, chunk: int, depth_sub: int | None, fused: bool):
-    from moda_bench.ops.moda.kernel import moda_attention
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
     cfg = pinned_config(shape, q.dtype, chunk=chunk, depth_sub=depth_sub, fused=fused)
     return moda_attention(q, k, v, k_depth, v_depth, scale=scale, config=cfg)

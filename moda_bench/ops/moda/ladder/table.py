@@ -82,7 +82,6 @@ class Rung:
     depth_utilization: Callable[[int, int, int, int], float]
     paper_ms: Optional[float]  # A100, bf16, B=1, T=1024, G=8, Hk=8, d=64, L=64, C=64, fwd+bwd
     launch_config: Callable[[MoDAShape, object, int], dict]
-    needs_production_kernel: bool = False
 
 
 RUNGS: list[Rung] = [
@@ -93,12 +92,12 @@ RUNGS: list[Rung] = [
     Rung("chunk-aware", "fused Triton, a chunk of C positions visits its C*L depth columns",
          moda_chunk_aware, eta_chunk_aware, 6.286, _ungrouped_launch("chunk")),
     Rung("group-aware", "G query heads folded into rows, one dense depth tile per chunk (paper final)",
-         moda_group_aware, eta_group_aware, 1.460, _pinned_launch(None, True), needs_production_kernel=True),
+         moda_group_aware, eta_group_aware, 1.460, _pinned_launch(None, True)),
     Rung("batched-tiles", "group-aware rows, batched 16-row depth tiles, depth phase still fused",
-         moda_batched_tiles, eta_ours, None, _pinned_launch(0, True), needs_production_kernel=True),
+         moda_batched_tiles, eta_ours, None, _pinned_launch(0, True)),
     Rung("ours", "production kernel: batched tiles, default depth placement (fused for T<=2048, else "
                  "depth-only launches: fwd first, bwd on a side stream)",
-         moda_ours, eta_ours, None, _pinned_launch(0, False), needs_production_kernel=True),
+         moda_ours, eta_ours, None, _pinned_launch(0, False)),
 ]
 
 

@@ -38,13 +38,68 @@ SPANS = ("all", "chunk")
 
 
 @triton.jit
-def _depth_span(pid_m, seq_hi, n_cols, L, BLOCK_M: tl.constexpr, SPAN_ALL: tl.constexpr):
-    """Flat depth columns [lo, hi) that query block pid_m scans: all T*L of them
-    (flash-compatible) or only those of its own positions pid_m*BLOCK_M .. seq_hi-1 (chunk-aware)."""
+def _depth_span(KD, VD, b, j, s_db, s_dh, pid_m, seq_hi, T, L, BLOCK_M: tl.constexpr, SPAN_ALL: tl.constexpr):
+    """The flat depth columns [lo, hi) of KV head j that query block pid_m scans: all T*L of them
+    (flash-compatible) or only those of its own positions pid_m*BLOCK_M .. seq_hi-1
+    (chunk-aware). Returns (kd_base, vd_base, lo, hi, n_cols = T*L)."""
+    n_cols = T * L
     if SPAN_ALL:
-        return 0, n_cols
+        lo = 0
+        hi = n_cols
     else:
-        return pid_m * BLOCK_M * L, seq_hi * L
+        lo = pid_m * BLOCK_M * L
+        hi = seq_hi * L
+    return KD + b * s_db + j * s_dh, VD + b * s_db + j * s_dh, lo, hi, n_cols
+
+
+@triton.jit
+def _query_rows(T, G, HQ, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
+    """This program's block of query positions: (pid_m, pid_bh, b, query head h, its KV head j,
+    offs_m, offs_d, row_ok) for grid (T/BLOCK_M, B*HQ)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // HQ).to(tl.int64)
+    h = pid_bh % HQ
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    return pid_m, pid_bh, b, h, h // G, offs_m, tl.arange(0, HEAD_D), offs_m < T
+
+
+@triton.jit
+def _kv_tiles(k_base, v_base, start, n_keys, stride, offs_d, offs_m, L, OWN: tl.constexpr, BLOCK: tl.constexpr):
+    """Keys start .. start+BLOCK-1 (row stride `stride`, rows at or past n_keys read as zeros),
+    their values, and which (query row, key) scores count: (k, v, ok). Sequence keys count up to
+    the row's position (causal); with OWN, flat depth columns c count for position c // L."""
+    offs = start + tl.arange(0, BLOCK)
+    col_ok = offs < n_keys
+    if OWN:
+        ok = ((offs // L)[None, :] == offs_m[:, None]) & col_ok[None, :]
+    else:
+        ok = (offs[None, :] <= offs_m[:, None]) & col_ok[None, :]
+    return (tl.load(k_base + offs[:, None] * stride + offs_d[None, :], mask=col_ok[:, None], other=0.0),
+            tl.load(v_base + offs[:, None] * stride + offs_d[None, :], mask=col_ok[:, None], other=0.0), ok)
+
+
+@triton.jit
+def _softmax_tile(q, k, v, ok, acc, m_i, l_i, qk_scale, PREC: tl.constexpr):
+    """Fold one tile of keys k, values v (scores masked to ok) into the online softmax state."""
+    s = mm(q, tl.trans(k), PREC) * qk_scale
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _dq_tile(q, do, lse, delta, k, v, ok, qk_scale, PREC: tl.constexpr):
+    """The (unscaled) dq contribution of one tile of keys k, values v (scores masked to ok)."""
+    s = mm(q, tl.trans(k), PREC) * qk_scale
+    p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
+    dp = mm(do, tl.trans(v), PREC)
+    ds = p * (dp - delta[:, None])
+    return mm(ds.to(k.dtype), k, PREC)
 
 
 @triton.jit
@@ -56,14 +111,7 @@ def _fwd_kernel(
     HAS_DEPTH: tl.constexpr, SPAN_ALL: tl.constexpr, PREC: tl.constexpr,
 ):
     """O (B,T,HQ,D) and LSE (B,HQ,T, log2 domain) for BLOCK_M positions of one query head."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // HQ).to(tl.int64)
-    h = pid_bh % HQ
-    j = h // G
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_D)
-    row_ok = offs_m < T
+    pid_m, pid_bh, b, h, j, offs_m, offs_d, row_ok = _query_rows(T, G, HQ, BLOCK_M, HEAD_D)
     q = tl.load(Q + b * s_qb + offs_m[:, None] * s_qt + h * s_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + b * s_kb + j * s_kh
     v_base = V + b * s_kb + j * s_kh
@@ -75,38 +123,16 @@ def _fwd_kernel(
     # sequence phase: causal keys 0 .. last row of the block (key 0 keeps every row's max finite)
     seq_hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
     for start_n in range(0, seq_hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < T
-        k = tl.load(k_base + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        s = mm(q, tl.trans(k), PREC) * qk_scale
-        s = tl.where((offs_n[None, :] <= offs_m[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, PREC)
-        m_i = m_new
+        k, v, ok = _kv_tiles(k_base, v_base, start_n, T, s_kt, offs_d, offs_m, L, False, BLOCK_N)
+        acc, m_i, l_i = _softmax_tile(q, k, v, ok, acc, m_i, l_i, qk_scale, PREC)
 
     # depth phase: flat depth columns c = t * L + l of the span, masked to c // L == row position
     if HAS_DEPTH:
-        n_cols = T * L
-        dep_lo, dep_hi = _depth_span(pid_m, seq_hi, n_cols, L, BLOCK_M, SPAN_ALL)
-        kd_base = KD + b * s_db + j * s_dh
-        vd_base = VD + b * s_db + j * s_dh
+        kd_base, vd_base, dep_lo, dep_hi, n_cols = _depth_span(KD, VD, b, j, s_db, s_dh, pid_m, seq_hi, T, L,
+                                                               BLOCK_M, SPAN_ALL)
         for start_c in range(dep_lo, dep_hi, BLOCK_L):
-            offs_c = start_c + tl.arange(0, BLOCK_L)
-            col_ok = offs_c < n_cols
-            kd = tl.load(kd_base + offs_c[:, None] * s_dc + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            vd = tl.load(vd_base + offs_c[:, None] * s_dc + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            s = mm(q, tl.trans(kd), PREC) * qk_scale
-            s = tl.where(((offs_c // L)[None, :] == offs_m[:, None]) & col_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + mm(p.to(vd.dtype), vd, PREC)
-            m_i = m_new
+            kd, vd, own = _kv_tiles(kd_base, vd_base, start_c, n_cols, s_dc, offs_d, offs_m, L, True, BLOCK_L)
+            acc, m_i, l_i = _softmax_tile(q, kd, vd, own, acc, m_i, l_i, qk_scale, PREC)
 
     out = acc / l_i[:, None]
     tl.store(O + b * s_ob + offs_m[:, None] * s_ot + h * s_oh + offs_d[None, :], out.to(O.dtype.element_ty),
@@ -123,14 +149,7 @@ def _bwd_dq_kernel(
     HAS_DEPTH: tl.constexpr, SPAN_ALL: tl.constexpr, PREC: tl.constexpr,
 ):
     """dQ for BLOCK_M positions of one query head (q, dO, dQ share the (B,T,HQ,D) strides)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // HQ).to(tl.int64)
-    h = pid_bh % HQ
-    j = h // G
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_D)
-    row_ok = offs_m < T
+    pid_m, pid_bh, b, h, j, offs_m, offs_d, row_ok = _query_rows(T, G, HQ, BLOCK_M, HEAD_D)
     q_off = b * s_qb + offs_m[:, None] * s_qt + h * s_qh + offs_d[None, :]
     q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + q_off, mask=row_ok[:, None], other=0.0)
@@ -142,35 +161,66 @@ def _bwd_dq_kernel(
 
     seq_hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
     for start_n in range(0, seq_hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < T
-        k = tl.load(k_base + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        s = mm(q, tl.trans(k), PREC) * qk_scale
-        ok = (offs_n[None, :] <= offs_m[:, None]) & col_ok[None, :] & row_ok[:, None]
-        p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-        dp = mm(do, tl.trans(v), PREC)
-        ds = p * (dp - delta[:, None])
-        dq += mm(ds.to(k.dtype), k, PREC)
+        k, v, ok = _kv_tiles(k_base, v_base, start_n, T, s_kt, offs_d, offs_m, L, False, BLOCK_N)
+        dq += _dq_tile(q, do, lse, delta, k, v, ok & row_ok[:, None], qk_scale, PREC)
 
     if HAS_DEPTH:
-        n_cols = T * L
-        dep_lo, dep_hi = _depth_span(pid_m, seq_hi, n_cols, L, BLOCK_M, SPAN_ALL)
-        kd_base = KD + b * s_db + j * s_dh
-        vd_base = VD + b * s_db + j * s_dh
+        kd_base, vd_base, dep_lo, dep_hi, n_cols = _depth_span(KD, VD, b, j, s_db, s_dh, pid_m, seq_hi, T, L,
+                                                               BLOCK_M, SPAN_ALL)
         for start_c in range(dep_lo, dep_hi, BLOCK_L):
-            offs_c = start_c + tl.arange(0, BLOCK_L)
-            col_ok = offs_c < n_cols
-            kd = tl.load(kd_base + offs_c[:, None] * s_dc + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            vd = tl.load(vd_base + offs_c[:, None] * s_dc + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-            s = mm(q, tl.trans(kd), PREC) * qk_scale
-            ok = ((offs_c // L)[None, :] == offs_m[:, None]) & col_ok[None, :] & row_ok[:, None]
-            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-            dp = mm(do, tl.trans(vd), PREC)
-            ds = p * (dp - delta[:, None])
-            dq += mm(ds.to(kd.dtype), kd, PREC)
+            kd, vd, own = _kv_tiles(kd_base, vd_base, start_c, n_cols, s_dc, offs_d, offs_m, L, True, BLOCK_L)
+            dq += _dq_tile(q, do, lse, delta, kd, vd, own & row_ok[:, None], qk_scale, PREC)
 
     tl.store(DQ + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _key_tile(K, V, n_keys, s_b, s_t, s_h, HK, BLOCK: tl.constexpr, HEAD_D: tl.constexpr):
+    """This program's tile of BLOCK keys (sequence keys, or flat depth columns) of one KV head,
+    grid (n_keys/BLOCK, B*HK): (pid, b, KV head j, offs, col_ok, element offsets, k, v); dK, dV
+    share those offsets."""
+    pid = tl.program_id(0)
+    pid_bj = tl.program_id(1)
+    b = (pid_bj // HK).to(tl.int64)
+    j = pid_bj % HK
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    col_ok = offs < n_keys
+    off = b * s_b + offs[:, None] * s_t + j * s_h + tl.arange(0, HEAD_D)[None, :]
+    return (pid, b, j, offs, col_ok, off, tl.load(K + off, mask=col_ok[:, None], other=0.0),
+            tl.load(V + off, mask=col_ok[:, None], other=0.0))
+
+
+@triton.jit
+def _kv_grads(k, v, key_pos, col_ok, dk, dv, Q, DO, LSE, DELTA, b, j, q_lo, q_hi, s_qb, s_qt, s_qh,
+              T, G, HQ, qk_scale, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, OWN: tl.constexpr,
+              PREC: tl.constexpr):
+    """Add to (dk (unscaled), dv) of a tile of keys k, values v at positions key_pos what the G
+    query heads of KV head j contribute from query rows q_lo..q_hi: every row sees the keys at
+    or before its position (sequence keys) or, with OWN, those of its own position (depth)."""
+    offs_d = tl.arange(0, HEAD_D)
+    for g in range(0, G):
+        h = j * G + g
+        row_base = (b * HQ + h) * T
+        for start_m in range(q_lo, q_hi, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < T
+            q_off = b * s_qb + offs_m[:, None] * s_qt + h * s_qh + offs_d[None, :]
+            q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
+            do = tl.load(DO + q_off, mask=row_ok[:, None], other=0.0)
+            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0)
+            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+            s_t = mm(k, tl.trans(q), PREC) * qk_scale  # (keys, BLOCK_M)
+            if OWN:
+                seen = key_pos[:, None] == offs_m[None, :]
+            else:
+                seen = offs_m[None, :] >= key_pos[:, None]
+            ok = seen & row_ok[None, :] & col_ok[:, None]
+            p_t = tl.where(ok, tl.exp2(s_t - lse[None, :]), 0.0)
+            dv += mm(p_t.to(do.dtype), do, PREC)
+            dp_t = mm(v, tl.trans(do), PREC)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += mm(ds_t.to(q.dtype), q, PREC)
+    return dk, dv
 
 
 @triton.jit
@@ -182,37 +232,12 @@ def _bwd_dkdv_kernel(
 ):
     """dK, dV of BLOCK_N sequence keys of one KV head, summed over its G query heads
     (k, v, dK, dV share the (B,T,HK,D) strides)."""
-    pid_n = tl.program_id(0)
-    pid_bj = tl.program_id(1)
-    b = (pid_bj // HK).to(tl.int64)
-    j = pid_bj % HK
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_D)
-    col_ok = offs_n < T
-    kv_off = b * s_kb + offs_n[:, None] * s_kt + j * s_kh + offs_d[None, :]
-    k = tl.load(K + kv_off, mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + kv_off, mask=col_ok[:, None], other=0.0)
+    pid_n, b, j, offs_n, col_ok, kv_off, k, v = _key_tile(K, V, T, s_kb, s_kt, s_kh, HK, BLOCK_N, HEAD_D)
     dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
     q_lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
-    for g in range(0, G):
-        h = j * G + g
-        row_base = (b * HQ + h) * T
-        for start_m in range(q_lo, T, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < T
-            q_off = b * s_qb + offs_m[:, None] * s_qt + h * s_qh + offs_d[None, :]
-            q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
-            do = tl.load(DO + q_off, mask=row_ok[:, None], other=0.0)
-            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-            s_t = mm(k, tl.trans(q), PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
-            ok = (offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :] & col_ok[:, None]
-            p_t = tl.where(ok, tl.exp2(s_t - lse[None, :]), 0.0)
-            dv += mm(p_t.to(do.dtype), do, PREC)
-            dp_t = mm(v, tl.trans(do), PREC)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk += mm(ds_t.to(q.dtype), q, PREC)
+    dk, dv = _kv_grads(k, v, offs_n, col_ok, dk, dv, Q, DO, LSE, DELTA, b, j, q_lo, T, s_qb, s_qt, s_qh,
+                       T, G, HQ, qk_scale, BLOCK_M, HEAD_D, False, PREC)
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
@@ -228,18 +253,7 @@ def _bwd_depth_kernel(
     """dK_depth, dV_depth of BLOCK_D flat depth columns of one KV head, summed over its G query
     heads; query rows scanned: all T ('all') or the BLOCK_M-row chunk owning the columns
     ('chunk', requires BLOCK_D | BLOCK_M * L). kd, vd, dKd, dVd share the flat strides."""
-    pid_c = tl.program_id(0)
-    pid_bj = tl.program_id(1)
-    b = (pid_bj // HK).to(tl.int64)
-    j = pid_bj % HK
-    n_cols = T * L
-    offs_c = pid_c * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_d = tl.arange(0, HEAD_D)
-    col_ok = offs_c < n_cols
-    pos = offs_c // L
-    d_off = b * s_db + offs_c[:, None] * s_dc + j * s_dh + offs_d[None, :]
-    kd = tl.load(KD + d_off, mask=col_ok[:, None], other=0.0)
-    vd = tl.load(VD + d_off, mask=col_ok[:, None], other=0.0)
+    pid_c, b, j, offs_c, col_ok, d_off, kd, vd = _key_tile(KD, VD, T * L, s_db, s_dc, s_dh, HK, BLOCK_D, HEAD_D)
     dkd = tl.zeros([BLOCK_D, HEAD_D], tl.float32)
     dvd = tl.zeros([BLOCK_D, HEAD_D], tl.float32)
     if SPAN_ALL:
@@ -248,24 +262,8 @@ def _bwd_depth_kernel(
     else:
         q_lo = ((pid_c * BLOCK_D) // (BLOCK_M * L)) * BLOCK_M
         q_hi = tl.minimum(q_lo + BLOCK_M, T)
-    for g in range(0, G):
-        h = j * G + g
-        row_base = (b * HQ + h) * T
-        for start_m in range(q_lo, q_hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < T
-            q_off = b * s_qb + offs_m[:, None] * s_qt + h * s_qh + offs_d[None, :]
-            q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
-            do = tl.load(DO + q_off, mask=row_ok[:, None], other=0.0)
-            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-            s_t = mm(kd, tl.trans(q), PREC) * qk_scale  # (BLOCK_D, BLOCK_M)
-            ok = (pos[:, None] == offs_m[None, :]) & col_ok[:, None] & row_ok[None, :]
-            p_t = tl.where(ok, tl.exp2(s_t - lse[None, :]), 0.0)
-            dvd += mm(p_t.to(do.dtype), do, PREC)
-            dp_t = mm(vd, tl.trans(do), PREC)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dkd += mm(ds_t.to(q.dtype), q, PREC)
+    dkd, dvd = _kv_grads(kd, vd, offs_c // L, col_ok, dkd, dvd, Q, DO, LSE, DELTA, b, j, q_lo, q_hi, s_qb, s_qt,
+                         s_qh, T, G, HQ, qk_scale, BLOCK_M, HEAD_D, True, PREC)
     tl.store(DKD + d_off, (dkd * sm_scale).to(DKD.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DVD + d_off, dvd.to(DVD.dtype.element_ty), mask=col_ok[:, None])
 

@@ -1,0 +1,81 @@
+"""`moda-bench doctor`: is this GPU fit to benchmark on? Prints the run header (GPU, driver,
+power limit, clocks, ECC, other processes), the health canary (bf16 matmul TFLOP/s, device copy
+GB/s) against this machine's healthy record or the approximate table, the GPU state during the
+canary, and the verdict (moda_bench.health.check_health). Exit 0 when healthy, 1 otherwise;
+without a CUDA GPU one line and exit 1.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from moda_bench import health
+
+NO_GPU = "no CUDA GPU visible: doctor needs one"
+
+
+def _fmt(x, spec: str = ".0f", unit: str = "") -> str:
+    if x is None or x == "":
+        return "-"
+    return f"{x:{spec}}{unit}" if isinstance(x, (int, float)) else str(x)
+
+
+def verdict_tables(v: health.Verdict):
+    """(header table, canary table) of a verdict, as rich Tables."""
+    from rich.table import Table
+    h = v.header or {}
+    head = Table(title=f"GPU {h.get('device_index', '')}".strip(), show_header=False, title_justify="left")
+    head.add_column("what", style="bold")
+    head.add_column("value")
+    others = h.get("other_processes") or []
+    for what, value in (
+        ("name", h.get("name")), ("uuid", h.get("uuid")), ("driver", h.get("driver")),
+        ("power limit", _fmt(h.get("power_limit_w"), ".0f", " W")),
+        ("max clocks SM / mem", f"{_fmt(h.get('max_sm_clock_mhz'))} / {_fmt(h.get('max_mem_clock_mhz'))} MHz"),
+        ("ECC", {True: "on", False: "off"}.get(h.get("ecc"), "-")),
+        ("other processes", ", ".join(f"pid {p['pid']} ({_fmt(p.get('used_mb'))} MB)" for p in others) or "none"),
+    ):
+        head.add_row(what, _fmt(value))
+    canary = Table(title="health canary", title_justify="left")
+    for col in ("test", "measured", "reference", "fraction", "reference source"):
+        canary.add_column(col, justify="left" if col in ("test", "reference source") else "right")
+    for test, got, ref, unit in (("bf16 matmul 8192^3", v.matmul_tflops, v.ref_matmul_tflops, "TFLOP/s"),
+                                 ("device copy 1 GiB (r+w)", v.copy_gbps, v.ref_copy_gbps, "GB/s")):
+        frac = f"{got / ref:.0%}" if got and ref else "-"
+        canary.add_row(test, f"{_fmt(got)} {unit}", f"{_fmt(ref)} {unit}" if ref else "-", frac, v.ref_source)
+    g = v.gpu or {}
+    canary.caption = (f"during the canary: SM {_fmt(g.get('sm_clock_mhz'))} MHz (min {_fmt(g.get('sm_clock_min_mhz'))}), "
+                      f"mem {_fmt(g.get('mem_clock_mhz'))} MHz, {_fmt(g.get('power_w'))} W, {_fmt(g.get('temp_c'))} C, "
+                      f"throttle: {g.get('throttle') or ('none' if g.get('throttle') == '' else '-')}")
+    return head, canary
+
+
+def doctor_command(
+    device: int = typer.Option(0, "--device", "-d", help="CUDA device index to check."),
+    strict: bool = typer.Option(False, "--strict", help="Tighter thresholds (90% of the reference) and fail "
+                                "a GPU with no reference (unknown model, no healthy record)."),
+    record: bool = typer.Option(True, "--record/--no-record", help="Append a healthy result to this machine's "
+                                "record (the moda-bench cache folder, health.json)."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Health record file (default "
+                                        "$MODA_BENCH_HEALTH_CACHE or <cache dir>/moda-bench/health.json)."),
+) -> None:
+    """Check that the GPU is healthy and not shared before benchmarking (exit 1 if not)."""
+    from rich.console import Console
+    console = Console()
+    if not health.cuda_available():
+        console.print(NO_GPU, markup=False, highlight=False)
+        raise typer.Exit(1)
+    try:
+        v = health.check_health(device, record=record, strict=strict, cache_path=cache)
+    except Exception as exc:   # noqa: BLE001 - a broken GPU is a verdict, not a traceback
+        console.print(f"doctor: the health canary failed on cuda:{device}: {type(exc).__name__}: {exc}",
+                      markup=False, highlight=False)
+        raise typer.Exit(1)
+    v.header.setdefault("device_index", device)
+    for table in verdict_tables(v):
+        console.print(table)
+    style = {"healthy": "bold green", "degraded": "bold red", "shared": "bold yellow"}.get(v.status, "bold")
+    console.print(f"[{style}]{v.status}[/]: ", end="")
+    console.print(v.reason, markup=False, highlight=False)
+    raise typer.Exit(0 if v.ok else 1)

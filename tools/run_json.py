@@ -1,0 +1,72 @@
+"""Write the provenance file `run.json` of a run folder before committing it (docs/RUNBOOK.md).
+
+A committed run folder `results/<gpu>/<run>/` holds its CSVs, figures and logs plus `run.json`:
+{"commands": [...], "commit", "gpu", "torch", "triton", "date", ..., "options": {...}}.
+`moda-bench sweep` writes its options to `<out>/run.json`; this tool keeps them under "options",
+adds the commands you give, and takes commit, GPU, versions and the first/last row timestamps
+from the CSVs' own columns (git_commit, gpu, torch_version, triton_version, timestamp). Files
+without those columns (tuning summaries, probes) are ignored. A run.json that already has
+"commands" is updated in place (its other keys are kept). Standard library only, no GPU.
+
+    python3 tools/run_json.py results/h200/paper-tuned \
+        --command "moda-bench sweep --preset paper --out results/h200/paper-tuned" \
+        --set machine="one NVIDIA H200" --set env.MODA_BENCH_TUNING_CACHE=results/h200/tuning/tuning.json
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+FACTS = {"commit": "git_commit", "gpu": "gpu", "torch": "torch_version", "triton": "triton_version"}
+
+
+def csv_facts(run_dir: Path) -> dict:
+    seen = {k: set() for k in FACTS}
+    stamps = []
+    for path in sorted(run_dir.glob("*.csv")):
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            if not set(FACTS.values()) | {"timestamp"} <= set(reader.fieldnames or ()):
+                continue
+            for row in reader:
+                for key, col in FACTS.items():
+                    seen[key].add(row[col])
+                stamps.append(row["timestamp"])
+    facts = {k: (sorted(v)[0] if len(v) == 1 else sorted(v)) for k, v in seen.items() if v}
+    if stamps:
+        facts["date"], facts["finished"] = min(stamps), max(stamps)
+    return facts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--command", action="append", default=[], help="a command line that produced the folder (repeat)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra key; a dotted key (env.X=1) sets a nested one")
+    a = ap.parse_args()
+    path = a.run_dir / "run.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    doc = dict(old) if "commands" in old else {"options": old} if old else {}
+    if a.command:
+        doc["commands"] = a.command
+    doc.update(csv_facts(a.run_dir))
+    for item in a.set:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = doc
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    order = ["commands", "commit", "gpu", "torch", "triton", "date", "finished"]
+    doc = {**{k: doc[k] for k in order if k in doc}, **{k: v for k, v in doc.items() if k not in order}}
+    if "options" in doc:  # options last, as in the committed files
+        doc["options"] = doc.pop("options")
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
