@@ -37,6 +37,7 @@ THROTTLE_BITS = {
     0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal",
     0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clock",
 }
+GPU_IDLE_BIT = 0x1
 HARD_THROTTLE = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 # (substrings all in the lower-case GPU name, label, bf16 matmul TFLOP/s, copy GB/s read + write):
 # APPROXIMATE achievable numbers, set conservatively below what a healthy card reaches (cuBLAS
@@ -151,11 +152,14 @@ def nvml_reader(handle) -> Optional[Callable[[], dict]]:
 def summarize_gpu(polls: list) -> dict:
     """Row columns (GPU_COLUMNS) of a list of polls: sm_clock_mhz (median), sm_clock_min_mhz,
     mem_clock_mhz (median), power_w (mean), temp_c (max), throttle ('a|b' of the reasons seen,
-    '' when none; None when not read). All None without polls."""
-    def vals(key):
-        return [p[key] for p in polls if p.get(key) is not None]
+    '' when none; None when not read). Clocks and power count only polls without the 'gpu idle'
+    reason (an idle GPU parks its clocks), unless all are idle. All None without polls."""
+    busy = [p for p in polls if not int(p.get("reasons") or 0) & GPU_IDLE_BIT] or polls
 
-    sm, mem, power, temp, masks = vals("sm"), vals("mem"), vals("power"), vals("temp"), vals("reasons")
+    def vals(key, among=busy):
+        return [p[key] for p in among if p.get(key) is not None]
+
+    sm, mem, power, temp, masks = vals("sm"), vals("mem"), vals("power"), vals("temp", polls), vals("reasons", polls)
     seen = 0
     for m in masks:
         seen |= int(m)

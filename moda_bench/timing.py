@@ -204,7 +204,7 @@ class StopRule:
         if spreads and spreads[-1] <= self.max_noise:
             return "noise"
         window = max(self.window, math.ceil(self.window_frac * n))
-        if len(spreads) >= window:
+        if len(spreads) >= window and n % max(1, n // 64) == 0:   # checked ~64 times per doubling of n
             recent = spreads[-window:]
             if max(recent) - min(recent) <= self.stable_tol * spreads[-1]:
                 return "stable"
@@ -476,16 +476,29 @@ class GraphSampler(EagerSampler):
                 fn()
         except Exception as exc:
             self.graph = None
-            try:
-                torch.cuda.synchronize()
-            except Exception:   # noqa: BLE001 - the capture error is the one to report
-                pass
+            recover_from_failed_capture()
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise GraphCaptureError(f"CUDA graph capture failed: {type(exc).__name__}: {msg}"[:300]) from exc
         torch.cuda.synchronize()
 
     def run(self) -> None:
         self.graph.replay()
+
+
+def recover_from_failed_capture() -> None:
+    """Undo what a failed capture leaves behind: torch ends a failed capture before its RNG
+    generators leave capture mode (the next torch.randn then fails with 'Offset increment outside
+    graph capture'); one trivial successful capture resets them."""
+    import torch
+    try:
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            torch.empty(1, device="cuda").zero_()
+        torch.cuda.synchronize()
+        del g
+    except Exception:   # noqa: BLE001 - best effort: the capture error is the one to report
+        pass
 
 
 def make_sampler(fn: Callable[[], object], timer: str = "eager", grad_to_none: Optional[list] = None):
@@ -538,6 +551,7 @@ __all__ = [
     "QUANTILES", "TIMERS", "FLUSH_BYTES", "make_inputs", "grad_inputs", "make_pass_fn", "measure",
     "max_rel_err", "quantile", "relative_spread", "Measurement", "summarize", "StopRule", "collect",
     "warmup", "t_two_sided", "ratio_ci", "RoundRule", "Interleaved", "choose_reps", "interleave",
-    "GraphCaptureError", "flush_buffer", "EagerSampler", "GraphSampler", "make_sampler", "time_fn",
+    "GraphCaptureError", "flush_buffer", "EagerSampler", "GraphSampler", "recover_from_failed_capture",
+    "make_sampler", "time_fn",
     "time_interleaved", "make_timer",
 ]

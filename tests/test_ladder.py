@@ -141,7 +141,8 @@ def test_ablation_table_csv_and_chart(tmp_path):
     """CSV rows follow schema.COLUMNS and are upserted on the row key; the chart sits beside it."""
     import pandas as pd
     from moda_bench import schema
-    from moda_bench.bench.ablate import ablation_frame, ablation_table, write_outputs
+    from moda_bench.bench.ablate import ablation_frame
+    from moda_bench.cli.ablate import ablation_table, write_outputs
     rows = _fake_rows()
     frame = ablation_frame(rows)
     assert list(frame.columns) == schema.COLUMNS
@@ -166,7 +167,7 @@ def test_ablation_table_csv_and_chart(tmp_path):
 def test_ablate_without_cuda_exits_nonzero():
     import typer
     from typer.testing import CliRunner
-    from moda_bench.bench.ablate import ablate_command
+    from moda_bench.cli.ablate import ablate_command
     app = typer.Typer()
     app.command()(ablate_command)
     res = CliRunner().invoke(app, ["--T", "64"])

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, moda_attention, moda_reference
-from moda_bench.ops.moda.kernel import depth_utilization
+from moda_bench.ops.moda import MoDAConfig, depth_utilization, moda_attention, moda_reference
 
 
 def _moda_lse(*args, **kw):

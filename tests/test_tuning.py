@@ -1,6 +1,7 @@
-"""Autotuning: pruning rules, the search, the JSON tuning cache and its lookup (CPU).
+"""Autotuning: pruning rules, the search, the JSON tuning cache and the explicit switch that
+makes `resolve_config` consult it (CPU).
 
-The cache tests use temporary files only; the lookup is uninstalled after every test.
+The cache tests use temporary files only; no config source is left installed after a test.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import torch
 
 from moda_bench.ops.moda import config as config_mod
 from moda_bench import tuning as tu
+from moda_bench.tuning import cache as cache_mod
+from moda_bench.tuning import tuner as tuner_mod
 from moda_bench.ops.moda.config import MoDAConfig, default_config, group_pad, resolve_config
 from moda_bench.ops.moda.validate import MoDAShape
 
@@ -27,11 +30,12 @@ def shape(T=1024, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:
 
 @pytest.fixture(autouse=True)
 def _clean_lookup(monkeypatch, tmp_path):
-    """No test sees the user's cache or leaves a lookup installed."""
+    """No test sees the user's cache or leaves a config source installed."""
     monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "env-cache.json"))
-    tu.uninstall_cache_lookup()
+    monkeypatch.delenv(tu.ENV_NO_TUNING, raising=False)
+    tu.stop_using()
     yield
-    tu.uninstall_cache_lookup()
+    tu.stop_using()
 
 
 # ----------------------------------------------------------------------------- pruning
@@ -103,7 +107,7 @@ def test_tiles_larger_than_the_problem_are_pruned():
 
 @pytest.mark.parametrize("T,G,L,d", [(1024, 8, 64, 64), (4096, 1, 64, 128), (300, 32, 7, 64), (2048, 4, 0, 64)])
 def test_every_candidate_is_accepted_by_the_kernel(T, G, L, d):
-    from moda_bench.ops.moda.kernel import check_config
+    from moda_bench.ops.moda import check_config
     sh = shape(T=T, G=G, L=L, d=d)
     base = default_config(sh)
     for kernel in tu.KERNELS:
@@ -138,8 +142,8 @@ def test_depth_groups_cover_every_placement_and_keep_unused_fields():
     from moda_bench.ops.moda.config import DEPTH_MODES
     sh = shape(T=4096, G=2, L=64)
     base = default_config(sh)
-    for kernel, unused in (("fwd_depth", tu._UNUSED_BY_PLACEMENT["fwd_depth"]),
-                           ("bwd_depth", tu._UNUSED_BY_PLACEMENT["bwd_depth"])):
+    for kernel, unused in (("fwd_depth", tu.UNUSED_BY_PLACEMENT["fwd_depth"]),
+                           ("bwd_depth", tu.UNUSED_BY_PLACEMENT["bwd_depth"])):
         place = tu.KERNEL_FIELDS[kernel][0]
         space = tu.search_space(sh, kernel, base)
         assert {getattr(c, place) for c in space} == set(DEPTH_MODES)
@@ -372,12 +376,13 @@ def test_save_and_load_round_trip(tmp_path):
     assert entry["config"] == cfg.to_dict() and entry["T_bucket"] == 4096
     assert entry["default_ms"] == 2.0 and entry["tuned_ms"] == 1.5 and entry["speedup"] == pytest.approx(4 / 3)
     assert entry["tuning_wall_s"] == 12.5 and entry["date"][:2] == "20" and entry["dtype"] == "bfloat16"
-    assert tu.lookup(shape(T=2049), torch.bfloat16, path) == cfg  # same bucket
-    assert tu.lookup(shape(T=2048), torch.bfloat16, path) is None  # other bucket
-    assert tu.lookup(sh, torch.float16, path) is None
+    cache = tu.load(path)
+    assert cache.path == path and cache(shape(T=2049), torch.bfloat16) == cfg  # same bucket
+    assert cache(shape(T=2048), torch.bfloat16) is None  # other bucket
+    assert cache(sh, torch.float16) is None
     # a second entry is merged, not overwriting the first
     key2, _ = tu.save_result(_result(shape(T=100), default_config(shape(T=100))), path)
-    assert set(tu.load_cache(path)) == {key, key2}
+    assert set(tu.load(path).entries()) == {key, key2}
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"schema_version": 1}', ""])
@@ -385,7 +390,7 @@ def test_corrupt_file_warns_and_is_ignored(tmp_path, content):
     path = tmp_path / "tuning.json"
     path.write_text(content)
     with pytest.warns(UserWarning, match="tuning cache"):
-        assert tu.lookup(shape(), torch.bfloat16, path) is None
+        assert tu.load(path)(shape(), torch.bfloat16) is None
     with pytest.warns(UserWarning):
         key, _ = tu.save_result(_result(shape(), default_config(shape())), path)  # replaced, not a crash
     assert key in json.loads(path.read_text())["entries"]
@@ -399,7 +404,7 @@ def test_other_schema_version_is_ignored(tmp_path):
     data["schema_version"] = tu.SCHEMA_VERSION + 1
     path.write_text(json.dumps(data))
     with pytest.warns(UserWarning, match="schema version"):
-        assert tu.lookup(sh, "bfloat16", path) is None
+        assert tu.load(path)(sh, "bfloat16") is None
 
 
 @pytest.mark.parametrize("bad_config", [{"block_m": 48}, {"block_m": 32, "bogus_field": 1}, {"num_warps": "4"}])
@@ -409,40 +414,40 @@ def test_stale_entry_warns_and_falls_back(tmp_path, bad_config):
     key = tu.cache_key(sh, "bfloat16")
     cfg = dict(default_config(sh).to_dict(), **bad_config)
     tu.atomic_write_json(path, {"schema_version": tu.SCHEMA_VERSION, "entries": {key: {"config": cfg}}})
-    tu.install_cache_lookup(path)
+    tu.use(path)
     with pytest.warns(UserWarning, match="stale"):
         assert resolve_config(sh, torch.bfloat16) == default_config(sh)
 
 
-def test_env_var_selects_the_cache_of_an_installed_lookup(monkeypatch, tmp_path):
+def test_env_var_selects_the_cache_in_use(monkeypatch, tmp_path):
     sh = shape()
     cfg_a = default_config(sh).replace(num_warps=8)
     cfg_b = default_config(sh).replace(block_n=32)
     tu.save_result(_result(sh, cfg_a), tmp_path / "a.json")
     tu.save_result(_result(sh, cfg_b), tmp_path / "b.json")
-    tu.install_cache_lookup()  # path from the environment, at every call
+    tu.use()  # path from the environment, at every call
     monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "a.json"))
     assert resolve_config(sh, torch.bfloat16) == cfg_a
     monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "b.json"))
     assert resolve_config(sh, torch.bfloat16) == cfg_b
 
 
-def test_installed_lookup_changes_resolve_config_and_reloads_on_change(tmp_path, monkeypatch):
+def test_cache_in_use_changes_resolve_config_and_reloads_on_change(tmp_path, monkeypatch):
     path = tmp_path / "tuning.json"
     sh = shape(T=5000, G=4, L=16)
     assert resolve_config(sh, torch.bfloat16) == default_config(sh)
     tuned = default_config(sh).replace(block_n=128, num_stages=3, bwd_kv_warps=8)
     tu.save_result(_result(sh, tuned), path)
-    tu.install_cache_lookup(path)
-    assert config_mod._lookup is not None
+    cache = tu.use(path)
+    assert config_mod.config_source() is cache
     assert resolve_config(sh, torch.bfloat16) == tuned
     assert resolve_config(sh, torch.float16) == default_config(sh)  # not tuned for fp16
     explicit = MoDAConfig(block_m=32)
     assert resolve_config(sh, torch.bfloat16, explicit) is explicit  # explicit still wins
     # memoised: repeated calls do not re-read the file
     parses = []
-    orig = tu._parse
-    monkeypatch.setattr(tu, "_parse", lambda *a: parses.append(1) or orig(*a))
+    orig = cache_mod._parse
+    monkeypatch.setattr(cache_mod, "_parse", lambda *a: parses.append(1) or orig(*a))
     for _ in range(50):
         resolve_config(sh, torch.bfloat16)
     assert parses == []
@@ -453,22 +458,55 @@ def test_installed_lookup_changes_resolve_config_and_reloads_on_change(tmp_path,
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert resolve_config(sh, torch.bfloat16) == tuned2 and parses == [1]
-    tu.uninstall_cache_lookup()
+    tu.stop_using()
     assert resolve_config(sh, torch.bfloat16) == default_config(sh)
 
 
 def test_missing_file_is_silent(tmp_path):
-    tu.install_cache_lookup(tmp_path / "nope.json")
+    tu.use(tmp_path / "nope.json")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert resolve_config(shape(), torch.bfloat16) == default_config(shape())
 
 
-def test_install_default_lookup_honours_opt_out(monkeypatch):
-    monkeypatch.setenv(tu.ENV_NO_TUNING, "1")
-    assert tu.install_default_lookup() is False and config_mod._lookup is None
+def test_nothing_consults_the_cache_until_use(tmp_path):
+    """Importing the kernel (and the tuner) installs no config source: a direct caller gets the
+    heuristic default even with a tuned entry at $MODA_BENCH_TUNING_CACHE."""
+    import subprocess
+    sh = shape()
+    path = tmp_path / "c.json"
+    tu.save_result(_result(sh, default_config(sh).replace(num_warps=8)), path)
+    code = ("import torch, moda_bench, moda_bench.tuning\n"
+            "from moda_bench.ops.moda import resolve_config, default_config, MoDAShape\n"
+            "from moda_bench.ops.moda.config import config_source\n"
+            f"sh = MoDAShape(B={sh.B}, T={sh.T}, Hq={sh.Hq}, Hk={sh.Hk}, d={sh.d}, L={sh.L})\n"
+            "assert config_source() is None\n"
+            "assert resolve_config(sh, torch.bfloat16) == default_config(sh)\n"
+            "moda_bench.tuning.use()\n"
+            "assert resolve_config(sh, torch.bfloat16).num_warps == 8\n")
+    env = dict(os.environ, **{tu.ENV_CACHE: str(path)})
+    env.pop(tu.ENV_NO_TUNING, None)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_using_restores_the_previous_source_and_honours_opt_out(monkeypatch, tmp_path):
+    sh = shape()
+    tuned = default_config(sh).replace(num_warps=8)
+    tu.save_result(_result(sh, tuned), tmp_path / "env-cache.json")  # the fixture's $MODA_BENCH_TUNING_CACHE
+    with tu.using(True) as cache:
+        assert isinstance(cache, tu.TuningCache) and resolve_config(sh, torch.bfloat16) == tuned
+        with tu.using(False) as none:
+            assert none is None and resolve_config(sh, torch.bfloat16) == default_config(sh)
+        assert config_mod.config_source() is cache
+    assert config_mod.config_source() is None
+    monkeypatch.setenv(tu.ENV_NO_TUNING, "1")  # the escape hatch: heuristic defaults, also for sweeps
+    with tu.using(True) as cache:
+        assert cache is None and resolve_config(sh, torch.bfloat16) == default_config(sh)
+    assert tu.use() is None and config_mod.config_source() is None
     monkeypatch.setenv(tu.ENV_NO_TUNING, "0")
-    assert tu.install_default_lookup() is True and config_mod._lookup is not None
+    assert tu.use(tu.load(tmp_path / "env-cache.json")) is config_mod.config_source()
+    assert resolve_config(sh, torch.bfloat16) == tuned
 
 
 def test_atomic_write_never_leaves_a_half_written_file(tmp_path, monkeypatch):
@@ -480,7 +518,7 @@ def test_atomic_write_never_leaves_a_half_written_file(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tu.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
         tu.save_result(_result(shape(T=99), default_config(shape(T=99))), path)
     assert path.read_text() == before
@@ -506,7 +544,7 @@ def test_tune_command_without_cuda_fails_cleanly(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from moda_bench.bench.tune import tune_command
+    from moda_bench.cli.tune import tune_command
     app = typer.Typer()
     app.command()(tune_command)
     res = CliRunner().invoke(app, ["--T", "256", "--cache", str(tmp_path / "c.json")])
@@ -522,7 +560,7 @@ def test_tune_command_on_gpu(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from moda_bench.bench.tune import tune_command
+    from moda_bench.cli.tune import tune_command
     app = typer.Typer()
     app.command()(tune_command)
     cache, out = tmp_path / "c.json", tmp_path / "tune.csv"
@@ -531,7 +569,7 @@ def test_tune_command_on_gpu(tmp_path):
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out)
     assert len(df) == 1 and df["status"][0] == "ok" and df["tuned_ms"][0] <= df["default_ms"][0]
-    assert len(tu.load_cache(cache)) == 1
+    assert len(tu.load(cache).entries()) == 1
 
 
 def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
@@ -542,11 +580,13 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from moda_bench import schema
-    from moda_bench.bench.tune import TUNE_COLUMNS, tune_command
+    from moda_bench.bench.tune import TUNE_COLUMNS
+    from moda_bench.cli.tune import tune_command
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(tu, "current_gpu_name", lambda: "Fake GPU")
-    monkeypatch.setattr(tu, "device_smem_limit", lambda *a, **k: H100_SMEM)
+    monkeypatch.setattr(cache_mod, "current_gpu_name", lambda: "Fake GPU")
+    monkeypatch.setattr(tuner_mod, "device_smem_limit", lambda *a, **k: H100_SMEM)
     monkeypatch.setattr(schema, "run_metadata", lambda device_index=None: {c: "x" for c in schema.META_COLUMNS})
     made = []
     monkeypatch.setattr(tu, "CudaTimer", lambda shape, dtype, **kw: made.append(shape) or FakeTimer())
@@ -563,7 +603,7 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
     assert list(df.columns) == TUNE_COLUMNS and len(df) == 2 and set(df["status"]) == {"ok"}
     assert (df["tuned_ms"] < df["default_ms"]).all()
     assert df["ratio"].tolist() == pytest.approx((df["tuned_ms"] / df["default_ms"]).tolist())
-    entries = tu.load_cache(cache)
+    entries = tu.load(cache).entries()
     assert len(entries) == 2 and all(k.startswith("Fake GPU|") for k in entries)
     made.clear()
     res = CliRunner().invoke(app, args)

@@ -251,34 +251,26 @@ def fill_baseline(row: dict, fa2_ms: Optional[float]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class _TunedConfigs:
-    """Context: install the tuning-cache lookup (use_tuned) or clear it; restore the old one on exit."""
+    """Context: `moda_bench.tuning.using(use_tuned)`, i.e. MoDA configs from the tuning cache
+    ($MODA_BENCH_TUNING_CACHE or the platform default; heuristic defaults if not use_tuned or
+    $MODA_BENCH_NO_TUNING=1), the previous config source restored on exit. Without triton (no
+    kernel, no tuner) there is nothing to configure."""
 
     def __init__(self, use_tuned: bool):
-        self.use_tuned, self.note = use_tuned, ""
+        try:
+            from moda_bench.tuning import using
+        except ImportError:
+            self.ctx = None
+        else:
+            self.ctx = using(use_tuned)
 
     def __enter__(self):
-        try:
-            from moda_bench.ops.moda import config as cfg_mod
-        except ImportError:
-            self.cfg_mod = None
-            return self
-        self.cfg_mod, self.saved = cfg_mod, getattr(cfg_mod, "_lookup", None)
-        if not self.use_tuned:
-            cfg_mod.set_config_lookup(None)
-            self.note = "tuned configs disabled"
-            return self
-        try:
-            from moda_bench.tuning import install_cache_lookup
-            install_cache_lookup()
-            self.note = "tuned configs from the tuning cache"
-        except ImportError:
-            self.note = "no tuning module: default configs"
+        if self.ctx is not None:
+            self.ctx.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.cfg_mod is not None:
-            self.cfg_mod.set_config_lookup(self.saved)
-        return False
+        return self.ctx.__exit__(*exc) if self.ctx is not None else False
 
 
 def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: Path, *, sweep_name: str,

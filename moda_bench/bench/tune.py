@@ -1,22 +1,15 @@
-"""`moda-bench tune`: autotune the fused MoDA kernel for one shape, a one-axis sweep or a preset,
-persist the winners in the tuning cache (moda_bench.tuning) and report the speedup
-over the default configuration (fwd+bwd, timed like the sweep: sweeps.timing.measure).
+"""The work of `moda-bench tune` (the command is `moda_bench.cli.tune`): which shapes to tune,
+one tuning per cache key, the device run of `moda_bench.tuning.tune_shape` for a shape, and
+the rows of the CSV summary.
 
 Shapes that share a cache key (same GPU, triton, dtype, d, G, L and power-of-two bucket of T)
-are tuned once, at the largest T of the group. Each shape's winner is saved as soon as it is
-found and shapes already in the cache are skipped (--force retunes), so a long preset can be
-run in several invocations. torch/triton are imported inside functions.
+are tuned once, at the largest T of the group. torch/triton are imported inside functions.
 """
 from __future__ import annotations
 
-import time
+import json
 from pathlib import Path
-from typing import Annotated, Optional
-
-import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import Callable, Optional
 
 from moda_bench.schema import CONFIG_COLUMNS, META_COLUMNS
 
@@ -24,23 +17,6 @@ TUNE_COLUMNS = CONFIG_COLUMNS + ["default_ms", "tuned_ms", "ratio", "speedup", "
                                  "config", "cache_key"] + META_COLUMNS
 PRESETS = {"paper": ("T", "G", "L")}  # the three sweeps of the paper's efficiency table
 DTYPES = ("bfloat16", "float16", "float32")
-
-console = Console(stderr=False)
-
-
-def _fail(msg: str, code: int = 1):
-    console.print(f"[bold red]error:[/] {msg}")
-    raise typer.Exit(code)
-
-
-def _parse_ints(text: str, option: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.replace(" ", ",").split(",") if v]
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=option)
-    if not vals or any(v < 0 for v in vals):
-        raise typer.BadParameter(f"expected non-negative integers, got {text!r}", param_hint=option)
-    return vals
 
 
 def plan_tuning_points(base, vary: Optional[str], values: Optional[list[int]], preset: Optional[str]) -> list:
@@ -67,7 +43,7 @@ def group_by_key(points: list, key_fn) -> dict:
 
 def point_shape(p):
     """MoDAShape of a runner.Point."""
-    from moda_bench.ops.moda.validate import MoDAShape
+    from moda_bench.ops.moda import MoDAShape
     return MoDAShape(B=p.B, T=p.T, Hq=p.Hq, Hk=p.Hk, d=p.d, L=p.L)
 
 
@@ -78,13 +54,9 @@ def config_changes(cfg, default) -> str:
     return " ".join(diff) if diff else "default"
 
 
-def _shape_label(p) -> str:
-    return f"T={p.T} G={p.G} L={p.L} Hk={p.Hk} B={p.B} d={p.d}"
-
-
-def _row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s=float("nan"), status="ok",
-         reason="", config=None, key="", meta=None) -> dict:
-    import json
+def tune_row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s=float("nan"), status="ok",
+             reason="", config=None, key="", meta=None) -> dict:
+    """One row of the CSV summary (TUNE_COLUMNS) for point p."""
     row = {c: getattr(p, c, None) for c in CONFIG_COLUMNS}
     row.update(Hq=p.Hq, dtype=dtype, C=(config or {}).get("block_m", p.C))
     ratio = tuned_ms / default_ms if default_ms == default_ms and default_ms > 0 else float("nan")
@@ -95,191 +67,21 @@ def _row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s=flo
     return row
 
 
-def _show_cache(path) -> None:
-    from moda_bench import tuning
-    p = tuning.resolve_cache_path(path)
-    entries = tuning.load_cache(p)
-    table = Table(title=f"tuning cache {p} ({len(entries)} entries)")
-    cols = ("gpu", "triton", "dtype", "d", "G", "L", "T<=", "default ms", "tuned ms", "speedup", "wall s", "date")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("gpu", "triton", "dtype", "date") else "right")
-    nan = float("nan")
-    for key, e in sorted(entries.items()):
-        if not isinstance(e, dict):
-            continue
-        table.add_row(*(str(e.get(f, "?")) for f in ("gpu", "triton_version", "dtype", "d", "G", "L", "T_bucket")),
-                      f"{e.get('default_ms', nan):.4g}", f"{e.get('tuned_ms', nan):.4g}",
-                      f"{e.get('speedup', nan):.3f}x", f"{e.get('tuning_wall_s', nan):.1f}", str(e.get("date", "?"))[:10])
-    console.print(table)
-
-
-def tune_command(
-    T: Annotated[Optional[int], typer.Option("--T", help="Sequence length (default 16384).", min=1)] = None,
-    G: Annotated[Optional[int], typer.Option("--G", help="Query heads per KV head (default 8).", min=1)] = None,
-    L: Annotated[Optional[int], typer.Option("--L", help="Depth entries per position (default 64).", min=0)] = None,
-    B: Annotated[Optional[int], typer.Option("--B", help="Batch size (default 1).", min=1)] = None,
-    Hk: Annotated[Optional[int], typer.Option("--Hk", help="KV heads (default 8).", min=1)] = None,
-    d: Annotated[Optional[int], typer.Option("--d", help="Head dim (default 64).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16, float16 or float32.")] = "bfloat16",
-    vary: Annotated[Optional[str], typer.Option("--vary", help="Tune a one-axis sweep over T, G or L.")] = None,
-    values: Annotated[Optional[str], typer.Option(
-        "--values", help="Comma-separated values for --vary (default: the paper's).")] = None,
-    preset: Annotated[Optional[str], typer.Option(
-        "--preset", help="'paper': every shape of the paper's T, G and L sweeps.")] = None,
-    kernels: Annotated[str, typer.Option(
-        "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
-        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles).")] = "fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv",
-    budget: Annotated[int, typer.Option(
-        "--budget", "--max-candidates", min=1, help="Most candidates timed per kernel and shape.")] = 40,
-    cache: Annotated[Optional[Path], typer.Option(
-        "--cache", help="Tuning cache file (default: $MODA_BENCH_TUNING_CACHE or the platform cache dir).")] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="CSV summary: shape, default_ms, tuned_ms, ratio, wall_s, config.")] = None,
-    force: Annotated[bool, typer.Option(
-        "--force/--skip-cached", help="Retune shapes that already have a valid cache entry.")] = False,
-    warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="do_bench warm-up per candidate.")] = 10,
-    rep_ms: Annotated[float, typer.Option("--rep-ms", help="do_bench repetition time per candidate.")] = 50,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the candidate sample and the inputs.")] = 0,
-    device: Annotated[Optional[int], typer.Option("--device", help="CUDA device index.")] = None,
-    show: Annotated[bool, typer.Option("--show", help="Print the tuning cache and exit.")] = False,
-) -> None:
-    """Autotune the MoDA kernel's depth placements and tiles per shape; store the winners in the tuning cache."""
-    if show:
-        _show_cache(cache)
-        return
-    from moda_bench import tuning
-    from moda_bench.bench.runner import Point
-
-    kernel_list = [k.strip() for k in kernels.split(",") if k.strip()]
-    bad = [k for k in kernel_list if k not in tuning.KERNELS]
-    if bad or not kernel_list:
-        raise typer.BadParameter(f"unknown kernel(s) {bad or kernels!r}; choose from {', '.join(tuning.KERNELS)}",
-                                 param_hint="--kernels")
-    if dtype not in DTYPES:
-        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(DTYPES)}", param_hint="--dtype")
-    if vary and preset:
-        raise typer.BadParameter("give either --vary or --preset, not both", param_hint="--preset")
-    if preset and preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}", param_hint="--preset")
-    if vary and vary not in ("T", "G", "L"):
-        hint = " (C is the chunk the tuner chooses)" if vary == "C" else ""
-        raise typer.BadParameter(f"--vary must be T, G or L{hint}, got {vary!r}", param_hint="--vary")
-    if values and not vary:
-        raise typer.BadParameter("--values needs --vary", param_hint="--values")
-    from moda_bench.ops.moda.validate import SUPPORTED_HEAD_DIMS
-    if d is not None and d not in SUPPORTED_HEAD_DIMS:
-        raise typer.BadParameter(f"head dim {d} is not supported; use one of {SUPPORTED_HEAD_DIMS}", param_hint="--d")
-    given = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d).items() if v is not None}
-    base = Point(**given, dtype=dtype)
-    try:
-        points = plan_tuning_points(base, vary, _parse_ints(values, "--values") if values else None, preset)
-    except (ValueError, NotImplementedError) as exc:
-        _fail(f"cannot plan the shapes to tune: {exc}")
-
+def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms: float, rep_ms: float, seed: int,
+               attention: Callable, on_plan=None, on_done=None):
+    """Tune `shape` on the current CUDA device (moda_bench.tuning.tune_shape with the device
+    timer); on_plan / on_done report progress. Returns the TuneResult."""
     import torch
-    if not torch.cuda.is_available():
-        _fail("moda-bench tune needs a CUDA GPU and none is available", 2)
-    if device is not None:
-        if not 0 <= device < torch.cuda.device_count():
-            raise typer.BadParameter(f"no CUDA device {device} (found {torch.cuda.device_count()})",
-                                     param_hint="--device")
-        torch.cuda.set_device(device)
-    try:
-        from moda_bench.ops.moda.kernel import moda_attention
-    except ImportError as exc:
-        _fail(f"the MoDA kernel cannot be imported: {exc}")
-
-    from moda_bench.schema import run_metadata
-    cache_path = tuning.resolve_cache_path(cache)
-    groups = group_by_key(points, lambda p: tuning.cache_key(point_shape(p), dtype))
-    console.print(f"tuning {len(groups)} shape(s) ({len(points)} point(s)) on {tuning.current_gpu_name()}, "
-                  f"kernels {', '.join(kernel_list)}, budget {budget}/kernel; cache {cache_path}")
-    existing = tuning.load_cache(cache_path)
-    meta = run_metadata(device)
-    rows, shown, failures, t_start = [], [], 0, time.perf_counter()
-    summary = Table(title="MoDA tuning (fwd+bwd median ms)")
-    for col in ("shape", "default ms", "tuned ms", "speedup", "wall s", "tuned fields"):
-        summary.add_column(col, justify="left" if col in ("shape", "tuned fields") else "right")
-
-    for key, p in groups.items():
-        shape = point_shape(p)
-        entry = existing.get(key)
-        cfg = tuning.entry_config(entry, shape.G, key) if isinstance(entry, dict) and not force else None
-        if cfg is not None:
-            changes = config_changes(cfg, tuning.default_config(shape, dtype))
-            console.print(f"[dim]{_shape_label(p)}: cached ({changes}); --force retunes[/]")
-            rows.append(_row(p, dtype, default_ms=entry.get("default_ms", float("nan")),
-                             tuned_ms=entry.get("tuned_ms", float("nan")), wall_s=entry.get("tuning_wall_s", 0.0),
-                             status="cached", config=entry["config"], key=key, meta=meta))
-            shown.append(changes + " (cached)")
-            continue
-        try:
-            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, moda_attention)
-        except Exception as exc:  # OOM on the inputs, the default config failing, ...
-            failures += 1
-            msg = (str(exc).strip().splitlines() or [""])[0][:200]
-            console.print(f"[red]{_shape_label(p)}: tuning failed: {type(exc).__name__}: {escape(msg)}[/]")
-            rows.append(_row(p, dtype, status="error", reason=f"{type(exc).__name__}: {msg}", key=key, meta=meta))
-            shown.append("error")
-            torch.cuda.empty_cache()
-            continue
-        tuning.save_result(result, cache_path)
-        default = tuning.default_config(shape, dtype)
-        changes = config_changes(result.config, default)
-        skipped = sum(len(ks.skipped) for ks in result.kernels.values())
-        console.print(f"[green]{_shape_label(p)}[/]: {result.default_ms:.4g} ms -> {result.tuned_ms:.4g} ms "
-                      f"([bold]{result.speedup:.3f}x[/]) in {result.wall_s:.1f} s; winner: {changes}"
-                      + (f"; {skipped} candidate(s) skipped" if skipped else ""))
-        for note in result.notes:
-            console.print(f"  [yellow]note:[/] {escape(note)}")
-        for k, ks in result.kernels.items():
-            for cfg, why in ks.skipped[:3]:
-                what = config_changes(tuning.MoDAConfig.from_dict(cfg), default)
-                console.print(f"  [dim]{k}: skipped {what}: {escape(why)}[/]")
-            if len(ks.skipped) > 3:
-                console.print(f"  [dim]{k}: ... {len(ks.skipped) - 3} more skipped[/]")
-        reasons = result.notes + [f"{k}: {len(ks.skipped)} skipped" for k, ks in result.kernels.items() if ks.skipped]
-        rows.append(_row(p, dtype, default_ms=result.default_ms, tuned_ms=result.tuned_ms, wall_s=result.wall_s,
-                         config=result.config.to_dict(), key=key, meta=meta,
-                         reason="; ".join(reasons)[:500]))
-        shown.append(changes)
-
-    for r, changes in zip(rows, shown):
-        summary.add_row(f"T={r['T']} G={r['G']} L={r['L']}", f"{r['default_ms']:.4g}", f"{r['tuned_ms']:.4g}",
-                        f"{r['speedup']:.3f}x", f"{r['wall_s']:.1f}", changes)
-    console.print(summary)
-    if out:
-        import pandas as pd
-        out.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows, columns=TUNE_COLUMNS).to_csv(out, index=False)
-        console.print(f"wrote {out}")
-    console.print(f"tuning wall time {time.perf_counter() - t_start:.1f} s; winners in {cache_path}")
-    if failures:
-        raise typer.Exit(1)
-
-
-def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention):
-    """Tune one shape with a rich progress bar (one bar per kernel)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from moda_bench import tuning
-    import torch
     timer = tuning.CudaTimer(shape, dtype, device=f"cuda:{torch.cuda.current_device()}", warmup_ms=warmup_ms,
                              rep_ms=rep_ms, seed=seed, attention=attention)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[best]}"), console=console, transient=True) as progress:
-        state = {"task": None, "best": float("inf")}
+    return tuning.tune_shape(shape, dtype, timer, kernels=kernels, budget=budget, seed=seed, on_plan=on_plan,
+                             on_done=on_done)
 
-        def on_plan(kernel, n, stats):
-            state["best"] = float("inf")
-            state["task"] = progress.add_task(
-                f"{_shape_label(p)} {kernel} ({stats['pruned']}/{stats['space']} pruned)", total=n, best="")
 
-        def on_done(cfg, ms, note):
-            if ms is not None and ms < state["best"]:
-                state["best"] = ms
-            best = f"best {state['best']:.4g} ms" if state["best"] < float("inf") else ""
-            progress.update(state["task"], advance=1, best=best)
-
-        return tuning.tune_shape(shape, dtype, timer, kernels=kernel_list, budget=budget, seed=seed,
-                                 on_plan=on_plan, on_done=on_done)
+def write_summary(rows: list[dict], out: Path) -> None:
+    """The CSV summary (TUNE_COLUMNS), a row per tuned, cached or failed shape."""
+    import pandas as pd
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows, columns=TUNE_COLUMNS).to_csv(out, index=False)

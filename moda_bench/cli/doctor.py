@@ -64,18 +64,18 @@ def doctor_command(
     from rich.console import Console
     console = Console()
     if not health.cuda_available():
-        console.print(NO_GPU, markup=False, highlight=False)
+        console.print(NO_GPU, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     try:
         v = health.check_health(device, record=record, strict=strict, cache_path=cache)
     except Exception as exc:   # noqa: BLE001 - a broken GPU is a verdict, not a traceback
         console.print(f"doctor: the health canary failed on cuda:{device}: {type(exc).__name__}: {exc}",
-                      markup=False, highlight=False)
+                      markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     v.header.setdefault("device_index", device)
     for table in verdict_tables(v):
         console.print(table)
     style = {"healthy": "bold green", "degraded": "bold red", "shared": "bold yellow"}.get(v.status, "bold")
     console.print(f"[{style}]{v.status}[/]: ", end="")
-    console.print(v.reason, markup=False, highlight=False)
+    console.print(v.reason, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(0 if v.ok else 1)

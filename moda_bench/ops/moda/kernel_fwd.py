@@ -132,8 +132,9 @@ def moda_fwd_kernel(
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
     DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr,
 ):
-    """Grid (programs along rows, B*Hk); 1-D (B*Hk*programs) for FWD_DEPTH. MODE: one of FWD_* above. OD/LSED share O/LSE's strides.
-    REVERSE visits row blocks last-first (the causally heaviest first)."""
+    """Grid (programs along rows, B*Hk); 1-D (B*Hk*programs) for FWD_DEPTH. MODE: one of FWD_*
+    above. OD/LSED share O/LSE's strides. REVERSE visits row blocks last-first (the causally
+    heaviest first)."""
     if MODE == 4:  # depth-only launch, 1-D grid with (b, KV head) fastest: programs in flight
         pid0 = tl.program_id(0) // n_bh  # read neighbouring heads of the same positions, whose
         pid_bh = tl.program_id(0) % n_bh  # depth entries are contiguous in memory
