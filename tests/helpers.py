@@ -45,7 +45,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def check_against_reference(fn, B, T, Hq, Hk, d, L, dtype, seed=0, tol=None, ref_dtype=torch.float64, **kw):
     """Run fn (moda_attention-like) fwd+bwd and compare out, lse (if returned) and all five
     gradients with moda_reference. Returns the dict of relative errors (asserted < tol)."""
-    from moda_bench.ops.moda.reference import moda_reference
+    from moda_bench.ops.moda import moda_reference
 
     tol = tol or TOLERANCE[dtype]
     q, k, v, kd, vd, do = random_inputs(B, T, Hq, Hk, d, L, dtype, seed)

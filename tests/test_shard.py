@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import fake_worker
 from fake_worker import fake_row
-from moda_bench import results, schema
+from moda_bench import schema
 from moda_bench.bench import runner
 from moda_bench.bench.pool import distributed, local, merge
 from moda_bench.bench.pool import plan as planning

@@ -206,7 +206,6 @@ def _moda(inputs, point, chunk):
 def _sdpa_prepared(inputs, backend_name: str, label: str) -> Prepared:
     """SDPA restricted to one backend on (B, H, T, d) transposed views; GQA through enable_gqa,
     or repeat_interleave of k/v inside the timed call when the backend refuses enable_gqa."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

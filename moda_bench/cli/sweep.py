@@ -14,7 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS
+from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS, REP_MS, WARMUP_MS
+from moda_bench.schema import BASE_POINT
 
 
 def parse_int_list(text: str, option: str) -> list[int]:
@@ -69,22 +70,22 @@ def sweep_command(
                                                   "(default: the paper's).")] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", help="Named set of sweeps; 'paper' = the T, G "
                                                   "and L sweeps of the paper's efficiency table.")] = None,
-    T: Annotated[Optional[int], typer.Option("--T", help="Sequence length (default 16384).")] = None,
-    G: Annotated[Optional[int], typer.Option("--G", help="Query heads per KV head (default 8).")] = None,
-    L: Annotated[Optional[int], typer.Option("--L", help="Depth entries per position (default 64).")] = None,
-    B: Annotated[Optional[int], typer.Option("--B", help="Batch (default 1).")] = None,
-    Hk: Annotated[Optional[int], typer.Option("--Hk", help="KV heads (default 8).")] = None,
-    d: Annotated[Optional[int], typer.Option("--d", help="Head dim (default 64).")] = None,
+    T: Annotated[Optional[int], typer.Option("--T", help=f"Sequence length (default {BASE_POINT['T']}).")] = None,
+    G: Annotated[Optional[int], typer.Option("--G", help=f"Query heads per KV head (default {BASE_POINT['G']}).")] = None,
+    L: Annotated[Optional[int], typer.Option("--L", help=f"Depth entries per position (default {BASE_POINT['L']}).")] = None,
+    B: Annotated[Optional[int], typer.Option("--B", help=f"Batch (default {BASE_POINT['B']}).")] = None,
+    Hk: Annotated[Optional[int], typer.Option("--Hk", help=f"KV heads (default {BASE_POINT['Hk']}).")] = None,
+    d: Annotated[Optional[int], typer.Option("--d", help=f"Head dim (default {BASE_POINT['d']}).")] = None,
     C: Annotated[Optional[int], typer.Option("--C", help="Query chunk rows; pins MoDA's block_m (default: "
-                                             "tuned/heuristic config, recorded as 64).")] = None,
+                                             f"tuned/heuristic config, recorded as {BASE_POINT['C']}).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     pass_: Annotated[str, typer.Option("--pass", help="fwd, bwd or fwdbwd.")] = "fwdbwd",
     providers: Annotated[str, typer.Option("--providers", help="Comma-separated providers.")] =
         "moda,fa2,fa2-triton,cudnn,flex",
     out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default results/sweep-<timestamp>).")] = None,
     no_tuned: Annotated[bool, typer.Option("--no-tuned", help="Ignore the tuning cache (heuristic configs).")] = False,
-    warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help="do_bench warm-up (default 25).")] = None,
-    rep_ms: Annotated[Optional[float], typer.Option("--rep-ms", help="do_bench repetition time (default 100).")] = None,
+    warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help=f"do_bench warm-up (default {WARMUP_MS:g}).")] = None,
+    rep_ms: Annotated[Optional[float], typer.Option("--rep-ms", help=f"do_bench repetition time (default {REP_MS:g}).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help=f"Few repetitions (warm-up {QUICK_WARMUP_MS:g} ms, "
                                         f"rep {QUICK_REP_MS:g} ms).")] = False,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="Run the points of every sweep as one pool "

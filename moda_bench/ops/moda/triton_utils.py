@@ -1,5 +1,6 @@
-"""Small pieces shared by the Triton kernels: the dot-product precision, and the folded-row
-and depth-tile addressing that the fused kernel's forward and backward passes share.
+"""Small pieces shared by the Triton kernels: the dot-product precision, and the addressing
+that the fused kernel's forward and backward passes share (folded rows `row_ptrs`, depth
+sub-tiles `depth_tile`, the causal key range of a block `key_span`).
 
 `dot_precision(dtype)` picks the `PREC` constexpr every kernel passes to `mm`:
 - "ieee" for float32 inputs (true fp32 products; tf32 would cost ~3e-4 relative error),
@@ -47,7 +48,7 @@ def row_ptrs(base, b, j, rows, offs_d, G, sb, st, sh, GP: tl.constexpr):
 
 @triton.jit
 def depth_tile(t_lo, f0, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr,
-                BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr):
+               BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Depth step f0 of a block whose first position is t_lo, cut into NB sub-tiles of S positions.
 
     Returns (offs [NB, BLOCK_L, d] element offsets of the depth entries relative to the
