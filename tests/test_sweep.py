@@ -302,7 +302,7 @@ def _synthetic_csv(path: Path) -> Path:
 
 def test_plot_from_csv_only(tmp_path):
     csv = _synthetic_csv(tmp_path / "sweep_T.csv")
-    code = ("import sys; from moda_bench.reports.plots import plot_sweep, infer_x; import pandas as pd; "
+    code = ("import sys; from moda_bench.reports.figures import plot_sweep, infer_x; import pandas as pd; "
             f"p = plot_sweep({str(csv)!r}); print(p); print(infer_x(pd.read_csv({str(csv)!r}))); "
             "bad = [m for m in ('triton', 'torch') if m in sys.modules]; assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -314,7 +314,7 @@ def test_plot_from_csv_only(tmp_path):
 
 
 def test_plot_all_failed_and_other_axis(tmp_path):
-    from moda_bench.reports.plots import infer_x, plot_sweep
+    from moda_bench.reports.figures import infer_x, plot_sweep
     csv = _synthetic_csv(tmp_path / "s.csv")
     frame = pd.read_csv(csv)
     frame = frame.assign(sweep="custom", status="error")

@@ -1,7 +1,7 @@
 """`moda-bench ablate`: the kernel ablation ladder on this GPU, beside the paper's A100. Options,
 progress, the table in the paper's format and the figure; the measurements and the CSV upsert
-are `moda_bench.bench.ablate`'s, the figure is drawn by the report's code (reports.report,
-reports.figures) from the CSV.
+are `moda_bench.bench.ablate`'s, the figure is drawn by the report's code (reports.inputs,
+reports.tables, reports.figures) from the CSV.
 
 Outputs in --out: ablation.csv (schema.COLUMNS, sweep='ablation', provider=rung name; rows of a
 re-run replace those with the same key) and ablation.png/.svg (ours vs paper, log scale).
@@ -95,7 +95,8 @@ def write_outputs(frame, out_dir: Path) -> tuple[Path, list[Path]]:
     out_dir/ablation.png/.svg from that CSV. Returns (csv path, figure paths)."""
     from moda_bench.bench.ablate import write_csv
     from moda_bench.reports.figures import ablation_figure, save_figure
-    from moda_bench.reports.report import ablation_sections, load_paper, load_results
+    from moda_bench.reports.inputs import load_paper, load_results
+    from moda_bench.reports.tables import ablation_sections
 
     out_dir = Path(out_dir)
     csv_path = write_csv(frame, out_dir)

@@ -1,6 +1,6 @@
 """`moda-bench sweep` and `moda-bench merge`: options, messages, the summary table and the
 figure of each sweep. The work is in bench (bench.sweep plans and runs, bench.pool.* for
-`--gpus`, torchrun and merging); the figure is `reports.plots.plot_sweep`.
+`--gpus`, torchrun and merging); the figure is `reports.figures.plot_sweep`.
 
 Writes `<out>/sweep_<vary>.csv` (rows appended as they finish), `<out>/sweep_<vary>.png` and
 `<out>/run.json` (the options); prints a summary table per sweep.
@@ -157,7 +157,7 @@ def sweep_command(
 
     def finish(s, frame) -> None:
         if s.csv.exists():
-            from moda_bench.reports.plots import plot_sweep
+            from moda_bench.reports.figures import plot_sweep
             png = plot_sweep(s.csv)
             Console().print(summary_table(frame, s.name, f"sweep {s.name} ({pass_}, {dtype_name})"))
             console.print(f"wrote {s.csv} and {png}")
