@@ -9,10 +9,10 @@ Owns:
     (NVBench-style: sample until min_samples AND min_time AND a stable spread, capped by
     max_time, min_samples always honoured), `RoundRule` + `interleave` (rounds A B C A B C ...
     for fair ratios) -> `Interleaved`, and `ratio_ci` (paired confidence interval of a ratio);
-  - GPU repetition samplers, `make_sampler(fn, "eager" | "graph")`: each call is one
-    repetition, L2 flushed (a 256 MB buffer zeroed) before it and timed with CUDA events;
-    "eager" includes host launch latency, "graph" replays fn captured once into a CUDA graph
-    (`GraphCaptureError` when capture fails);
+  - GPU repetition samplers, `make_sampler(fn, "eager" | "graph")`: repetitions queued back
+    to back, each with the L2 flushed (a 256 MB buffer zeroed) and timed by CUDA events; "eager"
+    counts host launch latency where the host is slower than the GPU, "graph" replays fn captured
+    once into a CUDA graph (`GraphCaptureError` when capture fails);
   - the entry points `time_fn`, `time_interleaved` and `make_timer` (the runner's
     `timer(fn, grad_to_none=, warmup_ms=, rep_ms=) -> dict` hook).
 
@@ -370,8 +370,9 @@ def choose_reps(est_ms: float, target_ms: float = 50.0, max_reps: int = 5) -> in
 def interleave(samplers: Mapping[str, Callable[[], float]], *, baseline: Optional[str] = None,
                reps: int = 1, rule: RoundRule | None = None, timer: str = "",
                clock: Callable[[], float] = time.perf_counter) -> Interleaved:
-    """Run rounds A B C A B C ... (mapping order), each round `reps` calls of every sampler
-    (each call returns one repetition in ms), until `rule` says stop."""
+    """Run rounds A B C A B C ... (mapping order), each round `reps` repetitions of every sampler
+    (sampler.batch(reps) where it has one, else reps calls returning one repetition in ms each),
+    until `rule` says stop."""
     rule = rule or RoundRule()
     names = list(samplers)
     if not names:
@@ -386,7 +387,8 @@ def interleave(samplers: Mapping[str, Callable[[], float]], *, baseline: Optiona
     ratios, total_ms, t0, rounds = {}, 0.0, clock(), 0
     while True:
         for name in names:
-            got = sorted(float(samplers[name]()) for _ in range(reps))
+            batch = getattr(samplers[name], "batch", None)
+            got = sorted(float(x) for x in (batch(reps) if batch else [samplers[name]() for _ in range(reps)]))
             samples[name].extend(got)
             medians[name].append(quantile(got, 0.5))
             total_ms += sum(got)
@@ -423,45 +425,68 @@ def flush_buffer(device_index: int):
 
 
 class EagerSampler:
-    """One call = one host-inclusive repetition: grads set to None, L2 flushed, then start event,
-    fn(), end event, synchronize; returns the event time in ms (launch latency included)."""
+    """Repetitions of fn, each: grads set to None, L2 flushed, start event, fn(), end event.
+
+    `batch(n)` times n repetitions queued back to back (one synchronize at the end, as in
+    triton's do_bench), so host launch latency counts only where the host is slower than the GPU.
+    A call returns one repetition (ms) from a buffer refilled by batches of about batch_ms of
+    work (at most max_batch; 1 for slow calls)."""
 
     timer = "eager"
 
-    def __init__(self, fn: Callable[[], object], grad_to_none: Optional[list] = None):
+    def __init__(self, fn: Callable[[], object], grad_to_none: Optional[list] = None,
+                 batch_ms: float = 20.0, max_batch: int = 64):
         import torch
         self.torch, self.fn, self.grads = torch, fn, list(grad_to_none or [])
         self.cache = flush_buffer(torch.cuda.current_device())
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
+        self.events: list = []
+        self.buffer: list = []
+        self.batch_ms, self.max_batch, self.next_batch = batch_ms, max_batch, 1
 
     def run(self) -> None:
         """One untimed call of the timed work (no flush)."""
         self.fn()
 
+    def batch(self, n: int) -> list:
+        """Time n repetitions now; their times in ms."""
+        torch = self.torch
+        while len(self.events) < n:
+            self.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        for start, end in self.events[:n]:
+            for t in self.grads:
+                t.grad = None
+            self.cache.zero_()
+            start.record()
+            self.run()
+            end.record()
+        self.events[n - 1][1].synchronize()
+        return [float(start.elapsed_time(end)) for start, end in self.events[:n]]
+
     def __call__(self) -> float:
-        for t in self.grads:
-            t.grad = None
-        self.cache.zero_()
-        self.start.record()
-        self.run()
-        self.end.record()
-        self.end.synchronize()
-        return float(self.start.elapsed_time(self.end))
+        if not self.buffer:
+            self.buffer = self.batch(self.next_batch)
+            med = quantile(sorted(self.buffer), 0.5)
+            self.next_batch = int(min(self.max_batch, max(1, self.batch_ms // med if med > 0 else self.max_batch)))
+        return self.buffer.pop(0)
 
 
 class GraphSampler(EagerSampler):
-    """One call = one replay of fn captured into a CUDA graph (host launch cost drops out).
+    """Repetitions as replays of fn captured once into a CUDA graph (host launch cost drops out).
 
-    fn runs `warmup_calls` times on a side stream first (compilation, autotuning, and .grad
-    tensors for callables that call backward: the captured backward then accumulates into them in
-    place, so grads are NOT set to None between replays). Raises GraphCaptureError if capture
-    fails."""
+    fn runs `warmup_calls` times on a side stream first (compilation, autotuning, .grad tensors).
+    grads='fresh' (default) sets the grad_to_none tensors' .grad to None before capture, so the
+    captured backward writes new gradients into graph memory at every replay, as an eager
+    repetition with grads set to None does; grads='accumulate' keeps the warm-up's .grad tensors
+    and the captured backward adds into them in place (an extra read + write of every gradient per
+    replay). Either way grads are not touched between replays. GraphCaptureError if capture fails."""
 
     timer = "graph"
 
-    def __init__(self, fn: Callable[[], object], grad_to_none: Optional[list] = None, warmup_calls: int = 3):
-        super().__init__(fn, None)
+    def __init__(self, fn: Callable[[], object], grad_to_none: Optional[list] = None, warmup_calls: int = 3,
+                 grads: str = "fresh", **batching):
+        if grads not in ("fresh", "accumulate"):
+            raise ValueError(f"grads must be 'fresh' or 'accumulate', got {grads!r}")
+        super().__init__(fn, None, **batching)
         torch = self.torch
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -470,6 +495,9 @@ class GraphSampler(EagerSampler):
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+        if grads == "fresh":
+            for t in grad_to_none or []:
+                t.grad = None
         self.graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(self.graph):
@@ -501,20 +529,22 @@ def recover_from_failed_capture() -> None:
         pass
 
 
-def make_sampler(fn: Callable[[], object], timer: str = "eager", grad_to_none: Optional[list] = None):
-    """A zero-argument callable timing one repetition of fn on the current CUDA device (ms):
-    timer 'eager' (EagerSampler) or 'graph' (GraphSampler; may raise GraphCaptureError)."""
+def make_sampler(fn: Callable[[], object], timer: str = "eager", grad_to_none: Optional[list] = None,
+                 graph_grads: str = "fresh"):
+    """A sampler of fn on the current CUDA device: calling it times one repetition (ms), batch(n)
+    times n. timer 'eager' (EagerSampler) or 'graph' (GraphSampler with grads=graph_grads; may
+    raise GraphCaptureError)."""
     if timer == "eager":
         return EagerSampler(fn, grad_to_none)
     if timer == "graph":
-        return GraphSampler(fn, grad_to_none)
+        return GraphSampler(fn, grad_to_none, grads=graph_grads)
     raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
 
 
 def time_fn(fn: Callable[[], object], *, timer: str = "eager", grad_to_none: Optional[list] = None,
-            rule: StopRule | None = None, warmup_s: float = 0.025) -> Measurement:
+            rule: StopRule | None = None, warmup_s: float = 0.025, graph_grads: str = "fresh") -> Measurement:
     """Time fn on the current CUDA device: sampler, warm-up, then samples until `rule` stops."""
-    sampler = make_sampler(fn, timer, grad_to_none)
+    sampler = make_sampler(fn, timer, grad_to_none, graph_grads)
     warmup(sampler, warmup_s)
     return collect(sampler, rule, timer=timer)
 
@@ -522,18 +552,18 @@ def time_fn(fn: Callable[[], object], *, timer: str = "eager", grad_to_none: Opt
 def time_interleaved(fns: Mapping[str, Callable[[], object]], *, baseline: Optional[str] = None,
                      timer: str = "eager", grad_to_none: Optional[Mapping[str, list]] = None,
                      reps: Optional[int] = None, rule: RoundRule | None = None,
-                     warmup_s: float = 0.025) -> Interleaved:
+                     warmup_s: float = 0.025, graph_grads: str = "fresh") -> Interleaved:
     """Time several callables (the providers of one point) in interleaved rounds on the current
     CUDA device. reps None: `choose_reps` of the slowest warm-up estimate. An error of one
     callable (capture, OOM) ends the whole call: to drop only that provider, build the samplers
     with `make_sampler` one by one, then `warmup` each and `interleave` those that worked."""
     grad_to_none = grad_to_none or {}
-    samplers = {name: make_sampler(fn, timer, grad_to_none.get(name)) for name, fn in fns.items()}
+    samplers = {name: make_sampler(fn, timer, grad_to_none.get(name), graph_grads) for name, fn in fns.items()}
     est = max(warmup(s, warmup_s) for s in samplers.values())
     return interleave(samplers, baseline=baseline, reps=reps or choose_reps(est), rule=rule, timer=timer)
 
 
-def make_timer(timer: str = "eager", **rule_kw) -> Callable[..., dict]:
+def make_timer(timer: str = "eager", graph_grads: str = "fresh", **rule_kw) -> Callable[..., dict]:
     """A runner-compatible `timer(fn, grad_to_none=None, warmup_ms=25, rep_ms=100) -> dict` that
     uses `time_fn`: returns Measurement.row() (median_ms, p20_ms, p80_ms, n_samples, noise_pct,
     stop_reason, timer). rule_kw are StopRule fields; min_time_s defaults to rep_ms / 1000."""
@@ -542,16 +572,9 @@ def make_timer(timer: str = "eager", **rule_kw) -> Callable[..., dict]:
 
     def run(fn, grad_to_none=None, warmup_ms: float = 25, rep_ms: float = 100) -> dict:
         rule = StopRule(**{"min_time_s": rep_ms / 1e3, **rule_kw})
-        return time_fn(fn, timer=timer, grad_to_none=grad_to_none, rule=rule, warmup_s=warmup_ms / 1e3).row()
+        return time_fn(fn, timer=timer, grad_to_none=grad_to_none, rule=rule, warmup_s=warmup_ms / 1e3,
+                       graph_grads=graph_grads).row()
 
     return run
 
 
-__all__ = [
-    "QUANTILES", "TIMERS", "FLUSH_BYTES", "make_inputs", "grad_inputs", "make_pass_fn", "measure",
-    "max_rel_err", "quantile", "relative_spread", "Measurement", "summarize", "StopRule", "collect",
-    "warmup", "t_two_sided", "ratio_ci", "RoundRule", "Interleaved", "choose_reps", "interleave",
-    "GraphCaptureError", "flush_buffer", "EagerSampler", "GraphSampler", "recover_from_failed_capture",
-    "make_sampler", "time_fn",
-    "time_interleaved", "make_timer",
-]

@@ -248,6 +248,23 @@ def test_interleave_keeps_going_until_the_ratio_ci_is_narrow():
     assert capped.stop_reason == "max_rounds" and capped.rounds == 40
 
 
+def test_interleave_times_each_rounds_reps_as_one_batch():
+    class Batched:
+        def __init__(self, ms):
+            self.ms, self.sizes = ms, []
+
+        def batch(self, n):
+            self.sizes.append(n)
+            return [self.ms] * n
+
+        def __call__(self):
+            raise AssertionError("interleave must use batch(reps)")
+    a, b = Batched(1.0), Batched(3.0)
+    res = timing.interleave({"a": a, "b": b}, baseline="a", reps=4, rule=RoundRule(min_rounds=3, min_samples=1))
+    assert a.sizes == [4, 4, 4] and b.sizes == [4, 4, 4]
+    assert res.ratios["b"] == pytest.approx((3.0, 3.0, 3.0))
+
+
 def test_interleave_without_baseline_and_bad_baseline():
     clock = FakeClock()
     res = timing.interleave(_recording([], clock, {"A": 1.0}), rule=RoundRule(min_rounds=5, min_samples=1), clock=clock)
@@ -294,19 +311,23 @@ def test_time_fn_on_the_gpu(timer):
 
 
 @pytest.mark.gpu
-def test_graph_timer_accumulates_grads_in_place():
+def test_graph_timer_grads_fresh_or_accumulated():
     import torch
     w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
     x = torch.randn(256, 1024, device="cuda")
 
     def fn():
         (x @ w).sum().backward()
-    sampler = timing.make_sampler(fn, "graph", grad_to_none=[w])
+    want = x.sum(0)[:, None].expand(1024, 1024)
+    fresh = timing.make_sampler(fn, "graph", grad_to_none=[w])
+    assert all(ms > 0 for ms in fresh.batch(3))
+    torch.testing.assert_close(w.grad, want)                         # rewritten each replay, not summed
+    acc = timing.make_sampler(fn, "graph", grad_to_none=[w], graph_grads="accumulate")
     g = w.grad
-    assert g is not None
     before = g.clone()
-    sampler()
-    assert w.grad is g and not torch.equal(g, before)               # same tensor, accumulated into
+    acc()
+    assert w.grad is g and not torch.equal(g, before)               # same tensor, added into
+    torch.testing.assert_close(g - before, want)
 
 
 @pytest.mark.gpu

@@ -22,7 +22,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-DEFAULT_PROVIDERS = ["moda", "fa2", "fa2-triton", "cudnn", "flex"]
+# fa4 / moda-fa4 need the optional flash-attn-4 (Hopper, Blackwell): elsewhere their rows are
+# skipped with the reason.
+DEFAULT_PROVIDERS = ["moda", "moda-fa4", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
 BASELINE = "fa2"
 
 
@@ -278,6 +280,33 @@ def _flex(inputs, point, chunk):
                     impl_detail=f"flex_attention compiled, BlockMask {block}x{block} over T+T*L keys",
                     config={"block_size": block},
                     depth_utilization=block_mask_depth_utilization(point.T, point.L, block))
+
+
+def _needs_fa4(device: str) -> Optional[str]:
+    from moda_bench.ops.moda import fa4
+    return fa4.fa4_unavailable(device)
+
+
+@register_provider("fa4", uses_depth=False, unavailable=_needs_fa4,
+                   description="FlashAttention-4 (flash-attn-4, CuTe DSL), no depth")
+def _fa4(inputs, point, chunk):
+    from moda_bench.ops.moda import fa4
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    return Prepared(lambda: fa4.fa4_attention(q, k, v),
+                    impl_detail=f"flash_attn.cute.flash_attn_func {fa4.fa4_version()}; sequence-only (no depth)")
+
+
+@register_provider("moda-fa4", unavailable=_needs_fa4,
+                   description="MoDA on FlashAttention-4: FA4 sequence part + Triton depth part, LSE merge")
+def _moda_fa4(inputs, point, chunk):
+    from moda_bench.ops.moda import fa4, kernel
+    q = inputs["q"]
+    cfg = _moda_config(point, point.L, q.dtype, chunk)
+    eta = kernel.depth_utilization(point.T, point.G, cfg.depth_block_m, point.L, cfg.replace(fwd_depth="split")) \
+        if point.L else math.nan
+    return Prepared(lambda: fa4.moda_fa4(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"], config=cfg),
+                    impl_detail=f"FA4 {fa4.fa4_version()} sequence + Triton depth-only kernel, LSE merge",
+                    config=cfg.to_dict(), depth_utilization=eta)
 
 
 def _register_rung(rung) -> None:

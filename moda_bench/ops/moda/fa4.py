@@ -1,0 +1,352 @@
+"""MoDA on FlashAttention-4 (the "merge route"), and plain FA4 causal GQA attention.
+
+Owns: `moda_fa4` (MoDA whose sequence part runs in FlashAttention-4's kernels and whose depth
+part runs in this package's depth-only Triton launches), `fa4_attention` (sequence-only causal
+GQA through `flash_attn.cute.flash_attn_func`, the `fa4` baseline), `fa4_unavailable` /
+`fa4_version`, the pluggable sequence half (`SequenceBackend`, `FA4_BACKEND`, `TORCH_BACKEND`)
+and the strided log-sum-exp merge kernel `fa4_merge_kernel`.
+
+How `moda_fa4` computes (layouts as in `kernel`: q (B,T,Hq,d), k_depth (B,T,L,Hk,d)):
+* forward: the sequence backend gives (o_s, lse_s) with lse in FA4's (B,Hq,T) layout; the
+  split placement's depth-only launch (`moda_fwd(..., depth_only=True)`) gives the depth
+  partial (o_d, lse_d), lse in our (B,T,Hq) layout; `fa4_merge_kernel` merges them in place,
+  writing the joint lse in both layouts (o_s's and lse_s's buffers, and lse_d's).
+* backward: FA4's backward called with the MERGED out and lse returns the sequence keys' exact
+  dk, dv and their share of dq (it recomputes P = exp(S - lse) and D = rowsum(dO o) from what it
+  is given). The depth part is the depth-only backward launch (`moda_bwd(..., depth_only=True,
+  delta=...)`) with delta = rowsum(o * do) from `moda_bwd_delta_kernel`. dq = the sum of both.
+* placement: the config's `fwd_depth` / `bwd_depth` say whether the depth launch runs on a
+  second CUDA stream concurrently with FA4 ("stream"; `depth_after` / `bwd_depth_after` pick
+  which is issued first) or in order before it (every other value). L = 0 is FA4 alone.
+flash_attn is imported lazily, so this module imports (and its torch backend runs, with the
+Triton interpreter) on machines without FA4 or CUDA.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from moda_bench.ops.moda.config import MoDAConfig, check_config, resolve_config
+from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
+from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
+from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
+
+FA4_DISTRIBUTION = "flash-attn-4"
+FA4_DTYPES = (torch.float16, torch.bfloat16)
+FA4_ARCH_MAJORS = (9, 10)  # sm90 (Hopper), sm100 (Blackwell)
+
+
+# ------------------------------------------------------------------ availability
+@functools.lru_cache(maxsize=None)
+def _import_problem() -> Optional[str]:
+    """Why `flash_attn.cute` (and its low-level functions) cannot be imported, or None."""
+    try:
+        from flash_attn.cute import flash_attn_func  # noqa: F401
+        from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken CUDA/cutlass runtime underneath
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"flash-attn-4 is not importable ({type(exc).__name__}: {first})"
+    return None
+
+
+def fa4_unavailable(device=None) -> Optional[str]:
+    """One line saying why FlashAttention-4 cannot run on `device` (default: the current CUDA
+    device): flash-attn-4 not installed or not importable, no CUDA, a non-CUDA device, or a GPU
+    that is not sm90/sm100. None when it can run. Never raises."""
+    from importlib import metadata
+    try:
+        metadata.version(FA4_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return f"{FA4_DISTRIBUTION} is not installed (pip install {FA4_DISTRIBUTION})"
+    if not torch.cuda.is_available():
+        return "FlashAttention-4 needs CUDA, which is not available"
+    try:
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type != "cuda":
+            return f"FlashAttention-4 needs a CUDA device, got {dev}"
+        major, minor = torch.cuda.get_device_capability(dev)
+        if major not in FA4_ARCH_MAJORS:
+            return (f"FlashAttention-4 needs an sm90 or sm100 GPU; {torch.cuda.get_device_name(dev)} "
+                    f"is sm{major}{minor}")
+    except Exception as exc:  # a bad device index, a broken driver
+        return f"cannot query the CUDA device {device!r} ({type(exc).__name__}: {exc})"
+    return _import_problem()
+
+
+def fa4_version() -> str:
+    """The installed flash-attn-4 version (its distribution metadata; `flash_attn.cute.__version__`
+    reads "0.0.0"). Raises importlib.metadata.PackageNotFoundError when it is not installed."""
+    from importlib import metadata
+    return metadata.version(FA4_DISTRIBUTION)
+
+
+def _require_fa4(device) -> None:
+    reason = fa4_unavailable(device)
+    if reason is not None:
+        raise RuntimeError(f"FlashAttention-4 unavailable: {reason}")
+
+
+# ------------------------------------------------------------------ sequence backends
+@dataclass(frozen=True)
+class SequenceBackend:
+    """The sequence half of `moda_fa4`: causal GQA attention over the T sequence keys.
+
+    fwd(q, k, v, scale) -> (o, lse): o (B,T,Hq,d) in q's dtype, lse (B,Hq,T) float32 contiguous
+        (natural log); `moda_fa4` overwrites both in place with the merged values.
+    bwd(q, k, v, o, do, lse, scale) -> (dq, dk, dv): the exact gradients of the sequence keys
+        given an EXTERNAL (o, lse) (the merged ones), P = exp(scale q.k - lse) and
+        D = rowsum(do * o); dq is the sequence keys' share only.
+    """
+
+    name: str
+    fwd: Callable
+    bwd: Callable
+    dtypes: tuple
+    needs_fa4: bool = False
+
+
+def _fa4_fwd(q, k, v, scale):
+    from flash_attn.cute.interface import _flash_attn_fwd
+    res = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=True, return_lse=True)
+    return res[0], res[1]
+
+
+def _fa4_bwd(q, k, v, o, do, lse, scale):
+    from flash_attn.cute.interface import _flash_attn_bwd
+    res = _flash_attn_bwd(q, k, v, o, do, lse, softmax_scale=scale, causal=True)
+    return res[0], res[1], res[2]
+
+
+def _torch_scores(q, k, scale):
+    """fp32 causal scores (B,Hq,T,T) with the KV heads repeated for their G query heads."""
+    G = q.shape[2] // k.shape[2]
+    qh = q.float().transpose(1, 2)
+    kh = k.float().repeat_interleave(G, dim=2).transpose(1, 2)
+    s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+    T = q.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return s.masked_fill(~causal, float("-inf")), causal
+
+
+def _torch_fwd(q, k, v, scale):
+    G = q.shape[2] // k.shape[2]
+    s, _ = _torch_scores(q, k, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    vh = v.float().repeat_interleave(G, dim=2).transpose(1, 2)
+    o = torch.matmul(torch.exp(s - lse[..., None]), vh)
+    return o.transpose(1, 2).to(q.dtype).contiguous(), lse.contiguous()
+
+
+def _torch_bwd(q, k, v, o, do, lse, scale):
+    B, T, Hq, d = q.shape
+    Hk = k.shape[2]
+    G = Hq // Hk
+    s, causal = _torch_scores(q, k, scale)
+    p = torch.exp(s - lse.float()[..., None]).masked_fill(~causal, 0.0)  # B,Hq,T,T
+    doh = do.float().transpose(1, 2)
+    vh = v.float().repeat_interleave(G, dim=2).transpose(1, 2)
+    kh = k.float().repeat_interleave(G, dim=2).transpose(1, 2)
+    delta = (do.float() * o.float()).sum(-1).transpose(1, 2)  # B,Hq,T
+    ds = p * (torch.matmul(doh, vh.transpose(-1, -2)) - delta[..., None])
+    dq = torch.matmul(ds, kh) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.float().transpose(1, 2)) * scale  # B,Hq,T,d
+    dv = torch.matmul(p.transpose(-1, -2), doh)
+
+    def per_kv_head(x):  # B,Hq,T,d -> B,T,Hk,d summing each KV head's G query heads
+        return x.view(B, Hk, G, T, d).sum(2).transpose(1, 2)
+
+    return (dq.transpose(1, 2).to(q.dtype).contiguous(), per_kv_head(dk).to(k.dtype).contiguous(),
+            per_kv_head(dv).to(v.dtype).contiguous())
+
+
+FA4_BACKEND = SequenceBackend("fa4", _fa4_fwd, _fa4_bwd, FA4_DTYPES, needs_fa4=True)
+# Plain-torch fp32 causal GQA with FA4's contract (materialises (B,Hq,T,T)): for tests, any device.
+TORCH_BACKEND = SequenceBackend("torch", _torch_fwd, _torch_bwd, SUPPORTED_DTYPES)
+
+
+# ------------------------------------------------------------------ merge kernel
+@triton.jit
+def fa4_merge_kernel(O, LSE_HT, OD, LSED, n_rows, T, Hq, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """Merge the sequence partial (O, LSE_HT) with the depth partial (OD, LSED) by log-sum-exp,
+    in place. Rows are the flattened (b, t, h) of O/OD (B,T,Hq,d) and LSED (B,T,Hq), all
+    contiguous; LSE_HT is (B,Hq,T) contiguous (FA4's layout). Writes the merged output to O and
+    the merged lse to both LSE_HT and LSED."""
+    rows = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)  # rows * d may pass 2**31
+    ok = rows < n_rows
+    b = rows // (T * Hq)
+    t = (rows // Hq) % T
+    h = rows % Hq
+    ht = b * (Hq * T) + h * T + t
+    offs_d = tl.arange(0, HEAD_DIM)
+    l1 = tl.load(LSE_HT + ht, mask=ok, other=0.0)
+    l2 = tl.load(LSED + rows, mask=ok, other=0.0)
+    m = tl.maximum(l1, l2)
+    w1 = tl.exp(l1 - m)
+    w2 = tl.exp(l2 - m)
+    tot = w1 + w2
+    optr = rows[:, None] * HEAD_DIM + offs_d[None, :]
+    o1 = tl.load(O + optr, mask=ok[:, None], other=0.0).to(tl.float32)
+    o2 = tl.load(OD + optr, mask=ok[:, None], other=0.0).to(tl.float32)
+    o = (o1 * (w1 / tot)[:, None] + o2 * (w2 / tot)[:, None])
+    tl.store(O + optr, o.to(O.dtype.element_ty), mask=ok[:, None])
+    lse = m + tl.log(tot)
+    tl.store(LSE_HT + ht, lse, mask=ok)
+    tl.store(LSED + rows, lse, mask=ok)
+
+
+MERGE_BLOCK = 64
+
+
+def _merge(o, lse_ht, od, lsed) -> None:
+    B, T, Hq, d = o.shape
+    n_rows = B * T * Hq
+    fa4_merge_kernel[(triton.cdiv(n_rows, MERGE_BLOCK),)](o, lse_ht, od, lsed, n_rows, T, Hq, HEAD_DIM=d,
+                                                        BLOCK=MERGE_BLOCK)
+
+
+# ------------------------------------------------------------------ side stream
+_SIDE_STREAMS: dict = {}
+
+
+def _beside(device, main_fn, side_fn, concurrent: bool, side_after: bool):
+    """(main_fn(), side_fn()). With `concurrent` on CUDA, side_fn's launches go to a second
+    stream, ordered after the main stream's earlier work and concurrent with main_fn's (issued
+    after main_fn when side_after, else before); on return the main stream waits for them.
+    Otherwise both run in order on the current stream, side_fn first unless side_after."""
+    if not concurrent or device.type != "cuda":
+        if side_after:
+            m = main_fn()
+            return m, side_fn()
+        s = side_fn()
+        return main_fn(), s
+    side = _SIDE_STREAMS.get(device)
+    if side is None:
+        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    main = torch.cuda.current_stream(device)
+    ready = torch.cuda.Event()
+    ready.record(main)
+    m = main_fn() if side_after else None
+    side.wait_event(ready)
+    with torch.cuda.stream(side):
+        s = side_fn()
+    if not side_after:
+        m = main_fn()
+    main.wait_stream(side)
+    for t in s:  # allocated on the side stream, used and freed on the main one
+        if isinstance(t, torch.Tensor):
+            t.record_stream(main)
+    return m, s
+
+
+# ------------------------------------------------------------------ autograd
+def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend: SequenceBackend):
+    """(o, lse (B,Hq,T), lse (B,T,Hq)) of the joint softmax; the last is a view when L == 0."""
+    if shape.L == 0:
+        o, lse_ht = backend.fwd(q, k, v, scale)
+        return o, lse_ht, lse_ht.transpose(1, 2)
+    depth_cfg = cfg.replace(fwd_depth="split")
+    (o, lse_ht), (od, lsed) = _beside(
+        q.device, lambda: backend.fwd(q, k, v, scale),
+        lambda: moda_fwd(q, k, v, kd, vd, scale, shape, depth_cfg, depth_only=True),
+        cfg.fwd_depth == "stream", cfg.depth_after)
+    _merge(o, lse_ht, od, lsed)
+    return o, lse_ht, lsed
+
+
+def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend):
+    if shape.L == 0:
+        dq, dk, dv = backend.bwd(q, k, v, o, do, lse_ht, scale)
+        return dq, dk, dv, None, None
+    depth_cfg = cfg.replace(bwd_depth="split")
+
+    def depth():
+        delta = torch.empty_like(lse_th)
+        n_rows = delta.numel()
+        moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=shape.d, BLOCK=128)
+        dq_d, _, _, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse_th, scale, shape, depth_cfg, depth_only=True,
+                                        delta=delta)
+        return dq_d, dkd, dvd
+
+    (dq, dk, dv), (dq_d, dkd, dvd) = _beside(q.device, lambda: backend.bwd(q, k, v, o, do, lse_ht, scale), depth,
+                                             cfg.bwd_depth == "stream", cfg.bwd_depth_after)
+    dq.add_(dq_d)
+    return dq, dk, dv, dkd, dvd
+
+
+class MoDAFA4Function(torch.autograd.Function):
+    """apply(q, k, v, kd, vd, scale, shape, cfg, backend) -> (o, lse (B,T,Hq)); inputs contiguous,
+    kd = vd = None when L == 0."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kd, vd, scale, shape, cfg, backend):
+        o, lse_ht, lse_th = _forward(q, k, v, kd, vd, scale, shape, cfg, backend)
+        ctx.save_for_backward(q, k, v, kd, vd, o, lse_ht, lse_th)
+        ctx.scale, ctx.shape, ctx.cfg, ctx.backend = scale, shape, cfg, backend
+        ctx.mark_non_differentiable(lse_th)
+        return o, lse_th
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, kd, vd, o, lse_ht, lse_th = ctx.saved_tensors
+        grads = _backward(do.contiguous(), q, k, v, kd, vd, o, lse_ht, lse_th, ctx.scale, ctx.shape, ctx.cfg,
+                          ctx.backend)
+        return (*grads, None, None, None, None)
+
+
+# ------------------------------------------------------------------ public entry points
+def _check_dtype(q, backend: SequenceBackend, what: str) -> None:
+    if q.dtype not in backend.dtypes:
+        raise ValueError(f"{what}: the {backend.name} sequence backend takes "
+                         f"{', '.join(str(t) for t in backend.dtypes)} inputs; q has {q.dtype}")
+
+
+def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, config: MoDAConfig | None = None,
+             return_lse: bool = False, backend: SequenceBackend | None = None):
+    """Mixture-of-Depths Attention with FlashAttention-4 for the sequence part (autograd-enabled).
+
+    Same contract as `moda_attention`: q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth
+    (B,T,L,Hk,d) or None (L = 0: causal GQA, FA4 alone). Returns out (B,T,Hq,d) in q's dtype,
+    and lse (B,T,Hq) float32 (natural log) when return_lse. FA4 takes fp16/bf16 only (ValueError
+    for float32). `config` sets the depth launches' tiles and placement (module docstring);
+    without it, `resolve_config` answers as for `moda_attention`. `backend` replaces FA4 for
+    the sequence half (tests: `TORCH_BACKEND`, which also takes float32 and CPU tensors under
+    TRITON_INTERPRET=1). Gradients flow to all five inputs.
+    """
+    backend = FA4_BACKEND if backend is None else backend
+    shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
+    _check_dtype(q, backend, "moda_fa4")
+    if backend.needs_fa4:
+        if q.device.type != "cuda":
+            raise ValueError(f"q is on {q.device}: FlashAttention-4 needs CUDA tensors")
+        _require_fa4(q.device)
+    if shape.L == 0:
+        k_depth = v_depth = None
+    cfg = resolve_config(shape, q.dtype, config)
+    check_config(cfg, shape.G)
+    scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
+    q, k, v, k_depth, v_depth = (None if t is None else t.contiguous() for t in (q, k, v, k_depth, v_depth))
+    o, lse = MoDAFA4Function.apply(q, k, v, k_depth, v_depth, scale, shape, cfg, backend)
+    return (o, lse) if return_lse else o
+
+
+def fa4_attention(q, k, v, *, scale: float | None = None):
+    """Causal GQA attention through FlashAttention-4's `flash_attn_func` (autograd-enabled):
+    q (B,T,Hq,d), k, v (B,T,Hk,d), fp16/bf16 CUDA tensors, d a multiple of 8 in [8, 256].
+    Returns out (B,T,Hq,d)."""
+    shape = check_inputs(q, k, v, None, None, head_dims=None)
+    _check_dtype(q, FA4_BACKEND, "fa4_attention")
+    if q.device.type != "cuda":
+        raise ValueError(f"q is on {q.device}: FlashAttention-4 needs CUDA tensors")
+    if shape.d % 8 or not 8 <= shape.d <= 256:
+        raise ValueError(f"head dim d={shape.d} (q {tuple(q.shape)}): FlashAttention-4 takes multiples of 8 "
+                         "in [8, 256]")
+    _require_fa4(q.device)
+    from flash_attn.cute import flash_attn_func
+    res = flash_attn_func(q, k, v, softmax_scale=scale, causal=True)
+    return res[0] if isinstance(res, tuple) else res
