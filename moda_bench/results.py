@@ -92,6 +92,7 @@ def read_csv(path, *, display: Optional[str] = None, warn: Warn = default_warn):
     for c in schema.COLUMNS:
         if c not in df.columns:
             df[c] = ""
+    df["timer"] = df["timer"].where(df["timer"].str.strip() != "", schema.DEFAULT_TIMER)
     for c in schema.NUMERIC_COLUMNS:
         text_col = df[c].astype(str).str.strip()
         num = pd.to_numeric(text_col.where(text_col != "", None), errors="coerce")

@@ -14,16 +14,25 @@ import platform
 import subprocess
 
 CONFIG_COLUMNS = ["T", "G", "Hq", "Hk", "L", "B", "d", "C", "dtype"]
-KEY_COLUMNS = ["provider", "pass"] + CONFIG_COLUMNS
+KEY_COLUMNS = ["provider", "pass", "timer"] + CONFIG_COLUMNS
 MEASURE_COLUMNS = [
     "median_ms", "p20_ms", "p80_ms", "tflops", "extra_time_pct", "ratio_to_fa2",
     "depth_utilization", "peak_mem_mb", "max_rel_err",
+    # issue 15/16: paired 95% intervals of the ratios, the ratio to the fastest sequence-only
+    # attention of the point, sample count and noise, GPU state sampled while the point ran
+    "ratio_to_fa2_lo", "ratio_to_fa2_hi", "ratio_to_best", "ratio_to_best_lo", "ratio_to_best_hi",
+    "samples", "noise_pct", "sm_clock_mhz", "sm_clock_min_mhz", "mem_clock_mhz", "power_w", "temp_c",
 ]
+# timer: eager | graph; stop_reason: why sampling ended; best_provider: the denominator of
+# ratio_to_best; throttle: NVML clock-event reasons seen; health: the run's GPU verdict
+TEXT_COLUMNS = ["timer", "stop_reason", "best_provider", "throttle", "health"]
 META_COLUMNS = ["gpu", "gpu_index", "torch_version", "triton_version", "git_commit", "timestamp"]
 COLUMNS = (
     ["sweep", "provider", "impl_detail", "pass"] + CONFIG_COLUMNS + MEASURE_COLUMNS
-    + ["status", "reason", "config"] + META_COLUMNS
+    + ["status", "reason", "config"] + TEXT_COLUMNS + META_COLUMNS
 )
+# the row key: a sweep's row of a provider, pass, timer and configuration (eager and graph rows
+# of one point live side by side; files from before the timer column read as 'eager')
 ROW_KEY = ["sweep"] + KEY_COLUMNS
 # a results file must have these; columns added later are optional (older files lack them)
 REQUIRED_COLUMNS = (["sweep", "provider", "pass"] + CONFIG_COLUMNS + ["median_ms", "status"]
@@ -66,6 +75,8 @@ def dtype_name(text: str) -> str:
         raise ValueError(f"dtype must be one of bf16, fp16, fp32, got {text!r}")
     return name
 
+
+DEFAULT_TIMER = "eager"
 
 # status values
 OK, SKIPPED, OOM, ERROR = "ok", "skipped", "oom", "error"

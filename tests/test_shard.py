@@ -44,7 +44,7 @@ def key_of(row) -> tuple:
 
 
 def expected_keys(points, providers, pass_="fwdbwd") -> set:
-    return {key_of({**p.to_dict(), "provider": prov, "pass": pass_, "dtype": p.dtype})
+    return {key_of({**p.to_dict(), "provider": prov, "pass": pass_, "dtype": p.dtype, "timer": "eager"})
             for p in points for prov in providers}
 
 

@@ -25,6 +25,8 @@ Every variant is first checked against moda_reference (fp64) on a 512-position p
 with triton.testing.do_bench (median, p20, p80; L2 flushed, gradients reset each repetition). A
 variant that fails prints one line (its error) and the table goes on.
 
+With flash-attn-4 importable (wheels unpacked with .fa4/install_*.sh: `source .fa4/env.sh`):
+
     PYTHONPATH=$PWD python3 tools/fa4_mask_route.py                  # T=4096,16384, G=8, Hk=8, L=64, d=64
     PYTHONPATH=$PWD python3 tools/fa4_mask_route.py --T 4096 --dense-max-T 4096 --rep-ms 200
 """
@@ -59,7 +61,7 @@ def make_mask_mod(L: int):
     return moda_mask
 
 
-def _listing(x: torch.Tensor):
+def block_listing(x: torch.Tensor):
     """(cnt [1,1,R], idx [1,1,R,C]) int32 of a bool block matrix [R, C]: each row's True columns,
     ascending, first."""
     cnt = x.sum(1, dtype=torch.int32)
@@ -93,8 +95,8 @@ def block_sparsity(T: int, L: int, device):
     partial, full = block_masks(T, L, device)
 
     def tensors(part, fu):
-        mc, mi = _listing(part)
-        fc, fi = _listing(fu)
+        mc, mi = block_listing(part)
+        fc, fi = block_listing(fu)
         return BlockSparseTensorsTorch(mask_block_cnt=mc, mask_block_idx=mi, full_block_cnt=fc, full_block_idx=fi,
                                        block_size=(BLOCK, BLOCK))
 

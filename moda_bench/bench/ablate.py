@@ -1,7 +1,8 @@
 """The kernel ablation ladder (spec section 3) as measurements: every rung of
 `moda_bench.ops.moda.ladder.table.RUNGS` through the sweep machinery (the rungs are registered
-providers; `runner.run_one` makes the inputs, checks a slice against moda_reference, times with
-do_bench and fills one schema row), and the upsert of those rows into `ablation.csv`.
+providers; `point.run_point` makes the inputs, checks a slice against moda_reference, times it
+with at least 10 L2-flushed repetitions and fills one schema row), and the upsert of those rows
+into `ablation.csv`.
 
 The naive rung takes about a second per call at T=1024, so it is timed with a few CUDA-event
 repetitions instead of do_bench (`few_reps_timer`); callbacks report its per-position progress
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moda_bench import results, schema
+from moda_bench.bench.point import CHECK_LEN
 
 SWEEP_NAME = "ablation"
 CSV_NAME = "ablation.csv"
@@ -80,7 +82,7 @@ def naive_rung(provider, naive_fn, reps: int, on_step: Callback | None = None, o
     return dataclasses.replace(provider, prepare=prepare), timer
 
 
-def run_ladder(point, pass_: str, *, skip_naive: bool = False, naive_reps: int = 3, warmup_ms: float,
+def run_ladder(point, pass_: str, *, skip_naive: bool = False, naive_reps: int = 10, warmup_ms: float,
                rep_ms: float, meta: dict, on_rung: Callable | None = None, on_row: Callable | None = None,
                naive_progress: Callable | None = None) -> list[dict]:
     """One schema row per rung (sweep 'ablation', provider = rung name, impl_detail = its label,
@@ -90,10 +92,10 @@ def run_ladder(point, pass_: str, *, skip_naive: bool = False, naive_reps: int =
     (on_step, on_rep) when the naive rung is about to run (not with skip_naive)."""
     import torch
     from moda_bench.bench.providers import get_provider
-    from moda_bench.bench.runner import run_one
+    from moda_bench.bench.point import TimingOptions, run_point
+    from moda_bench.bench.runner import base_row
     from moda_bench.ops.moda import MoDAShape
     from moda_bench.ops.moda.ladder.table import RUNGS
-    from moda_bench.timing import measure
 
     shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
     rows = []
@@ -101,15 +103,18 @@ def run_ladder(point, pass_: str, *, skip_naive: bool = False, naive_reps: int =
         if on_rung is not None:
             on_rung(rung)
         provider = get_provider(rung.name)
-        timer, reason = measure, provider.unavailable("cuda")
+        timer, reason = None, provider.unavailable("cuda")
         if rung.name == NAIVE:
             if skip_naive:
                 reason = "--skip-naive"
             else:
                 hooks = naive_progress(point.T, naive_reps) if naive_progress is not None else (None, None)
                 provider, timer = naive_rung(provider, rung.fn, naive_reps, *hooks)
-        row = run_one(provider, point, pass_, sweep_name=SWEEP_NAME, device="cuda", chunk=point.C, timer=timer,
-                      warmup_ms=warmup_ms, rep_ms=rep_ms, seed=SEED, unavailable_reason=reason, meta=meta)
+        row = base_row(point, provider.name, pass_, SWEEP_NAME)
+        row.update(meta or {}, timer="eager" if timer is None else "custom")
+        run_point([provider], point, pass_, [row], device="cuda", chunk=point.C, seed=SEED,
+                  check_len=CHECK_LEN, unavailable={provider.name: reason},
+                  opts=TimingOptions(warmup_ms=warmup_ms, min_time_ms=rep_ms), timer=timer)
         row["impl_detail"] = rung.label
         row["config"] = json.dumps(rung.launch_config(shape, getattr(torch, point.dtype), point.C), sort_keys=True)
         rows.append(row)

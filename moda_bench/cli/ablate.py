@@ -127,7 +127,7 @@ def ablate_command(
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     pass_: Annotated[str, typer.Option("--pass", help="fwd, bwd or fwdbwd.")] = PAPER_PASS,
     skip_naive: Annotated[bool, typer.Option("--skip-naive", help="Leave out the (slow) naive PyTorch rung.")] = False,
-    naive_reps: Annotated[int, typer.Option("--naive-reps", help="Timed calls of the naive rung.")] = 3,
+    naive_reps: Annotated[int, typer.Option("--naive-reps", help="Timed calls of the naive rung (about 1 s each at T=1024).")] = 10,
     warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="do_bench warm-up of the Triton rungs.")] = WARMUP_MS,
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="do_bench repetition time of the Triton rungs.")] = REP_MS,
     out: Annotated[Path, typer.Option("--out", help="Output directory (ablation.csv, ablation.png).")] =

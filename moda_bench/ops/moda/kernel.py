@@ -182,18 +182,21 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
     return o, lse
 
 
-def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False):
-    """The backward's launches for `cfg`: returns (dq, dk, dv, dkd, dvd). depth_only (bwd_depth
-    "split" only, for timing) runs the depth-only launch alone (delta left uninitialised) and
-    returns (dq partial, None, None, dkd, dvd)."""
+def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False,
+             delta=None):
+    """The backward's launches for `cfg`: returns (dq, dk, dv, dkd, dvd). delta: rowsum(o * do),
+    (B, T, Hq) float32, where the caller has it (else computed here). depth_only (bwd_depth
+    "split" only) runs the depth-only launch alone and returns (dq partial, None, None, dkd, dvd);
+    without a delta it is left uninitialised then, which only timing may do."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
     do = do.contiguous()
-    delta = torch.empty_like(lse)
     n_rows = B * T * Hq
-    if not depth_only:
-        moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
+    if delta is None:
+        delta = torch.empty_like(lse)
+        if not depth_only:
+            moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
