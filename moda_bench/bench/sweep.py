@@ -48,7 +48,7 @@ def timing_budget(warmup_ms: float | None, rep_ms: float | None, quick: bool) ->
 
 def write_run_record(run_dir: Path, sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, *,
                      use_tuned: bool, pin_chunk: bool, warmup_ms: float, rep_ms: float, preset: str | None,
-                     gpus: str | None) -> Path:
+                     gpus: str | None, extra: dict | None = None) -> Path:
     """`<run_dir>/run.json`: the run's options and every sweep's points."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -56,12 +56,13 @@ def write_run_record(run_dir: Path, sweeps: Sequence[SweepPlan], providers: Sequ
     path.write_text(json.dumps({
         "sweeps": {s.name: [p.to_dict() for p in s.points] for s in sweeps}, "providers": list(providers),
         "pass": pass_, "use_tuned": use_tuned, "pin_chunk": "every sweep" if pin_chunk else "C sweep only",
-        "warmup_ms": warmup_ms, "rep_ms": rep_ms, "preset": preset, "gpus": gpus}, indent=1))
+        "warmup_ms": warmup_ms, "rep_ms": rep_ms, "preset": preset, "gpus": gpus, **(extra or {})},
+        indent=1, default=str))
     return path
 
 
 def run_sweeps(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, *, gpus: str | None,
-               use_tuned: bool, warmup_ms: float, rep_ms: float, console=None,
+               use_tuned: bool, warmup_ms: float, rep_ms: float, console=None, timing=None, health: str = "",
                on_start: Callable[[SweepPlan], None] | None = None,
                on_done: Callable[[SweepPlan, object], None] | None = None) -> dict:
     """Run every sweep: without `gpus` one after the other on this process's GPU (on_start
@@ -73,7 +74,7 @@ def run_sweeps(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str
     if gpus is not None:
         from moda_bench.bench.pool.local import run_pool
         result = run_pool(sweeps, providers, pass_, gpus=gpus, use_tuned=use_tuned, warmup_ms=warmup_ms,
-                          rep_ms=rep_ms)
+                          rep_ms=rep_ms, timing=timing, health=health)
         for s in sweeps:
             done[s.name] = result.rows[s.name]
             if on_done is not None:
@@ -84,7 +85,8 @@ def run_sweeps(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str
             on_start(s)
         done[s.name] = runner.run_sweep(list(s.points), list(providers), pass_, s.csv, sweep_name=s.name,
                                         use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                                        pin_chunk=s.pin_chunk, console=console)
+                                        pin_chunk=s.pin_chunk, console=console, timing=timing,
+                                        health=health)
         if on_done is not None:
             on_done(s, done[s.name])
     return done

@@ -23,6 +23,7 @@ def register() -> None:
     from moda_bench.cli.tune import tune_command
     from moda_bench.cli.report import report_command
     from moda_bench.cli.gate import gate_command
+    from moda_bench.cli.doctor import doctor_command
 
     app.command("sweep")(sweep_command)
     app.command("ablate")(ablate_command)
@@ -30,6 +31,7 @@ def register() -> None:
     app.command("report")(report_command)
     app.command("gate")(gate_command)
     app.command("merge")(merge_command)
+    app.command("doctor")(doctor_command)
 
 
 register()

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from moda_bench.cli import checks
 from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS, REP_MS, WARMUP_MS
 from moda_bench.schema import BASE_POINT
 
@@ -39,7 +40,8 @@ def summary_table(frame, x: str, title: str):
 
     table = Table(title=title, show_lines=False)
     for col, justify in [(x, "right"), ("provider", "left"), ("status", "left"), ("median ms", "right"),
-                         ("p20-p80 ms", "right"), ("TFLOP/s", "right"), ("extra % vs fa2", "right"),
+                         ("p20-p80 ms", "right"), ("n", "right"), ("TFLOP/s", "right"),
+                         ("x fa2 [95% CI]", "right"), ("x best [95% CI]", "right"),
                          ("eta", "right"), ("rel err", "right"), ("peak MB", "right")]:
         table.add_column(col, justify=justify, no_wrap=True)
     table.add_column("note", overflow="fold")
@@ -48,10 +50,22 @@ def summary_table(frame, x: str, title: str):
         note = r["reason"] if isinstance(r["reason"], str) else ""
         table.add_row(str(r[x]), r["provider"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
                       _fmt(r["median_ms"], ".3f"), f"{_fmt(r['p20_ms'], '.3f')}-{_fmt(r['p80_ms'], '.3f')}",
-                      _fmt(r["tflops"], ".1f"), _fmt(r["extra_time_pct"], "+.2f"),
+                      _fmt(r.get("samples"), ".0f"), _fmt(r["tflops"], ".1f"),
+                      ratio_cell(r, "ratio_to_fa2"), ratio_cell(r, "ratio_to_best", r.get("best_provider")),
                       _fmt(r["depth_utilization"], ".4f"), _fmt(r["max_rel_err"], ".1e"),
                       _fmt(r["peak_mem_mb"], ".0f"), note)
     return table
+
+
+def ratio_cell(r: dict, col: str, den=None) -> str:
+    """'1.023 [1.011-1.035]' (interval when measured), with the denominator's name if given."""
+    v = r.get(col)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    lo, hi = r.get(col + "_lo"), r.get(col + "_hi")
+    ci = f" [{lo:.3f}-{hi:.3f}]" if isinstance(lo, float) and not math.isnan(lo) and lo != hi else ""
+    name = f" {den}" if isinstance(den, str) and den and den != r.get("provider") else ""
+    return f"{v:.3f}{ci}{name}"
 
 
 def checked(check, *args, option: bool = False):
@@ -81,7 +95,7 @@ def sweep_command(
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     pass_: Annotated[str, typer.Option("--pass", help="fwd, bwd or fwdbwd.")] = "fwdbwd",
     providers: Annotated[str, typer.Option("--providers", help="Comma-separated providers.")] =
-        "moda,fa2,fa2-triton,cudnn,flex",
+        "moda,moda-fa4,fa2,fa4,fa2-triton,cudnn,flex",
     out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default results/sweep-<timestamp>).")] = None,
     no_tuned: Annotated[bool, typer.Option("--no-tuned", help="Ignore the tuning cache (heuristic configs).")] = False,
     warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help=f"do_bench warm-up (default {WARMUP_MS:g}).")] = None,
@@ -91,6 +105,12 @@ def sweep_command(
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="Run the points of every sweep as one pool "
                                                 "over GPUs of this node (one worker per GPU): 'all', a count, "
                                                 "or a list like 0,2.")] = None,
+    timer: checks.TimerOption = "eager",
+    min_samples: checks.MinSamplesOption = 10,
+    ci_tol: checks.CiTolOption = 0.01,
+    max_time: checks.MaxTimeOption = 60.0,
+    strict: checks.StrictOption = False,
+    health_check: checks.CheckOption = True,
 ) -> None:
     """Time MoDA and the baselines over one axis (T, G, L or C) or a preset of sweeps."""
     from rich.console import Console
@@ -132,6 +152,7 @@ def sweep_command(
     except (ValueError, FileExistsError) as err:
         raise typer.BadParameter(str(err)) from None
     warmup, rep = run.timing_budget(warmup_ms, rep_ms, quick)
+    timing = checks.timing_options(timer, min_samples, ci_tol, max_time, warmup, rep)
     dist = checked(detect_distributed)
     if dist is not None and gpus is not None:
         raise typer.BadParameter("--gpus cannot be combined with torchrun (each rank owns one GPU)")
@@ -142,12 +163,17 @@ def sweep_command(
         console.print("[red]error:[/] moda-bench sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
         raise typer.Exit(1)
 
+    gpu_run = checks.RunHealth(checks.device_indices(gpus) if dist is None else [dist.local_rank],
+                               enabled=health_check)
+    gpu_run.check("start", console)
     run.write_run_record(run_dir, sweeps, provider_names, pass_, use_tuned=not no_tuned, pin_chunk=C is not None,
-                         warmup_ms=warmup, rep_ms=rep, preset=preset, gpus=gpus)
+                         warmup_ms=warmup, rep_ms=rep, preset=preset, gpus=gpus,
+                         extra={"timing": timing.__dict__, "gpu_header": gpu_run.header()})
     if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
         from moda_bench.bench.pool.distributed import run_distributed_pool
         run_distributed_pool(sweeps, provider_names, pass_, dist=dist, use_tuned=not no_tuned,
-                             warmup_ms=warmup, rep_ms=rep)
+                             warmup_ms=warmup, rep_ms=rep, timing=timing, health=gpu_run.row_label())
+        checks.finish(gpu_run, console, [], strict)
         console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each "
                       f"sweep with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
         return
@@ -163,7 +189,8 @@ def sweep_command(
             console.print(f"wrote {s.csv} and {png}")
 
     run.run_sweeps(sweeps, provider_names, pass_, gpus=gpus, use_tuned=not no_tuned, warmup_ms=warmup, rep_ms=rep,
-                   console=console, on_start=start, on_done=finish)
+                   console=console, on_start=start, on_done=finish, timing=timing, health=gpu_run.row_label())
+    checks.finish(gpu_run, console, [s.csv for s in sweeps], strict)
 
 
 def merge_command(

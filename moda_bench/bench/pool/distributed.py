@@ -14,7 +14,8 @@ from moda_bench.bench.runner import REP_MS, WARMUP_MS, Point
 
 def run_distributed_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, *,
                          dist: DistInfo | None = None, use_tuned: bool = True, warmup_ms: float = WARMUP_MS,
-                         rep_ms: float = REP_MS, progress: bool | None = None) -> dict:
+                         rep_ms: float = REP_MS, progress: bool | None = None, timing=None,
+                         health: str = "") -> dict:
     """Run this torchrun rank's share of the pooled points of all `sweeps` on cuda:LOCAL_RANK;
     each sweep's rows go to `<stem>.rank<RANK>.csv` beside its CSV (none when the rank has no
     point of that sweep).
@@ -46,7 +47,8 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], 
             runner.run_sweep([t.point for t in todo], providers, pass_, out, sweep_name=s.name,
                              use_tuned=use_tuned, progress=(dist.rank == 0) if progress is None else progress,
                              device_index=dist.local_rank if has_cuda else None,
-                             warmup_ms=warmup_ms, rep_ms=rep_ms, pin_chunk=todo[0].pin_chunk)
+                             warmup_ms=warmup_ms, rep_ms=rep_ms, pin_chunk=todo[0].pin_chunk, timing=timing,
+                             health=health)
         frames[s.name] = stamp_gpu_index(out, gpu_index)
     return frames
 

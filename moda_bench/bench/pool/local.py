@@ -282,7 +282,7 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
              gpus: Union[str, int] = "all", use_tuned: bool = True, warmup_ms: float = WARMUP_MS,
              rep_ms: float = REP_MS, progress: bool = True, worker_cmd: WorkerCmd | None = None,
              keep_shards: bool = False, timeout_s: float | None = None, poll_s: float = 0.5,
-             shard_base: Path | None = None) -> PoolResult:
+             shard_base: Path | None = None, timing=None, health: str = "") -> PoolResult:
     """Run every point of every sweep with one isolated worker process per GPU; write each
     sweep's rows to its CSV.
 
@@ -327,7 +327,9 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
         prefix = worker_cmd(slot) if callable(worker_cmd) else worker_cmd
         argv = [*prefix, "--serve", "--providers", ",".join(providers), "--pass", pass_, "--csv", str(shard_csv),
                 "--gpu-index", str(slot.index), "--warmup-ms", str(warmup_ms), "--rep-ms", str(rep_ms),
-                "--tuned" if use_tuned else "--no-tuned"]
+                "--tuned" if use_tuned else "--no-tuned", "--health", health]
+        if timing is not None:
+            argv += ["--timing", json.dumps(dataclasses.asdict(timing))]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=slot.token, PYTHONUNBUFFERED="1")
         workers.append(_Worker(slot, shard_csv, log, argv, env))
 

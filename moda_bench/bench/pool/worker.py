@@ -85,7 +85,7 @@ def serve(start: Callable[[], RunTask], csv: Path, *, gpu_index: int) -> None:
 
 
 def gpu_start(providers: list[str], pass_: str, csv: Path, *, warmup_ms: float, rep_ms: float,
-              tuned: bool) -> Callable[[], RunTask]:
+              tuned: bool, timing=None, health: str = "") -> Callable[[], RunTask]:
     """The real worker's setup: torch on the one visible GPU (exit code 2 without one); each task
     is `runner.run_sweep` on one point, then a check of the CUDA context."""
 
@@ -100,7 +100,8 @@ def gpu_start(providers: list[str], pass_: str, csv: Path, *, warmup_ms: float, 
 
         def run_task(point: Point, sweep: str, pin_chunk: bool) -> Optional[str]:
             run_sweep([point], providers, pass_, csv, sweep_name=sweep, use_tuned=tuned, progress=False,
-                      device_index=0, warmup_ms=warmup_ms, rep_ms=rep_ms, pin_chunk=pin_chunk)
+                      device_index=0, warmup_ms=warmup_ms, rep_ms=rep_ms, pin_chunk=pin_chunk, timing=timing,
+                      health=health)
             return cuda_fault()
 
         return run_task
@@ -118,6 +119,8 @@ def worker_main(
     warmup_ms: Annotated[float, typer.Option("--warmup-ms")] = WARMUP_MS,
     rep_ms: Annotated[float, typer.Option("--rep-ms")] = REP_MS,
     tuned: Annotated[bool, typer.Option("--tuned/--no-tuned")] = True,
+    timing: Annotated[Optional[str], typer.Option("--timing", help="TimingOptions as JSON.")] = None,
+    health: Annotated[str, typer.Option("--health", help="The run's GPU verdict for the rows.")] = "",
 ) -> None:
     """Run sweep points on the single GPU this process sees, as tasks from stdin (--serve)."""
     try:
@@ -127,7 +130,12 @@ def worker_main(
     if not serve_:
         raise typer.BadParameter("give --serve: the worker takes its tasks from stdin")
     provider_list = [p.strip() for p in providers.split(",") if p.strip()]
-    serve(gpu_start(provider_list, pass_, csv, warmup_ms=warmup_ms, rep_ms=rep_ms, tuned=tuned), csv,
+    opts = None
+    if timing:
+        from moda_bench.bench.point import TimingOptions
+        opts = TimingOptions(**json.loads(timing))
+    serve(gpu_start(provider_list, pass_, csv, warmup_ms=warmup_ms, rep_ms=rep_ms, tuned=tuned, timing=opts,
+                    health=health), csv,
           gpu_index=gpu_index)
 
 
