@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from moda_bench.ops.moda.config import default_config
-from moda_bench.ops.moda.kernel import _bwd, _fwd
+from moda_bench.ops.moda.kernel import moda_bwd as _bwd, moda_fwd as _fwd
 from moda_bench.ops.moda.validate import MoDAShape
 from moda_bench.timing import measure
 
