@@ -217,7 +217,10 @@ class GpuSampler:
         return False
 
     def summary(self) -> dict:
-        return summarize_gpu(list(self.polls))
+        """summarize_gpu of the polls; with more than two, the entry poll (taken before the work
+        started, clocks possibly parked) is left out."""
+        polls = list(self.polls)
+        return summarize_gpu(polls[1:] if len(polls) > 2 else polls)
 
 
 # ----------------------------------------------------------------------------- run header
@@ -433,18 +436,23 @@ def run_canary(n: int = 8192, copy_bytes: int = 2**30, *, warmup_s: float = 0.25
     """Time a bf16 n^3 matmul (2 n^3 FLOP) and a copy_bytes device-to-device copy (2 * bytes moved)
     on the current CUDA device, eager timer, L2 flushed. The matmul warms up warmup_s so the
     power-capped steady state is measured, not the first cool burst."""
-    import torch
     rule = rule or timing.StopRule(min_samples=10, min_time_s=0.05, max_time_s=0.5)
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    mm = timing.time_fn(lambda: torch.matmul(a, b, out=c), rule=rule, warmup_s=warmup_s)
-    del a, b, c
-    src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    cp = timing.time_fn(lambda: dst.copy_(src), rule=rule, warmup_s=0.02)
-    del src, dst
+    mm = _time_matmul(n, rule, warmup_s)
+    cp = _time_copy(copy_bytes, rule)
     return Canary(2.0 * n ** 3 / (mm.median_ms * 1e-3) / 1e12, 2.0 * copy_bytes / (cp.median_ms * 1e-3) / 1e9, mm, cp)
+
+
+def _time_matmul(n: int, rule, warmup_s: float):
+    import torch
+    a, b, c = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return timing.time_fn(lambda: torch.matmul(a, b, out=c), rule=rule, warmup_s=warmup_s)
+
+
+def _time_copy(nbytes: int, rule):
+    import torch
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return timing.time_fn(lambda: dst.copy_(src), rule=rule, warmup_s=0.02)
 
 
 def check_health(device_index: int = 0, *, record: bool = True, strict: bool = False, cache_path=None,

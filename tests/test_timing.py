@@ -318,16 +318,18 @@ def test_graph_timer_grads_fresh_or_accumulated():
 
     def fn():
         (x @ w).sum().backward()
-    want = x.sum(0)[:, None].expand(1024, 1024)
+    fn()
+    want = w.grad.clone()                                            # one eager backward
+    w.grad = None
     fresh = timing.make_sampler(fn, "graph", grad_to_none=[w])
     assert all(ms > 0 for ms in fresh.batch(3))
-    torch.testing.assert_close(w.grad, want)                         # rewritten each replay, not summed
+    torch.testing.assert_close(w.grad, want, rtol=1e-4, atol=1e-3)   # rewritten each replay, not summed
     acc = timing.make_sampler(fn, "graph", grad_to_none=[w], graph_grads="accumulate")
     g = w.grad
     before = g.clone()
     acc()
     assert w.grad is g and not torch.equal(g, before)               # same tensor, added into
-    torch.testing.assert_close(g - before, want)
+    torch.testing.assert_close(g - before, want, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from moda_bench.ops.moda.config import default_config
-from moda_bench.ops.moda.kernel import moda_bwd as _bwd, moda_fwd as _fwd
+from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
 from moda_bench.ops.moda.validate import MoDAShape
 from moda_bench.timing import measure
 
@@ -51,7 +51,7 @@ def main():
         kd, vd = rnd(B, T, L, Hk, d), rnd(B, T, L, Hk, d)
         scale = 1 / math.sqrt(d)
         base = default_config(shape).replace(fwd_depth="split", bwd_depth="split")
-        o, lse = _fwd(q, k, v, kd, vd, scale, shape, base)  # a valid lse for the backward
+        o, lse = moda_fwd(q, k, v, kd, vd, scale, shape, base)  # a valid lse for the backward
         qbytes, dbytes = B * T * Hq * d * 2, B * T * L * Hk * d * 2
         need = {"fwd": qbytes * 2 + 2 * dbytes + B * T * Hq * 4,  # q, kd, vd in; o, lse out
                 "bwd": qbytes * 3 + 4 * dbytes + 2 * B * T * Hq * 4}  # q, do, kd, vd, lse, delta in; dq, dkd, dvd out
@@ -62,9 +62,9 @@ def main():
                                bwd_depth_block_m=bm, bwd_block_l=bl, bwd_depth_warps=w, bwd_depth_stages=st)
             for kernel in ("fwd", "bwd"):
                 if kernel == "fwd":
-                    fn = lambda: _fwd(q, k, v, kd, vd, scale, shape, cfg, depth_only=True)  # noqa: E731
+                    fn = lambda: moda_fwd(q, k, v, kd, vd, scale, shape, cfg, depth_only=True)  # noqa: E731
                 else:
-                    fn = lambda: _bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_only=True)  # noqa: E731
+                    fn = lambda: moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_only=True)  # noqa: E731
                 try:
                     r = measure(fn)
                     status = "ok"

@@ -20,6 +20,10 @@ from typing import Callable, Optional
 from moda_bench import results, schema
 
 from moda_bench.bench.point import ACCURACY_TOL, CHECK_LEN, TimingOptions, run_point  # noqa: F401
+
+# `--timer do_bench`: each provider on its own through triton's do_bench (median/p20/p80 of
+# rep_ms of repetitions), as every run before the interleaved timing did: for comparing with them
+LEGACY_TIMER = "do_bench"
 # do_bench budget: the default, and --quick
 WARMUP_MS, REP_MS = 25.0, 100.0
 QUICK_WARMUP_MS, QUICK_REP_MS = 5.0, 20.0
@@ -161,6 +165,8 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
     provs = sorted(resolve_providers(providers), key=lambda p: p.name != BASELINE)
     points = list(points)
     opts = timing or TimingOptions(warmup_ms=warmup_ms, min_time_ms=rep_ms)
+    if timer is None and opts.timer == LEGACY_TIMER:  # the pre-issue-15 method, for comparisons
+        from moda_bench.timing import measure as timer
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,7 +183,7 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     unavailable = {p.name: p.unavailable(device) for p in provs}
     meta_index = device_index if str(device).startswith("cuda") else None
-    timer_name = "custom" if timer is not None else opts.timer
+    timer_name = opts.timer if opts.timer == LEGACY_TIMER else ("custom" if timer is not None else opts.timer)
 
     all_rows = []
     bar = None

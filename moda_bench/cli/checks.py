@@ -26,7 +26,8 @@ CheckOption = Annotated[bool, typer.Option(
     "--health-check/--no-health-check", help="Run the health canary (about 2 s) at the start and end.")]
 TimerOption = Annotated[str, typer.Option(
     "--timer", help="eager: host-inclusive times (launch overhead counts); graph: CUDA-graph replays "
-    "(device time only).")]
+    "(device time only); do_bench: each provider alone through triton's do_bench, as runs before "
+    "interleaved timing did (for comparing with them; no intervals).")]
 MinSamplesOption = Annotated[int, typer.Option(
     "--min-samples", help="Repetitions every row gets at least (L2 flushed before each).")]
 CiTolOption = Annotated[float, typer.Option(
@@ -130,9 +131,10 @@ def timing_options(timer: str, min_samples: int, ci_tol: float, max_time: float,
                    rep_ms: float):
     """TimingOptions from the shared options (BadParameter for bad values)."""
     from moda_bench.bench.point import TimingOptions
+    from moda_bench.bench.runner import LEGACY_TIMER
     from moda_bench.timing import TIMERS
-    if timer not in TIMERS:
-        raise typer.BadParameter(f"--timer must be one of {', '.join(TIMERS)}, got {timer!r}")
+    if timer not in TIMERS + (LEGACY_TIMER,):
+        raise typer.BadParameter(f"--timer must be one of {', '.join(TIMERS + (LEGACY_TIMER,))}, got {timer!r}")
     if min_samples < 2:
         raise typer.BadParameter(f"--min-samples must be >= 2 (a single repetition has no spread), got {min_samples}")
     if not 0 < ci_tol < 1:

@@ -1,12 +1,15 @@
 """Every figure moda-bench draws (PNG + SVG, matplotlib's object API: no pyplot, no global state).
 
-- Report figures (`write_all`: runtime, extra time, ablation ladder, TFLOP/s) from the frames
-  built by `reports.tables`; `ablation_figure` and `save_figure` are also used by `ablate`.
-  They are built and saved inside matplotlib's default style with a fixed SVG hash salt and no
-  date/software metadata, so identical inputs give byte-identical files on one matplotlib version.
+- Report figures (`write_all`: runtime, extra time, ablation ladder, TFLOP/s and, where the CSVs
+  have it, the ratio to the fastest attention) from the frames built by `reports.tables`;
+  `ablation_figure` and `save_figure` are also used by `ablate`. Ratios and extra times get
+  error bars from the paired 95% intervals where measured; rows of the graph timer are drawn
+  dashed beside the eager ones. They are built and saved inside matplotlib's default style with
+  a fixed SVG hash salt and no date/software metadata, so identical inputs give byte-identical
+  files on one matplotlib version.
 - The per-sweep figure (`plot_sweep`, used by `sweep`), drawn from one sweep CSV alone (read
   through `moda_bench.results`): median runtime with p20-p80 bars and extra time % vs FA2
-  against the swept parameter (`infer_x`).
+  (with its interval where measured) against the swept parameter (`infer_x`).
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from typing import Callable, Optional
 
 from moda_bench import results as results_io
 from moda_bench import schema
-from moda_bench.reports.vocab import CEILING_PROVIDER, PAPER_AXES, fmt_config, pass_label, sort_passes
+from moda_bench.reports.vocab import (CEILING_PROVIDER, MODA_VARIANTS, PAPER_AXES, SEQUENCE_ONLY, fmt_config,
+                                      has_text, pass_label, sort_passes)
 
 RC = {"svg.hashsalt": "moda-bench", "svg.fonttype": "path", "figure.dpi": 100, "font.size": 9,
       "axes.grid": True, "grid.alpha": 0.3}
@@ -26,12 +30,17 @@ PNG_DPI = 150
 LOG_RANGE = 16.0                                  # use a log axis when max/min reaches this
 PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-torch", "flash-compatible",
                   "chunk-aware", "group-aware", "batched-tiles"]
+SERIES_RANK = PROVIDER_ORDER + ["moda-fa4", "fa4"]   # legend order; PROVIDER_ORDER alone fixes colours
+FIXED_COLORS = {"moda-fa4": "#ff7f0e", "fa4": "#17becf"}   # providers added later: clear of fa2/moda's colours
+TIMER_STYLE = {"eager": "-", "graph": "--"}        # line style per timer where a figure draws both
 AXIS_LABEL = {"T": "sequence length T", "G": "GQA group size G (Hq = G * Hk)", "L": "depth L",
               "C": "query chunk C (rows)"}
 
 
 def _color(provider: str, extra: list[str]) -> str:
     """Fixed colour per provider: known ones by PROVIDER_ORDER, others after them in sorted order."""
+    if provider in FIXED_COLORS:
+        return FIXED_COLORS[provider]
     from matplotlib import colormaps
     names = PROVIDER_ORDER + [p for p in sorted(extra) if p not in PROVIDER_ORDER]
     cmap = colormaps["tab10"]
@@ -55,22 +64,35 @@ def _set_x(ax, axis: str, xs) -> None:
     ax.set_xlabel(AXIS_LABEL.get(axis, axis))
 
 
-def _series(part, axis: str, ycol: str):
-    """(label, provider, x, y) per provider (+ other config columns that vary inside the sweep)."""
+def _series(part, axis: str):
+    """(label, provider, timer, rows sorted by axis) per provider (+ other config columns that vary
+    inside the sweep, + the timer where the part holds several; timer '' otherwise)."""
     others = [c for c in schema.CONFIG_COLUMNS if c != axis and not (axis == "G" and c == "Hq")
               and part[c].nunique(dropna=False) > 1]
+    by_timer = part["timer"].nunique(dropna=False) > 1
     out = []
-    rank = {p: i for i, p in enumerate(PROVIDER_ORDER)}
-    groups = part.groupby(["provider"] + others, sort=True, dropna=False)
+    rank = {p: i for i, p in enumerate(SERIES_RANK)}
+    groups = part.groupby(["provider"] + others + (["timer"] if by_timer else []), sort=True, dropna=False)
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         provider = key[0]
         label = provider + ("" if not others else " (" + ", ".join(
             f"{c}={fmt_config(c, v)}" for c, v in zip(others, key[1:])) + ")")
-        g = g.sort_values(axis)
-        out.append((label, provider, g[axis].astype(float).tolist(), g[ycol].astype(float).tolist()))
+        timer = str(key[-1]) if by_timer else ""
+        label += f" [{timer}]" if timer else ""
+        out.append((label, provider, timer, g.sort_values(axis)))
     out.sort(key=lambda s: (rank.get(s[1], len(rank)), s[0]))
     return out
+
+
+def _style(timer: str) -> dict:
+    """Line style keyword of a series: none for a figure of one timer (the default solid line)."""
+    return {"linestyle": TIMER_STYLE.get(timer, ":")} if timer else {}
+
+
+def _interval_err(y, lo, hi):
+    """yerr [below, above] from an interval around y (0 where the interval is missing)."""
+    return [(y - lo).clip(lower=0).fillna(0).tolist(), (hi - y).clip(lower=0).fillna(0).tolist()]
 
 
 def _short(v: float) -> str:
@@ -101,8 +123,9 @@ def _measure_figure(rows, ycol: str, ylabel: str, title: str, ceiling=None):
     for ax, axis in zip(axs, axes_present):
         part = ok[ok["sweep"] == axis]
         ys = []
-        for label, provider, x, y in _series(part, axis, ycol):
-            ax.plot(x, y, marker="o", label=label, color=_color(provider, providers))
+        for label, provider, timer, g in _series(part, axis):
+            x, y = g[axis].astype(float).tolist(), g[ycol].astype(float).tolist()
+            ax.plot(x, y, marker="o", label=label, color=_color(provider, providers), **_style(timer))
             ys += y
         if ceiling is not None:
             ax.axhline(ceiling[0], color="black", linestyle="--", linewidth=1,
@@ -137,10 +160,35 @@ def _paper_axis(paper_eff, axis: str):
     return paper_eff[mask].drop_duplicates(axis).sort_values(axis)
 
 
+def _extra_series(section, multi_timer: bool):
+    """(label, colour, timer, frame with axis, y, err_lo, err_hi) of MoDA and its variants in one
+    fwd+bwd efficiency section: extra time % over FA2, the paired ratio's where it has an interval."""
+    f, axis, out = section.frame, section.sweep, []
+    suffix = f" ({section.timer})" if multi_timer and section.timer else ""
+    cols = [("ours", "moda", "moda_ratio", "moda_ratio_lo", "moda_ratio_hi")]
+    cols += [(p, p, f"{p}:ratio", f"{p}:ratio_lo", f"{p}:ratio_hi") for p in section.others if p in MODA_VARIANTS]
+    for label, colour, r, lo, hi in cols:
+        if r not in f:
+            continue
+        paired = f[lo].notna() & f[hi].notna()
+        base = f["extra_pct"] if label == "ours" else (f[r] - 1) * 100
+        y = ((f[r] - 1) * 100).where(paired, base)
+        data = f[[axis]].assign(y=y, lo=((f[lo] - 1) * 100).where(paired), hi=((f[hi] - 1) * 100).where(paired))
+        data = data.dropna(subset=["y"]).sort_values(axis)
+        if not data.empty:
+            out.append((label + suffix, _color(colour, []), section.timer if multi_timer else "", data))
+    return out
+
+
 def extra_time_figure(eff_sections, paper):
-    """Extra time % of MoDA over FA2 against T, G, L (C): ours (fwd+bwd) vs the paper's A100."""
-    ours = {s.sweep: s.frame for s in eff_sections if s.pass_ == "fwdbwd" and s.sweep in schema.AXES
-            and s.frame["extra_pct"].notna().any()}
+    """Extra time % of MoDA (and moda-fa4) over FA2 against T, G, L (C): ours (fwd+bwd, with the
+    paired interval as error bars where measured) vs the paper's A100."""
+    sections = [s for s in eff_sections if s.pass_ == "fwdbwd" and s.sweep in schema.AXES]
+    multi_timer = len({s.timer for s in sections}) > 1
+    ours: dict = {}
+    for s in sections:
+        ours.setdefault(s.sweep, []).extend(_extra_series(s, multi_timer))
+    ours = {a: v for a, v in ours.items() if v}
     has_paper = paper.efficiency is not None
     axes_present = [a for a in schema.AXES if a in ours or (has_paper and a in PAPER_AXES)]
     if not ours and not has_paper:
@@ -148,10 +196,13 @@ def extra_time_figure(eff_sections, paper):
     fig, axs = _new_figure(len(axes_present), "MoDA extra time over FA2 (fwd+bwd)")
     for ax, axis in zip(axs, axes_present):
         xs = []
-        if axis in ours:
-            f = ours[axis].dropna(subset=["extra_pct"]).sort_values(axis)
-            ax.plot(f[axis].astype(float), f["extra_pct"], marker="o", color=_color("moda", []), label="ours")
-            xs += f[axis].tolist()
+        for label, colour, timer, d in ours.get(axis, []):
+            if d["lo"].notna().any():
+                ax.errorbar(d[axis].astype(float), d["y"], yerr=_interval_err(d["y"], d["lo"], d["hi"]), marker="o",
+                            capsize=3, color=colour, label=label, **_style(timer))
+            else:
+                ax.plot(d[axis].astype(float), d["y"], marker="o", color=colour, label=label, **_style(timer))
+            xs += d[axis].tolist()
         if has_paper and axis in PAPER_AXES:
             p = _paper_axis(paper.efficiency, axis)
             ax.plot(p[axis].astype(float), p["extra_time_pct"], marker="s", linestyle="--", color="gray",
@@ -161,6 +212,40 @@ def extra_time_figure(eff_sections, paper):
         _set_x(ax, axis, xs)
         ax.set_ylabel("extra time %  (MoDA - FA2) / FA2")
         ax.set_title(f"vs {axis}")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def ratio_to_best_figure(rows):
+    """Time over the fastest sequence-only attention of each point (ratio_to_best, with its paired
+    interval as error bars) of every provider with a depth part, one panel per swept axis
+    (primary pass); the panel title names the fastest attention(s) seen. None without data."""
+    ok = rows[(rows["status"] == schema.OK) & rows["ratio_to_best"].notna() & ~rows["provider"].isin(SEQUENCE_ONLY)
+              & (rows["provider"] != CEILING_PROVIDER)]
+    if ok.empty:
+        return None
+    pass_ = sort_passes(ok["pass"])[0]
+    ok = ok[ok["pass"] == pass_]
+    axes_present = [a for a in schema.AXES if (ok["sweep"] == a).any()]
+    if not axes_present:
+        return None
+    providers = sorted(set(ok["provider"]))
+    fig, axs = _new_figure(len(axes_present), f"Time over the fastest attention of the GPU ({pass_label(pass_)})")
+    for ax, axis in zip(axs, axes_present):
+        part = ok[ok["sweep"] == axis]
+        ys = []
+        for label, provider, timer, g in _series(part, axis):
+            y = g["ratio_to_best"].astype(float)
+            ax.errorbar(g[axis].astype(float), y, yerr=_interval_err(y, g["ratio_to_best_lo"], g["ratio_to_best_hi"]),
+                        marker="o", capsize=3, label=label, color=_color(provider, providers), **_style(timer))
+            ys += y.tolist()
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        if _wants_log(ys):
+            ax.set_yscale("log")
+        _set_x(ax, axis, part[axis])
+        best = sorted({b.strip() for b in part["best_provider"] if has_text(b)})
+        ax.set_ylabel("time / fastest attention")
+        ax.set_title(f"vs {axis}" + (f" (fastest: {', '.join(best)})" if best else ""))
         ax.legend(fontsize=7)
     return fig
 
@@ -210,7 +295,8 @@ def write_all(fig_dir: Path, *, rows, eff_sections, abl_sections, paper, ceiling
     builders = [("runtime", lambda: runtime_figure(rows)),
                 ("extra_time", lambda: extra_time_figure(eff_sections, paper)),
                 ("ablation", lambda: ablation_figure(abl_sections)),
-                ("tflops", lambda: tflops_figure(rows, ceiling))]
+                ("tflops", lambda: tflops_figure(rows, ceiling)),
+                ("ratio_to_best", lambda: ratio_to_best_figure(rows))]
     written = []
     with matplotlib.style.context("default"), matplotlib.rc_context(RC):
         for name, build in builders:
@@ -258,8 +344,9 @@ def plot_sweep(csv_path, out_path=None, *, x: str | None = None, title: str | No
                warn: Optional[Callable[[str], None]] = None) -> Path:
     """Write the figure of one sweep CSV; returns its path (default: the CSV's path with .png).
 
-    Left panel: median runtime (p20-p80 error bars) vs the swept parameter, one line per provider.
-    Right panel: extra time % vs FA2 of every non-baseline provider. Only status 'ok' rows are drawn.
+    Left panel: median runtime (p20-p80 error bars) vs the swept parameter, one line per provider
+    (and timer, where the CSV holds both). Right panel: extra time % vs FA2 of every non-baseline
+    provider, with the paired 95% interval as error bars where measured. Only status 'ok' rows are drawn.
     Raises `results.ResultsError` (a ValueError) when the CSV is not a readable sweep CSV.
     """
     from matplotlib import rcParams
@@ -277,14 +364,26 @@ def plot_sweep(csv_path, out_path=None, *, x: str | None = None, title: str | No
         for ax in (ax_t, ax_e):
             ax.text(0.5, 0.5, "no successful rows", ha="center", va="center", transform=ax.transAxes)
     cycle = rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (provider, grp) in enumerate(ok.groupby("provider", sort=False)):
-        colour = cycle[i % len(cycle)]  # same colour for a provider in both panels
+    timers = sorted(set(ok["timer"]))
+    colours = {p: cycle[i % len(cycle)] for i, p in enumerate(ok["provider"].drop_duplicates())}
+    keys = ["provider", "timer"] if len(timers) > 1 else ["provider"]
+    for key, grp in ok.groupby(keys, sort=False):
+        provider = key[0] if isinstance(key, tuple) else key
+        timer = key[1] if len(keys) > 1 else ""
+        colour = colours[provider]  # same colour for a provider in both panels
+        label = provider + (f" [{timer}]" if timer else "")
         yerr = None
         if grp[["p20_ms", "p80_ms"]].notna().all().all():
             yerr = [(grp["median_ms"] - grp["p20_ms"]).clip(lower=0), (grp["p80_ms"] - grp["median_ms"]).clip(lower=0)]
-        ax_t.errorbar(grp[x], grp["median_ms"], yerr=yerr, marker="o", capsize=3, label=provider, color=colour)
+        ax_t.errorbar(grp[x], grp["median_ms"], yerr=yerr, marker="o", capsize=3, label=label, color=colour,
+                      **_style(timer))
         if provider != "fa2" and grp["extra_time_pct"].notna().any():
-            ax_e.plot(grp[x], grp["extra_time_pct"], marker="o", label=provider, color=colour)
+            lo, hi = (grp["ratio_to_fa2_lo"] - 1) * 100, (grp["ratio_to_fa2_hi"] - 1) * 100
+            if (lo.notna() & hi.notna()).any():
+                ax_e.errorbar(grp[x], grp["extra_time_pct"], yerr=_interval_err(grp["extra_time_pct"], lo, hi),
+                              marker="o", capsize=3, label=label, color=colour, **_style(timer))
+            else:
+                ax_e.plot(grp[x], grp["extra_time_pct"], marker="o", label=label, color=colour, **_style(timer))
     if not ok.empty:
         _log_if_wide(ax_t, "x", ok[x])
         _log_if_wide(ax_t, "y", ok["median_ms"])

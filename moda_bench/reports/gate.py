@@ -1,48 +1,49 @@
 """`moda-bench gate`'s work: judge whether a provider got slower than a stored baseline. The
-command (options, messages, exit codes) is `moda_bench.cli.gate`.
+command (options, messages, exit codes, the GPU health checks of `--run`) is `moda_bench.cli.gate`.
 
-Both CSVs (schema.COLUMNS, long format) are read through `moda_bench.results` (`read_run`).
-Their rows are matched on `schema.KEY_COLUMNS` (provider, pass, T, G, Hq, Hk, L, B, d, C, dtype;
-the sweep name is not part of the gate's key); only `status == "ok"` rows are timed comparisons.
-If a key occurs more than once in one file (an appended re-run), the last row wins.
+Both CSVs are read through `moda_bench.results` (`read_run`); rows are matched on
+`schema.KEY_COLUMNS` (not the sweep name), the last row of a repeated key wins, and a baseline row
+counts when its status is ok and it has a median_ms. Value per row (`metric`) and its interval:
 
-Value compared per row (`metric`):
+* ``ratio`` (default): ``ratio_to_fa2`` and its paired 95% interval ``ratio_to_fa2_lo/_hi``; the
+  fa2 rows are ``REFERENCE`` (ratio 1 by definition: time change shown, never gated).
+* ``ratio-best``: ``ratio_to_best`` (+ _lo/_hi), against the fastest sequence-only attention of
+  the point (``best_provider``, e.g. fa4 on Hopper); the best provider of both runs is REFERENCE.
+* ``time``: ``median_ms`` with the interval ``[p20_ms, p80_ms]``; every provider is gated.
 
-* ``ratio`` (default): the provider's time divided by the time of the reference provider
-  (``fa2``) of the *same run and configuration*, so a uniformly faster or slower machine of the
-  same kind cancels out. Point value ``r = P.median / F.median``; noise band
-  ``[P.p20 / F.p80, P.p80 / F.p20]`` (the spread of both rows, conservatively combined).
-  The reference rows themselves have ratio 1 by definition: they are shown with their raw time
-  change as category ``reference`` and never gated. The reference row is looked up with the
-  same full configuration; failing that, ignoring L and C (FlashAttention has no depth/chunk).
-  When either run lacks an ok reference row for a configuration, that row falls back to
-  ``time`` (marked in the table).
-* ``time``: ``median_ms`` with noise band ``[p20_ms, p80_ms]``. Every provider, fa2 included,
-  is gated.
+Decision (like NVBench's compare), threshold ``t``: the change ``current / baseline - 1`` gets an
+interval from both rows' intervals, combined in quadrature on a log scale (a row without an
+interval counts as exact, so against an exact baseline this is the current interval against
+``baseline * (1 +- t)``):
 
-Decision for a row present and ok in both runs, with ``change = cur / base - 1``:
+* ``SLOW``  (regression): the change interval lies entirely above ``+t``;
+* ``FAST``: entirely below ``-t``;
+* ``AMBIGUOUS``: the point change is beyond ``+-t`` but its interval reaches into the band, or
+  the interval is wider than the band (reaches beyond both ``-t`` and ``+t``);
+* ``SAME``: otherwise (point change within ``+-t``).
 
-* ``regressed``  iff ``change > threshold`` AND ``cur_lo > base_hi``
-  (the current band lies entirely above the baseline band: slower beyond the measured noise);
-* ``improved``   iff ``change < -threshold`` AND ``cur_hi < base_lo``;
-* ``unchanged``  otherwise (a move inside the threshold or inside the noise).
+A ratio row whose current file has no interval (older files, custom timers) falls back to the
+previous rule: the ratio is computed from the medians of the provider and its reference (fa2,
+or the run's best_provider; looked up with the full configuration, else ignoring L and C) with
+the noise band ``[P.p20 / F.p80, P.p80 / F.p20]``; SLOW iff ``change > t`` and the current band
+lies above the baseline band, FAST mirrored, AMBIGUOUS for ``|change| > t`` inside the noise,
+else SAME. Without a reference row in one run the row is compared on time (said in `detail`).
 
-Other categories: ``missing`` (ok in baseline, absent or skipped in current), ``failed`` (ok in
-baseline, ``error``/``oom`` in current: the provider broke on that configuration), ``new`` (ok in
-current only). A missing p20/p80 collapses the band to the median (threshold-only decision).
+Other categories: ``FAILED`` (ok in baseline, error/oom now), ``MISSING`` (ok in baseline;
+absent, skipped or without a value now), ``NEW`` (ok in current only). SLOW and FAILED fail the
+gate; MISSING fails unless ``allow_missing``; AMBIGUOUS only with ``fail_ambiguous``.
 
-Exit codes, set by the command from `GateResult.failed` and `GateInputError`: 0 pass; 1 at
-least one ``regressed`` or ``failed`` row (0 with ``--warn-only``, which still reports); 2
-unusable input (missing/empty/unreadable file, not a results CSV, a non-numeric value, missing
-columns, no ok baseline rows, different GPU names without ``--allow-gpu-change``, no
-configuration in common, ``--run`` without CUDA).
+`GateInputError` (exit code 2): unreadable or non-results files (one line naming file, line and
+column), missing columns, no ok baseline rows, rows whose ``health`` is not '', 'healthy' or
+'unknown' (a degraded or shared GPU), different GPU names, no configuration in common.
 """
 from __future__ import annotations
 
 import enum
+import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -52,22 +53,35 @@ from moda_bench import results as results_io
 from moda_bench import schema
 
 REFERENCE_PROVIDER = "fa2"
-REQUIRED_COLUMNS = schema.KEY_COLUMNS + ["median_ms", "p20_ms", "p80_ms", "status", "gpu"]
-# fa2 does not depend on the depth/chunk axes: fallback match for the reference row
-_REFERENCE_FALLBACK_KEY = ["pass"] + [c for c in schema.CONFIG_COLUMNS if c not in ("L", "C")]
+REQUIRED_COLUMNS = [c for c in schema.KEY_COLUMNS if c != "timer"] + ["median_ms", "p20_ms", "p80_ms",
+                                                                      "status", "gpu"]
+POINT_KEY = ["pass", "timer"] + schema.CONFIG_COLUMNS
+# fa2 and the other sequence-only providers do not depend on the depth/chunk axes: fallback match
+POINT_FALLBACK_KEY = ["pass", "timer"] + [c for c in schema.CONFIG_COLUMNS if c not in ("L", "C")]
 BROKEN_STATUSES = (schema.OOM, schema.ERROR)
+HEALTHY = ("", "healthy", "unknown")
 
-# category -> display order (worst first) and rich style
-CATEGORIES = {
-    "failed": "bold red", "regressed": "bold red", "missing": "yellow", "new": "cyan",
-    "improved": "green", "unchanged": "dim", "reference": "dim",
-}
-GATING = ("failed", "regressed")
+# category -> rich style, in display order (worst first)
+CATEGORIES = {"FAILED": "bold red", "SLOW": "bold red", "MISSING": "yellow", "AMBIGUOUS": "magenta",
+              "NEW": "cyan", "FAST": "green", "SAME": "dim", "REFERENCE": "dim"}
+COMPARED = ("SLOW", "FAST", "SAME", "AMBIGUOUS", "REFERENCE")
+QUIET = ("SAME", "REFERENCE")
 
 
 class Metric(str, enum.Enum):
     ratio = "ratio"
+    ratio_best = "ratio-best"
     time = "time"
+
+
+# metric -> (value, interval low, interval high) columns
+METRIC_COLUMNS = {"ratio": ("ratio_to_fa2", "ratio_to_fa2_lo", "ratio_to_fa2_hi"),
+                  "ratio-best": ("ratio_to_best", "ratio_to_best_lo", "ratio_to_best_hi"),
+                  "time": ("median_ms", "p20_ms", "p80_ms")}
+TIME = METRIC_COLUMNS["time"]
+RESULT_COLUMNS = schema.KEY_COLUMNS + ["category", "metric", "interval", "base", "base_lo", "base_hi",
+                                       "current", "current_lo", "current_hi", "change", "change_lo",
+                                       "change_hi", "detail"]
 
 
 class GateInputError(ValueError):
@@ -76,17 +90,15 @@ class GateInputError(ValueError):
 
 @dataclass
 class GateResult:
-    """Outcome of `compare`.
-
-    rows: one row per key of either run with columns KEY_COLUMNS + [category, metric, base,
-    base_lo, base_hi, current, current_lo, current_hi, change, detail] (change is a fraction).
-    """
+    """Outcome of `compare`: one row per key of either run (RESULT_COLUMNS; changes are fractions)."""
 
     rows: pd.DataFrame
     threshold: float
     metric: str
     baseline_gpus: list[str] = field(default_factory=list)
     current_gpus: list[str] = field(default_factory=list)
+    allow_missing: bool = False
+    fail_ambiguous: bool = False
 
     @property
     def counts(self) -> dict[str, int]:
@@ -94,13 +106,22 @@ class GateResult:
         return {c: int(vc.get(c, 0)) for c in CATEGORIES}
 
     @property
+    def gating(self) -> tuple[str, ...]:
+        """The categories that fail the gate under this result's policy."""
+        return (("FAILED", "SLOW") + (() if self.allow_missing else ("MISSING",))
+                + (("AMBIGUOUS",) if self.fail_ambiguous else ()))
+
+    @property
     def failed(self) -> bool:
-        """True when a row regressed or broke (gate verdict: exit 1)."""
-        return bool(self.rows["category"].isin(GATING).any())
+        """True when a row fails the gate (exit 1)."""
+        return bool(self.rows["category"].isin(self.gating).any())
 
     @property
     def n_compared(self) -> int:
-        return int(self.rows["category"].isin(("improved", "unchanged", "regressed", "reference")).sum())
+        return int(self.rows["category"].isin(COMPARED).sum())
+
+    def of(self, category: str) -> pd.DataFrame:
+        return self.rows[self.rows["category"] == category]
 
 
 # ----------------------------------------------------------------------------- input
@@ -118,14 +139,29 @@ def read_run(path: Path, what: str, warn: Optional[Callable[[str], None]] = None
 
 def check_columns(df: pd.DataFrame, what: str) -> None:
     """GateInputError naming the columns the gate needs that df lacks."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in df.columns]:
         raise GateInputError(f"{what} CSV does not match the schema: missing column(s) {', '.join(missing)}")
+
+
+def check_health(df: pd.DataFrame, what: str) -> None:
+    """GateInputError when rows were measured on an unhealthy GPU (`health` not '', 'healthy' or
+    'unknown'): one line with the (most frequent) reason and the number of such rows."""
+    if "health" not in df.columns:
+        return
+    health = df["health"].map(lambda h: "" if _blank(h) else str(h).strip())
+    bad = health[~health.isin(HEALTHY)]
+    if bad.empty:
+        return
+    reasons = bad.value_counts()
+    where = f" ({df['_file'].iloc[0]})" if "_file" in df.columns and len(df) else ""
+    more = f" and {len(reasons) - 1} other reason(s)" if len(reasons) > 1 else ""
+    raise GateInputError(f"{what}{where}: {len(bad)} of {len(df)} row(s) were measured on an unhealthy GPU "
+                         f"(health '{reasons.index[0]}'{more}): not comparable; measure again on a healthy GPU")
 
 
 def _canon(value) -> str:
     """Canonical text of a key cell so 64, 64.0 and '64' match and NaN matches NaN."""
-    if value is None or (not isinstance(value, str) and pd.isna(value)):
+    if _blank(value):
         return ""
     text = str(value).strip()
     try:
@@ -135,50 +171,93 @@ def _canon(value) -> str:
     return str(int(f)) if f.is_integer() else repr(f)
 
 
-def _keyed(df: pd.DataFrame) -> pd.DataFrame:
-    """Copy with canonical key columns (k_<col>), duplicates resolved to the last row."""
-    out = df.copy()
+def _blank(value) -> bool:
+    """An empty cell: NaN/None (pandas' reading) or '' (results.read_csv's text columns)."""
+    return value is None or (not isinstance(value, str) and pd.isna(value)) or value == ""
+
+
+def _num(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _prepare(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    """Checked copy with every schema column, timer defaulted, canonical key columns (k_<col>) and
+    duplicates resolved to the last row."""
+    check_columns(df, what)
+    out = df.reindex(columns=list(df.columns) + [c for c in schema.COLUMNS if c not in df.columns])
+    out["timer"] = [_canon(t) or schema.DEFAULT_TIMER for t in out["timer"]]
     for c in schema.KEY_COLUMNS:
         out["k_" + c] = out[c].map(_canon)
     kcols = ["k_" + c for c in schema.KEY_COLUMNS]
     return out.drop_duplicates(subset=kcols, keep="last").reset_index(drop=True)
 
 
-def _blank(value) -> bool:
-    """An empty cell: NaN/None (pandas' reading) or '' (results.read_csv's text columns)."""
-    return value is None or (not isinstance(value, str) and pd.isna(value)) or value == ""
-
-
 def _gpus(df: pd.DataFrame) -> list[str]:
-    ok = df[df["status"] == schema.OK]
-    return sorted({"unknown" if _blank(g) else str(g) for g in ok["gpu"]})
+    return sorted({"unknown" if _blank(g) else str(g) for g in df[df["status"] == schema.OK]["gpu"]})
 
 
-# ----------------------------------------------------------------------------- comparison
-def _band(med, p20, p80) -> tuple[float, float, float]:
-    med = float(med)
-    lo = float(p20) if pd.notna(p20) else med
-    hi = float(p80) if pd.notna(p80) else med
-    return med, min(lo, med), max(hi, med)
+# ----------------------------------------------------------------------------- decisions
+def _triple(row, cols) -> tuple[float, float, float, bool] | None:
+    """(value, lo, hi, has_interval) of the columns; None without a positive value. An invalid
+    or absent interval collapses to the value."""
+    v, lo, hi = (_num(row[c]) for c in cols)
+    if not math.isfinite(v) or v <= 0:
+        return None
+    has = math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= v <= hi
+    return (v, lo, hi, True) if has else (v, v, v, False)
 
 
-def _reference_table(ok: pd.DataFrame, reference: str) -> tuple[dict, dict]:
-    """(exact, fallback) maps from canonical config keys to the reference (med, lo, hi) band."""
-    ref = ok[ok["k_provider"] == reference]
-    exact = {tuple(r["k_" + c] for c in ["pass"] + schema.CONFIG_COLUMNS):
-             _band(r["median_ms"], r["p20_ms"], r["p80_ms"]) for _, r in ref.iterrows()}
+def classify_interval(base: tuple, cur: tuple, threshold: float) -> dict:
+    """NVBench-like decision on (value, lo, hi) of baseline and current (module docstring)."""
+    (b, b_lo, b_hi), (c, c_lo, c_hi) = base[:3], cur[:3]
+    d = math.log(c / b)
+    down = math.hypot(math.log(c / c_lo), math.log(b_hi / b))
+    up = math.hypot(math.log(c_hi / c), math.log(b / b_lo))
+    change, lo, hi = c / b - 1.0, math.expm1(d - down), math.expm1(d + up)
+    t = threshold
+    category, why = ("SLOW" if lo > t else "FAST" if hi < -t else "SAME"), ""
+    if category == "SAME" and abs(change) > t:
+        category, why = "AMBIGUOUS", f"beyond {t * 100:g}% but the interval reaches into the band"
+    elif category == "SAME" and lo < -t and hi > t:
+        category, why = "AMBIGUOUS", f"interval wider than the +-{t * 100:g}% band"
+    return dict(category=category, change=change, change_lo=lo, change_hi=hi, detail=why)
+
+
+def classify_band(base: tuple, cur: tuple, threshold: float) -> dict:
+    """The rule for rows without an interval: the point change and the p20-p80 noise bands."""
+    change = cur[0] / base[0] - 1.0
+    category = ("SLOW" if change > threshold and cur[1] > base[2] else
+                "FAST" if change < -threshold and cur[2] < base[1] else
+                "AMBIGUOUS" if abs(change) > threshold else "SAME")
+    why = "beyond the threshold but inside the p20-p80 noise" if category == "AMBIGUOUS" else ""
+    return dict(category=category, change=change, change_lo=math.nan, change_hi=math.nan, detail=why)
+
+
+def _band_tables(ok: pd.DataFrame) -> tuple[dict, dict]:
+    """(exact, fallback): (point key..., provider) -> time band of the run's ok rows; the
+    fallback ignores L and C (median over the rows that share the rest)."""
+    exact = {}
+    for _, r in ok.iterrows():
+        t = _triple(r, TIME)
+        if t is not None:
+            exact[tuple(r["k_" + c] for c in POINT_KEY) + (r["k_provider"],)] = t
     fallback = {}
-    for key, grp in ref.groupby(["k_" + c for c in _REFERENCE_FALLBACK_KEY]):
-        fallback[key] = _band(grp["median_ms"].median(), grp["p20_ms"].median(), grp["p80_ms"].median())
+    for key, grp in ok.groupby(["k_" + c for c in POINT_FALLBACK_KEY] + ["k_provider"]):
+        t = _triple({c: grp[c].median() for c in TIME}, TIME)
+        if t is not None:
+            fallback[tuple(key)] = t
     return exact, fallback
 
 
-def _lookup_reference(row, tables) -> tuple | None:
+def _lookup(row, provider: str, tables) -> tuple | None:
+    if not provider:
+        return None
     exact, fallback = tables
-    key = tuple(row["k_" + c] for c in ["pass"] + schema.CONFIG_COLUMNS)
-    if key in exact:
-        return exact[key]
-    return fallback.get(tuple(row["k_" + c] for c in _REFERENCE_FALLBACK_KEY))
+    found = exact.get(tuple(row["k_" + c] for c in POINT_KEY) + (provider,))
+    return found or fallback.get(tuple(row["k_" + c] for c in POINT_FALLBACK_KEY) + (provider,))
 
 
 def _ratio_band(p: tuple, f: tuple) -> tuple[float, float, float]:
@@ -186,267 +265,331 @@ def _ratio_band(p: tuple, f: tuple) -> tuple[float, float, float]:
     return p[0] / f[0], p[1] / f[2], p[2] / f[1]
 
 
-def _classify(base: tuple, cur: tuple, threshold: float) -> tuple[str, float]:
-    change = cur[0] / base[0] - 1.0
-    if change > threshold and cur[1] > base[2]:
-        return "regressed", change
-    if change < -threshold and cur[2] < base[1]:
-        return "improved", change
-    return "unchanged", change
+def _best(row) -> str:
+    return "" if _blank(row["best_provider"]) else str(row["best_provider"]).strip()
+
+
+def _judge(b, c, metric: str, tables: tuple, threshold: float, reference: str) -> dict:
+    """Category and values of a key ok in both runs (module docstring)."""
+    bt, ct = _triple(b, TIME), _triple(c, TIME)
+    detail = ""
+    if metric != "time":
+        prov = b["k_provider"]
+        is_ref = prov == reference if metric == "ratio" else prov == _best(b) == _best(c)
+        if is_ref:
+            out = classify_interval(bt, ct, threshold)
+            return dict(out, category="REFERENCE", metric="time", interval="p20-p80", base=bt, current=ct,
+                        detail="reference: not gated")
+        if metric == "ratio-best" and _best(b) != _best(c):
+            detail = f"best: {_best(b) or '?'} -> {_best(c) or '?'}"
+        bv, cv = _triple(b, METRIC_COLUMNS[metric]), _triple(c, METRIC_COLUMNS[metric])
+        if bv is not None and cv is not None and cv[3]:
+            out = classify_interval(bv, cv, threshold)
+            return dict(out, metric=metric, interval="95% CI", base=bv, current=cv,
+                        detail="; ".join(x for x in (out["detail"], detail) if x))
+        refs = [("ratio-best", _best), ("ratio", lambda r: reference)] if metric == "ratio-best" \
+            else [("ratio", lambda r: reference)]
+        for label, ref_of in refs:
+            fb, fc = _lookup(b, ref_of(b), tables[0]), _lookup(c, ref_of(c), tables[1])
+            if fb is not None and fc is not None:
+                bv, cv = _ratio_band(bt, fb), _ratio_band(ct, fc)
+                out = classify_band(bv, cv, threshold)
+                note = "no interval: median ratio, p20-p80 bands" + ("" if label == metric else f" ({label})")
+                return dict(out, metric=label, interval="p20-p80", base=bv, current=cv,
+                            detail="; ".join(x for x in (out["detail"], note, detail) if x))
+            side = "baseline" if fb is None else "current"
+        tried = reference if metric == "ratio" else f"best_provider or {reference}"
+        detail = "; ".join(x for x in (f"no {tried} row in {side}: time compared", detail) if x)
+    out = classify_interval(bt, ct, threshold)
+    return dict(out, metric="time", interval="p20-p80", base=bt, current=ct,
+                detail="; ".join(x for x in (out["detail"], detail) if x))
 
 
 def compare(baseline_df: pd.DataFrame, current_df: pd.DataFrame, threshold: float = 0.05,
-            metric: str = "ratio", allow_gpu_change: bool = False,
-            reference: str = REFERENCE_PROVIDER) -> GateResult:
+            metric: str = "ratio", allow_gpu_change: bool = False, reference: str = REFERENCE_PROVIDER,
+            allow_missing: bool = False, fail_ambiguous: bool = False) -> GateResult:
     """Classify every key of the two runs (rules in the module docstring).
 
-    Raises GateInputError for missing columns, no ok baseline rows, or different GPU names
-    (unless allow_gpu_change).
+    Raises GateInputError for missing columns, unhealthy rows, no ok baseline rows, or different
+    GPU names (unless allow_gpu_change).
     """
     metric = Metric(metric).value
-    check_columns(baseline_df, "baseline")
-    check_columns(current_df, "current")
-    base, cur = _keyed(baseline_df), _keyed(current_df)
-    base_ok = base[base["status"] == schema.OK]
-    cur_ok = cur[cur["status"] == schema.OK]
+    base, cur = _prepare(baseline_df, "baseline"), _prepare(current_df, "current")
+    check_health(base, "baseline")
+    check_health(cur, "current")
+    measured = lambda df: df[(df["status"] == schema.OK) & df["median_ms"].map(_num).gt(0)]  # noqa: E731
+    base_ok, cur_ok = measured(base), measured(cur)
     if base_ok.empty:
-        raise GateInputError("baseline has no rows with status 'ok'")
+        raise GateInputError("baseline has no rows with status 'ok' and a median_ms")
     base_gpus, cur_gpus = _gpus(base), _gpus(cur)
     if cur_gpus and base_gpus != cur_gpus and not allow_gpu_change:
         raise GateInputError(f"GPU changed: baseline ran on {', '.join(base_gpus)}, current on "
                              f"{', '.join(cur_gpus)} (pass --allow-gpu-change to compare anyway)")
 
     kcols = ["k_" + c for c in schema.KEY_COLUMNS]
-    base_ref, cur_ref = _reference_table(base_ok, reference), _reference_table(cur_ok, reference)
+    tables = (_band_tables(base_ok), _band_tables(cur_ok))
     cur_ok_by_key = {tuple(r[kcols]): r for _, r in cur_ok.iterrows()}
     cur_any_by_key = {tuple(r[kcols]): r for _, r in cur.iterrows()}
-    base_keys = set()
-    records = []
-
+    base_keys, records = set(), []
     for _, b in base_ok.iterrows():
         key = tuple(b[kcols])
         base_keys.add(key)
-        rec = {c: b[c] for c in schema.KEY_COLUMNS}
-        rec.update(metric=metric, detail="")
+        rec = {col: b[col] for col in schema.KEY_COLUMNS}
         c = cur_ok_by_key.get(key)
-        if c is None:
-            b_time = _band(b["median_ms"], b["p20_ms"], b["p80_ms"])
-            rec.update(metric="time", base=b_time[0], base_lo=b_time[1], base_hi=b_time[2])
+        if c is not None:
+            out = _judge(b, c, metric, tables, threshold, reference)
+            for side in ("base", "current"):
+                v = out.pop(side)
+                out.update({side: v[0], side + "_lo": v[1], side + "_hi": v[2]})
+            rec.update(out)
+        else:
+            bt = _triple(b, TIME)
+            rec.update(metric="time", interval="p20-p80", base=bt[0], base_lo=bt[1], base_hi=bt[2])
             other = cur_any_by_key.get(key)
-            if other is not None and other["status"] in BROKEN_STATUSES:
-                reason = "" if _blank(other.get("reason")) else f": {other['reason']}"
-                rec.update(category="failed", detail=f"current status {other['status']}{reason}")
-            elif other is not None:
-                rec.update(category="missing", detail=f"current status {other['status']}")
-            else:
-                rec.update(category="missing", detail="not in current")
-            records.append(rec)
-            continue
-        b_time = _band(b["median_ms"], b["p20_ms"], b["p80_ms"])
-        c_time = _band(c["median_ms"], c["p20_ms"], c["p80_ms"])
-        b_val, c_val, row_metric = b_time, c_time, "time"
-        if metric == "ratio":
-            if b["k_provider"] == reference:
-                _, change = _classify(b_time, c_time, threshold)
-                rec.update(category="reference", metric="time", base=b_time[0], current=c_time[0],
-                           base_lo=b_time[1], base_hi=b_time[2], current_lo=c_time[1],
-                           current_hi=c_time[2], change=change,
-                           detail="reference: not gated")
-                records.append(rec)
-                continue
-            fb, fc = _lookup_reference(b, base_ref), _lookup_reference(c, cur_ref)
-            if fb is not None and fc is not None:
-                b_val, c_val, row_metric = _ratio_band(b_time, fb), _ratio_band(c_time, fc), "ratio"
-            else:
-                rec["detail"] = f"no {reference} row in {'baseline' if fb is None else 'current'}: time compared"
-        category, change = _classify(b_val, c_val, threshold)
-        rec.update(category=category, metric=row_metric, base=b_val[0], base_lo=b_val[1], base_hi=b_val[2],
-                   current=c_val[0], current_lo=c_val[1], current_hi=c_val[2], change=change)
+            status = None if other is None else other["status"]
+            reason = "" if other is None or _blank(other.get("reason")) else f": {other['reason']}"
+            rec.update(category="FAILED" if status in BROKEN_STATUSES else "MISSING",
+                       detail="not in current" if other is None else "current row has no median_ms"
+                       if status == schema.OK else f"current status {status}{reason}")
         records.append(rec)
-
     for key, c in cur_ok_by_key.items():
         if key not in base_keys:
-            rec = {col: c[col] for col in schema.KEY_COLUMNS}
-            rec.update(category="new", metric="time", current=float(c["median_ms"]),
-                       detail="current median_ms shown")
-            records.append(rec)
+            ct = _triple(c, TIME)
+            records.append(dict({col: c[col] for col in schema.KEY_COLUMNS}, category="NEW", metric="time",
+                                interval="p20-p80", current=ct[0], current_lo=ct[1], current_hi=ct[2],
+                                detail="not in baseline"))
 
-    columns = schema.KEY_COLUMNS + ["category", "metric", "base", "base_lo", "base_hi", "current",
-                                    "current_lo", "current_hi", "change", "detail"]
-    rows = pd.DataFrame.from_records(records).reindex(columns=columns)
+    rows = pd.DataFrame.from_records(records).reindex(columns=RESULT_COLUMNS)
     order = {c: i for i, c in enumerate(CATEGORIES)}
     rows = rows.sort_values(by=["category", "change"], key=lambda s: s.map(order) if s.name == "category"
                             else -s.fillna(0), kind="stable").reset_index(drop=True)
     return GateResult(rows=rows, threshold=threshold, metric=metric, baseline_gpus=base_gpus,
-                      current_gpus=cur_gpus)
+                      current_gpus=cur_gpus, allow_missing=allow_missing, fail_ambiguous=fail_ambiguous)
 
 
 def require_overlap(result: GateResult) -> GateResult:
-    """result, or GateInputError when the two runs share no ok configuration (nothing judged)."""
-    if result.n_compared == 0 and not result.failed:
-        raise GateInputError("baseline and current have no ok configuration in common: nothing to compare")
+    """result, or GateInputError when no configuration was compared and none broke (nothing judged)."""
+    if result.n_compared == 0 and not result.counts["FAILED"]:
+        missing = result.counts["MISSING"]
+        raise GateInputError("baseline and current have no ok configuration in common: nothing to compare"
+                             + (f" ({missing} baseline row(s) without a current measurement)" if missing else ""))
     return result
 
 
 # ----------------------------------------------------------------------------- rendering
-def _config_text(row, columns=("pass",) + tuple(schema.CONFIG_COLUMNS)) -> str:
-    """'T=4096 G=8 ... bfloat16' over the given key columns (pass and dtype shown bare)."""
-    parts = [_canon(row[c]) if c in ("pass", "dtype") else f"{c}={_canon(row[c]) or '-'}" for c in columns]
-    return " ".join(parts) or "-"
+def config_text(row, columns=("pass", "timer") + tuple(schema.CONFIG_COLUMNS)) -> str:
+    """'fwdbwd eager T=4096 G=8 ... bfloat16' over the given key columns (pass, timer, dtype bare)."""
+    parts = [_canon(row[c]) if c in ("pass", "timer", "dtype") else f"{c}={_canon(row[c]) or '-'}"
+             for c in columns]
+    return " ".join(p for p in parts if p) or "-"
 
 
 def _split_config(rows: pd.DataFrame) -> tuple[list[str], str]:
     """(columns that vary between rows, text of the columns constant over all rows)."""
-    cols = ["pass"] + schema.CONFIG_COLUMNS
+    cols = ["pass", "timer"] + schema.CONFIG_COLUMNS
     varying = [c for c in cols if rows[c].map(_canon).nunique() > 1]
     constant = [c for c in cols if c not in varying]
-    return varying, (_config_text(rows.iloc[0], constant) if len(rows) and constant else "")
+    return varying, (config_text(rows.iloc[0], constant) if len(rows) and constant else "")
 
 
-def _fmt(value, metric: str, unit: bool = True) -> str:
-    if value is None or pd.isna(value):
-        return "-"
-    return f"{value:.3f}" if metric == "ratio" else f"{value:.4g}" + (" ms" if unit else "")
+def _fmt(value, metric: str) -> str:
+    v = _num(value)
+    return "-" if not math.isfinite(v) else f"{v:.3f}" if metric != "time" else f"{v:.4g}"
 
 
-def _fmt_band(lo, hi, metric: str) -> str:
-    if pd.isna(lo) or pd.isna(hi):
-        return ""
-    return f"[{_fmt(lo, metric, False)}, {_fmt(hi, metric, False)}]"
+def value_text(r, which: str, interval: bool = True) -> str:
+    """'1.023 [1.011-1.035]': the value of `which` (base/current) with its interval."""
+    text = _fmt(r[which], r["metric"])
+    lo, hi = _num(r[which + "_lo"]), _num(r[which + "_hi"])
+    if interval and text != "-" and math.isfinite(lo) and math.isfinite(hi):
+        text += f" [{_fmt(lo, r['metric'])}-{_fmt(hi, r['metric'])}]"
+    return text
 
 
-def _fmt_change(change) -> str:
-    return "-" if change is None or pd.isna(change) else f"{change * 100:+.1f}%"
+def change_text(r, interval: bool = True) -> str:
+    """'+2.3%' and, for interval decisions, the change's interval '[+1.1%, +3.5%]'."""
+    change, lo, hi = _num(r["change"]), _num(r["change_lo"]), _num(r["change_hi"])
+    text = f"{change * 100:+.1f}%" if math.isfinite(change) else "-"
+    if interval and math.isfinite(change) and math.isfinite(lo) and math.isfinite(hi):
+        text += f" [{lo * 100:+.1f}%, {hi * 100:+.1f}%]"
+    return text
+
+
+def metric_text(r) -> str:
+    unit = "ms" if r["metric"] == "time" else r["metric"]
+    return f"{unit} ({r['interval']})" if not _blank(r["interval"]) else unit
 
 
 def verdict_text(result: GateResult) -> str:
     counts = result.counts
     if result.failed:
-        return f"FAIL: {counts['regressed']} regressed, {counts['failed']} failed"
-    return "PASS"
+        return "FAIL: " + ", ".join(f"{counts[c]} {c}" for c in CATEGORIES if c in result.gating and counts[c])
+    notes = [f"{counts[c]} {c}" for c in ("MISSING", "AMBIGUOUS") if counts[c]]
+    return "PASS" + (f" ({', '.join(notes)} not gated)" if notes else "")
 
 
 def _rows_to_show(result: GateResult, all_rows: bool) -> tuple[pd.DataFrame, int]:
-    if all_rows:
-        return result.rows, 0
-    quiet = result.rows["category"].isin(("unchanged", "reference"))
+    quiet = result.rows["category"].isin(QUIET) & (not all_rows)
     return result.rows[~quiet], int(quiet.sum())
-
-
-def _value_text(r, which: str, band: bool) -> str:
-    """Value, with its p20-p80 band on a second line (units in the metric column)."""
-    text = _fmt(r[which], r["metric"], unit=False)
-    band_text = _fmt_band(r[which + "_lo"], r[which + "_hi"], r["metric"]) if band else ""
-    return text + ("\n" + band_text if band_text else "")
 
 
 def print_report(result: GateResult, console, all_rows: bool = False) -> None:
     """Rich table of the comparison (configuration columns that vary) plus a one-line verdict.
 
-    The p20-p80 bands are shown when the console is at least 110 columns wide.
+    Values show their interval (95% CI or p20-p80) when the console is at least 110 columns wide.
     """
+    from rich.markup import escape
     from rich.table import Table
 
     shown, hidden = _rows_to_show(result, all_rows)
     varying, constant = _split_config(result.rows)
-    bands = console.width >= 110
+    wide = console.width >= 110
     table = Table(title=f"moda-bench gate ({result.metric}, threshold {result.threshold * 100:g}%)",
                   caption=f"all rows: {constant}" if constant else None)
-    head = "\n[p20, p80]" if bands else ""
-    for name, justify, no_wrap in [("category", "left", True), ("provider", "left", False),
-                                   ("config", "left", False), ("metric", "left", True),
-                                   ("baseline" + head, "right", bands), ("current" + head, "right", bands),
-                                   ("change", "right", True), ("detail", "left", False)]:
-        table.add_column(name, justify=justify, no_wrap=no_wrap, overflow="fold")
+    for name, justify in [("category", "left"), ("provider", "left"), ("config", "left"), ("metric", "left"),
+                          ("baseline", "right"), ("current", "right"), ("change", "right"), ("detail", "left")]:
+        table.add_column(name, justify=justify, no_wrap=name == "category", overflow="fold")
     for _, r in shown.iterrows():
-        table.add_row(f"[{CATEGORIES[r['category']]}]{r['category']}[/]", str(r["provider"]),
-                      _config_text(r, varying), "ms" if r["metric"] == "time" else r["metric"],
-                      _value_text(r, "base", bands), _value_text(r, "current", bands),
-                      _fmt_change(r["change"]), str(r["detail"]))
+        table.add_row(f"[{CATEGORIES[r['category']]}]{r['category']}[/]", escape(str(r["provider"])),
+                      escape(config_text(r, varying)), metric_text(r), value_text(r, "base", wide),
+                      value_text(r, "current", wide), change_text(r, wide), escape(str(r["detail"])))
     if len(shown):
         console.print(table)
-    if hidden:
-        console.print(f"[dim]{hidden} unchanged/reference row(s) not shown (--all-rows to list them)[/]")
-    counts = ", ".join(f"{n} {c}" for c, n in result.counts.items() if n)
+    counts = result.counts
+    notes = [(hidden, "dim", "SAME/REFERENCE row(s) not shown (--all-rows to list them)"),
+             (counts["MISSING"], "yellow", "baseline row(s) without a current measurement: " + (
+                 "reported only (--allow-missing)" if result.allow_missing else "the gate fails (--allow-missing accepts)")),
+             (counts["AMBIGUOUS"] * (not result.fail_ambiguous), "magenta",
+              "AMBIGUOUS row(s): the intervals cannot decide; not a failure (--fail-ambiguous makes it one)")]
+    for n, style, text in notes:
+        if n:
+            console.print(f"[{style}]{n} {text}[/]")
+    counts = ", ".join(f"{n} {c}" for c, n in counts.items() if n)
     style = "bold red" if result.failed else "bold green"
     console.print(f"[{style}]{verdict_text(result)}[/] ({counts})")
 
 
 def markdown_summary(result: GateResult, baseline: str, current: str) -> str:
-    """GitHub-flavoured Markdown: verdict, counts, the changed rows, all rows in <details>."""
-    counts = result.counts
+    """GitHub-flavoured Markdown: verdict, counts, the rows that are not SAME, all rows in <details>."""
     icon = ":x:" if result.failed else ":white_check_mark:"
-    lines = [
-        f"## {icon} moda-bench gate: {verdict_text(result)}",
-        "",
-        f"- baseline: `{baseline}` ({', '.join(result.baseline_gpus) or 'unknown GPU'})",
-        f"- current: `{current}` ({', '.join(result.current_gpus) or 'unknown GPU'})",
-        f"- metric: `{result.metric}`, threshold {result.threshold * 100:g}% beyond the p20-p80 noise band",
-        "- " + " | ".join(f"{c}: {n}" for c, n in counts.items()),
-        "",
-    ]
+    lines = [f"## {icon} moda-bench gate: {verdict_text(result)}", "",
+             f"- baseline: `{baseline}` ({', '.join(result.baseline_gpus) or 'unknown GPU'})",
+             f"- current: `{current}` ({', '.join(result.current_gpus) or 'unknown GPU'})",
+             f"- metric: `{result.metric}`, threshold {result.threshold * 100:g}%: SLOW/FAST when the interval of "
+             "the change (95% CI of the ratios, p20-p80 for time) lies beyond it, AMBIGUOUS when it cannot decide",
+             "- " + " | ".join(f"{c}: {n}" for c, n in result.counts.items()), ""]
 
     def table(df: pd.DataFrame) -> list[str]:
-        out = ["| category | provider | pass | config | metric | baseline | current | change | detail |",
-               "|---|---|---|---|---|---:|---:|---:|---|"]
+        out = ["| category | provider | config | metric | baseline | current | change | detail |",
+               "|---|---|---|---|---:|---:|---:|---|"]
         for _, r in df.iterrows():
             detail = str(r["detail"]).replace("|", "\\|")
-            out.append(f"| {r['category']} | {r['provider']} | {r['pass']} | {_config_text(r)} | {r['metric']} | "
-                       f"{_fmt(r['base'], r['metric'])} | {_fmt(r['current'], r['metric'])} | "
-                       f"{_fmt_change(r['change'])} | {detail} |")
+            out.append(f"| {r['category']} | {r['provider']} | {config_text(r)} | {metric_text(r)} | "
+                       f"{value_text(r, 'base')} | {value_text(r, 'current')} | {change_text(r)} | {detail} |")
         return out
 
     changed, _ = _rows_to_show(result, all_rows=False)
-    if len(changed):
-        lines += table(changed) + [""]
-    else:
-        lines += ["No row changed beyond the threshold and the noise.", ""]
+    lines += (table(changed) if len(changed) else ["No row changed beyond the threshold."]) + [""]
     lines += ["<details><summary>All rows</summary>", ""] + table(result.rows) + ["", "</details>", ""]
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- --run
-def points_from_baseline(df: pd.DataFrame) -> dict[str, tuple[list, list[str]]]:
-    """pass -> (unique runner.Point list, provider list) of the baseline's ok rows."""
+def run_plan(df: pd.DataFrame) -> list[tuple[str, str, list, list[str]]]:
+    """(pass, timer, runner.Point list, providers) groups covering the ok rows of df: points of one
+    pass and timer that have the same providers share a group."""
     from moda_bench.bench.runner import Point
+    from moda_bench.timing import TIMERS
 
-    default = Point()
-    ok = df[df["status"] == schema.OK]
-    plan = {}
-    for pass_, grp in ok.groupby("pass", sort=False):
-        points = []
-        for _, r in grp.iterrows():
-            def num(col):
-                return int(float(r[col])) if pd.notna(r[col]) else getattr(default, col)
-            p = Point(T=num("T"), G=num("G"), Hk=num("Hk"), L=num("L"), B=num("B"), d=num("d"), C=num("C"),
-                      dtype=_canon(r["dtype"]) or default.dtype)
-            if p not in points:
-                points.append(p)
-        providers = list(dict.fromkeys(str(p) for p in grp["provider"]))
-        plan[str(pass_)] = (points, providers)
-    return plan
+    default, by_point = Point().fields(), {}
+    for _, r in df[df["status"] == schema.OK].iterrows():
+        timer = _canon(r.get("timer")) or schema.DEFAULT_TIMER
+        if timer not in TIMERS:
+            raise GateInputError(f"baseline rows timed with timer {timer!r} cannot be re-measured "
+                                 f"(gate --run knows {', '.join(TIMERS)})")
+        cfg = {c: int(_num(r[c])) if math.isfinite(_num(r[c])) else v for c, v in default.items() if c != "dtype"}
+        p = Point(dtype=_canon(r["dtype"]) or default["dtype"], **cfg)
+        provs = by_point.setdefault((str(r["pass"]), timer, p), [])
+        provs += [] if str(r["provider"]) in provs else [str(r["provider"])]
+    groups: dict[tuple, list] = {}
+    for (pass_, timer, p), provs in by_point.items():
+        groups.setdefault((pass_, timer, tuple(provs)), []).append(p)
+    return [(pass_, timer, points, list(provs)) for (pass_, timer, provs), points in groups.items()]
 
 
 def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, warmup_ms: float,
-                rep_ms: float, log: Callable[[str], None] = print) -> None:
-    """Re-run the baseline's points and providers on this GPU into out_csv (replaced)."""
+                rep_ms: float, timing=None, health: str = "", log: Callable[[str], None] = print) -> None:
+    """Run the baseline's ok points and providers on this GPU into out_csv (replaced), each group
+    with the baseline's timer; `timing` (bench.point.TimingOptions) and `health` go to run_sweep."""
+    from moda_bench.bench.point import TimingOptions
     from moda_bench.bench.runner import run_sweep
 
-    plan = points_from_baseline(baseline_df)
+    plan = run_plan(baseline_df)
+    opts = timing or TimingOptions(warmup_ms=warmup_ms, min_time_ms=rep_ms)
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".csv", dir=out_csv.parent)
     os.close(fd)
     os.unlink(tmp)  # run_sweep appends: start from no file
     try:
-        for pass_, (points, providers) in plan.items():
-            log(f"gate --run: {pass_}: {len(points)} point(s) x {len(providers)} provider(s) "
-                          f"({', '.join(providers)})")
+        for pass_, timer, points, providers in plan:
+            log(f"gate --run: {pass_} ({timer}): {len(points)} point(s) x {len(providers)} provider(s) "
+                f"({', '.join(providers)})")
             run_sweep(points, providers, pass_, Path(tmp), sweep_name="gate", use_tuned=use_tuned,
-                      warmup_ms=warmup_ms, rep_ms=rep_ms)
+                      warmup_ms=warmup_ms, rep_ms=rep_ms, timing=replace(opts, timer=timer), health=health)
         if not Path(tmp).exists():
             raise GateInputError("the gate run wrote no rows")
         os.replace(tmp, out_csv)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def remeasure_plan(result: GateResult, baseline_df: pd.DataFrame, current_df: pd.DataFrame,
+                   reference: str = REFERENCE_PROVIDER) -> pd.DataFrame:
+    """Rows (key columns, status ok) to measure again: every AMBIGUOUS row, with the reference
+    provider and the best_provider(s) of either run at that point, so its ratios are paired."""
+    helpers: dict[tuple, set] = {}
+    for df in (_prepare(baseline_df, "baseline"), _prepare(current_df, "current")):
+        for _, r in df[(df["status"] == schema.OK) & (df["best_provider"].map(_canon) != "")].iterrows():
+            helpers.setdefault(tuple(r["k_" + c] for c in POINT_FALLBACK_KEY), set()).add(_best(r))
+    records = []
+    for _, r in result.of("AMBIGUOUS").iterrows():
+        point = {c: r[c] for c in schema.KEY_COLUMNS if c != "provider"}
+        fallback = tuple(_canon(r[c]) for c in POINT_FALLBACK_KEY)
+        for prov in [r["provider"], reference] + sorted(helpers.get(fallback, ())):
+            records.append(dict(point, provider=prov, status=schema.OK))
+    plan = pd.DataFrame.from_records(records, columns=schema.KEY_COLUMNS + ["status"])
+    return plan[~pd.Series(key_tuples(plan), dtype=object).duplicated().to_numpy()].reset_index(drop=True)
+
+
+def remeasure(result: GateResult, baseline_df: pd.DataFrame, current_df: pd.DataFrame, out_csv: Path,
+              **run_kw) -> pd.DataFrame:
+    """Measure the AMBIGUOUS rows once more (`remeasure_plan`, through `run_current` into a
+    temporary CSV beside out_csv); their new rows."""
+    plan = remeasure_plan(result, baseline_df, current_df)
+    fd, tmp = tempfile.mkstemp(prefix=".gate-remeasure-", suffix=".csv", dir=Path(out_csv).parent)
+    os.close(fd)
+    try:
+        run_current(plan, Path(tmp), **run_kw)
+        return read_run(Path(tmp), "re-measured", warn=lambda m: None)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def replace_rows(current_df: pd.DataFrame, new_df: pd.DataFrame) -> pd.DataFrame:
+    """current_df with the rows of new_df's keys replaced by new_df's rows (appended at the end)."""
+    if new_df.empty:
+        return current_df
+    replaced = set(key_tuples(new_df))
+    keep = [k not in replaced for k in key_tuples(current_df)]
+    return pd.concat([current_df[keep], new_df], ignore_index=True)
+
+
+def key_tuples(df: pd.DataFrame) -> list[tuple]:
+    """The canonical KEY_COLUMNS tuple of every row (a blank timer reads as the default)."""
+    cols = [[_canon(v) for v in df[c]] for c in schema.KEY_COLUMNS]
+    t = schema.KEY_COLUMNS.index("timer")
+    cols[t] = [v or schema.DEFAULT_TIMER for v in cols[t]]
+    return list(zip(*cols)) if len(df) else []

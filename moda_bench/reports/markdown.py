@@ -1,49 +1,147 @@
 """The report's Markdown: GitHub tables from the `reports.tables` sections (efficiency,
-ablation) and the provenance block (one line per run, and which rows newer runs superseded).
+ablation, eager beside graph), the GPU-state block (per results folder, unhealthy runs flagged)
+and the provenance block (one line per run, and which rows newer runs superseded).
 """
 from __future__ import annotations
 
-from moda_bench import schema
+import re
+
+from moda_bench import health, schema
 from moda_bench.reports.inputs import Results
-from moda_bench.reports.tables import Section
-from moda_bench.reports.vocab import (LADDER, MISSING, RUN_COLUMNS, fmt_config, fmt_ms, fmt_num, pass_label,
-                                      sort_sweeps)
+from moda_bench.reports.tables import GpuState, Section
+from moda_bench.reports.vocab import (HEALTHY, LADDER, MISSING, RUN_COLUMNS, fmt_best, fmt_ci, fmt_config, fmt_int,
+                                      fmt_ms, fmt_num, pass_label, sort_sweeps)
+
+# a trailing ' [lo-hi]' interval or ' (name)' of a numeric cell, ignored when deciding alignment
+CELL_SUFFIX = re.compile(r" (\[[^\]]*\]|\([^)]*\))$")
+
+
+def is_number_cell(cell: str) -> bool:
+    """'1.5', '-2.00*', '0.75x', '12.3%', also with ' [lo-hi]' / ' (name)' after it."""
+    core = cell
+    while CELL_SUFFIX.search(core):
+        core = CELL_SUFFIX.sub("", core)
+    return core.lstrip("-+").replace(".", "", 1).rstrip("x%*").isdigit()
 
 
 def md_table(headers: list[str], rows: list[list[str]]) -> str:
-    """GitHub markdown table; columns after the first whose cells are all numbers are right-aligned."""
+    """GitHub markdown table; columns after the first whose cells are all numbers are right-aligned.
+    A '|' inside a cell is escaped."""
     def numeric(col):
         cells = [r[col] for r in rows if r[col] not in (MISSING, schema.SKIPPED, schema.OOM, schema.ERROR)]
-        return bool(cells) and all(c.lstrip("-+").replace(".", "", 1).rstrip("x%*").isdigit() for c in cells)
+        return bool(cells) and all(is_number_cell(c) for c in cells)
     align = ["---:" if numeric(i) else "---" for i in range(len(headers))]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
+def section_heading(section: Section) -> str:
+    """'### <title> (<pass>[, <timer> timer][; <constant config>])'."""
+    text = f"### {section.title} ({pass_label(section.pass_)}"
+    text += f", {section.timer} timer" if section.timer else ""
+    return text + (f"; {section.caption})" if section.caption else ")")
+
+
 def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> str:
+    """One efficiency table. Columns that need data the CSVs may lack (MoDA/FA2 with its interval,
+    ratios to the fastest attention, samples, noise) appear only when the section has it."""
     f, others = section.frame, section.others
     headers = list(section.show_config) + ["FA2 ms", "MoDA ms", "depth util.", "extra time %"]
+    if section.has_ci:
+        headers += ["MoDA/FA2 [95% CI]"]
+    if moda in section.best_providers:
+        headers += ["MoDA/fastest"]
     if section.has_paper:
         headers += ["paper FA2 ms", "paper MoDA ms", "paper depth util.", "paper extra time %"]
     for p in others:
-        headers += [f"{p} ms", f"{p}/FA2"]
+        headers += [f"{p} ms", f"{p}/FA2"] + ([f"{p}/fastest"] if p in section.best_providers else [])
+    headers += (["samples"] if section.has_samples else []) + (["noise %"] if section.has_noise else [])
     body = []
     for _, r in f.iterrows():
         cells = [fmt_config(c, r[c]) for c in section.show_config]
         cells += [fmt_ms(r["fa2_ms"], r.get(f"{fa2}:status", "")), fmt_ms(r["moda_ms"], r.get(f"{moda}:status", "")),
                   fmt_num(r["eta"], ".4f"), fmt_num(r["extra_pct"], ".2f") + ("*" if r["mixed_env"] else "")]
+        if section.has_ci:
+            cells += [fmt_ci(r["moda_ratio"], r["moda_ratio_lo"], r["moda_ratio_hi"])]
+        if moda in section.best_providers:
+            cells += [fmt_best(r["moda_best_r"], r["moda_best"])]
         if section.has_paper:
             cells += [fmt_num(r["paper_fa2_ms"], ".3f"), fmt_num(r["paper_moda_ms"], ".3f"), fmt_num(r["paper_eta"], ".4f"),
                       fmt_num(r["paper_extra_pct"], ".2f")]
         for p in others:
-            cells += [fmt_ms(r.get(f"{p}:ms"), r.get(f"{p}:status", "")), fmt_num(r[f"{p}:ratio"], ".2f", "x")]
+            cells += [fmt_ms(r.get(f"{p}:ms"), r.get(f"{p}:status", "")), ratio_cell(r, p)]
+            if p in section.best_providers:
+                cells += [fmt_best(r[f"{p}:best_r"], r[f"{p}:best"])]
+        cells += [fmt_int(r["samples"])] if section.has_samples else []
+        cells += [fmt_num(r["noise_pct"], ".1f")] if section.has_noise else []
         body.append(cells)
-    caption = f"### {section.title} ({pass_label(section.pass_)}"
-    caption += f"; {section.caption})" if section.caption else ")"
-    text = caption + "\n\n" + md_table(headers, body)
+    text = section_heading(section) + "\n\n" + md_table(headers, body)
     if f["mixed_env"].any():
         text += "\n\n\\* FA2 and MoDA rows of this line come from different environments (GPU, versions or commit)."
+    return text
+
+
+def ratio_cell(r, p: str) -> str:
+    """`<p>/FA2`: '0.75x' (ratio of medians), or '0.652x [0.648-0.656]' (paired, with its interval)."""
+    lo, hi = r.get(f"{p}:ratio_lo"), r.get(f"{p}:ratio_hi")
+    if fmt_num(lo, ".3f") != MISSING and fmt_num(hi, ".3f") != MISSING:
+        return fmt_ci(r[f"{p}:ratio"], lo, hi, ".3f", "x")
+    return fmt_num(r[f"{p}:ratio"], ".2f", "x")
+
+
+def timer_markdown(section: Section) -> str:
+    """Eager beside graph times of the points measured by both timers, with the host share."""
+    headers = ["sweep"] + list(section.show_config) + ["provider", "eager ms", "graph ms", "host share"]
+    body = [[str(r["sweep"])] + [fmt_config(c, r[c]) for c in section.show_config]
+            + [str(r["provider"]), fmt_ms(r["eager_ms"]), fmt_ms(r["graph_ms"]), fmt_num(100 * r["host_share"], ".1f", "%")]
+            for _, r in section.frame.iterrows()]
+    heading = f"### {section.title}" + (f" ({section.caption})" if section.caption else "")
+    return heading + "\n\n" + md_table(headers, body)
+
+
+def unhealthy_rows(states: list[GpuState]) -> int:
+    """Rows whose health value is set and not 'healthy'."""
+    return sum(n for s in states for h, n in s.health.items() if h != HEALTHY)
+
+
+def gpu_state_markdown(states: list[GpuState]) -> str:
+    """The GPU-state block: one table line per results folder, then a loud line per folder whose
+    rows carry a health value other than healthy or a hard throttle reason."""
+    cols = [("SM clock MHz (median)", "sm_clock_mhz", ".0f"), ("SM clock MHz (min)", "sm_clock_min_mhz", ".0f"),
+            ("memory clock MHz", "mem_clock_mhz", ".0f"), ("power W (median)", "power_w", ".0f"),
+            ("temp C (max)", "temp_c", ".0f")]
+    cols = [c for c in cols if any(fmt_num(s.medians[c[1]], c[2]) != MISSING for s in states)]
+    has_throttle = any(s.sampled for s in states)
+    has_health = any(s.health for s in states)
+    headers = ["results folder", "GPU", "rows"] + [c[0] for c in cols] + (["throttle reasons seen (rows)"] if
+                                                                         has_throttle else [])
+    headers += ["health (rows)"] if has_health else []
+    body, warnings = [], []
+    for s in states:
+        cells = [s.folder, ", ".join(s.gpus) or MISSING, str(s.rows)] + [fmt_num(s.medians[c], spec) for _, c, spec in cols]
+        if has_throttle:
+            seen = ", ".join(f"{r} ({n})" for r, n in s.throttle.items())
+            cells.append((seen or "none") if s.sampled else MISSING)
+        if has_health:
+            cells.append(", ".join((f"{h} ({n})" if h == HEALTHY else f"**{h} ({n})**") for h, n in s.health.items())
+                         or MISSING)
+        body.append(cells)
+        for h, n in s.health.items():
+            if h != HEALTHY:
+                warnings.append(f"**WARNING: `{s.folder}`: {n} of {s.rows} row(s) were measured while the GPU "
+                                f"health check said `{h}`; their times are not comparable with a healthy run.**")
+        hard = {r: n for r, n in s.throttle.items() if r in health.HARD_THROTTLE}
+        if hard:
+            warnings.append(f"**WARNING: `{s.folder}`: hard throttling seen ("
+                            + ", ".join(f"{r} on {n} row(s)" for r, n in hard.items())
+                            + "); the clocks were cut while these rows were timed.**")
+    text = ("## GPU state\n\nSampled (NVML) while each row was timed, per results folder: the median over rows of "
+            "each row's median SM clock, memory clock and mean power, the lowest SM clock and highest temperature "
+            "sampled, the clock-event (throttle) reasons seen with the number of rows, and the run's GPU health "
+            "check (`health` column).\n\n" + md_table(headers, body))
+    if warnings:
+        text += "\n\n" + "\n\n".join(warnings)
     return text
 
 

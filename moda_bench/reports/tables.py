@@ -1,18 +1,26 @@
-"""The report's tables as numeric frames, one `Section` per block: efficiency per (pass, sweep)
-(FA2 vs MoDA, depth utilisation, extra time, paper A100 columns, other providers as ratios to
-FA2), the kernel ablation ladder per (pass, config), and the matmul ceiling of the TFLOP/s
-figure. Formatting them is `reports.markdown`'s job, drawing them `reports.figures`'.
+"""The report's tables as numeric frames, one `Section` per block: efficiency per (pass, sweep,
+timer) (FA2 vs MoDA, depth utilisation, extra time, paper A100 columns, other providers as ratios
+to FA2; where the CSVs have them, paired ratio intervals, ratios to the fastest attention,
+samples and noise), the kernel ablation ladder per (pass, timer, config), eager beside graph
+times (`timer_sections`), the GPU state per results folder (`gpu_states`) and the matmul ceiling
+of the TFLOP/s figure. Formatting them is `reports.markdown`'s job, drawing them `reports.figures`'.
+
+Columns the CSVs gained later (intervals, ratio_to_best, samples, noise, GPU state, health) are
+optional: a block or column exists only where some row has the data, so older files give the
+tables they always gave.
 """
 from __future__ import annotations
 
 import math
+import posixpath
 from dataclasses import dataclass, field
 
 from moda_bench import schema
 from moda_bench.reports.inputs import Paper, match_columns
 from moda_bench.reports.vocab import (ABLATION_SWEEP, ALWAYS_SHOWN, CEILING_PROVIDER, DEFAULT_CEILING_TFLOPS,
-                                      ENV_COLUMNS, LADDER, ReportError, fmt_config, pass_label, sort_passes,
-                                      sort_sweeps)
+                                      ENV_COLUMNS, GPU_STATE_COLUMNS, LADDER, LEADING_OTHERS, MODA_VARIANTS,
+                                      PROVIDER_RANK, RATIO_BASELINE, ReportError, fmt_config, has_text,
+                                      pass_label, sort_passes, sort_sweeps, sort_timers)
 
 
 @dataclass
@@ -27,6 +35,11 @@ class Section:
     sweep: str = ""
     others: list[str] = field(default_factory=list)   # efficiency: providers shown with ms and ratio to FA2
     has_paper: bool = False                           # efficiency: paper columns present
+    timer: str = ""                                   # the rows' timer, named when the results hold any but eager
+    has_ci: bool = False                              # efficiency: some MoDA/FA2 ratio has a 95% interval
+    best_providers: list[str] = field(default_factory=list)   # efficiency: MoDA rows with ratio_to_best
+    has_samples: bool = False                         # efficiency: samples column present
+    has_noise: bool = False                           # efficiency: noise column present
 
 
 def pick_provider(present: set[str], chosen: str | None, candidates: tuple[str, ...], role: str) -> str | None:
@@ -51,55 +64,104 @@ def varying(frame, columns: list[str]) -> list[str]:
     return [c for c in columns if frame[c].nunique(dropna=False) > 1]
 
 
-def efficiency_sections(rows, paper: Paper, fa2: str | None, moda: str | None) -> list[Section]:
-    """Per (pass, sweep) a frame: config, FA2/MoDA ms, depth util., extra %, paper columns, other providers.
+# per-provider columns of an efficiency frame: schema column -> `<provider>:<suffix>`
+PROVIDER_FIELDS = {"median_ms": "ms", "status": "status", "depth_utilization": "eta", "ratio_to_fa2": "r",
+                   "ratio_to_fa2_lo": "r_lo", "ratio_to_fa2_hi": "r_hi", "ratio_to_best": "best_r",
+                   "best_provider": "best", "samples": "samples", "noise_pct": "noise"}
+MEASURED_FIELDS = ["median_ms", "ratio_to_fa2", "ratio_to_fa2_lo", "ratio_to_fa2_hi", "ratio_to_best",
+                   "samples", "noise_pct"]          # blanked on rows that did not succeed
 
-    Extra time % = (MoDA - FA2) / FA2 * 100 from the medians; ratio columns are provider ms / FA2 ms.
-    """
+
+def order_others(providers: set[str], fa2: str | None, moda: str | None) -> list[str]:
+    """Efficiency columns besides FA2 and MoDA: measured LEADING_OTHERS (moda-fa4, fa4), then
+    ALWAYS_SHOWN (cudnn, flex, even unmeasured), then the rest alphabetically."""
+    lead = [p for p in LEADING_OTHERS if p in providers and p not in (fa2, moda)]
+    shown = [p for p in ALWAYS_SHOWN if p not in (fa2, moda) and p not in lead]
+    return lead + shown + sorted(providers - set(lead) - set(shown) - {fa2, moda})
+
+
+def paired_ratio(frame, prov: str, fa2: str | None, ms_ratio):
+    """(ratio, lo, hi) of prov over FA2: the CSV's paired ratio_to_fa2 and its interval where one
+    was measured against this FA2 (RATIO_BASELINE), else the ratio of medians without interval."""
     import pandas as pd
+    nan = pd.Series(float("nan"), index=frame.index)
+    if fa2 != RATIO_BASELINE or f"{prov}:r_lo" not in frame:
+        return ms_ratio, nan, nan
+    has = frame[f"{prov}:r"].notna() & frame[f"{prov}:r_lo"].notna() & frame[f"{prov}:r_hi"].notna()
+    return (frame[f"{prov}:r"].where(has, ms_ratio), frame[f"{prov}:r_lo"].where(has), frame[f"{prov}:r_hi"].where(has))
+
+
+def efficiency_sections(rows, paper: Paper, fa2: str | None, moda: str | None) -> list[Section]:
+    """Per (pass, sweep, timer) a frame: config, FA2/MoDA ms, depth util., extra %, paper columns,
+    other providers; where measured, paired ratios to FA2 with 95% intervals, ratios to the fastest
+    sequence-only attention, samples and noise.
+
+    Extra time % = (MoDA - FA2) / FA2 * 100 from the medians; `<p>:ratio` is provider ms / FA2 ms,
+    or the paired ratio_to_fa2 where an interval was measured (then `<p>:ratio_lo/_hi` too).
+    """
     eff = rows[(rows["sweep"] != ABLATION_SWEEP) & (rows["provider"] != CEILING_PROVIDER)]
     sections = []
     paper_eff = paper.efficiency
+    name_timer = set(eff["timer"]) != {schema.DEFAULT_TIMER}
     for pass_ in sort_passes(eff["pass"]):
         for sweep in sort_sweeps(eff.loc[eff["pass"] == pass_, "sweep"]):
-            part = eff[(eff["pass"] == pass_) & (eff["sweep"] == sweep)]
-            ok = part["status"] == schema.OK
-            configs = part[schema.CONFIG_COLUMNS].drop_duplicates()
-            axis = [sweep] if sweep in schema.AXES else []
-            frame = configs.sort_values(axis + schema.CONFIG_COLUMNS, kind="stable").reset_index(drop=True)
-            providers = set(part["provider"])
-            others = [p for p in ALWAYS_SHOWN if p not in (fa2, moda)] + \
-                sorted(providers - set(ALWAYS_SHOWN) - {fa2, moda})
-            for prov in [fa2, moda] + others:
-                if prov is None:
-                    continue
-                sub = part[part["provider"] == prov]
-                cols = sub[schema.CONFIG_COLUMNS + ["median_ms", "status", "depth_utilization"] + ENV_COLUMNS].copy()
-                cols.loc[~ok[sub.index], "median_ms"] = float("nan")
-                cols = cols.rename(columns={"median_ms": f"{prov}:ms", "status": f"{prov}:status",
-                                            "depth_utilization": f"{prov}:eta",
-                                            **{c: f"{prov}:{c}" for c in ENV_COLUMNS}})
-                frame = frame.merge(cols, on=schema.CONFIG_COLUMNS, how="left")
-            f_ms = frame[f"{fa2}:ms"] if fa2 else pd.Series(float("nan"), index=frame.index)
-            m_ms = frame[f"{moda}:ms"] if moda else pd.Series(float("nan"), index=frame.index)
-            frame["fa2_ms"], frame["moda_ms"] = f_ms, m_ms
-            frame["eta"] = frame[f"{moda}:eta"] if moda else float("nan")
-            frame["extra_pct"] = (m_ms - f_ms) / f_ms * 100.0
-            mixed = pd.Series(False, index=frame.index)
-            if fa2 and moda:
-                for c in ENV_COLUMNS:
-                    a, b = frame[f"{fa2}:{c}"], frame[f"{moda}:{c}"]
-                    mixed |= a.notna() & b.notna() & (a != b)
-            frame["mixed_env"] = mixed
-            for prov in others:
-                frame[f"{prov}:ratio"] = (frame[f"{prov}:ms"] if f"{prov}:ms" in frame else float("nan")) / f_ms
-            frame, has_paper = attach_paper_efficiency(frame, paper_eff, pass_)
-            show = [c for c in ["T", "G", "Hq", "Hk", "L"]] + varying(frame, ["B", "d", "C", "dtype"])
-            title = f"Sweep over {sweep}" if sweep in schema.AXES else f"Sweep '{sweep}'"
-            sections.append(Section(title=title, caption=config_caption(frame, ["B", "d", "C", "dtype"]),
-                                    frame=frame, show_config=show, pass_=pass_, sweep=sweep, others=others,
-                                    has_paper=has_paper))
+            part_s = eff[(eff["pass"] == pass_) & (eff["sweep"] == sweep)]
+            for timer in sort_timers(part_s["timer"]):
+                part = part_s[part_s["timer"] == timer]
+                sections.append(efficiency_section(part, paper_eff, fa2, moda, pass_, sweep,
+                                                   timer if name_timer else ""))
     return sections
+
+
+def efficiency_section(part, paper_eff, fa2: str | None, moda: str | None, pass_: str, sweep: str,
+                       timer: str) -> Section:
+    """The efficiency Section of one (pass, sweep, timer)'s rows (see efficiency_sections)."""
+    import pandas as pd
+    ok = part["status"] == schema.OK
+    configs = part[schema.CONFIG_COLUMNS].drop_duplicates()
+    axis = [sweep] if sweep in schema.AXES else []
+    frame = configs.sort_values(axis + schema.CONFIG_COLUMNS, kind="stable").reset_index(drop=True)
+    others = order_others(set(part["provider"]), fa2, moda)
+    shown = [p for p in [fa2, moda] + others if p is not None]
+    for prov in shown:
+        sub = part[part["provider"] == prov]
+        cols = sub[schema.CONFIG_COLUMNS + list(PROVIDER_FIELDS) + ENV_COLUMNS].copy()
+        cols.loc[~ok[sub.index], MEASURED_FIELDS] = float("nan")
+        cols = cols.rename(columns={**{c: f"{prov}:{s}" for c, s in PROVIDER_FIELDS.items()},
+                                    **{c: f"{prov}:{c}" for c in ENV_COLUMNS}})
+        frame = frame.merge(cols, on=schema.CONFIG_COLUMNS, how="left")
+    nan = pd.Series(float("nan"), index=frame.index)
+    f_ms = frame[f"{fa2}:ms"] if fa2 else nan
+    m_ms = frame[f"{moda}:ms"] if moda else nan
+    frame["fa2_ms"], frame["moda_ms"] = f_ms, m_ms
+    frame["eta"] = frame[f"{moda}:eta"] if moda else float("nan")
+    frame["extra_pct"] = (m_ms - f_ms) / f_ms * 100.0
+    mixed = pd.Series(False, index=frame.index)
+    if fa2 and moda:
+        for c in ENV_COLUMNS:
+            a, b = frame[f"{fa2}:{c}"], frame[f"{moda}:{c}"]
+            mixed |= a.notna() & b.notna() & (a != b)
+    frame["mixed_env"] = mixed
+    frame["moda_ratio"], frame["moda_ratio_lo"], frame["moda_ratio_hi"] = \
+        paired_ratio(frame, moda, fa2, m_ms / f_ms) if moda else (nan, nan, nan)
+    frame["moda_best_r"] = frame[f"{moda}:best_r"] if moda else nan
+    frame["moda_best"] = frame[f"{moda}:best"] if moda else ""
+    for prov in others:
+        ms = frame[f"{prov}:ms"] if f"{prov}:ms" in frame else nan
+        frame[f"{prov}:ratio"], frame[f"{prov}:ratio_lo"], frame[f"{prov}:ratio_hi"] = \
+            paired_ratio(frame, prov, fa2, ms / f_ms)
+    frame["samples"] = frame[[f"{p}:samples" for p in shown]].min(axis=1) if shown else nan
+    frame["noise_pct"] = frame[[f"{p}:noise" for p in shown]].max(axis=1) if shown else nan
+    frame, has_paper = attach_paper_efficiency(frame, paper_eff, pass_)
+    show = [c for c in ["T", "G", "Hq", "Hk", "L"]] + varying(frame, ["B", "d", "C", "dtype"])
+    title = f"Sweep over {sweep}" if sweep in schema.AXES else f"Sweep '{sweep}'"
+    best = [p for p in [moda] + [o for o in others if o in MODA_VARIANTS]
+            if p is not None and frame[f"{p}:best_r"].notna().any()]
+    return Section(title=title, caption=config_caption(frame, ["B", "d", "C", "dtype"]), frame=frame,
+                   show_config=show, pass_=pass_, sweep=sweep, others=others, has_paper=has_paper,
+                   timer=timer, has_ci=bool(frame["moda_ratio_lo"].notna().any()), best_providers=best,
+                   has_samples=bool(frame["samples"].notna().any()),
+                   has_noise=bool(frame["noise_pct"].notna().any()))
 
 
 def attach_paper_efficiency(frame, paper_eff, pass_: str):
@@ -120,8 +182,10 @@ def ablation_sections(rows, paper: Paper) -> list[Section]:
     import pandas as pd
     abl = rows[(rows["sweep"] == ABLATION_SWEEP) & (rows["provider"] != CEILING_PROVIDER)]
     sections = []
-    for pass_ in sort_passes(abl["pass"]):
-        part_p = abl[abl["pass"] == pass_]
+    name_timer = set(abl["timer"]) != {schema.DEFAULT_TIMER}
+    for pass_, timer in [(p, t) for p in sort_passes(abl["pass"])
+                         for t in sort_timers(abl.loc[abl["pass"] == p, "timer"])]:
+        part_p = abl[(abl["pass"] == pass_) & (abl["timer"] == timer)]
         for _, cfg in part_p[schema.CONFIG_COLUMNS].drop_duplicates().sort_values(schema.CONFIG_COLUMNS).iterrows():
             mask = (part_p[schema.CONFIG_COLUMNS] == cfg).all(axis=1)
             part = part_p[mask]
@@ -145,8 +209,9 @@ def ablation_sections(rows, paper: Paper) -> list[Section]:
             frame["paper_speedup"] = ladder_speedup(frame["provider"], frame["paper_ms"])
             frame["ours_over_paper"] = frame["ms"] / frame["paper_ms"]
             caption = ", ".join(f"{c}={fmt_config(c, cfg[c])}" for c in schema.CONFIG_COLUMNS)
-            sections.append(Section(title=f"{caption}, {pass_label(pass_)}", caption=caption,
-                                    frame=frame, show_config=[], pass_=pass_, sweep=ABLATION_SWEEP))
+            title = f"{caption}, {pass_label(pass_)}" + (f", {timer} timer" if name_timer else "")
+            sections.append(Section(title=title, caption=caption, frame=frame, show_config=[], pass_=pass_,
+                                    sweep=ABLATION_SWEEP, timer=timer if name_timer else ""))
     return sections
 
 
@@ -174,3 +239,72 @@ def matmul_ceiling(rows, override: float | None) -> tuple[float, str]:
         last = mm.sort_values(["_ts", "tflops", "_file", "_line"], kind="stable", na_position="first").iloc[-1]
         return float(last["tflops"]), f"measured: matmul row of {last['gpu']} at {last['timestamp']}"
     return DEFAULT_CEILING_TFLOPS, "spec section 5 default (H100 bf16 matmul)"
+
+
+def timer_sections(rows) -> list[Section]:
+    """Per pass, the points and providers measured by both the eager and the graph timer (status
+    ok): eager_ms, graph_ms and host_share = 1 - graph / eager, the part of the eager time that
+    is host work (launches, Python) rather than GPU time. Empty when no point has both."""
+    import pandas as pd
+    ok = rows[(rows["status"] == schema.OK) & rows["median_ms"].notna() & (rows["provider"] != CEILING_PROVIDER)]
+    key = ["sweep", "provider", "pass"] + schema.CONFIG_COLUMNS
+    eager = ok[ok["timer"] == "eager"][key + ["median_ms"]].rename(columns={"median_ms": "eager_ms"})
+    graph = ok[ok["timer"] == "graph"][key + ["median_ms"]].rename(columns={"median_ms": "graph_ms"})
+    both = eager.merge(graph, on=key, how="inner")
+    sections = []
+    if both.empty:
+        return sections
+    both["host_share"] = 1.0 - both["graph_ms"] / both["eager_ms"]
+    sweep_rank = {s: i for i, s in enumerate(sort_sweeps(both["sweep"]))}
+    prov_rank = {p: i for i, p in enumerate(PROVIDER_RANK)}
+    both = both.assign(_s=both["sweep"].map(sweep_rank),
+                       _p=both["provider"].map(lambda p: (prov_rank.get(p, len(prov_rank)), p)))
+    for pass_ in sort_passes(both["pass"]):
+        frame = both[both["pass"] == pass_]
+        frame = frame.sort_values(["_s"] + schema.CONFIG_COLUMNS + ["_p"], kind="stable")
+        frame = frame.drop(columns=["_s", "_p"]).reset_index(drop=True)
+        show = ["T", "G", "Hq", "Hk", "L"] + varying(frame, ["B", "d", "C", "dtype"])
+        sections.append(Section(title=pass_label(pass_), caption=config_caption(frame, ["B", "d", "C", "dtype"]),
+                                frame=frame, show_config=show, pass_=pass_))
+    return sections
+
+
+@dataclass
+class GpuState:
+    """What the GPU was doing while one results folder's rows were timed (GPU state columns)."""
+
+    folder: str
+    gpus: list[str]
+    rows: int                                   # rows of the folder shown in the report
+    sampled: int                                # of them, rows with GPU state sampled
+    medians: dict                               # GPU_STATE_COLUMNS -> summary (NaN: not sampled)
+    throttle: dict                              # reason -> rows it was seen on (empty: none seen)
+    health: dict                                # health text -> rows (empty: no health column values)
+
+
+def gpu_states(rows) -> list[GpuState]:
+    """Per results folder (the folder of each row's file) whose rows have GPU state or health
+    values: the median over rows of sm_clock_mhz, mem_clock_mhz and power_w, the lowest
+    sm_clock_min_mhz, the highest temp_c, the throttle reasons seen and the health values."""
+    out = []
+    folders = rows["_file"].map(lambda f: posixpath.dirname(str(f)) or ".")
+    for folder in sorted(set(folders)):
+        part = rows[folders == folder]
+        throttle = part["throttle"].map(lambda t: t.strip() if has_text(t) else "")
+        sampled = part[GPU_STATE_COLUMNS].notna().any(axis=1) | (throttle != "")
+        health = part["health"].map(lambda h: h.strip() if has_text(h) else "")
+        if not sampled.any() and not (health != "").any():
+            continue
+        reasons: dict[str, int] = {}
+        for text in throttle[sampled]:
+            for r in sorted({r.strip() for r in text.split("|") if r.strip()}):
+                reasons[r] = reasons.get(r, 0) + 1
+        agg = {"sm_clock_mhz": "median", "sm_clock_min_mhz": "min", "mem_clock_mhz": "median",
+               "power_w": "median", "temp_c": "max"}
+        medians = {c: float(getattr(part[c].dropna(), how)()) if part[c].notna().any() else float("nan")
+                   for c, how in agg.items()}
+        counts = health[health != ""].value_counts()
+        out.append(GpuState(folder=folder, gpus=sorted(set(part["gpu"].astype(str)) - {""}), rows=len(part),
+                            sampled=int(sampled.sum()), medians=medians, throttle=dict(sorted(reasons.items())),
+                            health={h: int(counts[h]) for h in sorted(counts.index)}))
+    return out

@@ -18,6 +18,15 @@ LADDER = ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "batc
 FA2_PROVIDERS = ("fa2", "fa2-triton")             # first present is the FA2 baseline unless chosen
 MODA_PROVIDERS = ("moda", "ours")
 ALWAYS_SHOWN = ["cudnn", "flex"]                  # efficiency columns present even when not measured
+RATIO_BASELINE = "fa2"                            # what the CSVs' ratio_to_fa2 (+ _lo/_hi) is measured against
+MODA_VARIANTS = ("moda-fa4",)                     # MoDA on other kernels: shown with their ratio to the fastest
+LEADING_OTHERS = ("moda-fa4", "fa4")              # efficiency columns placed before ALWAYS_SHOWN when measured
+SEQUENCE_ONLY = ("fa2", "fa4", "cudnn", "fa2-triton")   # candidates of best_provider (no depth part)
+PROVIDER_RANK = ["moda", "ours", "moda-fa4", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
+TIMER_ORDER = ["eager", "graph"]                  # schema's timer values, display order
+TIMER_LABEL = {"eager": "eager timer (host-inclusive)", "graph": "graph timer (CUDA-graph replays, device time)"}
+GPU_STATE_COLUMNS = ["sm_clock_mhz", "sm_clock_min_mhz", "mem_clock_mhz", "power_w", "temp_c"]
+HEALTHY = "healthy"
 CEILING_PROVIDER = "matmul"
 DEFAULT_CEILING_TFLOPS = 784.0                    # bf16 matmul on the project's H100 (spec section 5)
 PASS_ORDER = ["fwdbwd", "fwd", "bwd"]             # display order of schema.PASSES: the paper's pass first
@@ -39,8 +48,24 @@ def sort_sweeps(sweeps) -> list[str]:
     return sorted(set(sweeps), key=lambda s: (schema.AXES.index(s) if s in schema.AXES else len(schema.AXES), s))
 
 
+def sort_timers(timers) -> list[str]:
+    """Distinct timer names in TIMER_ORDER (unknown ones after, alphabetically)."""
+    return sorted(set(timers), key=lambda t: (TIMER_ORDER.index(t) if t in TIMER_ORDER else len(TIMER_ORDER), t))
+
+
+def sort_providers(providers) -> list[str]:
+    """Distinct provider names in PROVIDER_RANK order (others after, alphabetically)."""
+    rank = {p: i for i, p in enumerate(PROVIDER_RANK)}
+    return sorted(set(providers), key=lambda p: (rank.get(p, len(rank)), p))
+
+
 def pass_label(pass_: str) -> str:
     return PASS_LABEL.get(pass_, pass_)
+
+
+def has_text(x) -> bool:
+    """True for a non-empty text cell (not None, NaN or blank)."""
+    return isinstance(x, str) and x.strip() != "" and x.strip().lower() != "nan"
 
 
 def isnan(x) -> bool:
@@ -62,6 +87,24 @@ def fmt_config(column: str, value) -> str:
 
 def fmt_num(x, spec: str, suffix: str = "") -> str:
     return MISSING if isnan(x) else f"{float(x):{spec}}{suffix}"
+
+
+def fmt_ci(ratio, lo, hi, spec: str = ".3f", suffix: str = "") -> str:
+    """'1.023 [1.011-1.035]': a ratio with its 95% interval; the ratio alone where the interval is
+    missing; MISSING without a ratio."""
+    if isnan(ratio):
+        return MISSING
+    text = f"{float(ratio):{spec}}{suffix}"
+    if not isnan(lo) and not isnan(hi):
+        text += f" [{float(lo):{spec}}-{float(hi):{spec}}]"
+    return text
+
+
+def fmt_best(ratio, best) -> str:
+    """'1.81 (fa4)': a ratio to the fastest attention of the point, naming it."""
+    if isnan(ratio):
+        return MISSING
+    return f"{float(ratio):.2f}" + (f" ({best})" if has_text(best) else "")
 
 
 def fmt_ms(ms, status="") -> str:
