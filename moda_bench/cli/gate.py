@@ -1,8 +1,17 @@
 """`moda-bench gate`: its options (threshold parsing included), its console output, summary
-files and exit codes; the work (reading, comparing, rendering, `--run`) is `moda_bench.reports.gate`.
+files, exit codes, and the order of the steps of `--run`; the work (reading, comparing,
+rendering, measuring) is `moda_bench.reports.gate`.
 
-Exit codes: 0 pass; 1 a `regressed` or `failed` row (0 with --warn-only); 2 unusable input, said
-in one line on stderr naming the file (and line, column) with no traceback.
+`--run`: the GPU health canary at the start (`cli.checks.RunHealth`, as `sweep` does), the
+baseline's points and providers measured (`reports.gate.run_current`), the AMBIGUOUS rows
+measured once more (`reports.gate.remeasure`, into a temporary CSV) with the new rows replacing
+the first ones in the current CSV, the canary at the end (`cli.checks.finish` marks the rows when
+a check was not healthy); then the current CSV is gated like a given one.
+
+Exit codes: 0 pass; 1 a SLOW or FAILED row, a MISSING row (unless --allow-missing) or an
+AMBIGUOUS row under --fail-ambiguous (0 with --warn-only); 2 unusable input or usage, said in one
+line on stderr naming the file (and line, column) with no traceback: unreadable files, rows
+measured on an unhealthy GPU (`health` column), a GPU change, nothing in common, no CUDA for --run.
 """
 from __future__ import annotations
 
@@ -14,9 +23,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from moda_bench.cli import checks
 from moda_bench.cli.report import warn_line
+from moda_bench.reports import gate as gate_report
 from moda_bench.reports.gate import (GateInputError, Metric, check_columns, compare, markdown_summary,
-                                     print_report, read_run, require_overlap, run_current, verdict_text)
+                                     print_report, read_run, require_overlap, verdict_text)
+
+METRIC_HELP = (
+    "ratio: ratio_to_fa2, the provider's time / fa2's time measured in the same interleaved rounds, "
+    "with its 95% interval (robust to machine speed); ratio-best: ratio_to_best, normalised by the "
+    "fastest sequence-only attention of the point (e.g. FA4 on Hopper); time: median_ms with the p20-p80 "
+    "band (same machine only). A row is SLOW when the whole interval of its change lies above "
+    "+threshold, FAST below -threshold, AMBIGUOUS when the interval cannot decide, else SAME; rows of "
+    "files without intervals use the point change and the p20-p80 bands.")
 
 
 def parse_threshold(text: str) -> float:
@@ -43,51 +62,93 @@ def _error(console, message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def measure(baseline_df, current: Path, policy: dict, console, *, health_check: bool, strict: bool,
+            run_kw: dict) -> None:
+    """gate --run: canary, the baseline's points measured into `current`, AMBIGUOUS rows measured
+    once more and replaced, canary again (rows marked when a check was not healthy).
+    GateInputError for no CUDA, --strict on an unhealthy GPU, and what `compare` refuses."""
+    import torch
+
+    from moda_bench import results
+    from moda_bench.bench.runner import schema_rows
+
+    if not torch.cuda.is_available():
+        raise GateInputError("gate --run needs a CUDA GPU and none is available "
+                             "(compare two existing CSVs with --current instead)")
+    check_columns(baseline_df, "baseline")
+    gpu_run = checks.RunHealth(checks.device_indices(None), enabled=health_check)
+    gpu_run.check("start", console)
+    bad = gpu_run.worst()
+    if strict and bad is not None:
+        raise GateInputError(f"GPU {bad.status} at the start of the run ({bad.reason}): --strict, nothing measured")
+    run_kw = dict(run_kw, health=gpu_run.row_label(), log=console.print)
+    gate_report.run_current(baseline_df, current, **run_kw)
+    console.print(f"gate --run: wrote {current}")
+    first = read_run(current, "current", warn=warn_line)
+    result = compare(baseline_df, first, **policy)
+    ambiguous = result.counts["AMBIGUOUS"]
+    if ambiguous:
+        console.print(f"gate --run: {ambiguous} AMBIGUOUS row(s): measuring them once more")
+        new = gate_report.remeasure(result, baseline_df, first, current, **run_kw)
+        results.write_csv_atomic(current, schema_rows(gate_report.replace_rows(first, new)))
+        console.print(f"gate --run: {len(new)} re-measured row(s) replace the first ones in {current}")
+    checks.finish(gpu_run, console, [current], strict=False)
+
+
 def gate_command(
     baseline: Annotated[Path, typer.Option("--baseline", help="Baseline results CSV (schema.COLUMNS).")],
     current: Annotated[Optional[Path], typer.Option(
         "--current", help="Current results CSV; with --run, where the new run is written "
                           "(default gate-current.csv).")] = None,
     threshold: Annotated[str, typer.Option(
-        "--threshold", help="Smallest change that counts, as 5% or 0.05 (and it must exceed the noise).")] = "5%",
-    metric: Annotated[Metric, typer.Option(
-        "--metric", help="ratio: time / fa2 time of the same run and config (robust to machine speed); "
-                         "time: raw median_ms.")] = Metric.ratio,
+        "--threshold", help="Smallest change that counts, as 5% or 0.05 (the interval must clear it).")] = "5%",
+    metric: Annotated[Metric, typer.Option("--metric", help=METRIC_HELP)] = Metric.ratio,
     run: Annotated[bool, typer.Option("--run", help="Run the baseline's points and providers on this GPU "
-                                                    "first, then gate that run.")] = False,
+                                                    "first (AMBIGUOUS rows twice), then gate that run.")] = False,
     update_baseline: Annotated[bool, typer.Option(
         "--update-baseline", help="After gating, copy the current CSV over the baseline (deliberate).")] = False,
     allow_gpu_change: Annotated[bool, typer.Option(
         "--allow-gpu-change", help="Compare even if the GPU names differ.")] = False,
+    allow_missing: Annotated[bool, typer.Option(
+        "--allow-missing", help="Report baseline rows that the current run lacks or did not measure as "
+                                "MISSING without failing (default: they fail the gate).")] = False,
+    fail_ambiguous: Annotated[bool, typer.Option(
+        "--fail-ambiguous", help="Fail on AMBIGUOUS rows (change beyond the threshold but not beyond the "
+                                 "interval, or an interval too wide to decide).")] = False,
     warn_only: Annotated[bool, typer.Option("--warn-only", help="Report regressions but exit 0.")] = False,
     summary: Annotated[Optional[Path], typer.Option(
         "--summary", help="Write a Markdown summary here (default: append to $GITHUB_STEP_SUMMARY if set).")] = None,
-    all_rows: Annotated[bool, typer.Option("--all-rows", help="List unchanged rows too.")] = False,
+    all_rows: Annotated[bool, typer.Option("--all-rows", help="List SAME and REFERENCE rows too.")] = False,
     use_tuned: Annotated[bool, typer.Option(help="--run: use tuned kernel configs.")] = True,
-    warmup_ms: Annotated[float, typer.Option(help="--run: do_bench warm-up per measurement (ms).")] = 25,
-    rep_ms: Annotated[float, typer.Option(help="--run: do_bench repetition time per measurement (ms).")] = 100,
+    warmup_ms: Annotated[float, typer.Option(help="--run: warm-up per provider (ms).")] = 25,
+    rep_ms: Annotated[float, typer.Option(help="--run: GPU time each provider is sampled at least (ms).")] = 100,
+    min_samples: checks.MinSamplesOption = 10,
+    ci_tol: checks.CiTolOption = 0.01,
+    max_time: checks.MaxTimeOption = 60.0,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="--run: stop before measuring when the start health check is not healthy (default: "
+                         "measure, mark the rows, then exit 2 all the same).")] = False,
+    health_check: checks.CheckOption = True,
 ) -> None:
-    """Compare a results CSV with a baseline; exit 1 on a regression beyond threshold and noise."""
+    """Compare a results CSV with a baseline; exit 1 on a regression the intervals confirm (SLOW),
+    a broken provider, or missing evidence; exit 2 on unusable input or an unhealthy GPU."""
     from rich.console import Console
 
     out, err = Console(), Console(stderr=True)
     threshold_value = parse_threshold(threshold)
+    policy = dict(threshold=threshold_value, metric=metric.value, allow_gpu_change=allow_gpu_change,
+                  allow_missing=allow_missing, fail_ambiguous=fail_ambiguous)
     try:
         baseline_df = read_run(baseline, "baseline", warn=warn_line)
         if run:
-            import torch
-            if not torch.cuda.is_available():
-                raise _error(err, "gate --run needs a CUDA GPU and none is available "
-                                  "(compare two existing CSVs with --current instead)")
+            timing = checks.timing_options("eager", min_samples, ci_tol, max_time, warmup_ms, rep_ms)
             current = current or Path("gate-current.csv")
-            check_columns(baseline_df, "baseline")
-            run_current(baseline_df, current, use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                        log=out.print)
-            out.print(f"gate --run: wrote {current}")
+            measure(baseline_df, current, policy, out, health_check=health_check, strict=strict,
+                    run_kw=dict(use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms, timing=timing))
         elif current is None:
             raise typer.BadParameter("give --current NEW.csv, or --run to measure it now", param_hint="--current")
         current_df = read_run(current, "current", warn=warn_line)
-        result = require_overlap(compare(baseline_df, current_df, threshold_value, metric.value, allow_gpu_change))
+        result = require_overlap(compare(baseline_df, current_df, **policy))
     except GateInputError as exc:
         raise _error(err, str(exc)) from None
 
@@ -106,6 +167,6 @@ def gate_command(
                   f"({len(current_df)} rows; gate verdict {verdict_text(result)})")
     if result.failed:
         if warn_only:
-            out.print("[yellow]--warn-only: exiting 0 despite the regression[/]")
+            out.print("[yellow]--warn-only: exiting 0 despite the failure[/]")
             return
         raise typer.Exit(1)

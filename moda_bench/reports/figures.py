@@ -164,7 +164,7 @@ def _extra_series(section, multi_timer: bool):
     """(label, colour, timer, frame with axis, y, err_lo, err_hi) of MoDA and its variants in one
     fwd+bwd efficiency section: extra time % over FA2, the paired ratio's where it has an interval."""
     f, axis, out = section.frame, section.sweep, []
-    suffix = f" ({section.timer})" if multi_timer and section.timer else ""
+    suffix = f" [{section.timer}]" if multi_timer and section.timer else ""
     cols = [("ours", "moda", "moda_ratio", "moda_ratio_lo", "moda_ratio_hi")]
     cols += [(p, p, f"{p}:ratio", f"{p}:ratio_lo", f"{p}:ratio_hi") for p in section.others if p in MODA_VARIANTS]
     for label, colour, r, lo, hi in cols:

@@ -85,7 +85,7 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
                   "provider's ms over FA2's (< 1 is faster). Depth util. is the MoDA row's reported "
                   "depth utilisation. Paper columns are the A100 bf16 numbers, matched on "
                   + ", ".join(match_columns(paper.efficiency)[:-1] if paper.efficiency is not None else ["-"])
-                  + " and pass. A failed measurement shows its status." + efficiency_notes(eff, rows))
+                  + " and pass. A failed measurement shows its status." + efficiency_notes(eff, rows, moda))
         md += [efficiency_markdown(s, fa2, moda) for s in eff]
     if timers:
         md.append("## Eager vs graph timer\n\nPoints measured with both timers: eager = host-inclusive (every "
@@ -109,7 +109,7 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     return sorted(written)
 
 
-def efficiency_notes(sections: list[Section], rows) -> str:
+def efficiency_notes(sections: list[Section], rows, moda: str | None) -> str:
     """Sentences explaining the optional efficiency columns and timers that the sections show."""
     notes = []
     if any(s.has_ci for s in sections):
@@ -117,10 +117,11 @@ def efficiency_notes(sections: list[Section], rows) -> str:
                      "(geometric mean of the per-round ratios) with its 95% confidence interval; `<provider>/FA2` "
                      "cells with an interval are paired the same way. The extra-time figure draws these "
                      "ratios, their intervals as error bars.")
+    best = sorted({p for s in sections for p in s.best_providers} - {moda})
     if any(s.best_providers for s in sections):
-        notes.append(" `<MoDA>/fastest` is the time over the fastest sequence-only attention measured at that "
-                     f"point ({', '.join(SEQUENCE_ONLY)}; named in brackets): the distance to the best attention "
-                     "this GPU offers, which has no depth part.")
+        notes.append(" `MoDA/fastest`" + "".join(f" (`{p}/fastest`)" for p in best) + " is the time over the "
+                     f"fastest sequence-only attention measured at that point ({', '.join(SEQUENCE_ONLY)}; named "
+                     "in brackets): the distance to the best attention this GPU offers, which has no depth part.")
     if any(s.has_samples or s.has_noise for s in sections):
         notes.append(" Samples: the fewest timed repetitions of any provider of the line; noise %: the largest "
                      "(p80 - p20) / median of any provider of the line.")

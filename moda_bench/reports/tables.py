@@ -19,7 +19,7 @@ from moda_bench import schema
 from moda_bench.reports.inputs import Paper, match_columns
 from moda_bench.reports.vocab import (ABLATION_SWEEP, ALWAYS_SHOWN, CEILING_PROVIDER, DEFAULT_CEILING_TFLOPS,
                                       ENV_COLUMNS, GPU_STATE_COLUMNS, LADDER, LEADING_OTHERS, MODA_VARIANTS,
-                                      PROVIDER_RANK, RATIO_BASELINE, ReportError, fmt_config, has_text,
+                                      PROVIDER_RANK, RATIO_BASELINE, TIMER_ORDER, ReportError, fmt_config, has_text,
                                       pass_label, sort_passes, sort_sweeps, sort_timers)
 
 
@@ -178,14 +178,23 @@ def attach_paper_efficiency(frame, paper_eff, pass_: str):
 
 
 def ablation_sections(rows, paper: Paper) -> list[Section]:
-    """Per (pass, config) of the ablation sweep: the ladder with ms, speedup over previous rung, paper."""
+    """Per (pass, config) of the ablation sweep, and per timer where graph rows exist: the ladder
+    with ms, speedup over previous rung, paper."""
     import pandas as pd
     abl = rows[(rows["sweep"] == ABLATION_SWEEP) & (rows["provider"] != CEILING_PROVIDER)]
+    # one ladder per timer; a rung timed its own way (timer 'custom': the naive rung) joins the
+    # ladder of the first timer in TIMER_ORDER present; a provider's first timer kept where it has several
+    known = [t for t in sort_timers(abl["timer"]) if t in TIMER_ORDER]
+    rank = {t: i for i, t in enumerate(sort_timers(abl["timer"]))}
+    family = abl["timer"].where(abl["timer"].isin(TIMER_ORDER), known[0] if known else abl["timer"])
+    abl = abl.assign(_family=family, _rank=abl["timer"].map(rank))
+    abl = abl.sort_values("_rank", kind="stable").drop_duplicates(
+        ["provider", "pass", "_family"] + schema.CONFIG_COLUMNS).sort_index()
     sections = []
-    name_timer = set(abl["timer"]) != {schema.DEFAULT_TIMER}
+    name_timer = set(abl["_family"]) - {schema.DEFAULT_TIMER} != set()
     for pass_, timer in [(p, t) for p in sort_passes(abl["pass"])
-                         for t in sort_timers(abl.loc[abl["pass"] == p, "timer"])]:
-        part_p = abl[(abl["pass"] == pass_) & (abl["timer"] == timer)]
+                         for t in sort_timers(abl.loc[abl["pass"] == p, "_family"])]:
+        part_p = abl[(abl["pass"] == pass_) & (abl["_family"] == timer)]
         for _, cfg in part_p[schema.CONFIG_COLUMNS].drop_duplicates().sort_values(schema.CONFIG_COLUMNS).iterrows():
             mask = (part_p[schema.CONFIG_COLUMNS] == cfg).all(axis=1)
             part = part_p[mask]

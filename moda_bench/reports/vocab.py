@@ -23,8 +23,9 @@ MODA_VARIANTS = ("moda-fa4",)                     # MoDA on other kernels: shown
 LEADING_OTHERS = ("moda-fa4", "fa4")              # efficiency columns placed before ALWAYS_SHOWN when measured
 SEQUENCE_ONLY = ("fa2", "fa4", "cudnn", "fa2-triton")   # candidates of best_provider (no depth part)
 PROVIDER_RANK = ["moda", "ours", "moda-fa4", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
-TIMER_ORDER = ["eager", "graph"]                  # schema's timer values, display order
-TIMER_LABEL = {"eager": "eager timer (host-inclusive)", "graph": "graph timer (CUDA-graph replays, device time)"}
+TIMER_ORDER = ["eager", "graph", "do_bench"]      # timer values of the sweeps, display order
+TIMER_LABEL = {"eager": "eager timer (host-inclusive)", "graph": "graph timer (CUDA-graph replays, device time)",
+               "do_bench": "do_bench timer (triton's do_bench, each provider on its own, as earlier runs)"}
 GPU_STATE_COLUMNS = ["sm_clock_mhz", "sm_clock_min_mhz", "mem_clock_mhz", "power_w", "temp_c"]
 HEALTHY = "healthy"
 CEILING_PROVIDER = "matmul"
