@@ -394,10 +394,11 @@ def test_run_plan(rng):
     df = make_run(rng, passes=("fwd", "fwdbwd"), status={("moda", 1024): schema.ERROR})
     df["timer"] = df["timer"].astype(object)
     df.loc[(df["pass"] == "fwd") & (df["T"] == 4096), "timer"] = "graph"
+    df.loc[(df["pass"] == "fwd") & (df["T"] == 16384), "timer"] = "do_bench"   # runner.LEGACY_TIMER
     plan = gate.run_plan(df)
     groups = {(pass_, timer, tuple(sorted(provs))): [p.T for p in points] for pass_, timer, points, provs in plan}
     everything, no_moda = ("fa2", "moda", "moda-chunk"), ("fa2", "moda-chunk")
-    assert groups == {("fwd", "eager", no_moda): [1024], ("fwd", "eager", everything): [16384],
+    assert groups == {("fwd", "eager", no_moda): [1024], ("fwd", "do_bench", everything): [16384],
                       ("fwd", "graph", everything): [4096], ("fwdbwd", "eager", no_moda): [1024],
                       ("fwdbwd", "eager", everything): [4096, 16384]}
     points = [p for _, _, pts, _ in plan for p in pts]

@@ -238,7 +238,11 @@ def test_tune_shape_finds_the_cost_model_optimum():
     assert res.tuned_ms < res.default_ms and res.speedup > 1 and res.dtype == "bfloat16"
     assert set(res.kernels) == set(tu.KERNELS) and res.wall_s >= 0
     assert {p for p, final in timer.calls if not final} == {"fwd", "bwd"}
-    assert [p for p, final in timer.calls if final] == ["fwdbwd", "fwdbwd"]
+    # the final comparison: candidate and default in interleaved rounds, fwd+bwd only
+    finals = [p for p, final in timer.calls if final]
+    assert set(finals) == {"fwdbwd"} and len(finals) == 2 * res.compare_rounds >= 20
+    assert res.decision == "tuned" and res.candidate == res.config and res.candidate_ms == res.tuned_ms
+    assert res.ratio_hi == pytest.approx(res.ratio) and res.ratio < 1 - tu.DEFAULT_MIN_GAIN  # no noise: CI of width 0
 
 
 class DepthFakeTimer(tu.Timer):
@@ -274,6 +278,7 @@ def test_tune_shape_keeps_default_when_tuned_is_not_faster_end_to_end():
     res = tu.tune_shape(shape(), "bfloat16", FakeTimer(final_penalty=10.0), budget=20, smem_limit=H100_SMEM)
     assert res.config == default_config(shape()) and res.tuned_ms == res.default_ms
     assert any("keeping default" in n for n in res.notes)
+    assert res.decision == "default" and res.candidate is not None and res.candidate_ms > res.default_ms
 
 
 def _buggy_attention(q, k, v, k_depth=None, v_depth=None, *, config=None, **kw):
@@ -361,7 +366,8 @@ def test_cache_path_env_override_and_platform_defaults(monkeypatch, tmp_path):
 # ----------------------------------------------------------------------------- cache files
 
 def _result(sh, cfg, default_ms=2.0, tuned_ms=1.5):
-    return tu.TuneResult(sh, "bfloat16", cfg, default_ms, tuned_ms, wall_s=12.5)
+    return tu.TuneResult(sh, "bfloat16", cfg, default_ms, tuned_ms, wall_s=12.5, candidate=cfg, candidate_ms=tuned_ms,
+                         ratio=tuned_ms / default_ms, ratio_lo=0.7, ratio_hi=0.8)
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -376,6 +382,8 @@ def test_save_and_load_round_trip(tmp_path):
     assert entry["config"] == cfg.to_dict() and entry["T_bucket"] == 4096
     assert entry["default_ms"] == 2.0 and entry["tuned_ms"] == 1.5 and entry["speedup"] == pytest.approx(4 / 3)
     assert entry["tuning_wall_s"] == 12.5 and entry["date"][:2] == "20" and entry["dtype"] == "bfloat16"
+    assert entry["decision"] == "tuned" and entry["candidate_config"] == cfg.to_dict()
+    assert (entry["ratio"], entry["ratio_lo"], entry["ratio_hi"], entry["min_gain"]) == (0.75, 0.7, 0.8, 0.02)
     cache = tu.load(path)
     assert cache.path == path and cache(shape(T=2049), torch.bfloat16) == cfg  # same bucket
     assert cache(shape(T=2048), torch.bfloat16) is None  # other bucket
@@ -425,11 +433,15 @@ def test_env_var_selects_the_cache_in_use(monkeypatch, tmp_path):
     cfg_b = default_config(sh).replace(block_n=32)
     tu.save_result(_result(sh, cfg_a), tmp_path / "a.json")
     tu.save_result(_result(sh, cfg_b), tmp_path / "b.json")
-    tu.use()  # path from the environment, at every call
     monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "a.json"))
+    cache = tu.use()  # path from the environment, looked at every cache.recheck_s seconds
     assert resolve_config(sh, torch.bfloat16) == cfg_a
     monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "b.json"))
+    cache.refresh()  # or wait recheck_s
     assert resolve_config(sh, torch.bfloat16) == cfg_b
+    monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "a.json"))
+    cache.recheck_s = 0.0  # look at every call
+    assert resolve_config(sh, torch.bfloat16) == cfg_a
 
 
 def test_cache_in_use_changes_resolve_config_and_reloads_on_change(tmp_path, monkeypatch):
@@ -598,16 +610,19 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert [s.T for s in made] == [1024, 2048]  # one tuning per T bucket
-    assert "tuning wall time" in res.output and "ms ->" in res.output
+    assert "tuning wall time" in res.output and "tuned (" in res.output
     df = pd.read_csv(out)
     assert list(df.columns) == TUNE_COLUMNS and len(df) == 2 and set(df["status"]) == {"ok"}
-    assert (df["tuned_ms"] < df["default_ms"]).all()
-    assert df["ratio"].tolist() == pytest.approx((df["tuned_ms"] / df["default_ms"]).tolist())
+    assert (df["tuned_ms"] < df["default_ms"]).all() and set(df["decision"]) == {"tuned"}
+    assert df["ratio"].tolist() == pytest.approx((df["tuned_ms"] / df["default_ms"]).tolist())  # noise-free timer
+    assert (df["ratio_hi"] < 1 - df["min_gain"]).all() and (df["candidate_ms"] == df["tuned_ms"]).all()
     entries = tu.load(cache).entries()
     assert len(entries) == 2 and all(k.startswith("Fake GPU|") for k in entries)
     made.clear()
-    res = CliRunner().invoke(app, args)
+    res = CliRunner().invoke(app, args + ["--out", str(tmp_path / "again.csv")])
     assert res.exit_code == 0 and made == [] and "cached" in res.output
+    again = pd.read_csv(tmp_path / "again.csv")
+    assert set(again["status"]) == {"cached"} and set(again["decision"]) == {"tuned"}
 
 
 def test_default_placement_is_fused_for_short_sequences_only():

@@ -3,7 +3,15 @@ one tuning per cache key, the device run of `moda_bench.tuning.tune_shape` for a
 the rows of the CSV summary.
 
 Shapes that share a cache key (same GPU, triton, dtype, d, G, L and power-of-two bucket of T)
-are tuned once, at the largest T of the group. torch/triton are imported inside functions.
+are tuned once, at the largest T of the group; the entry then serves that bucket only.
+Presets: 'paper' = the paper's T (4096..65536), G and L sweeps; 'full' = the same with the T
+sweep from 1024 (the ablation shape and the fused/split default boundary at 2048 included).
+
+CSV columns beyond the point: default_ms (built-in default config), candidate_ms (the search's
+winner), tuned_ms (the config stored: candidate_ms if decision is 'tuned', else default_ms),
+ratio / ratio_lo / ratio_hi (candidate / default, geometric mean of interleaved rounds and its
+95% interval), min_gain, decision ('tuned' | 'default'), speedup = default_ms / tuned_ms.
+torch/triton are imported inside functions.
 """
 from __future__ import annotations
 
@@ -13,9 +21,14 @@ from typing import Callable, Optional
 
 from moda_bench.schema import CONFIG_COLUMNS, META_COLUMNS
 
-TUNE_COLUMNS = CONFIG_COLUMNS + ["default_ms", "tuned_ms", "ratio", "speedup", "wall_s", "status", "reason",
-                                 "config", "cache_key"] + META_COLUMNS
-PRESETS = {"paper": ("T", "G", "L")}  # the three sweeps of the paper's efficiency table
+TUNE_COLUMNS = CONFIG_COLUMNS + ["default_ms", "candidate_ms", "tuned_ms", "ratio", "ratio_lo", "ratio_hi",
+                                 "min_gain", "decision", "speedup", "wall_s", "status", "reason", "config",
+                                 "cache_key"] + META_COLUMNS
+# (axis, values) sweeps; values None = the paper's (schema.AXIS_VALUES)
+PRESETS = {
+    "paper": (("T", None), ("G", None), ("L", None)),  # the three sweeps of the paper's efficiency table
+    "full": (("T", (1024, 2048, 4096, 8192, 16384, 32768, 65536)), ("G", None), ("L", None)),
+}
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -23,7 +36,8 @@ def plan_tuning_points(base, vary: Optional[str], values: Optional[list[int]], p
     """Points to tune: the preset's sweeps, one `--vary` sweep, or just `base` (runner.Point)."""
     from moda_bench.bench.runner import plan_points
     if preset:
-        points = [p for axis in PRESETS[preset] for p in plan_points(axis, None, base)]
+        points = [p for axis, vals in PRESETS[preset]
+                  for p in plan_points(axis, list(vals) if vals is not None else None, base)]
     elif vary:
         points = plan_points(vary, values, base)
     else:
@@ -54,21 +68,46 @@ def config_changes(cfg, default) -> str:
     return " ".join(diff) if diff else "default"
 
 
+def _num(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
 def tune_row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s=float("nan"), status="ok",
-             reason="", config=None, key="", meta=None) -> dict:
+             reason="", config=None, key="", meta=None, candidate_ms=float("nan"), ratio=float("nan"),
+             ratio_lo=float("nan"), ratio_hi=float("nan"), min_gain=float("nan"), decision="") -> dict:
     """One row of the CSV summary (TUNE_COLUMNS) for point p."""
     row = {c: getattr(p, c, None) for c in CONFIG_COLUMNS}
     row.update(Hq=p.Hq, dtype=dtype, C=(config or {}).get("block_m", p.C))
-    ratio = tuned_ms / default_ms if default_ms == default_ms and default_ms > 0 else float("nan")
-    row.update(default_ms=default_ms, tuned_ms=tuned_ms, ratio=ratio,
-               speedup=(1 / ratio if ratio and ratio == ratio else float("nan")), wall_s=wall_s, status=status,
-               reason=reason, config=json.dumps(config, sort_keys=True) if config else "", cache_key=key)
+    default_ms, tuned_ms = _num(default_ms), _num(tuned_ms)
+    speedup = default_ms / tuned_ms if tuned_ms == tuned_ms and tuned_ms > 0 else float("nan")
+    row.update(default_ms=default_ms, candidate_ms=_num(candidate_ms), tuned_ms=tuned_ms, ratio=_num(ratio),
+               ratio_lo=_num(ratio_lo), ratio_hi=_num(ratio_hi), min_gain=_num(min_gain), decision=decision,
+               speedup=speedup, wall_s=wall_s, status=status, reason=reason,
+               config=json.dumps(config, sort_keys=True) if config else "", cache_key=key)
     row.update(meta or {})
     return row
 
 
+def result_row(p, dtype, result, *, key="", meta=None, reason="") -> dict:
+    """The CSV row of a freshly tuned point (a tuning.TuneResult)."""
+    return tune_row(p, dtype, default_ms=result.default_ms, tuned_ms=result.tuned_ms, wall_s=result.wall_s,
+                    config=result.config.to_dict(), key=key, meta=meta, reason=reason,
+                    candidate_ms=result.candidate_ms, ratio=result.ratio, ratio_lo=result.ratio_lo,
+                    ratio_hi=result.ratio_hi, min_gain=result.min_gain, decision=result.decision)
+
+
+def entry_row(p, dtype, entry: dict, *, key="", meta=None) -> dict:
+    """The CSV row of a point skipped because the cache has an entry for it (status 'cached';
+    entries from before the decision was recorded have an empty decision)."""
+    return tune_row(p, dtype, default_ms=entry.get("default_ms"), tuned_ms=entry.get("tuned_ms"),
+                    wall_s=entry.get("tuning_wall_s", 0.0), status="cached", config=entry["config"], key=key,
+                    meta=meta, candidate_ms=entry.get("candidate_ms"), ratio=entry.get("ratio"),
+                    ratio_lo=entry.get("ratio_lo"), ratio_hi=entry.get("ratio_hi"), min_gain=entry.get("min_gain"),
+                    decision=entry.get("decision") or "")
+
+
 def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms: float, rep_ms: float, seed: int,
-               attention: Callable, on_plan=None, on_done=None):
+               attention: Callable, min_gain: Optional[float] = None, on_plan=None, on_done=None):
     """Tune `shape` on the current CUDA device (moda_bench.tuning.tune_shape with the device
     timer); on_plan / on_done report progress. Returns the TuneResult."""
     import torch
@@ -77,7 +116,7 @@ def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms:
     timer = tuning.CudaTimer(shape, dtype, device=f"cuda:{torch.cuda.current_device()}", warmup_ms=warmup_ms,
                              rep_ms=rep_ms, seed=seed, attention=attention)
     return tuning.tune_shape(shape, dtype, timer, kernels=kernels, budget=budget, seed=seed, on_plan=on_plan,
-                             on_done=on_done)
+                             on_done=on_done, min_gain=tuning.DEFAULT_MIN_GAIN if min_gain is None else min_gain)
 
 
 def write_summary(rows: list[dict], out: Path) -> None:

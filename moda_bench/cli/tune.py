@@ -1,10 +1,15 @@
 """`moda-bench tune`: autotune the fused MoDA kernel for one shape, a one-axis sweep or a
-preset, persist the winners in the tuning cache (moda_bench.tuning) and report the speedup
-over the default configuration (fwd+bwd, timed like the sweep: moda_bench.timing.measure).
-Options, progress bars, the summary table and `--show`; the work is `moda_bench.bench.tune`'s.
+preset, persist the result in the tuning cache (moda_bench.tuning) and report how the winner
+compares with the default configuration (fwd+bwd). Options, progress bars, the summary table,
+`--show` and `--export-shipped`; the work is `moda_bench.bench.tune`'s.
 
-Each shape's winner is saved as soon as it is found and shapes already in the cache are
-skipped (--force retunes), so a long preset can be run in several invocations. torch/triton
+Candidates are timed like the sweep (moda_bench.timing.measure); the winner is then timed
+against the default in interleaved rounds and kept only if the 95% upper bound of its time
+ratio is below 1 - `--min-gain` (decision 'tuned'), else the default is stored ('default').
+Each shape's result is saved as soon as it is found and shapes already in the cache are
+skipped (--force retunes), so a long preset can be run in several invocations.
+`--export-shipped DIR` writes the cache's 'tuned' entries as the package's shipped configs
+(DIR/<gpu-slug>.json; the package's own directory is moda_bench/ops/moda/tuned). torch/triton
 are imported inside the command.
 """
 from __future__ import annotations
@@ -18,8 +23,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from moda_bench.bench.tune import (DTYPES, PRESETS, config_changes, group_by_key, plan_tuning_points, point_shape,
-                                   tune_point, tune_row, write_summary)
+from moda_bench.bench.tune import (DTYPES, PRESETS, config_changes, entry_row, group_by_key, plan_tuning_points,
+                                   point_shape, result_row, tune_point, tune_row, write_summary)
 
 console = Console(stderr=False)
 
@@ -39,6 +44,30 @@ def _parse_ints(text: str, option: str) -> list[int]:
     return vals
 
 
+def parse_gain(text: str) -> float:
+    """'2%' -> 0.02, '0.02' -> 0.02; a bare number >= 1 is ambiguous (BadParameter), as is a
+    negative one or a gain of 100% or more."""
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise typer.BadParameter(f"expected a fraction or a percentage such as 2%, got {text!r}",
+                                 param_hint="--min-gain")
+    if not t.endswith("%") and value >= 1:
+        raise typer.BadParameter(f"{text!r} is ambiguous: write {text}% or a fraction below 1",
+                                 param_hint="--min-gain")
+    if not 0 <= value < 1:
+        raise typer.BadParameter(f"the margin must be in [0, 100%), got {text!r}", param_hint="--min-gain")
+    return value
+
+
+def _ci(r: dict) -> str:
+    lo, hi = r.get("ratio_lo"), r.get("ratio_hi")
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return "-"
+    return f"{lo:.3f}-{hi:.3f}"
+
+
 def _shape_label(p) -> str:
     return f"T={p.T} G={p.G} L={p.L} Hk={p.Hk} B={p.B} d={p.d}"
 
@@ -48,17 +77,39 @@ def _show_cache(path) -> None:
     cache = tuning.load(path)
     p, entries = cache.path, cache.entries()
     table = Table(title=f"tuning cache {p} ({len(entries)} entries)")
-    cols = ("gpu", "triton", "dtype", "d", "G", "L", "T<=", "default ms", "tuned ms", "speedup", "wall s", "date")
+    cols = ("gpu", "triton", "dtype", "d", "G", "L", "T<=", "default ms", "tuned ms", "speedup", "ratio 95% CI",
+            "decision", "wall s", "date")
     for col in cols:
-        table.add_column(col, justify="left" if col in ("gpu", "triton", "dtype", "date") else "right")
-    nan = float("nan")
+        table.add_column(col, justify="left" if col in ("gpu", "triton", "dtype", "decision", "date") else "right")
+
+    def num(e, f, fmt):
+        v = e.get(f)
+        return "-" if v is None else format(v, fmt)
+
     for key, e in sorted(entries.items()):
         if not isinstance(e, dict):
             continue
         table.add_row(*(str(e.get(f, "?")) for f in ("gpu", "triton_version", "dtype", "d", "G", "L", "T_bucket")),
-                      f"{e.get('default_ms', nan):.4g}", f"{e.get('tuned_ms', nan):.4g}",
-                      f"{e.get('speedup', nan):.3f}x", f"{e.get('tuning_wall_s', nan):.1f}", str(e.get("date", "?"))[:10])
+                      num(e, "default_ms", ".4g"), num(e, "tuned_ms", ".4g"), num(e, "speedup", ".3f"),
+                      _ci(e), str(e.get("decision") or "-"), num(e, "tuning_wall_s", ".1f"),
+                      str(e.get("date", "?"))[:10])
     console.print(table)
+
+
+def _export(cache, out_dir: Path) -> None:
+    from moda_bench import tuning
+    path = tuning.resolve_cache_path(cache)
+    if not path.exists():
+        _fail(f"no tuning cache at {path} to export")
+    summaries = tuning.export_shipped(path, out_dir)
+    if not summaries:
+        console.print(f"[yellow]the tuning cache {path} has no entries: nothing exported[/]")
+    for s in summaries:
+        for ckey, why in s["skipped"]:
+            console.print(f"  [dim]{escape(ckey)}: {escape(why)}[/]")
+        if s["path"] is not None:
+            console.print(f"{s['gpu']}: {s['added']} tuned config(s) exported, {s['dropped']} removed; "
+                          f"{s['total']} in {s['path']}")
 
 
 def tune_command(
@@ -73,7 +124,8 @@ def tune_command(
     values: Annotated[Optional[str], typer.Option(
         "--values", help="Comma-separated values for --vary (default: the paper's).")] = None,
     preset: Annotated[Optional[str], typer.Option(
-        "--preset", help="'paper': every shape of the paper's T, G and L sweeps.")] = None,
+        "--preset", help="'paper': every shape of the paper's T, G and L sweeps; 'full': the same with "
+        "T from 1024.")] = None,
     kernels: Annotated[str, typer.Option(
         "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
         "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles).")] = "fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv",
@@ -82,7 +134,13 @@ def tune_command(
     cache: Annotated[Optional[Path], typer.Option(
         "--cache", help="Tuning cache file (default: $MODA_BENCH_TUNING_CACHE or the platform cache dir).")] = None,
     out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="CSV summary: shape, default_ms, tuned_ms, ratio, wall_s, config.")] = None,
+        "--out", "-o", help="CSV summary: shape, default/candidate/tuned ms, ratio and its 95% CI, decision, wall_s, config.")] = None,
+    min_gain: Annotated[str, typer.Option(
+        "--min-gain", help="Keep the winner only if it beats the default by more than this (its time ratio's "
+        "95% upper bound below 1 - margin), e.g. 2% or 0.02.")] = "2%",
+    export_shipped: Annotated[Optional[Path], typer.Option(
+        "--export-shipped", help="Write the cache's 'tuned' entries as shipped configs into this directory "
+        "(<gpu-slug>.json; the package's is moda_bench/ops/moda/tuned) and exit.")] = None,
     force: Annotated[bool, typer.Option(
         "--force/--skip-cached", help="Retune shapes that already have a valid cache entry.")] = False,
     warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="do_bench warm-up per candidate.")] = 10,
@@ -91,10 +149,14 @@ def tune_command(
     device: Annotated[Optional[int], typer.Option("--device", help="CUDA device index.")] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the tuning cache and exit.")] = False,
 ) -> None:
-    """Autotune the MoDA kernel's depth placements and tiles per shape; store the winners in the tuning cache."""
+    """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:
         _show_cache(cache)
         return
+    if export_shipped is not None:
+        _export(cache, export_shipped)
+        return
+    gain = parse_gain(min_gain)
     from moda_bench import tuning
     from moda_bench.bench.runner import Point
 
@@ -141,13 +203,14 @@ def tune_command(
     cache_path = tuning.resolve_cache_path(cache)
     groups = group_by_key(points, lambda p: tuning.cache_key(point_shape(p), dtype))
     console.print(f"tuning {len(groups)} shape(s) ({len(points)} point(s)) on {tuning.current_gpu_name()}, "
-                  f"kernels {', '.join(kernel_list)}, budget {budget}/kernel; cache {cache_path}")
+                  f"kernels {', '.join(kernel_list)}, budget {budget}/kernel, min gain {gain:.1%}; cache {cache_path}")
     existing = tuning.load(cache_path).entries()
     meta = run_metadata(device)
     rows, shown, failures, t_start = [], [], 0, time.perf_counter()
-    summary = Table(title="MoDA tuning (fwd+bwd median ms)")
-    for col in ("shape", "default ms", "tuned ms", "speedup", "wall s", "tuned fields"):
-        summary.add_column(col, justify="left" if col in ("shape", "tuned fields") else "right")
+    summary = Table(title="MoDA tuning (fwd+bwd median ms; ratio = candidate / default, 95% CI)")
+    for col in ("shape", "default ms", "candidate ms", "ratio 95% CI", "decision", "speedup", "wall s",
+                "tuned fields"):
+        summary.add_column(col, justify="left" if col in ("shape", "decision", "tuned fields") else "right")
 
     for key, p in groups.items():
         shape = point_shape(p)
@@ -156,13 +219,11 @@ def tune_command(
         if cfg is not None:
             changes = config_changes(cfg, default_config(shape, dtype))
             console.print(f"[dim]{_shape_label(p)}: cached ({changes}); --force retunes[/]")
-            rows.append(tune_row(p, dtype, default_ms=entry.get("default_ms", float("nan")),
-                             tuned_ms=entry.get("tuned_ms", float("nan")), wall_s=entry.get("tuning_wall_s", 0.0),
-                             status="cached", config=entry["config"], key=key, meta=meta))
+            rows.append(entry_row(p, dtype, entry, key=key, meta=meta))
             shown.append(changes + " (cached)")
             continue
         try:
-            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, moda_attention)
+            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, moda_attention, gain)
         except Exception as exc:  # OOM on the inputs, the default config failing, ...
             failures += 1
             msg = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -175,8 +236,11 @@ def tune_command(
         default = default_config(shape, dtype)
         changes = config_changes(result.config, default)
         skipped = sum(len(ks.skipped) for ks in result.kernels.values())
-        console.print(f"[green]{_shape_label(p)}[/]: {result.default_ms:.4g} ms -> {result.tuned_ms:.4g} ms "
-                      f"([bold]{result.speedup:.3f}x[/]) in {result.wall_s:.1f} s; winner: {changes}"
+        cand = (f"candidate {result.candidate_ms:.4g} ms, ratio {result.ratio:.3f} "
+                f"(95% CI {result.ratio_lo:.3f}-{result.ratio_hi:.3f}); " if result.candidate is not None
+                and result.ratio_hi == result.ratio_hi else "")
+        console.print(f"[green]{_shape_label(p)}[/]: default {result.default_ms:.4g} ms, {cand}"
+                      f"[bold]{result.decision}[/] ({result.speedup:.3f}x) in {result.wall_s:.1f} s; stored: {changes}"
                       + (f"; {skipped} candidate(s) skipped" if skipped else ""))
         for note in result.notes:
             console.print(f"  [yellow]note:[/] {escape(note)}")
@@ -187,24 +251,22 @@ def tune_command(
             if len(ks.skipped) > 3:
                 console.print(f"  [dim]{k}: ... {len(ks.skipped) - 3} more skipped[/]")
         reasons = result.notes + [f"{k}: {len(ks.skipped)} skipped" for k, ks in result.kernels.items() if ks.skipped]
-        rows.append(tune_row(p, dtype, default_ms=result.default_ms, tuned_ms=result.tuned_ms, wall_s=result.wall_s,
-                         config=result.config.to_dict(), key=key, meta=meta,
-                         reason="; ".join(reasons)[:500]))
+        rows.append(result_row(p, dtype, result, key=key, meta=meta, reason="; ".join(reasons)[:500]))
         shown.append(changes)
 
     for r, changes in zip(rows, shown):
-        summary.add_row(f"T={r['T']} G={r['G']} L={r['L']}", f"{r['default_ms']:.4g}", f"{r['tuned_ms']:.4g}",
-                        f"{r['speedup']:.3f}x", f"{r['wall_s']:.1f}", changes)
+        summary.add_row(f"T={r['T']} G={r['G']} L={r['L']}", f"{r['default_ms']:.4g}", f"{r['candidate_ms']:.4g}",
+                        _ci(r), r["decision"] or "-", f"{r['speedup']:.3f}x", f"{r['wall_s']:.1f}", changes)
     console.print(summary)
     if out:
         write_summary(rows, out)
         console.print(f"wrote {out}")
-    console.print(f"tuning wall time {time.perf_counter() - t_start:.1f} s; winners in {cache_path}")
+    console.print(f"tuning wall time {time.perf_counter() - t_start:.1f} s; results in {cache_path}")
     if failures:
         raise typer.Exit(1)
 
 
-def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention):
+def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, min_gain):
     """Tune one shape with a rich progress bar (one bar per kernel)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -224,4 +286,4 @@ def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, att
             progress.update(state["task"], advance=1, best=best)
 
         return tune_point(shape, dtype, kernel_list, budget=budget, warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed,
-                          attention=attention, on_plan=on_plan, on_done=on_done)
+                          attention=attention, min_gain=min_gain, on_plan=on_plan, on_done=on_done)

@@ -498,15 +498,15 @@ def markdown_summary(result: GateResult, baseline: str, current: str) -> str:
 def run_plan(df: pd.DataFrame) -> list[tuple[str, str, list, list[str]]]:
     """(pass, timer, runner.Point list, providers) groups covering the ok rows of df: points of one
     pass and timer that have the same providers share a group."""
-    from moda_bench.bench.runner import Point
+    from moda_bench.bench.runner import LEGACY_TIMER, Point
     from moda_bench.timing import TIMERS
 
-    default, by_point = Point().fields(), {}
+    default, by_point, timers = Point().fields(), {}, TIMERS + (LEGACY_TIMER,)
     for _, r in df[df["status"] == schema.OK].iterrows():
         timer = _canon(r.get("timer")) or schema.DEFAULT_TIMER
-        if timer not in TIMERS:
+        if timer not in timers:
             raise GateInputError(f"baseline rows timed with timer {timer!r} cannot be re-measured "
-                                 f"(gate --run knows {', '.join(TIMERS)})")
+                                 f"(gate --run knows {', '.join(timers)})")
         cfg = {c: int(_num(r[c])) if math.isfinite(_num(r[c])) else v for c, v in default.items() if c != "dtype"}
         p = Point(dtype=_canon(r["dtype"]) or default["dtype"], **cfg)
         provs = by_point.setdefault((str(r["pass"]), timer, p), [])

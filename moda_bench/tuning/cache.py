@@ -4,8 +4,12 @@ that makes `moda_attention` consult it.
 File: {"schema_version": N, "entries": {key: entry}}. The key holds the GPU name, triton
 version, dtype, d, G, L and a power-of-two bucket of T (T in (2^(k-1), 2^k] -> 2^k), so a T
 sweep re-uses one tuning per octave instead of tuning every length (B and Hk only change the
-grid size and are not part of the key). Entries store the winning config, default vs tuned ms
-(fwd+bwd), the date and the tuning wall time. Location: explicit path, else
+grid size and are not part of the key). A look-up takes its own bucket's entry or nothing: no
+entry serves another bucket. Entries store the config to use, the decision ('tuned': the
+searched candidate beat the default by more than the noise; 'default': it did not, and the
+default config is stored), both fwd+bwd times, the candidate/default ratio with its 95%
+interval from interleaved rounds, the date and the tuning wall time (entries written before
+the decision existed have no 'decision' field and are used as they are). Location: explicit path, else
 $MODA_BENCH_TUNING_CACHE, else the platform cache dir (Linux $XDG_CACHE_HOME or ~/.cache,
 macOS ~/Library/Caches, Windows %LOCALAPPDATA%) + moda-bench/tuning.json. A corrupt file, a
 different schema version or an entry whose config no longer validates is ignored with a
@@ -21,9 +25,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import sys
 import tempfile
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,50 +37,23 @@ from typing import Iterator, Optional, Union
 
 import triton
 
-from moda_bench.ops.moda.config import MoDAConfig, config_source, default_config, set_config_source
+from moda_bench.ops.moda.config import (ENV_NO_TUNING, MoDAConfig, config_source, current_device_index,
+                                        current_gpu_name, default_config, dtype_name, set_config_source, set_shipped,
+                                        shipped_enabled, t_bucket)
 from moda_bench.ops.moda.validate import MoDAShape
-from moda_bench.tuning.space import config_problems, dtype_name
+from moda_bench.tuning.space import config_problems
 
 SCHEMA_VERSION = 1
 ENV_CACHE = "MODA_BENCH_TUNING_CACHE"
-ENV_NO_TUNING = "MODA_BENCH_NO_TUNING"
+RECHECK_S = 1.0  # how often an installed cache looks at its file
+DECISIONS = ("tuned", "default")
+
+__all__ = ["ENV_CACHE", "ENV_NO_TUNING", "SCHEMA_VERSION", "RECHECK_S", "DECISIONS", "TuningCache",
+           "atomic_write_json", "cache_entry", "cache_key", "current_gpu_name", "default_cache_path", "entry_config",
+           "load", "read_entries", "resolve_cache_path", "save_result", "stop_using", "t_bucket", "use", "using"]
 
 
 # ----------------------------------------------------------------------------- keys and paths
-
-_gpu_names: dict[int, str] = {}
-_cuda_ok: Optional[bool] = None
-
-
-def _current_device() -> int:
-    """Current CUDA device index, -1 without CUDA (availability checked once)."""
-    global _cuda_ok
-    try:
-        import torch
-        if _cuda_ok is None:
-            _cuda_ok = bool(torch.cuda.is_available())
-        return torch.cuda.current_device() if _cuda_ok else -1
-    except Exception:  # pragma: no cover - a broken driver means no GPU to key on
-        return -1
-
-
-def current_gpu_name() -> str:
-    """Name of the current CUDA device (memoised per index), 'cpu' without CUDA."""
-    idx = _current_device()
-    if idx < 0:
-        return "cpu"
-    name = _gpu_names.get(idx)
-    if name is None:
-        import torch
-        name = _gpu_names[idx] = torch.cuda.get_device_name(idx)
-    return name
-
-
-def t_bucket(T: int) -> int:
-    """Power-of-two bucket of a sequence length: the smallest 2^k >= T."""
-    return 1 << (max(int(T), 1) - 1).bit_length()
-
-
 
 def cache_key(shape: MoDAShape, dtype, *, gpu: Optional[str] = None, triton_version: Optional[str] = None) -> str:
     """'<gpu>|triton <ver>|<dtype>|d<d>|G<G>|L<L>|T<=<2^k>' (T bucketed to a power of two)."""
@@ -117,6 +96,12 @@ def _cache_path_now() -> Path:
 
 # ----------------------------------------------------------------------------- read / write
 
+def read_entries(path=None) -> dict:
+    """Entries {key: entry} of the cache file at `path` (None: the environment / platform
+    default); {} if it is missing, and with a warning if it is corrupt or of another schema."""
+    return _read(path)
+
+
 def _read(path=None) -> dict:
     """Entries {key: entry} of the cache file; {} (with a warning) if corrupt or of another schema."""
     p = resolve_cache_path(path)
@@ -146,8 +131,13 @@ def _parse(text: str, p: Path) -> dict:
     return data["entries"]
 
 
+_writes = 0  # writes through atomic_write_json in this process: installed caches look again
+
+
 def atomic_write_json(path: Path, data: dict) -> None:
     """Write JSON to a temporary file beside `path`, fsync, then os.replace (never half-written)."""
+    global _writes
+    _writes += 1
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -166,17 +156,27 @@ def atomic_write_json(path: Path, data: dict) -> None:
         raise
 
 
+def _num(x) -> Optional[float]:
+    """A float for JSON: NaN and inf become None (strict JSON has neither)."""
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
 def cache_entry(result, gpu: Optional[str] = None, triton_version: Optional[str] = None) -> dict:
-    """The cache entry of a `tuner.TuneResult`: its config, default and tuned ms, and where,
-    when and how long it was tuned."""
+    """The cache entry of a `tuner.TuneResult`: the config to use and the decision, the
+    candidate the search found (null when it was the default), default, candidate and used ms,
+    the candidate/default ratio with its 95% interval, and where, when and how long it was tuned."""
     s = result.shape
+    cand = result.candidate
     return {
         "gpu": gpu or current_gpu_name(), "triton_version": triton_version or triton.__version__,
         "dtype": result.dtype, "d": s.d, "G": s.G, "L": s.L, "T_bucket": t_bucket(s.T),
         "tuned_shape": {"B": s.B, "T": s.T, "Hq": s.Hq, "Hk": s.Hk, "d": s.d, "L": s.L},
         "config": result.config.to_dict(), "default_config": default_config(s, result.dtype).to_dict(),
-        "pass": "fwdbwd", "default_ms": result.default_ms, "tuned_ms": result.tuned_ms,
-        "speedup": result.speedup,
+        "decision": result.decision, "candidate_config": cand.to_dict() if cand is not None else None,
+        "pass": "fwdbwd", "default_ms": _num(result.default_ms), "tuned_ms": _num(result.tuned_ms),
+        "candidate_ms": _num(result.candidate_ms), "speedup": _num(result.speedup),
+        "ratio": _num(result.ratio), "ratio_lo": _num(result.ratio_lo), "ratio_hi": _num(result.ratio_hi),
+        "min_gain": result.min_gain, "compare_rounds": result.compare_rounds,
         "kernels": {k: ks.summary() for k, ks in result.kernels.items()},
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "tuning_wall_s": round(result.wall_s, 3),
@@ -214,18 +214,22 @@ class TuningCache:
     """A tuning cache file as a config source: `cache(shape, dtype)` (or `.config`) is the tuned
     MoDAConfig of that shape and dtype on the current GPU, or None.
 
-    The file is re-parsed only when it changes (inode, mtime, size), so a lookup per launch
-    costs one stat(); answers are memoised per (shape, dtype, device). `path` None: the file
-    $MODA_BENCH_TUNING_CACHE names, else the platform default, looked up at every call (the
-    variable may change later).
+    `entries()` looks at the file at every call and re-parses it only when it changed (inode,
+    mtime, size); answers are memoised per (shape, dtype, device). `path` None: the file
+    $MODA_BENCH_TUNING_CACHE names, else the platform default (the variable may change later).
+    `stamp()` is what `resolve_config` checks per launch: it looks at the file at most every
+    `recheck_s` seconds (and at once after `refresh()` or a write through this module).
     """
 
-    def __init__(self, path=None):
+    def __init__(self, path=None, recheck_s: float = RECHECK_S):
         self.fixed: Optional[Path] = Path(path).expanduser() if path else None
+        self.recheck_s = recheck_s
         self._file: Optional[Path] = None
         self._stamp = None
         self._entries: dict = {}
         self._configs: dict[tuple, Optional[MoDAConfig]] = {}
+        self._last_check = -math.inf
+        self._writes_seen = -1
 
     @property
     def path(self) -> Path:
@@ -244,11 +248,24 @@ class TuningCache:
             self._entries = _read(path) if stamp is not None else {}
         return self._entries
 
+    def stamp(self) -> tuple:
+        """(file, inode/mtime/size) as last seen; the file is looked at again when `recheck_s`
+        has passed since the last look, after `refresh()`, or after a write in this process."""
+        now = time.monotonic()
+        if now - self._last_check >= self.recheck_s or self._writes_seen != _writes:
+            self._last_check, self._writes_seen = now, _writes
+            self.entries()
+        return self._file, self._stamp
+
+    def refresh(self) -> None:
+        """Look at the file (and $MODA_BENCH_TUNING_CACHE) again at the next `stamp()`."""
+        self._last_check = -math.inf
+
     def config(self, shape: MoDAShape, dtype) -> Optional[MoDAConfig]:
         entries = self.entries()
         if not entries:
             return None
-        memo = (shape, dtype, _current_device())
+        memo = (shape, dtype, current_device_index())
         if memo not in self._configs:
             key = cache_key(shape, dtype)
             entry = entries.get(key)
@@ -273,32 +290,40 @@ def _disabled() -> bool:
 def use(path_or_cache: Union[None, str, os.PathLike, TuningCache] = None) -> Optional[TuningCache]:
     """Make `moda_attention` (through `resolve_config`) consult a tuning cache from now on,
     replacing any config source installed before: a `TuningCache`, or the file at a path (None:
-    $MODA_BENCH_TUNING_CACHE, else the platform default). Returns the cache installed; with
-    $MODA_BENCH_NO_TUNING=1 it installs none, clears the source (heuristic defaults) and
-    returns None."""
+    $MODA_BENCH_TUNING_CACHE, else the platform default); shapes it has no entry for get the
+    shipped configs of this GPU, else the heuristic default. Returns the cache installed; with
+    $MODA_BENCH_NO_TUNING=1 it installs none and turns the shipped configs off (heuristic
+    defaults only) and returns None."""
     if _disabled():
         set_config_source(None)
+        set_shipped(False)
         return None
     cache = path_or_cache if isinstance(path_or_cache, TuningCache) else TuningCache(path_or_cache)
     set_config_source(cache)
+    set_shipped(True)
     return cache
 
 
 def stop_using() -> None:
-    """Back to the heuristic default configs: remove the installed config source."""
+    """Back to the state at import: no user cache; this GPU's shipped configs, else the
+    heuristic defaults."""
     set_config_source(None)
+    set_shipped(True)
 
 
 @contextmanager
 def using(enabled: bool = True, path_or_cache=None) -> Iterator[Optional[TuningCache]]:
-    """Within the block, `use(path_or_cache)` if enabled, else the heuristic defaults; the config
-    source installed before is restored on exit. Yields the cache in use (None: defaults)."""
-    previous = config_source()
+    """Within the block, `use(path_or_cache)` if enabled, else the heuristic defaults only (no
+    user cache, no shipped configs); the config source and shipped setting of before are
+    restored on exit. Yields the cache in use (None: defaults)."""
+    previous, shipped = config_source(), shipped_enabled()
     try:
         if enabled:
             yield use(path_or_cache)
         else:
-            stop_using()
+            set_config_source(None)
+            set_shipped(False)
             yield None
     finally:
         set_config_source(previous)
+        set_shipped(shipped)

@@ -36,7 +36,7 @@ from typing import Iterable, Optional
 
 import triton
 
-from moda_bench.ops.moda.config import DEPTH_MODES, MoDAConfig, auto_depth_sub, check_config, group_pad
+from moda_bench.ops.moda.config import DEPTH_MODES, MoDAConfig, auto_depth_sub, check_config, dtype_name, group_pad
 from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -75,12 +75,6 @@ UNUSED_BY_PLACEMENT = {
 
 
 # ----------------------------------------------------------------------------- small helpers
-
-def dtype_name(dtype) -> str:
-    """'bfloat16' for torch.bfloat16 or 'bfloat16'; the cache and CSVs use this spelling."""
-    s = str(dtype)
-    return s[len("torch."):] if s.startswith("torch.") else s
-
 
 def element_bytes(dtype) -> int:
     return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(dtype_name(dtype), 2)

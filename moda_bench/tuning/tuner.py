@@ -5,7 +5,13 @@ sweeps, each candidate's results checked against the default config's first).
 
 The backward passes cannot be timed apart (one `.backward()` runs both kernels), so the bwd_q,
 bwd_kv and bwd_depth searches each time the whole backward while only their own fields change.
-A shape's winner is kept only if it beats the default config on fwd+bwd.
+
+The decision: the search's winner (the candidate) and the built-in default config are timed
+again on fwd+bwd in interleaved rounds (`Timer.compare`: candidate, default, candidate, ...;
+moda_bench.timing's `interleave` and `ratio_ci`), and the candidate is kept only if the upper
+end of the 95% interval of its time ratio to the default is below 1 - min_gain (2% by
+default): it must beat the default by more than the margin and by more than the measured
+noise. Otherwise the default is stored (decision 'default').
 """
 from __future__ import annotations
 
@@ -15,8 +21,14 @@ from typing import Callable, Iterable, Optional
 
 from moda_bench.ops.moda.config import MoDAConfig, default_config
 from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.timing import RoundRule, interleave
 from moda_bench.tuning.space import (DEFAULT_BUDGET, DEFAULT_SMEM_BYTES, DEPTH_GROUPS, KERNELS, candidate_configs,
                                      device_smem_limit, dtype_name, neighbours, prune_candidates)
+
+DEFAULT_MIN_GAIN = 0.02  # the candidate must be at least this much faster (upper 95% bound)
+# Rounds of the candidate-vs-default comparison: at least 10, until the ratio's 95% interval is
+# within +-0.5% or 10 s have passed (a round of a 0.5 s call is ~1 s: 10 rounds then).
+COMPARE_RULE = RoundRule(min_rounds=10, ci_tol=0.005, conf=0.95, max_time_s=10.0, max_rounds=400)
 
 
 @dataclass
@@ -105,25 +117,63 @@ def _free_cuda_memory() -> None:
         pass
 
 
+@dataclass
+class Comparison:
+    """Candidate vs default in interleaved rounds: each one's median ms, the candidate/default
+    ratio (geometric mean of the paired round ratios) with its interval, rounds, stop reason."""
+
+    default_ms: float
+    candidate_ms: float
+    ratio: float
+    lo: float
+    hi: float
+    rounds: int
+    stop_reason: str = ""
+
+    def keeps_candidate(self, min_gain: float) -> bool:
+        """True if the ratio's upper bound is below 1 - min_gain (a NaN bound keeps the default)."""
+        return self.hi == self.hi and self.hi < 1.0 - min_gain
+
+
 class Timer:
-    """What the tuner needs from a device: ms of a config for pass 'fwd' | 'bwd' | 'fwdbwd'."""
+    """What the tuner needs from a device: ms of a config for pass 'fwd' | 'bwd' | 'fwdbwd'
+    (`time`), and a candidate-vs-default comparison (`compare`). `rule` sets the rounds."""
+
+    rule: RoundRule = COMPARE_RULE
 
     def time(self, cfg: MoDAConfig, pass_: str, final: bool = False) -> float:  # pragma: no cover
-        """final=True: the default-vs-tuned comparison (longer timing, candidates already checked)."""
+        """final=True: a timing outside the search (longer, candidates already checked)."""
         raise NotImplementedError
+
+    def compare(self, candidate: MoDAConfig, default: MoDAConfig, pass_: str = "fwdbwd") -> Comparison:
+        """Interleaved rounds of `time(cfg, pass_, final=True)`, one call per config a round."""
+        res = interleave({"candidate": lambda: self.time(candidate, pass_, final=True),
+                          "default": lambda: self.time(default, pass_, final=True)},
+                         baseline="default", reps=1, rule=self.rule)
+        return _comparison(res)
+
+
+def _comparison(res) -> Comparison:
+    ratio, lo, hi = res.ratios["candidate"]
+    return Comparison(res.measurements["default"].median_ms, res.measurements["candidate"].median_ms,
+                      ratio, lo, hi, res.rounds, res.stop_reason)
 
 
 class CudaTimer(Timer):
     """Times `moda_attention` with an explicit config through moda_bench.timing.measure
-    (`attention`, `measure_fn` and `device` are replaceable for tests on the CPU).
+    (`attention`, `measure_fn`, `sampler_fn` and `device` are replaceable for tests on the CPU).
 
     Before timing, each candidate's output (fwd) or gradients (bwd) are compared with the
     default config's; a relative error above `tol` raises, so a wrong config is skipped.
+    `compare` times candidate and default in interleaved rounds of CUDA-event repetitions
+    (timing.make_sampler, 'eager': L2 flushed, launches queued as a training loop does), after
+    `final_warmup_ms` of warm-up each; `rule` (COMPARE_RULE) decides how many rounds.
     """
 
     def __init__(self, shape: MoDAShape, dtype, *, device="cuda", warmup_ms: float = 10, rep_ms: float = 50,
                  final_warmup_ms: float = 25, final_rep_ms: float = 100, tol: float = 2e-2, seed: int = 0,
-                 attention: Optional[Callable] = None, measure_fn: Optional[Callable] = None):
+                 attention: Optional[Callable] = None, measure_fn: Optional[Callable] = None,
+                 sampler_fn: Optional[Callable] = None, rule: Optional[RoundRule] = None):
         import torch
 
         from moda_bench.timing import make_inputs
@@ -131,7 +181,10 @@ class CudaTimer(Timer):
             from moda_bench.ops.moda import moda_attention as attention
         if measure_fn is None:
             from moda_bench.timing import measure as measure_fn
-        self.torch, self.attention, self.measure_fn = torch, attention, measure_fn
+        if sampler_fn is None:
+            from moda_bench.timing import make_sampler as sampler_fn
+        self.torch, self.attention, self.measure_fn, self.sampler_fn = torch, attention, measure_fn, sampler_fn
+        self.rule = rule or COMPARE_RULE
         self.shape, self.tol = shape, tol
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
         self.final_warmup_ms, self.final_rep_ms = final_warmup_ms, final_rep_ms
@@ -182,10 +235,26 @@ class CudaTimer(Timer):
                       rep_ms=self.final_rep_ms if final else self.rep_ms)
         return res["median_ms"]
 
+    def compare(self, candidate: MoDAConfig, default: MoDAConfig, pass_: str = "fwdbwd") -> Comparison:
+        from moda_bench.timing import choose_reps, grad_inputs, make_pass_fn, warmup
+        grads = None if pass_ == "fwd" else grad_inputs(self.inputs)
+        samplers = {name: self.sampler_fn(make_pass_fn(self._forward(cfg), self.inputs, pass_), "eager", grads)
+                    for name, cfg in (("candidate", candidate), ("default", default))}
+        est = 0.0
+        for s in samplers.values():
+            est = max(est, warmup(s, self.final_warmup_ms / 1e3))
+            getattr(s, "reset", lambda: None)()
+        res = interleave(samplers, baseline="default", reps=choose_reps(est), rule=self.rule, timer="eager")
+        return _comparison(res)
+
 
 @dataclass
 class TuneResult:
-    """The tuned config of one shape and how it compares with the default (fwd+bwd ms)."""
+    """The config to use for one shape and how the search's candidate compared with the
+    default (fwd+bwd ms). config is the candidate if decision == 'tuned', else the default;
+    tuned_ms is config's time (= default_ms for 'default'); candidate_ms, ratio, ratio_lo and
+    ratio_hi come from the interleaved comparison (candidate None, ratio 1 and NaN bounds when
+    the search found nothing but the default)."""
 
     shape: MoDAShape
     dtype: str
@@ -195,6 +264,14 @@ class TuneResult:
     wall_s: float
     kernels: dict = field(default_factory=dict)  # kernel -> KernelSearch
     notes: list[str] = field(default_factory=list)  # skipped candidates: kernels[k].skipped
+    decision: str = "tuned"
+    candidate: Optional[MoDAConfig] = None
+    candidate_ms: float = float("nan")
+    ratio: float = float("nan")
+    ratio_lo: float = float("nan")
+    ratio_hi: float = float("nan")
+    min_gain: float = DEFAULT_MIN_GAIN
+    compare_rounds: int = 0
 
     @property
     def speedup(self) -> float:
@@ -203,12 +280,14 @@ class TuneResult:
 
 def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] = KERNELS,
                budget: int = DEFAULT_BUDGET, smem_limit: Optional[int] = None, seed: int = 0,
+               min_gain: float = DEFAULT_MIN_GAIN,
                on_plan: Optional[Callable[[str, int, dict], None]] = None,
                on_done: Optional[Callable[[MoDAConfig, Optional[float], Optional[str]], None]] = None) -> TuneResult:
     """Tune `kernels` one after another (fwd and fwd_depth timed on 'fwd', the others on
-    'bwd'; the depth groups are skipped when L = 0), then time the default and the tuned
-    config on fwd+bwd. The tuned config is kept only if it is faster
-    there; otherwise the default is recorded (speedup 1).
+    'bwd'; the depth groups are skipped when L = 0), then compare the winner with the default
+    config on fwd+bwd in interleaved rounds (`timer.compare`). The winner is kept (decision
+    'tuned') only if the 95% upper bound of its time ratio to the default is below 1 - min_gain;
+    otherwise the default is recorded (decision 'default', speedup 1).
     """
     t0 = time.perf_counter()
     dtype = dtype_name(dtype)
@@ -223,10 +302,29 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
                          smem_limit=smem_limit, seed=seed, on_plan=on_plan, on_done=on_done)
         results[kernel] = ks
         cfg = ks.best
-    default_ms = timer.time(default, "fwdbwd", final=True)
-    tuned_ms = default_ms if cfg == default else timer.time(cfg, "fwdbwd", final=True)
-    if tuned_ms >= default_ms:
-        if cfg != default:
-            notes.append(f"tuned config not faster on fwd+bwd ({tuned_ms:.4g} >= {default_ms:.4g} ms): keeping default")
-        cfg, tuned_ms = default, default_ms
-    return TuneResult(shape, dtype, cfg, default_ms, tuned_ms, time.perf_counter() - t0, results, notes)
+    done = dict(kernels=results, notes=notes, min_gain=min_gain)
+    if cfg == default:
+        default_ms = timer.time(default, "fwdbwd", final=True)
+        notes.append("the search found nothing faster than the default config")
+        return TuneResult(shape, dtype, default, default_ms, default_ms, time.perf_counter() - t0,
+                          decision="default", ratio=1.0, **done)
+    check = getattr(timer, "check", None)  # the device timer re-checks the combined winner's results
+    try:
+        if check is not None:
+            check(cfg, "fwd")
+            check(cfg, "bwd")
+    except Exception as exc:  # noqa: BLE001 - a wrong or failing winner keeps the default
+        default_ms = timer.time(default, "fwdbwd", final=True)
+        notes.append(f"candidate rejected: {type(exc).__name__}: {str(exc)[:200]}")
+        return TuneResult(shape, dtype, default, default_ms, default_ms, time.perf_counter() - t0,
+                          decision="default", candidate=cfg, **done)
+    cmp = timer.compare(cfg, default, "fwdbwd")
+    kept = cmp.keeps_candidate(min_gain)
+    if not kept:
+        notes.append(f"candidate {cmp.ratio:.3f}x the default's time (95% CI {cmp.lo:.3f}-{cmp.hi:.3f}, "
+                     f"{cmp.rounds} rounds) does not beat it by more than {min_gain:.1%} and the noise: "
+                     "keeping default")
+    return TuneResult(shape, dtype, cfg if kept else default, cmp.default_ms,
+                      cmp.candidate_ms if kept else cmp.default_ms, time.perf_counter() - t0,
+                      decision="tuned" if kept else "default", candidate=cfg, candidate_ms=cmp.candidate_ms,
+                      ratio=cmp.ratio, ratio_lo=cmp.lo, ratio_hi=cmp.hi, compare_rounds=cmp.rounds, **done)

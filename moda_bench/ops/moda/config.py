@@ -3,14 +3,32 @@ one is chosen for a call.
 
 A `MoDAConfig` fixes the tile shapes of the three Triton kernels (forward, backward dq/depth
 pass, backward dk/dv pass) and where the depth part runs. `resolve_config` picks one for a
-call: an explicit config wins, then the installed config source (a function (shape, dtype) ->
-MoDAConfig | None; `moda_bench.tuning.use()` installs the tuning cache as one), then
-`default_config`, a heuristic. Nothing installs a source at import: without one, every call
-gets the heuristic default. `check_config` is the kernel's rule for a valid config.
+call, in this order:
+  1. an explicit `config=`;
+  2. the installed config source (a function (shape, dtype) -> MoDAConfig | None;
+     `moda_bench.tuning.use()` installs the user's tuning cache as one);
+  3. the configs shipped with the package for this GPU (`tuned/<gpu-slug>.json`, package data
+     written by `moda-bench tune --export-shipped`; keyed by triton major.minor, dtype, d, G, L
+     and the power-of-two bucket of T, read lazily once per GPU; none while the directory holds
+     no file for the GPU);
+  4. `default_config`, a heuristic.
+Nothing installs a source at import. `set_shipped(False)` (what `tuning.using(False)`, `sweep
+--no-tuned` and $MODA_BENCH_NO_TUNING=1 do) skips step 3: heuristic defaults only.
+
+The answer for a (shape, dtype, device) is computed once and memoised: a call costs a dict
+look-up. The memo is dropped when the source is replaced, when the source's `stamp()` (if it
+has one, as the tuning cache does) changes, or on `reset_shipped()`; a source without `stamp`
+is asked at every call. `check_config` is the kernel's rule for a valid config (successes are
+memoised too).
 """
 from __future__ import annotations
 
+import json
+import os
+import re
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Callable, Optional
 
 import triton
@@ -158,8 +176,24 @@ def depth_only_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
     return auto_depth_sub(G, block_m)
 
 
+_VALID: set = set()  # (cfg, G) pairs check_config accepted
+
+
 def check_config(cfg: MoDAConfig, G: int) -> None:
-    """Raise ValueError if cfg cannot run for group size G."""
+    """Raise ValueError if cfg cannot run for group size G (accepted pairs are memoised)."""
+    try:
+        if (cfg, G) in _VALID:
+            return
+    except TypeError:  # an unhashable field value: not a config the kernel can take
+        _check(cfg, G)
+        raise ValueError(f"config has an unhashable field value: {cfg!r}") from None
+    _check(cfg, G)
+    if len(_VALID) >= _MEMO_MAX:
+        _VALID.clear()
+    _VALID.add((cfg, G))
+
+
+def _check(cfg: MoDAConfig, G: int) -> None:
     gp = group_pad(G)
     for name in ("block_m", "bwd_q_block_m", "depth_block_m", "bwd_depth_block_m"):
         bm = getattr(cfg, name)
@@ -176,15 +210,172 @@ def check_config(cfg: MoDAConfig, G: int) -> None:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be one of {DEPTH_MODES}")
 
 
+
+
+# ----------------------------------------------------------------------------- device, names, buckets
+
+ENV_NO_TUNING = "MODA_BENCH_NO_TUNING"
+_MEMO_MAX = 4096  # memo entries before a memo is dropped (variable-length callers)
+_cuda_ok: Optional[bool] = None
+_gpu_names: dict[int, str] = {}
+
+
+def current_device_index() -> int:
+    """Current CUDA device index, -1 without CUDA (availability checked once)."""
+    global _cuda_ok
+    try:
+        import torch
+        if _cuda_ok is None:
+            _cuda_ok = bool(torch.cuda.is_available())
+        return torch.cuda.current_device() if _cuda_ok else -1
+    except Exception:  # pragma: no cover - a broken driver means no GPU to key on
+        return -1
+
+
+def current_gpu_name() -> str:
+    """Name of the current CUDA device (memoised per index), 'cpu' without CUDA."""
+    idx = current_device_index()
+    if idx < 0:
+        return "cpu"
+    name = _gpu_names.get(idx)
+    if name is None:
+        import torch
+        name = _gpu_names[idx] = torch.cuda.get_device_name(idx)
+    return name
+
+
+def dtype_name(dtype) -> str:
+    """'bfloat16' for torch.bfloat16 or 'bfloat16'; the caches and CSVs use this spelling."""
+    s = str(dtype)
+    return s[len("torch."):] if s.startswith("torch.") else s
+
+
+def t_bucket(T: int) -> int:
+    """Power-of-two bucket of a sequence length: the smallest 2^k >= T."""
+    return 1 << (max(int(T), 1) - 1).bit_length()
+
+
+def triton_minor(version: Optional[str] = None) -> str:
+    """'3.6' for triton 3.6.x (the shipped configs' key; the user cache keys the full version)."""
+    return ".".join((triton.__version__ if version is None else str(version)).split(".")[:2])
+
+
+def gpu_slug(gpu: str) -> str:
+    """File-name form of a GPU name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "unknown"
+
+
+# ----------------------------------------------------------------------------- shipped configs
+
+SHIPPED_SCHEMA_VERSION = 1
+SHIPPED_DIR = Path(__file__).with_name("tuned")  # package data; tests point it elsewhere
+_shipped_tables: dict[str, dict] = {}  # GPU name -> {shipped key: entry}
+_shipped_on = True
+
+
+def shipped_key(shape: MoDAShape, dtype, triton_version: Optional[str] = None) -> str:
+    """'triton <major.minor>|<dtype>|d<d>|G<G>|L<L>|T<=<2^k>': the key inside a GPU's shipped file."""
+    return (f"triton {triton_minor(triton_version)}|{dtype_name(dtype)}|d{shape.d}|G{shape.G}|L{shape.L}"
+            f"|T<={t_bucket(shape.T)}")
+
+
+def shipped_path(gpu: str, directory=None) -> Path:
+    """The shipped-config file of a GPU: <directory or SHIPPED_DIR>/<gpu_slug(gpu)>.json."""
+    return Path(SHIPPED_DIR if directory is None else directory) / f"{gpu_slug(gpu)}.json"
+
+
+def read_shipped(path, gpu: Optional[str] = None) -> dict:
+    """{key: entry} of a shipped-config file; {} if it is absent, and (with a warning) if it is
+    corrupt, of another schema version or, when `gpu` is given, made for another GPU."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"moda-bench shipped configs {path} unreadable ({exc}); ignoring them", stacklevel=2)
+        return {}
+    problem = None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        problem = "no 'entries' table"
+    elif data.get("schema_version") != SHIPPED_SCHEMA_VERSION:
+        problem = f"schema version {data.get('schema_version')!r}, expected {SHIPPED_SCHEMA_VERSION}"
+    elif gpu is not None and data.get("gpu") != gpu:
+        problem = f"made for GPU {data.get('gpu')!r}, not {gpu!r}"
+    if problem:
+        warnings.warn(f"moda-bench shipped configs {path}: {problem}; ignoring them", stacklevel=2)
+        return {}
+    return data["entries"]
+
+
+def shipped_config(shape: MoDAShape, dtype, gpu: Optional[str] = None) -> Optional[MoDAConfig]:
+    """The shipped config of (shape, dtype) on `gpu` (default: the current GPU), or None. The
+    GPU's file is read once; an entry that no longer validates is ignored with a warning."""
+    gpu = current_gpu_name() if gpu is None else gpu
+    table = _shipped_tables.get(gpu)
+    if table is None:
+        table = _shipped_tables[gpu] = read_shipped(shipped_path(gpu), gpu)
+    key = shipped_key(shape, dtype)
+    entry = table.get(key)
+    if not isinstance(entry, dict):
+        return None
+    try:
+        cfg = MoDAConfig.from_dict(entry["config"])
+        check_config(cfg, shape.G)
+    except Exception as exc:  # noqa: BLE001 - a bad entry costs only its shape's tuning
+        warnings.warn(f"moda-bench shipped config {gpu!r} {key!r} is invalid ({type(exc).__name__}: {exc}); "
+                      "ignoring it", stacklevel=2)
+        table.pop(key, None)
+        return None
+    return cfg
+
+
+def set_shipped(enabled: bool) -> bool:
+    """Consult the shipped configs (step 3 of `resolve_config`) or not; returns the previous setting."""
+    global _shipped_on
+    previous, _shipped_on = _shipped_on, bool(enabled)
+    if previous != _shipped_on:
+        _clear_memos()
+    return previous
+
+
+def shipped_enabled() -> bool:
+    return _shipped_on
+
+
+def reset_shipped() -> None:
+    """Forget the shipped files read so far and every memoised answer (after SHIPPED_DIR or a
+    shipped file changed)."""
+    _shipped_tables.clear()
+    _clear_memos()
+
+
+# ----------------------------------------------------------------------------- resolution
+
 ConfigSource = Callable[[MoDAShape, object], Optional[MoDAConfig]]
 _source: Optional[ConfigSource] = None
+_source_stamp: Optional[Callable[[], object]] = None  # the source's stamp(), if it has one
+_memo: dict = {}       # (shape, dtype, device) -> answer of source > shipped > default
+_memo_stamp: object = None
+_base_memo: dict = {}  # (shape, dtype, device) -> answer of shipped > default
+
+
+def _clear_memos() -> None:
+    global _memo_stamp
+    _memo.clear()
+    _base_memo.clear()
+    _memo_stamp = None
 
 
 def set_config_source(fn: Optional[ConfigSource]) -> Optional[ConfigSource]:
     """Install fn(shape, dtype) -> MoDAConfig | None as the config source of `resolve_config`
-    (None: none, heuristic defaults); returns the source it replaces, for restoring it."""
-    global _source
+    (None: none); returns the source it replaces, for restoring it. A source whose answers can
+    change has a `stamp()` method returning a token that changes with them (its answers are then
+    memoised until it does); a source without one is asked at every call."""
+    global _source, _source_stamp
     previous, _source = _source, fn
+    _source_stamp = getattr(fn, "stamp", None) if fn is not None else None
+    _clear_memos()
     return previous
 
 
@@ -193,12 +384,39 @@ def config_source() -> Optional[ConfigSource]:
     return _source
 
 
+def _base_config(shape: MoDAShape, dtype, key) -> MoDAConfig:
+    """Steps 3 and 4 of `resolve_config`, memoised."""
+    cfg = _base_memo.get(key)
+    if cfg is None:
+        if _shipped_on and os.environ.get(ENV_NO_TUNING, "0") in ("", "0"):
+            cfg = shipped_config(shape, dtype)
+        cfg = cfg or default_config(shape, dtype)
+        if len(_base_memo) >= _MEMO_MAX:
+            _base_memo.clear()
+        _base_memo[key] = cfg
+    return cfg
+
+
 def resolve_config(shape: MoDAShape, dtype, config: Optional[MoDAConfig] = None) -> MoDAConfig:
-    """Explicit config, else the installed source's answer, else the heuristic default."""
+    """Explicit config, else the installed source's answer, else this GPU's shipped config, else
+    the heuristic default (memoised per shape, dtype and device; see the module docstring)."""
     if config is not None:
         return config
-    if _source is not None:
-        found = _source(shape, dtype)
-        if found is not None:
-            return found
-    return default_config(shape, dtype)
+    global _memo_stamp
+    key = (shape, dtype, current_device_index())
+    src = _source
+    if src is None:
+        return _base_memo.get(key) or _base_config(shape, dtype, key)
+    if _source_stamp is None:  # a plain function: its answers may change at any call
+        return src(shape, dtype) or _base_config(shape, dtype, key)
+    stamp = _source_stamp()
+    if stamp != _memo_stamp:
+        _memo.clear()
+        _memo_stamp = stamp
+    cfg = _memo.get(key)
+    if cfg is None:
+        cfg = src(shape, dtype) or _base_config(shape, dtype, key)
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        _memo[key] = cfg
+    return cfg

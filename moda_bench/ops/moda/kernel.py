@@ -276,16 +276,21 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0: causal GQA).
     Each query attends causally to the sequence keys and to the L depth keys of its own
     position, under one softmax. Returns out (B,T,Hq,d) in q's dtype, and lse (B,T,Hq) float32
-    (natural log) when return_lse. `config` pins the tile shapes; without it, the installed config
-    source answers (the tuning cache after `moda_bench.tuning.use()`), else the heuristic
-    `default_config`. Gradients flow to all five inputs.
+    (natural log) when return_lse. `config` pins the tile shapes; without it `resolve_config`
+    answers: the installed config source (the tuning cache after `moda_bench.tuning.use()`),
+    else this GPU's shipped configs, else the heuristic `default_config`. Gradients flow to all
+    five inputs.
+
+    Host work per call besides the launches: the input checks, a memoised config look-up and
+    a memoised config check (no file access, no JSON).
     """
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
-    if shape.L == 0:
-        k_depth = v_depth = None
     cfg = resolve_config(shape, q.dtype, config)
     check_config(cfg, shape.G)
     scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
-    q, k, v, k_depth, v_depth = (None if t is None else t.contiguous() for t in (q, k, v, k_depth, v_depth))
-    o, lse = _MoDAFunction.apply(q, k, v, k_depth, v_depth, scale, shape, cfg)
+    if shape.L == 0:
+        k_depth = v_depth = None
+    else:
+        k_depth, v_depth = k_depth.contiguous(), v_depth.contiguous()
+    o, lse = _MoDAFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale, shape, cfg)
     return (o, lse) if return_lse else o
