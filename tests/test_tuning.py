@@ -294,6 +294,17 @@ def _wall_measure(fn, grad_to_none=None, warmup_ms=0, rep_ms=0):
     return {"median_ms": (time.perf_counter() - t0) * 1e3 + 1e-6}
 
 
+def _wall_sampler(fn, timer="eager", grad_to_none=None):
+    """A CPU stand-in for timing.make_sampler: one call of fn per sample, wall-clock ms."""
+    def sample():
+        for t in grad_to_none or []:
+            t.grad = None
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3 + 1e-6
+    return sample
+
+
 def test_timer_skips_configs_with_wrong_results():
     sh = shape(T=12, G=2, L=3, d=16, Hk=1)
     timer = tu.CudaTimer(sh, "float32", device="cpu", attention=_buggy_attention, measure_fn=_wall_measure)
@@ -314,11 +325,15 @@ def test_tune_shape_with_the_real_kernel_tiny():
     match the default config's output and gradients."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     sh = shape(T=20, G=2, L=3, d=16, Hk=1)
-    timer = tu.CudaTimer(sh, "float32", device=dev, measure_fn=_wall_measure)
+    from moda_bench.timing import RoundRule
+    timer = tu.CudaTimer(sh, "float32", device=dev, measure_fn=_wall_measure, final_warmup_ms=0,
+                         sampler_fn=None if dev == "cuda" else _wall_sampler,
+                         rule=RoundRule(min_rounds=2, max_rounds=2, min_samples=2))
     res = tu.tune_shape(sh, "float32", timer, budget=2, smem_limit=H100_SMEM)
     for ks in res.kernels.values():
         assert ks.skipped == [] and ks.tried == 2
     assert tu.config_problems(res.config, 2) == []
+    assert res.decision in tu.DECISIONS and (res.candidate is None) == (res.compare_rounds == 0)
 
 
 # ----------------------------------------------------------------------------- cache keys and paths
