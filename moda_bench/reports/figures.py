@@ -100,6 +100,23 @@ def _short(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
 
 
+def _axis_figure(ok, title: str, draw):
+    """A figure of one panel per swept axis present in the rows `ok` of the primary pass:
+    draw(ax, axis, rows of that sweep, providers) fills each panel. None when there is nothing."""
+    if ok.empty:
+        return None
+    pass_ = sort_passes(ok["pass"])[0]
+    ok = ok[ok["pass"] == pass_]
+    axes_present = [a for a in schema.AXES if (ok["sweep"] == a).any()]
+    if not axes_present:
+        return None
+    fig, axs = _new_figure(len(axes_present), f"{title} ({pass_label(pass_)})")
+    providers = sorted(set(ok["provider"]))
+    for ax, axis in zip(axs, axes_present):
+        draw(ax, axis, ok[ok["sweep"] == axis], providers)
+    return fig
+
+
 def _new_figure(n_panels: int, title: str, width_per_panel: float = 4.2, height: float = 3.6):
     from matplotlib.figure import Figure
     fig = Figure(figsize=(max(1, n_panels) * width_per_panel, height), layout="constrained")
@@ -111,17 +128,8 @@ def _new_figure(n_panels: int, title: str, width_per_panel: float = 4.2, height:
 def _measure_figure(rows, ycol: str, ylabel: str, title: str, ceiling=None):
     """One panel per swept axis: ycol of every provider against the axis (primary pass)."""
     ok = rows[(rows["status"] == schema.OK) & rows[ycol].notna() & (rows["provider"] != CEILING_PROVIDER)]
-    if ok.empty:
-        return None
-    pass_ = sort_passes(ok["pass"])[0]
-    ok = ok[ok["pass"] == pass_]
-    axes_present = [a for a in schema.AXES if (ok["sweep"] == a).any()]
-    if not axes_present:
-        return None
-    providers = sorted(set(ok["provider"]))
-    fig, axs = _new_figure(len(axes_present), f"{title} ({pass_label(pass_)})")
-    for ax, axis in zip(axs, axes_present):
-        part = ok[ok["sweep"] == axis]
+
+    def draw(ax, axis, part, providers):
         ys = []
         for label, provider, timer, g in _series(part, axis):
             x, y = g[axis].astype(float).tolist(), g[ycol].astype(float).tolist()
@@ -137,7 +145,8 @@ def _measure_figure(rows, ycol: str, ylabel: str, title: str, ceiling=None):
         ax.set_ylabel(ylabel)
         ax.set_title(f"vs {axis}")
         ax.legend(fontsize=7)
-    return fig
+
+    return _axis_figure(ok, title, draw)
 
 
 def runtime_figure(rows):
@@ -222,17 +231,8 @@ def ratio_to_best_figure(rows):
     (primary pass); the panel title names the fastest attention(s) seen. None without data."""
     ok = rows[(rows["status"] == schema.OK) & rows["ratio_to_best"].notna() & ~rows["provider"].isin(SEQUENCE_ONLY)
               & (rows["provider"] != CEILING_PROVIDER)]
-    if ok.empty:
-        return None
-    pass_ = sort_passes(ok["pass"])[0]
-    ok = ok[ok["pass"] == pass_]
-    axes_present = [a for a in schema.AXES if (ok["sweep"] == a).any()]
-    if not axes_present:
-        return None
-    providers = sorted(set(ok["provider"]))
-    fig, axs = _new_figure(len(axes_present), f"Time over the fastest attention of the GPU ({pass_label(pass_)})")
-    for ax, axis in zip(axs, axes_present):
-        part = ok[ok["sweep"] == axis]
+
+    def draw(ax, axis, part, providers):
         ys = []
         for label, provider, timer, g in _series(part, axis):
             y = g["ratio_to_best"].astype(float)
@@ -247,7 +247,8 @@ def ratio_to_best_figure(rows):
         ax.set_ylabel("time / fastest attention")
         ax.set_title(f"vs {axis}" + (f" (fastest: {', '.join(best)})" if best else ""))
         ax.legend(fontsize=7)
-    return fig
+
+    return _axis_figure(ok, "Time over the fastest attention of the GPU", draw)
 
 
 def ablation_figure(abl_sections):

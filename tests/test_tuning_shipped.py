@@ -1,0 +1,312 @@
+"""Shipped configs and the memoised config resolution (CPU).
+
+Resolution order: explicit config > installed user tuning cache > this GPU's shipped configs
+(package data, moda_bench/ops/moda/tuned/<gpu-slug>.json; here a temporary directory) >
+heuristic default. `resolve_config` memoises its answers per (shape, dtype, device); an
+installed cache's file is looked at no more than every `recheck_s` seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from moda_bench import tuning as tu
+from moda_bench.ops.moda import config as config_mod
+from moda_bench.ops.moda.config import MoDAConfig, check_config, default_config, resolve_config
+from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.tuning import cache as cache_mod
+
+GPU = "NVIDIA Fake H900 80GB"
+
+
+def shape(T=16384, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:
+    return MoDAShape(B=B, T=T, Hq=G * Hk, Hk=Hk, d=d, L=L)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """A temporary shipped directory, a fake GPU name, no user cache installed."""
+    shipped = tmp_path / "tuned"
+    shipped.mkdir()
+    monkeypatch.setattr(config_mod, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(config_mod, "current_gpu_name", lambda: GPU)
+    monkeypatch.setattr(cache_mod, "current_gpu_name", lambda: GPU)
+    monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "env-cache.json"))
+    monkeypatch.delenv(tu.ENV_NO_TUNING, raising=False)
+    config_mod.reset_shipped()
+    tu.stop_using()
+    yield shipped
+    tu.stop_using()
+    config_mod.reset_shipped()
+
+
+def _write_shipped(directory: Path, entries: dict, gpu: str = GPU) -> Path:
+    path = config_mod.shipped_path(gpu, directory)
+    path.write_text(json.dumps({"schema_version": config_mod.SHIPPED_SCHEMA_VERSION, "gpu": gpu,
+                                "entries": entries}))
+    config_mod.reset_shipped()
+    return path
+
+
+def _ship(directory: Path, sh: MoDAShape, cfg: MoDAConfig, dtype="bfloat16", **kw) -> Path:
+    return _write_shipped(directory, {config_mod.shipped_key(sh, dtype, **kw): {"config": cfg.to_dict()}})
+
+
+def _result(sh, cfg, decision="tuned"):
+    return tu.TuneResult(sh, "bfloat16", cfg, 2.0, 1.5 if decision == "tuned" else 2.0, 1.0, decision=decision,
+                         candidate=cfg, candidate_ms=1.5, ratio=0.75, ratio_lo=0.7, ratio_hi=0.8)
+
+
+# ----------------------------------------------------------------------------- resolution order
+
+def test_absent_or_empty_shipped_files_give_the_default(_isolated):
+    sh = shape()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)  # no file at all
+        _write_shipped(_isolated, {})
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)  # a file without entries
+    assert config_mod.gpu_slug(GPU) == "nvidia-fake-h900-80gb"
+    assert config_mod.shipped_path("NVIDIA H200") == _isolated / "nvidia-h200.json"
+
+
+def test_shipped_config_serves_its_gpu_triton_dtype_and_T_bucket_only(_isolated, monkeypatch):
+    sh = shape(T=16384)
+    shipped = default_config(sh).replace(bwd_depth_after=True, depth_warps=8)
+    _ship(_isolated, sh, shipped)
+    assert resolve_config(sh, torch.bfloat16) == shipped
+    assert resolve_config(shape(T=9000), "bfloat16") == shipped  # same bucket (8193..16384)
+    for other in (shape(T=8192), shape(T=16385), shape(G=4), shape(L=128), shape(d=128)):
+        assert resolve_config(other, torch.bfloat16) == default_config(other), other
+    assert resolve_config(sh, torch.float16) == default_config(sh)
+    # another triton minor version: not used
+    _ship(_isolated, sh, shipped, triton_version="9.9.0")
+    assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+
+
+def test_a_different_gpu_gets_nothing(_isolated, monkeypatch):
+    sh = shape()
+    shipped = default_config(sh).replace(depth_warps=8)
+    _ship(_isolated, sh, shipped)
+    monkeypatch.setattr(config_mod, "current_gpu_name", lambda: "NVIDIA H200")
+    config_mod.reset_shipped()
+    assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+    # a file whose GPU field does not match its name (a copied file) is ignored, with a warning
+    path = _ship(_isolated, sh, shipped)
+    os.replace(path, config_mod.shipped_path("NVIDIA H200", _isolated))
+    config_mod.reset_shipped()
+    with pytest.warns(UserWarning, match="made for GPU"):
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+
+
+def test_user_cache_overrides_shipped_and_explicit_overrides_both(_isolated, tmp_path):
+    sh = shape()
+    shipped = default_config(sh).replace(depth_warps=8)
+    user = default_config(sh).replace(depth_warps=2)
+    _ship(_isolated, sh, shipped)
+    assert resolve_config(sh, torch.bfloat16) == shipped  # no user cache installed: shipped
+    tu.save_result(_result(sh, user), tmp_path / "user.json")
+    tu.use(tmp_path / "user.json")
+    assert resolve_config(sh, torch.bfloat16) == user  # user cache > shipped
+    other = shape(T=4096)
+    other_shipped = default_config(other).replace(num_warps=8)
+    _write_shipped(_isolated, {config_mod.shipped_key(sh, "bfloat16"): {"config": shipped.to_dict()},
+                               config_mod.shipped_key(other, "bfloat16"): {"config": other_shipped.to_dict()}})
+    assert resolve_config(other, torch.bfloat16) == other_shipped  # user cache has no entry: shipped
+    explicit = MoDAConfig(block_m=32)
+    assert resolve_config(sh, torch.bfloat16, explicit) is explicit
+    tu.stop_using()
+    assert resolve_config(sh, torch.bfloat16) == shipped
+
+
+def test_no_tuned_and_the_env_switch_turn_shipped_configs_off(_isolated, monkeypatch):
+    sh = shape()
+    shipped = default_config(sh).replace(depth_warps=8)
+    _ship(_isolated, sh, shipped)
+    with tu.using(False):  # sweep --no-tuned: heuristic defaults only
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+    assert resolve_config(sh, torch.bfloat16) == shipped
+    with tu.using(True):  # the sweep's default: user cache (none here), then shipped
+        assert resolve_config(sh, torch.bfloat16) == shipped
+    monkeypatch.setenv(tu.ENV_NO_TUNING, "1")
+    with tu.using(True) as cache:
+        assert cache is None and resolve_config(sh, torch.bfloat16) == default_config(sh)
+    config_mod.reset_shipped()  # the variable is read when a shape is first resolved
+    assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+
+
+def test_an_invalid_shipped_entry_is_ignored_with_a_warning(_isolated):
+    sh = shape()
+    bad = dict(default_config(sh).to_dict(), block_m=48)
+    _write_shipped(_isolated, {config_mod.shipped_key(sh, "bfloat16"): {"config": bad}})
+    with pytest.warns(UserWarning, match="invalid"):
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+    (_isolated / f"{config_mod.gpu_slug(GPU)}.json").write_text("{not json")
+    config_mod.reset_shipped()
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+
+
+# ----------------------------------------------------------------------------- export
+
+def test_export_ships_only_tuned_entries_and_merges(_isolated, tmp_path):
+    cache = tmp_path / "cache.json"
+    a, b, c = shape(T=1024), shape(T=16384), shape(T=65536)
+    cfg_a = default_config(a).replace(depth_warps=8)
+    cfg_b = default_config(b).replace(bwd_depth_after=True)
+    tu.save_result(_result(a, cfg_a), cache)
+    tu.save_result(_result(b, default_config(b), decision="default"), cache)
+    # an entry from before the decision was recorded: not shipped
+    data = json.loads(cache.read_text())
+    old = dict(data["entries"][tu.cache_key(a, "bfloat16")], decision=None)
+    data["entries"][tu.cache_key(c, "bfloat16")] = dict(old, T_bucket=65536)
+    del data["entries"][tu.cache_key(c, "bfloat16")]["decision"]
+    # another GPU's entry goes to its own file
+    data["entries"][tu.cache_key(a, "bfloat16", gpu="NVIDIA H200")] = dict(
+        data["entries"][tu.cache_key(a, "bfloat16")], gpu="NVIDIA H200")
+    tu.atomic_write_json(cache, data)
+    # the shipped file already holds a stale tuned entry for b (removed: the newest decision is
+    # 'default') and one for a key the cache does not have (kept)
+    d = shape(G=4)
+    _write_shipped(_isolated, {config_mod.shipped_key(b, "bfloat16"): {"config": cfg_b.to_dict()},
+                               config_mod.shipped_key(d, "bfloat16"): {"config": default_config(d).to_dict()}})
+    summaries = {s["gpu"]: s for s in tu.export_shipped(cache, _isolated)}
+    assert set(summaries) == {GPU, "NVIDIA H200"}
+    mine = summaries[GPU]
+    assert (mine["added"], mine["dropped"], mine["total"]) == (1, 1, 2)
+    assert any("unrecorded" in why for _, why in mine["skipped"])
+    written = json.loads(config_mod.shipped_path(GPU, _isolated).read_text())
+    assert written["gpu"] == GPU and written["schema_version"] == config_mod.SHIPPED_SCHEMA_VERSION
+    assert set(written["entries"]) == {config_mod.shipped_key(a, "bfloat16"), config_mod.shipped_key(d, "bfloat16")}
+    e = written["entries"][config_mod.shipped_key(a, "bfloat16")]
+    assert e["config"] == cfg_a.to_dict() and e["ratio_hi"] == 0.8 and e["tuned_ms"] == 1.5
+    assert config_mod.shipped_path("NVIDIA H200", _isolated).exists()
+    config_mod.reset_shipped()
+    assert resolve_config(a, torch.bfloat16) == cfg_a and resolve_config(b, torch.bfloat16) == default_config(b)
+
+
+def test_export_shipped_command(_isolated, tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from moda_bench.cli.tune import tune_command
+    cache = tmp_path / "cache.json"
+    sh = shape(T=1024)
+    cfg = default_config(sh).replace(depth_warps=8)
+    tu.save_result(_result(sh, cfg), cache)
+    app = typer.Typer()
+    app.command()(tune_command)
+    out = tmp_path / "ship"
+    res = CliRunner().invoke(app, ["--cache", str(cache), "--export-shipped", str(out)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "1 tuned config(s) exported" in res.output
+    assert json.loads(config_mod.shipped_path(GPU, out).read_text())["entries"]
+    res = CliRunner().invoke(app, ["--cache", str(tmp_path / "none.json"), "--export-shipped", str(out)])
+    assert res.exit_code == 1 and "no tuning cache" in res.output
+
+
+def test_package_data_ships_the_json_files():
+    import tomllib
+    root = Path(__file__).resolve().parents[1]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "tuned/*.json" in data["moda_bench.ops.moda"]
+    assert config_mod.SHIPPED_DIR.name == "tuned"
+    assert Path(config_mod.__file__).with_name("tuned").is_dir()
+
+
+# ----------------------------------------------------------------------------- memoised resolution
+
+class CountingSource:
+    """A config source with a stamp: its answers are memoised until the stamp changes."""
+
+    def __init__(self, cfg):
+        self.cfg, self.calls, self.token = cfg, 0, 0
+
+    def __call__(self, shape, dtype):
+        self.calls += 1
+        return self.cfg
+
+    def stamp(self):
+        return self.token
+
+
+def test_resolve_config_asks_a_stamped_source_once_per_shape():
+    sh = shape()
+    src = CountingSource(default_config(sh).replace(num_warps=8))
+    config_mod.set_config_source(src)
+    for _ in range(100):
+        assert resolve_config(sh, torch.bfloat16) == src.cfg
+    assert src.calls == 1
+    resolve_config(shape(T=100), torch.bfloat16)
+    assert src.calls == 2
+    src.token += 1  # the source changed: asked again
+    resolve_config(sh, torch.bfloat16)
+    assert src.calls == 3
+    plain = []
+    config_mod.set_config_source(lambda s, d: plain.append(1) or None)  # no stamp: asked every call
+    for _ in range(3):
+        assert resolve_config(sh, torch.bfloat16) == default_config(sh)
+    assert len(plain) == 3
+
+
+def test_no_file_access_per_call_and_changes_seen_after_recheck(tmp_path, monkeypatch):
+    sh = shape()
+    path = tmp_path / "c.json"
+    first = default_config(sh).replace(num_warps=8)
+    tu.save_result(_result(sh, first), path)
+    cache = tu.use(path)
+    assert resolve_config(sh, torch.bfloat16) == first
+    stats = []
+    real_stat = os.stat
+    monkeypatch.setattr(cache_mod.os, "stat", lambda *a, **k: stats.append(a) or real_stat(*a, **k))
+    for _ in range(200):
+        resolve_config(sh, torch.bfloat16)
+    assert stats == []  # within recheck_s: no stat, no parse
+    # another process rewrites the file (not through this module): seen after recheck_s / refresh()
+    second = first.replace(num_warps=2)
+    data = json.loads(path.read_text())
+    data["entries"][tu.cache_key(sh, "bfloat16")]["config"] = second.to_dict()
+    path.write_text(json.dumps(data) + " ")
+    st = real_stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert resolve_config(sh, torch.bfloat16) == first
+    cache.refresh()
+    assert resolve_config(sh, torch.bfloat16) == second and stats
+    n = len(stats)
+    for _ in range(100):
+        resolve_config(sh, torch.bfloat16)
+    assert len(stats) == n
+    cache.recheck_s = 0.0  # look at every call
+    resolve_config(sh, torch.bfloat16)
+    assert len(stats) > n
+
+
+def test_check_config_memoises_accepted_configs_only():
+    cfg = MoDAConfig(block_m=128, bwd_q_block_m=128)
+    check_config(cfg, 8)
+    check_config(cfg, 8)
+    with pytest.raises(ValueError):
+        check_config(cfg.replace(block_m=48), 8)
+    with pytest.raises(ValueError):
+        check_config(cfg.replace(block_m=48), 8)  # a failure is never memoised
+    with pytest.raises(ValueError):
+        check_config(cfg, 256)  # memoised per (config, G)
+
+
+def test_resolution_host_cost_is_small():
+    """A memoised look-up is a dict access: far below the ~50-100 us it cost before (CPU)."""
+    sh = shape()
+    tu.use()  # the sweep's setting: the env cache (absent here), then shipped, then default
+    resolve_config(sh, torch.bfloat16)
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        resolve_config(sh, torch.bfloat16)
+    per_call_us = (time.perf_counter() - t0) / n * 1e6
+    assert per_call_us < 25, per_call_us
