@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from moda_bench import timing
+from moda_bench import schema, timing
 
 GPU_COLUMNS = ["sm_clock_mhz", "sm_clock_min_mhz", "mem_clock_mhz", "power_w", "temp_c", "throttle"]
 # NVML clocks-event ("throttle") reason bits; 0x1 (gpu idle) and 0x2 (applications clocks
@@ -296,13 +296,7 @@ def health_cache_path(path=None) -> Path:
         return Path(path).expanduser()
     if os.environ.get(ENV_CACHE):
         return Path(os.environ[ENV_CACHE]).expanduser()
-    if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    elif sys.platform.startswith("win"):
-        base = Path(os.environ.get("LOCALAPPDATA") or (Path.home() / "AppData" / "Local"))
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache"))
-    return base / "moda-bench" / "health.json"
+    return schema.user_cache_dir() / "health.json"
 
 
 def record_key(name: Optional[str], uuid: Optional[str]) -> str:

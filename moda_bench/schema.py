@@ -12,6 +12,8 @@ import functools
 import os
 import platform
 import subprocess
+import sys
+from pathlib import Path
 
 CONFIG_COLUMNS = ["T", "G", "Hq", "Hk", "L", "B", "d", "C", "dtype"]
 KEY_COLUMNS = ["provider", "pass", "timer"] + CONFIG_COLUMNS
@@ -113,6 +115,19 @@ def git_commit() -> str:
         return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def user_cache_dir() -> Path:
+    """moda-bench's folder in the platform cache directory (Linux: $XDG_CACHE_HOME or ~/.cache;
+    macOS ~/Library/Caches; Windows %LOCALAPPDATA%): where the tuning cache and the GPU health
+    record live unless their environment variables say otherwise."""
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    elif sys.platform.startswith("win"):
+        base = Path(os.environ.get("LOCALAPPDATA") or (Path.home() / "AppData" / "Local"))
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache"))
+    return base / "moda-bench"
 
 
 def run_metadata(device_index: int | None = None) -> dict:

@@ -326,14 +326,14 @@ class RoundRule:
     half-width <= ci_tol * ratio ('ci'), or without a baseline (or with one callable) at once
     ('rounds')."""
 
-    min_rounds: int = 10
+    min_rounds: int = 10            # rounds at least (and min_samples repetitions per callable)
     min_samples: int = 10
-    ci_tol: float = 0.01
-    conf: float = 0.95
-    min_time_s: float = 0.0
-    max_time_s: float = 60.0
+    ci_tol: float = 0.01            # stop when every ratio's interval is within +-ci_tol * ratio
+    conf: float = 0.95              # confidence of the ratio intervals
+    min_time_s: float = 0.0         # summed sample time of the round loop, at least
+    max_time_s: float = 60.0        # the cap (wall clock)
     max_rounds: int = 1000
-    method: str = "t"
+    method: str = "t"               # ratio_ci method: 't' or 'bootstrap'
 
     def rounds_needed(self, reps: int) -> int:
         return max(self.min_rounds, -(-self.min_samples // max(1, reps)))

@@ -30,12 +30,16 @@ def shape(T=1024, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:
 
 @pytest.fixture(autouse=True)
 def _clean_lookup(monkeypatch, tmp_path):
-    """No test sees the user's cache or leaves a config source installed."""
+    """No test sees the user's cache or the package's shipped configs, or leaves a config
+    source installed."""
     monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "env-cache.json"))
     monkeypatch.delenv(tu.ENV_NO_TUNING, raising=False)
+    monkeypatch.setattr(config_mod, "SHIPPED_DIR", tmp_path / "no-shipped-configs")
+    config_mod.reset_shipped()
     tu.stop_using()
     yield
     tu.stop_using()
+    config_mod.reset_shipped()
 
 
 # ----------------------------------------------------------------------------- pruning
@@ -505,7 +509,9 @@ def test_nothing_consults_the_cache_until_use(tmp_path):
     tu.save_result(_result(sh, default_config(sh).replace(num_warps=8)), path)
     code = ("import torch, moda_bench, moda_bench.tuning\n"
             "from moda_bench.ops.moda import resolve_config, default_config, MoDAShape\n"
+            "from moda_bench.ops.moda import config as c\n"
             "from moda_bench.ops.moda.config import config_source\n"
+            f"c.SHIPPED_DIR = c.Path({str(tmp_path / 'no-shipped')!r})  # this GPU's shipped configs aside\n"
             f"sh = MoDAShape(B={sh.B}, T={sh.T}, Hq={sh.Hq}, Hk={sh.Hk}, d={sh.d}, L={sh.L})\n"
             "assert config_source() is None\n"
             "assert resolve_config(sh, torch.bfloat16) == default_config(sh)\n"

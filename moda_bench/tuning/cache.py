@@ -9,17 +9,25 @@ entry serves another bucket. Entries store the config to use, the decision ('tun
 searched candidate beat the default by more than the noise; 'default': it did not, and the
 default config is stored), both fwd+bwd times, the candidate/default ratio with its 95%
 interval from interleaved rounds, the date and the tuning wall time (entries written before
-the decision existed have no 'decision' field and are used as they are). Location: explicit path, else
-$MODA_BENCH_TUNING_CACHE, else the platform cache dir (Linux $XDG_CACHE_HOME or ~/.cache,
-macOS ~/Library/Caches, Windows %LOCALAPPDATA%) + moda-bench/tuning.json. A corrupt file, a
-different schema version or an entry whose config no longer validates is ignored with a
-warning. Writes are atomic (temporary file + os.replace).
+the decision existed have no 'decision' field and are used as they are).
+
+Location: explicit path, else $MODA_BENCH_TUNING_CACHE, else the platform cache dir (Linux
+$XDG_CACHE_HOME or ~/.cache, macOS ~/Library/Caches, Windows %LOCALAPPDATA%) +
+moda-bench/tuning.json. A corrupt file, a different schema version or an entry whose config no
+longer validates is ignored with a warning. Writes are atomic (temporary file + os.replace).
 
 Nothing is consulted implicitly: `load(path)` reads a cache into a `TuningCache`, a config
 source (shape, dtype) -> MoDAConfig | None; `use()` installs one as the source of
 `resolve_config` (so `moda_attention` calls without `config=` get tuned configs), `using(enabled)`
 does that for a `with` block and restores the previous source, `stop_using()` goes back to the
-heuristic defaults. $MODA_BENCH_NO_TUNING=1 turns `use` / `using` into heuristic defaults.
+state at import (no user cache; the package's shipped configs for this GPU, else the heuristic
+defaults). `using(False)` and $MODA_BENCH_NO_TUNING=1 (for `use` / `using`) mean heuristic
+defaults only, shipped configs included.
+
+An installed cache answers `resolve_config` through its `stamp()`: the file (and the variable
+naming it) is looked at no more often than every `recheck_s` seconds (RECHECK_S = 1 s), and at
+once after a write through this module or `refresh()`, so a launch costs no file-system call; a
+change made by another process is seen within `recheck_s`.
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from typing import Iterator, Optional, Union
 
 import triton
 
+from moda_bench import schema
 from moda_bench.ops.moda.config import (ENV_NO_TUNING, MoDAConfig, config_source, current_device_index,
                                         current_gpu_name, default_config, dtype_name, set_config_source, set_shipped,
                                         shipped_enabled, t_bucket)
@@ -64,13 +73,7 @@ def cache_key(shape: MoDAShape, dtype, *, gpu: Optional[str] = None, triton_vers
 
 def default_cache_path() -> Path:
     """Platform cache location of tuning.json (ignores the environment override)."""
-    if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    elif sys.platform.startswith("win"):
-        base = Path(os.environ.get("LOCALAPPDATA") or (Path.home() / "AppData" / "Local"))
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache"))
-    return base / "moda-bench" / "tuning.json"
+    return schema.user_cache_dir() / "tuning.json"
 
 
 def resolve_cache_path(path=None) -> Path:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
 import triton
 
 from moda_bench.ops.moda.validate import MoDAShape
@@ -210,8 +211,6 @@ def _check(cfg: MoDAConfig, G: int) -> None:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be one of {DEPTH_MODES}")
 
 
-
-
 # ----------------------------------------------------------------------------- device, names, buckets
 
 ENV_NO_TUNING = "MODA_BENCH_NO_TUNING"
@@ -224,7 +223,6 @@ def current_device_index() -> int:
     """Current CUDA device index, -1 without CUDA (availability checked once)."""
     global _cuda_ok
     try:
-        import torch
         if _cuda_ok is None:
             _cuda_ok = bool(torch.cuda.is_available())
         return torch.cuda.current_device() if _cuda_ok else -1
@@ -239,7 +237,6 @@ def current_gpu_name() -> str:
         return "cpu"
     name = _gpu_names.get(idx)
     if name is None:
-        import torch
         name = _gpu_names[idx] = torch.cuda.get_device_name(idx)
     return name
 

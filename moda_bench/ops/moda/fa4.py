@@ -36,6 +36,7 @@ from moda_bench.ops.moda.config import MoDAConfig, check_config, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
+from moda_bench.ops.moda.triton_utils import lse_merge
 
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_DTYPES = (torch.float16, torch.bfloat16)
@@ -186,16 +187,12 @@ def fa4_merge_kernel(O, LSE_HT, OD, LSED, n_rows, T, Hq, HEAD_DIM: tl.constexpr,
     offs_d = tl.arange(0, HEAD_DIM)
     l1 = tl.load(LSE_HT + ht, mask=ok, other=0.0)
     l2 = tl.load(LSED + rows, mask=ok, other=0.0)
-    m = tl.maximum(l1, l2)
-    w1 = tl.exp(l1 - m)
-    w2 = tl.exp(l2 - m)
-    tot = w1 + w2
+    a1, a2, lse = lse_merge(l1, l2)
     optr = rows[:, None] * HEAD_DIM + offs_d[None, :]
     o1 = tl.load(O + optr, mask=ok[:, None], other=0.0).to(tl.float32)
     o2 = tl.load(OD + optr, mask=ok[:, None], other=0.0).to(tl.float32)
-    o = (o1 * (w1 / tot)[:, None] + o2 * (w2 / tot)[:, None])
+    o = o1 * a1[:, None] + o2 * a2[:, None]
     tl.store(O + optr, o.to(O.dtype.element_ty), mask=ok[:, None])
-    lse = m + tl.log(tot)
     tl.store(LSE_HT + ht, lse, mask=ok)
     tl.store(LSED + rows, lse, mask=ok)
 

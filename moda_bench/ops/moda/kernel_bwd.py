@@ -138,9 +138,8 @@ BWDQ_ADD = 2    # sequence keys, plus the depth dq partial already in DQ
 def moda_bwd_q_kernel(
     Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
     qk_scale, sm_scale, T, L, G, Hk,
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
-    sdb, sdt, sdl, sdh,
-    sob, sot, soh, slb, slt, slh,
+    # strides (the layout every launch shares): q, k, v, depth k/v, do/o, lse/delta
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
     DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr,

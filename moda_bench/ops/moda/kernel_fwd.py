@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moda_bench.ops.moda.triton_utils import depth_tile, key_span, mm, row_ptrs
+from moda_bench.ops.moda.triton_utils import depth_tile, key_span, lse_merge, mm, row_ptrs
 
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked (padding) rows stay finite
 
@@ -177,12 +177,9 @@ def moda_merge_kernel(O, LSE, OD, LSED, n_rows, HEAD_DIM: tl.constexpr, BLOCK: t
     ok = rows < n_rows
     l1 = tl.load(LSE + rows, mask=ok, other=0.0)
     l2 = tl.load(LSED + rows, mask=ok, other=0.0)
-    m = tl.maximum(l1, l2)
-    w1 = tl.exp(l1 - m)
-    w2 = tl.exp(l2 - m)
-    tot = w1 + w2
+    a1, a2, lse = lse_merge(l1, l2)
     o1 = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     o2 = tl.load(OD + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    o = (o1 * w1[:, None] + o2 * w2[:, None]) / tot[:, None]
+    o = o1 * a1[:, None] + o2 * a2[:, None]
     tl.store(O + rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=ok[:, None])
-    tl.store(LSE + rows, m + tl.log(tot), mask=ok)
+    tl.store(LSE + rows, lse, mask=ok)

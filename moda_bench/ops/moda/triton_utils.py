@@ -78,3 +78,14 @@ def key_span(K, V, b, j, skb, skh, svb, svh, t_lo, T, P: tl.constexpr, BLOCK_N: 
     n_full, t_end). Key tiles [0, n_full) lie entirely below the block's first position (no
     mask needed); tiles [n_full, t_end) reach the causal diagonal."""
     return K + b * skb + j * skh, V + b * svb + j * svh, (t_lo // BLOCK_N) * BLOCK_N, tl.minimum(t_lo + P, T)
+
+
+@triton.jit
+def lse_merge(l1, l2):
+    """Two softmax partials with log-sum-exps l1 and l2: the weights of their outputs in the
+    merged output, and the merged log-sum-exp."""
+    m = tl.maximum(l1, l2)
+    w1 = tl.exp(l1 - m)
+    w2 = tl.exp(l2 - m)
+    tot = w1 + w2
+    return w1 / tot, w2 / tot, m + tl.log(tot)
