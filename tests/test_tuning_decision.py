@@ -26,17 +26,7 @@ def shape(T=1024, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:
     return MoDAShape(B=B, T=T, Hq=G * Hk, Hk=Hk, d=d, L=L)
 
 
-@pytest.fixture(autouse=True)
-def _clean_lookup(monkeypatch, tmp_path):
-    from moda_bench.ops.moda import config as config_mod
-    monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "env-cache.json"))
-    monkeypatch.delenv(tu.ENV_NO_TUNING, raising=False)
-    monkeypatch.setattr(config_mod, "SHIPPED_DIR", tmp_path / "no-shipped-configs")
-    config_mod.reset_shipped()
-    tu.stop_using()
-    yield
-    tu.stop_using()
-    config_mod.reset_shipped()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")  # conftest: no user cache, no shipped configs
 
 
 class NoisyTimer(tu.Timer):
