@@ -67,3 +67,24 @@ def check_against_reference(fn, B, T, Hq, Hk, d, L, dtype, seed=0, tol=None, ref
     bad = {k_: e for k_, e in errs.items() if not e < tol}
     assert not bad, f"errors above {tol:g}: {bad} (all: {errs})"
     return errs
+
+
+H100_SMEM = 232448  # opt-in shared memory per block of an H100, bytes
+
+
+def fake_tuning_device(monkeypatch, timer_factory):
+    """Make the tuner believe a CUDA GPU ('Fake GPU', H100 shared memory) is present and build its
+    timers with timer_factory(shape); returns the list of shapes a timer was made for."""
+    from moda_bench import schema
+    from moda_bench import tuning as tu
+    from moda_bench.tuning import cache as cache_mod
+    from moda_bench.tuning import tuner as tuner_mod
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tu, "current_gpu_name", lambda: "Fake GPU")
+    monkeypatch.setattr(cache_mod, "current_gpu_name", lambda: "Fake GPU")
+    monkeypatch.setattr(tuner_mod, "device_smem_limit", lambda *a, **k: H100_SMEM)
+    monkeypatch.setattr(schema, "run_metadata", lambda device_index=None: {c: "x" for c in schema.META_COLUMNS})
+    made = []
+    monkeypatch.setattr(tu, "CudaTimer", lambda shape, dtype, **kw: made.append(shape) or timer_factory(shape))
+    return made

@@ -17,11 +17,10 @@ import torch
 from moda_bench.ops.moda import config as config_mod
 from moda_bench import tuning as tu
 from moda_bench.tuning import cache as cache_mod
-from moda_bench.tuning import tuner as tuner_mod
 from moda_bench.ops.moda.config import MoDAConfig, default_config, group_pad, resolve_config
 from moda_bench.ops.moda.validate import MoDAShape
+from helpers import H100_SMEM, fake_tuning_device
 
-H100_SMEM = 232448
 
 
 def shape(T=1024, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:
@@ -601,17 +600,9 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
     import typer
     from typer.testing import CliRunner
 
-    from moda_bench import schema
     from moda_bench.bench.tune import TUNE_COLUMNS
     from moda_bench.cli.tune import tune_command
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tu, "current_gpu_name", lambda: "Fake GPU")
-    monkeypatch.setattr(cache_mod, "current_gpu_name", lambda: "Fake GPU")
-    monkeypatch.setattr(tuner_mod, "device_smem_limit", lambda *a, **k: H100_SMEM)
-    monkeypatch.setattr(schema, "run_metadata", lambda device_index=None: {c: "x" for c in schema.META_COLUMNS})
-    made = []
-    monkeypatch.setattr(tu, "CudaTimer", lambda shape, dtype, **kw: made.append(shape) or FakeTimer())
+    made = fake_tuning_device(monkeypatch, lambda shape: FakeTimer())
     app = typer.Typer()
     app.command()(tune_command)
     cache, out = tmp_path / "c.json", tmp_path / "tune.csv"

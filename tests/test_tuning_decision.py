@@ -14,11 +14,9 @@ import torch
 from moda_bench import tuning as tu
 from moda_bench.ops.moda.config import default_config, resolve_config
 from moda_bench.ops.moda.validate import MoDAShape
+from helpers import H100_SMEM, fake_tuning_device
 from moda_bench.timing import RoundRule
-from moda_bench.tuning import cache as cache_mod
-from moda_bench.tuning import tuner as tuner_mod
 
-H100_SMEM = 232448
 TEN_ROUNDS = RoundRule(min_rounds=10, max_rounds=10)
 
 
@@ -181,17 +179,7 @@ def test_min_gain_option_parsing():
             parse_gain(bad)
 
 
-def _fake_device(monkeypatch, timer_factory):
-    from moda_bench import schema
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tu, "current_gpu_name", lambda: "Fake GPU")
-    monkeypatch.setattr(cache_mod, "current_gpu_name", lambda: "Fake GPU")
-    monkeypatch.setattr(tuner_mod, "device_smem_limit", lambda *a, **k: H100_SMEM)
-    monkeypatch.setattr(schema, "run_metadata", lambda device_index=None: {c: "x" for c in schema.META_COLUMNS})
-    made = []
-    monkeypatch.setattr(tu, "CudaTimer", lambda shape, dtype, **kw: made.append(shape) or timer_factory(shape))
-    return made
+
 
 
 def test_tune_command_records_the_decision_in_the_csv(tmp_path, monkeypatch):
@@ -206,7 +194,7 @@ def test_tune_command_records_the_decision_in_the_csv(tmp_path, monkeypatch):
     def factory(sh):
         return NoisyTimer(true_ratio=0.97 if sh.T == 1024 else 0.8, noise=0.1, sh=sh)
 
-    made = _fake_device(monkeypatch, factory)
+    made = fake_tuning_device(monkeypatch, factory)
     app = typer.Typer()
     app.command()(tune_command)
     cache, out = tmp_path / "c.json", tmp_path / "tune.csv"
