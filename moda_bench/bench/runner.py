@@ -15,7 +15,7 @@ import math
 import random
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 from moda_bench import results, schema
 
