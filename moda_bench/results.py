@@ -12,7 +12,8 @@ messages hold everywhere:
 - a non-numeric value in a numeric column is a `ResultsError` naming file, line and column.
 
 Columns added to the schema later (older files lack them) are filled with empty values, so
-committed results stay readable. Writes are appends of one row (`append_row`, header once) or
+committed results stay readable; a configuration column of the row key added later
+(`schema.CONFIG_DEFAULTS`: depth_grad, Tq, S) reads as the value every older row had. Writes are appends of one row (`append_row`, header once) or
 whole files through a temporary file and a rename (`write_csv_atomic`).
 """
 from __future__ import annotations
@@ -93,6 +94,8 @@ def read_csv(path, *, display: Optional[str] = None, warn: Warn = default_warn):
         if c not in df.columns:
             df[c] = ""
     df["timer"] = df["timer"].where(df["timer"].str.strip() != "", schema.DEFAULT_TIMER)
+    for c, default in schema.CONFIG_DEFAULTS.items():   # configuration columns added later
+        df[c] = df[c].where(df[c].astype(str).str.strip() != "", str(default))
     for c in schema.NUMERIC_COLUMNS:
         text_col = df[c].astype(str).str.strip()
         num = pd.to_numeric(text_col.where(text_col != "", None), errors="coerce")

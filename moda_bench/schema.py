@@ -1,9 +1,10 @@
-"""The vocabulary every layer shares: the CSV schema (long format, one row per (sweep,
-provider, configuration, pass)), its row key, the sweep axes with their paper values and base
-point, the pass names, FLOP counts and run metadata.
+"""The vocabulary every layer shares: the CSV schema (long format, one row per (sweep, GPU,
+provider, configuration, pass, timer)), its row key, the sweep axes with their paper values and
+base point, the pass names, FLOP counts and run metadata. The byte and FLOP model behind the
+floor columns is `moda_bench.floor`.
 
-`ROW_KEY` (sweep + provider + pass + CONFIG_COLUMNS) is the row key of every results file;
-`moda_bench.results` is the one reader that uses it.
+`ROW_KEY` (sweep + gpu + provider + pass + timer + CONFIG_COLUMNS) is the row key of every
+results file; `moda_bench.results` is the one reader that uses it.
 """
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONFIG_COLUMNS = ["T", "G", "Hq", "Hk", "L", "B", "d", "C", "dtype"]
+# depth_grad: 1 = the backward writes depth K/V gradients, 0 = depth detached (issue 20);
+# Tq: new tokens per sequence of a decode row (0 for training passes, where every position is a
+# query); S: earlier source layers of a Depth-Attention row (0 elsewhere)
+CONFIG_COLUMNS = ["T", "G", "Hq", "Hk", "L", "B", "d", "C", "dtype", "depth_grad", "Tq", "S"]
+# what a row of a file written before a configuration column existed had
+CONFIG_DEFAULTS = {"depth_grad": 1, "Tq": 0, "S": 0}
 KEY_COLUMNS = ["provider", "pass", "timer"] + CONFIG_COLUMNS
 MEASURE_COLUMNS = [
     "median_ms", "p20_ms", "p80_ms", "tflops", "extra_time_pct", "ratio_to_fa2",
@@ -24,6 +30,10 @@ MEASURE_COLUMNS = [
     # attention of the point, sample count and noise, GPU state sampled while the point ran
     "ratio_to_fa2_lo", "ratio_to_fa2_hi", "ratio_to_best", "ratio_to_best_lo", "ratio_to_best_hi",
     "samples", "noise_pct", "sm_clock_mhz", "sm_clock_min_mhz", "mem_clock_mhz", "power_w", "temp_c",
+    # issue 20: the row's own floor (moda_bench.floor): useful FLOPs and minimum HBM bytes of
+    # its provider and pass, max(flops / matmul rate, bytes / copy rate) at the run's canary
+    # rates, median / floor, and the bytes per second reached (GB/s)
+    "flops", "bytes", "floor_ms", "of_floor", "gbps",
 ]
 # timer: eager | graph; stop_reason: why sampling ended; best_provider: the denominator of
 # ratio_to_best; throttle: NVML clock-event reasons seen; health: the run's GPU verdict
@@ -33,29 +43,40 @@ COLUMNS = (
     ["sweep", "provider", "impl_detail", "pass"] + CONFIG_COLUMNS + MEASURE_COLUMNS
     + ["status", "reason", "config"] + TEXT_COLUMNS + META_COLUMNS
 )
-# the row key: a sweep's row of a provider, pass, timer and configuration (eager and graph rows
-# of one point live side by side; files from before the timer column read as 'eager')
-ROW_KEY = ["sweep"] + KEY_COLUMNS
+# the row key: a sweep's row of a GPU, provider, pass, timer and configuration (eager and graph
+# rows of one point live side by side; files from before the timer column read as 'eager'; a
+# report over folders of several GPUs keeps each GPU's rows)
+ROW_KEY = ["sweep", "gpu"] + KEY_COLUMNS
 # a results file must have these; columns added later are optional (older files lack them)
-REQUIRED_COLUMNS = (["sweep", "provider", "pass"] + CONFIG_COLUMNS + ["median_ms", "status"]
+REQUIRED_COLUMNS = (["sweep", "provider", "pass"] + [c for c in CONFIG_COLUMNS if c not in CONFIG_DEFAULTS]
+                    + ["median_ms", "status"]
                     + ["gpu", "torch_version", "triton_version", "git_commit", "timestamp"])
 INT_CONFIG_COLUMNS = [c for c in CONFIG_COLUMNS if c != "dtype"]
 NUMERIC_COLUMNS = INT_CONFIG_COLUMNS + MEASURE_COLUMNS
 
-# passes: what is timed (forward only, backward only, both)
-PASSES = ("fwd", "bwd", "fwdbwd")
-PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}   # useful FLOPs relative to the forward
+# passes: what is timed (training: forward only, backward only, both; decode: one inference step
+# of the Tq newest tokens over a KV cache, forward only)
+TRAIN_PASSES = ("fwd", "bwd", "fwdbwd")
+DECODE_PASS = "decode"
+PASSES = TRAIN_PASSES + (DECODE_PASS,)
+PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5, "decode": 1.0}   # useful FLOPs relative to the forward
 
 # one-axis sweeps: the paper's values per axis (spec section 4) around the base point.
 # C = query chunk rows (MoDA block_m).
+# B (batch), S (Depth-Attention sources; an S sweep sets L = S too, so MoDA reads as many depth
+# entries) and Tq (decode's new tokens) are ours.
 AXIS_VALUES = {
     "T": (4096, 8192, 16384, 32768, 65536),
     "G": (2, 4, 8, 16, 32),
     "L": (64, 128, 256),
     "C": (16, 32, 64, 128),
+    "B": (1, 8, 32, 128),
+    "S": (1, 2, 4, 8, 16, 47),
+    "Tq": (1, 2, 4),
 }
 AXES = tuple(AXIS_VALUES)
-BASE_POINT = {"T": 16384, "G": 8, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64, "dtype": "bfloat16"}
+BASE_POINT = {"T": 16384, "G": 8, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64, "dtype": "bfloat16",
+              "depth_grad": 1, "Tq": 0, "S": 0}
 
 
 def check_pass(pass_: str) -> str:
@@ -95,7 +116,8 @@ def depth_flops(B: int, Hq: int, T: int, d: int, L: int) -> float:
 
 
 def pass_flops(pass_: str, B: int, Hq: int, T: int, d: int, L: int) -> float:
-    """Useful FLOPs for fwd / bwd (2.5x fwd) / fwdbwd (3.5x fwd)."""
+    """Useful FLOPs of MoDA for fwd / bwd (2.5x fwd) / fwdbwd (3.5x fwd), depth gradients
+    included (`moda_bench.floor` has every operator's exact count)."""
     f = seq_flops(B, Hq, T, d) + depth_flops(B, Hq, T, d, L)
     return f * PASS_FACTOR[check_pass(pass_)]
 

@@ -63,13 +63,13 @@ def grad_inputs(inputs: dict) -> list:
 
 
 def make_pass_fn(forward: Callable[[], object], inputs: dict, pass_: str) -> Callable[[], object]:
-    """Wrap a forward closure into the callable to time for 'fwd', 'bwd' or 'fwdbwd'.
+    """Wrap a forward closure into the callable to time for 'fwd' (or 'decode'), 'bwd' or 'fwdbwd'.
 
     For 'bwd' the forward runs once here and only the backward is timed (retain_graph).
     """
     import torch
     do = inputs["do"]
-    if pass_ == "fwd":
+    if pass_ in ("fwd", "decode"):
         def fn():
             with torch.no_grad():
                 return forward()
@@ -85,7 +85,7 @@ def make_pass_fn(forward: Callable[[], object], inputs: dict, pass_: str) -> Cal
         def fn():
             out.backward(do, retain_graph=True)
         return fn
-    raise ValueError(f"pass must be fwd, bwd or fwdbwd, got {pass_!r}")
+    raise ValueError(f"pass must be fwd, bwd, fwdbwd or decode, got {pass_!r}")
 
 
 def measure(fn: Callable[[], object], grad_to_none: list | None = None, warmup_ms: float = 25,

@@ -8,8 +8,8 @@ GPU. Give it to the pool as its worker command:
 Its own options: `--delay-s S` (sleep before each row), `--fail-after N` (die with exit code 3
 once N rows are written over its whole life, like a worker killed by a CUDA fault), `--barrier
 DIR --barrier-n N` (announce itself in DIR and wait until N workers have, so that all of them
-ask the queue for work at about the same time). The real worker's options (--serve, --providers,
---pass, --csv, --gpu-index, --warmup-ms, --rep-ms, --tuned/--no-tuned) are read or ignored.
+ask the queue for work at about the same time). The real worker's options (--serve, --spec: the
+run's RunSpec as JSON, --csv, --gpu-index) are read or ignored.
 
 `fake_row` is also used in-process by the tests (stand-ins for runner.run_sweep).
 """
@@ -63,7 +63,8 @@ def wait_for_peers(directory: Path, n: int, timeout_s: float = 60.0) -> None:
 def fake_start(args):
     """worker.serve's start(): the barrier, then a task runner writing one fake row per provider,
     in the order given (the pool puts rows in single-GPU order itself)."""
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    spec = json.loads(args.spec)
+    providers, pass_ = list(spec["providers"]), spec["pass"]
     written = 0
 
     def run_task(point: Point, sweep: str, pin_chunk: bool):
@@ -75,7 +76,7 @@ def fake_start(args):
                       file=sys.stderr, flush=True)
                 os._exit(3)
             time.sleep(args.delay_s)
-            results.append_row(args.csv, fake_row(point, provider, args.pass_, sweep, pin_chunk=pin_chunk))
+            results.append_row(args.csv, fake_row(point, provider, pass_, sweep, pin_chunk=pin_chunk))
             written += 1
         return None
 
@@ -89,15 +90,14 @@ def fake_start(args):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--providers", required=True)
-    p.add_argument("--pass", dest="pass_", required=True)
+    p.add_argument("--spec", required=True)
     p.add_argument("--csv", type=Path, required=True)
     p.add_argument("--gpu-index", type=int, required=True)
     p.add_argument("--delay-s", type=float, default=0.0)
     p.add_argument("--fail-after", type=int, default=None)
     p.add_argument("--barrier", type=Path, default=None)
     p.add_argument("--barrier-n", type=int, default=1)
-    args, _ = p.parse_known_args(argv)  # --serve, --warmup-ms, --rep-ms, --tuned: the real worker's
+    args, _ = p.parse_known_args(argv)  # --serve: the real worker's
     worker.serve(fake_start(args), args.csv, gpu_index=args.gpu_index)
 
 

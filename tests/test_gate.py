@@ -436,9 +436,10 @@ def test_run_uses_runner_and_gates(rng, tmp_path, monkeypatch):
     base.to_csv(b, index=False)
     calls = []
 
-    def fake_run_sweep(points, providers, pass_, csv_path, *, sweep_name, **kw):
-        calls.append((points, providers, pass_, sweep_name, kw))
-        make_run(rng, scale={"moda": 1.25}, health=kw["health"], timestamp=now_iso()).to_csv(csv_path, index=False)
+    def fake_run_sweep(points, spec, csv_path, *, sweep_name, **kw):
+        calls.append((points, list(spec.providers), spec.pass_, sweep_name, dict(kw, health=spec.health,
+                                                                                 timing=spec.timing)))
+        make_run(rng, scale={"moda": 1.25}, health=spec.health, timestamp=now_iso()).to_csv(csv_path, index=False)
 
     monkeypatch.setattr(runner, "run_sweep", fake_run_sweep)
     checked = healthy_gpu(monkeypatch)

@@ -229,7 +229,9 @@ def fake_runner(monkeypatch, rng, scales: list[dict], ci: float = 0.004):
     from moda_bench.bench import runner
     calls = []
 
-    def run_sweep(points, providers, pass_, csv_path, *, sweep_name, **kw):
+    def run_sweep(points, spec, csv_path, *, sweep_name, **kw):
+        providers, pass_ = list(spec.providers), spec.pass_
+        kw = dict(kw, health=spec.health, timing=spec.timing)
         scale = scales[min(len(calls), len(scales) - 1)]
         calls.append(dict(points=list(points), providers=list(providers), pass_=pass_, **kw))
         configs = [{c: p.to_dict()[c] for c in schema.CONFIG_COLUMNS} for p in points]

@@ -21,6 +21,7 @@ from moda_bench.bench import runner
 from moda_bench.bench.pool import distributed, local, merge
 from moda_bench.bench.pool import plan as planning
 from moda_bench.bench.runner import Point
+from moda_bench.bench.spec import RunSpec
 from moda_bench.cli.sweep import merge_command, sweep_command
 from moda_bench.results import append_row
 
@@ -194,7 +195,7 @@ def test_pool_runs_every_sweep_on_workers_started_once(tmp_path):
     run_dir = tmp_path / "run"
     sweeps = three_sweeps(run_dir)
     calls = []
-    result = local.run_pool(sweeps, PROVIDERS, "fwdbwd", gpus="0,1", progress=True, poll_s=0.02,
+    result = local.run_pool(sweeps, RunSpec(PROVIDERS, "fwdbwd"), gpus="0,1", progress=True, poll_s=0.02,
                             keep_shards=True, worker_cmd=fake_pool_cmd(tmp_path / "barrier", 2, calls=calls))
     assert result.failures == [] and result.not_run == []
     assert sorted(calls) == [0, 1] and result.workers_started == 2  # once per run, not once per sweep
@@ -235,7 +236,7 @@ def test_pool_runs_every_sweep_on_workers_started_once(tmp_path):
 def test_pool_dying_worker_keeps_everyone_elses_rows(tmp_path):
     run_dir = tmp_path / "run"
     sweeps = three_sweeps(run_dir)
-    result = local.run_pool(sweeps, PROVIDERS, "fwdbwd", gpus="0,1,3", progress=False, poll_s=0.02,
+    result = local.run_pool(sweeps, RunSpec(PROVIDERS, "fwdbwd"), gpus="0,1,3", progress=False, poll_s=0.02,
                             worker_cmd=fake_pool_cmd(tmp_path / "barrier", 3, delay_s=0.05, fail=(1, 3)))
     (failure,) = result.failures
     assert (failure.gpu_index, failure.returncode, failure.rows_written) == (1, 3, 3)
@@ -269,7 +270,7 @@ def test_worker_dying_before_it_starts_a_point_gives_the_point_back(tmp_path):
                                      "sys.stdin.readline(); sys.exit(5)"]
     points = random_points(6, seed=4)
     csv = tmp_path / "s.csv"
-    rows = local.run_sharded(points, PROVIDERS, "fwd", csv, sweep_name="t", gpus="0,1", progress=False,
+    rows = local.run_sharded(points, RunSpec(PROVIDERS, "fwd"), csv, sweep_name="t", gpus="0,1", progress=False,
                              poll_s=0.02, worker_cmd=lambda slot: quitter if slot.index == 1 else
                              FAKE_WORKER + ["--delay-s", "0.05"])
     (failure,) = rows.attrs["worker_failures"]
@@ -284,7 +285,7 @@ def test_run_sharded_fake_workers_one_crashes(tmp_path):
     points = random_points(10, seed=11)
     gpus = [0, 1, 3]
     csv = tmp_path / "res" / "sweep.csv"
-    rows = local.run_sharded(points, PROVIDERS, "fwdbwd", csv, sweep_name="t", gpus="0,1,3", progress=False,
+    rows = local.run_sharded(points, RunSpec(PROVIDERS, "fwdbwd"), csv, sweep_name="t", gpus="0,1,3", progress=False,
                              worker_cmd=fake_pool_cmd(tmp_path / "barrier", 3, delay_s=0.05, fail=(1, 1)),
                              poll_s=0.05)
 
@@ -318,7 +319,7 @@ def test_run_sharded_success_merges_and_appends(tmp_path):
     old["timestamp"] = "2020-01-01T00:00:00+00:00"
     append_row(csv, old)
 
-    rows = local.run_sharded(points, PROVIDERS, "fwdbwd", csv, sweep_name="t", gpus="0,1", progress=True,
+    rows = local.run_sharded(points, RunSpec(PROVIDERS, "fwdbwd"), csv, sweep_name="t", gpus="0,1", progress=True,
                              worker_cmd=fake_pool_cmd(tmp_path / "barrier", 2), poll_s=0.05)
     assert rows.attrs["worker_failures"] == []
     assert {key_of(r) for _, r in rows.iterrows()} == expected_keys(points, PROVIDERS)
@@ -336,7 +337,7 @@ def test_run_sharded_success_merges_and_appends(tmp_path):
 
 def test_real_worker_without_gpu_fails_cleanly(tmp_path):
     csv = tmp_path / "s.csv"
-    rows = local.run_sharded([Point(T=128)], ["moda"], "fwd", csv, sweep_name="t", gpus="0,",
+    rows = local.run_sharded([Point(T=128)], RunSpec(["moda"], "fwd"), csv, sweep_name="t", gpus="0,",
                              progress=False, poll_s=0.05)
     (failure,) = rows.attrs["worker_failures"]
     assert failure.returncode == 2 and "no CUDA device visible" in failure.log_tail
@@ -346,7 +347,7 @@ def test_real_worker_without_gpu_fails_cleanly(tmp_path):
 
 def test_pool_timeout_kills_workers_and_marks_their_points(tmp_path):
     points = [Point(T=256), Point(T=512)]
-    rows = local.run_sharded(points, ["moda"], "fwd", tmp_path / "s.csv", sweep_name="t", gpus="0,",
+    rows = local.run_sharded(points, RunSpec(["moda"], "fwd"), tmp_path / "s.csv", sweep_name="t", gpus="0,",
                              progress=False, poll_s=0.05, timeout_s=6.0,  # well past worker start-up
                              worker_cmd=FAKE_WORKER + ["--delay-s", "120"])
     (failure,) = rows.attrs["worker_failures"]
@@ -409,11 +410,11 @@ def test_detect_distributed():
             planning.detect_distributed(bad)
 
 
-def fake_run_sweep(points, providers, pass_, csv_path, *, sweep_name, device_index=None, pin_chunk=None, **_):
+def fake_run_sweep(points, spec, csv_path, *, sweep_name, device_index=None, pin_chunk=None, **_):
     """Stand-in for runner.run_sweep: rows with gpu_index = the device index it was given."""
     for p in points:
-        for prov in providers:
-            append_row(csv_path, fake_row(p, prov, pass_, sweep_name, gpu_index=device_index or 0,
+        for prov in spec.providers:
+            append_row(csv_path, fake_row(p, prov, spec.pass_, sweep_name, gpu_index=device_index or 0,
                                           pin_chunk=bool(pin_chunk)))
 
 
@@ -426,7 +427,7 @@ def test_rank_shards_then_merge(tmp_path, monkeypatch):
     for rank in range(world):
         dist = planning.detect_distributed({"RANK": str(rank), "WORLD_SIZE": str(world),
                                          "LOCAL_RANK": str(rank % per_node)})
-        frame = distributed.run_distributed(points, PROVIDERS, "fwdbwd", csv, sweep_name="paper", dist=dist,
+        frame = distributed.run_distributed(points, RunSpec(PROVIDERS, "fwdbwd"), csv, sweep_name="paper", dist=dist,
                                       progress=False)
         assert (frame.gpu_index == 4 + rank % per_node).all()  # physical index behind CUDA_VISIBLE_DEVICES
         mine = planning.rank_points(points, dist, "fwdbwd", len(PROVIDERS))
@@ -457,9 +458,9 @@ def test_rank_shards_of_a_pooled_preset_then_merge_per_sweep(tmp_path, monkeypat
     rank shard per sweep it has points of; merging each sweep's shards gives that sweep's CSV."""
     calls = []
 
-    def recording_run_sweep(points, providers, pass_, csv_path, *, sweep_name, **kw):
+    def recording_run_sweep(points, spec, csv_path, *, sweep_name, **kw):
         calls.append((sweep_name, len(points)))
-        fake_run_sweep(points, providers, pass_, csv_path, sweep_name=sweep_name, **kw)
+        fake_run_sweep(points, spec, csv_path, sweep_name=sweep_name, **kw)
 
     monkeypatch.setattr(runner, "run_sweep", recording_run_sweep)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -470,7 +471,7 @@ def test_rank_shards_of_a_pooled_preset_then_merge_per_sweep(tmp_path, monkeypat
     plan = planning.assign_tasks(tasks, world)
     for rank in range(world):
         dist = planning.DistInfo(rank, world, rank)
-        frames = distributed.run_distributed_pool(sweeps, PROVIDERS, "fwdbwd", dist=dist, progress=False)
+        frames = distributed.run_distributed_pool(sweeps, RunSpec(PROVIDERS, "fwdbwd"), dist=dist, progress=False)
         mine = planning.rank_tasks(sweeps, dist, "fwdbwd", len(PROVIDERS))
         assert mine == plan[rank]
         for s in sweeps:
@@ -519,12 +520,12 @@ def test_chunk_pinning_follows_the_whole_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_sweep", fake_run_sweep)
     points = [Point(T=1024, C=32), Point(T=1024, C=64)]
     for pts, want in ((points, True), (points[:1], False)):
-        rows = local.run_sharded(pts, ["moda"], "fwd", tmp_path / f"s{want}.csv", sweep_name="paper",
+        rows = local.run_sharded(pts, RunSpec(["moda"], "fwd"), tmp_path / f"s{want}.csv", sweep_name="paper",
                                  gpus="0,1", progress=False, worker_cmd=FAKE_WORKER, poll_s=0.05)
         assert len(rows) == len(pts)
         assert all(json.loads(c) == {"pin_chunk": want} for c in rows.config)
         for rank in range(2):
-            frame = distributed.run_distributed(pts, ["moda"], "fwd", tmp_path / f"d{want}.csv", sweep_name="paper",
+            frame = distributed.run_distributed(pts, RunSpec(["moda"], "fwd"), tmp_path / f"d{want}.csv", sweep_name="paper",
                                           dist=planning.DistInfo(rank, 2, rank), progress=False)
             assert all(json.loads(c) == {"pin_chunk": want} for c in frame.config)
 
@@ -533,6 +534,6 @@ def test_run_sharded_refuses_an_output_with_another_schema(tmp_path):
     csv = tmp_path / "old.csv"
     csv.write_text("a,b\n1,2\n")
     with pytest.raises(typer.BadParameter, match="old.csv"):
-        local.run_sharded([Point(T=128)], ["moda"], "fwd", csv, sweep_name="t", gpus="0,", progress=False,
+        local.run_sharded([Point(T=128)], RunSpec(["moda"], "fwd"), csv, sweep_name="t", gpus="0,", progress=False,
                           worker_cmd=FAKE_WORKER)
     assert not list(tmp_path.glob("old.gpu*"))  # nothing was started

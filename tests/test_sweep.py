@@ -19,7 +19,8 @@ from moda_bench.ops.moda.reference import moda_reference
 from moda_bench.bench import providers
 from moda_bench import schema
 from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
-from moda_bench.bench.point import check_accuracy
+from moda_bench.bench.point import TimingOptions, check_accuracy
+from moda_bench.bench.spec import RunSpec
 from moda_bench.bench.runner import Point, plan_points, run_sweep
 
 HAS_CUDA = torch.cuda.is_available()
@@ -41,7 +42,10 @@ def test_plan_points_paper_defaults():
     assert all(p.T == 16384 and p.L == 64 for p in g)
     assert [p.L for p in plan_points("L", None, base)] == [64, 128, 256]
     assert [p.C for p in plan_points("C", None, base)] == list(schema.AXIS_VALUES["C"]) == [16, 32, 64, 128]
-    assert base.fields() == schema.BASE_POINT and schema.AXES == ("T", "G", "L", "C")
+    assert base.to_dict() == dict(schema.BASE_POINT, Hq=64)
+    assert schema.AXES == ("T", "G", "L", "C", "B", "S", "Tq")
+    s = plan_points("S", [0, 4], base)   # an S sweep gives MoDA as many depth entries
+    assert [(p.S, p.L) for p in s] == [(0, 0), (4, 4)]
     # 13 rows of the paper's efficiency table = 5 + 5 + 3
     assert sum(len(plan_points(v, None, base)) for v in "TGL") == 13
 
@@ -131,7 +135,7 @@ def fakes(registry):
 
 def _run(tmp_path, points, names, timer, pass_="fwdbwd", **kw):
     csv = tmp_path / "sweep_T.csv"
-    frame = run_sweep(points, names, pass_, csv, sweep_name="T", device="cpu", timer=timer, progress=False,
+    frame = run_sweep(points, RunSpec(names, pass_), csv, sweep_name="T", device="cpu", timer=timer, progress=False,
                       seed=1, **kw)
     return frame, csv
 
@@ -276,7 +280,7 @@ def test_moda_provider_through_interpreter(tmp_path, registry):
         pytest.skip("CPU interpreter test")
     timer = lambda fn, **kw: (fn(), {"median_ms": 1.0, "p20_ms": 1.0, "p80_ms": 1.0})[1]  # noqa: E731
     pt = Point(T=20, G=2, Hk=1, L=3, d=16, C=16, dtype="float16")
-    frame = run_sweep([pt], ["moda"], "fwd", tmp_path / "c.csv", sweep_name="C", device="cpu", timer=timer,
+    frame = run_sweep([pt], RunSpec(["moda"], "fwd"), tmp_path / "c.csv", sweep_name="C", device="cpu", timer=timer,
                       progress=False, seed=0)
     row = frame.iloc[0]
     assert row["status"] == "ok", row["reason"]
@@ -386,11 +390,12 @@ def test_cli_end_to_end_with_fake_gpu(tmp_path, monkeypatch, fakes):
     real_run, real_avail = runner.run_sweep, torch.cuda.is_available
     seen = []
 
-    def cpu_run_sweep(points, names, pass_, csv_path, **kw):
-        seen.append((kw["sweep_name"], kw["pin_chunk"], kw["warmup_ms"], kw["rep_ms"], kw["use_tuned"]))
+    def cpu_run_sweep(points, spec, csv_path, **kw):
+        seen.append((kw["sweep_name"], kw["pin_chunk"], spec.timing.warmup_ms, spec.timing.min_time_ms,
+                     spec.use_tuned))
         monkeypatch.setattr(torch.cuda, "is_available", real_avail)
         kw.update(device="cpu", timer=fakes, progress=False, seed=0)
-        return real_run(points, names, pass_, csv_path, **kw)
+        return real_run(points, spec, csv_path, **kw)
 
     monkeypatch.setattr(runner, "run_sweep", cpu_run_sweep)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -482,8 +487,9 @@ def test_flex_compiled_gradients_reach_all_inputs():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_real_providers_small_sweep(tmp_path):
-    frame = run_sweep(plan_points("T", [512, 1000], Point()), providers.DEFAULT_PROVIDERS, "fwdbwd",
-                      tmp_path / "sweep_T.csv", sweep_name="T", progress=False, warmup_ms=5, rep_ms=10)
+    frame = run_sweep(plan_points("T", [512, 1000], Point()),
+                      RunSpec(providers.DEFAULT_PROVIDERS, "fwdbwd", timing=TimingOptions(warmup_ms=5, min_time_ms=10)),
+                      tmp_path / "sweep_T.csv", sweep_name="T", progress=False)
     assert len(frame) == 2 * len(providers.DEFAULT_PROVIDERS)
     ok = frame[frame["status"] == "ok"]
     assert {"moda", "fa2", "fa2-triton", "flex"} <= set(ok["provider"]), frame[["provider", "status", "reason"]]

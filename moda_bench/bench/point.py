@@ -58,9 +58,11 @@ def torch_dtype(name: str):
     return dt
 
 
-def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_LEN) -> float:
+def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_LEN,
+                   reference: Optional[Callable] = None) -> float:
     """Max ||err|| / ||ref|| over the output slice out[0, :n] and, unless pass_ == 'fwd', the
-    gradients of that slice of every input, against moda_reference in float64.
+    gradients of that slice of every input, against `reference(q, k, v, k_depth, v_depth)` in
+    float64 (default moda_reference; Depth-Attention passes its own, whose prefix is exact too).
 
     Exact for a prefix: causal attention of positions < n reads only keys < n and their own
     depth entries; backward uses do zeroed outside batch 0 / positions < n, so the prefix
@@ -79,8 +81,8 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
     sl = {k: inputs[k][:1, :n].detach().double().requires_grad_(pass_ != "fwd") for k in names}
     with torch.enable_grad() if pass_ != "fwd" else torch.no_grad():
         out = forward()
-        ref = moda_reference(*(sl.get(k) for k in ("q", "k", "v", "k_depth", "v_depth")),
-                             out_dtype=torch.float64)
+        args = [sl.get(k) for k in ("q", "k", "v", "k_depth", "v_depth")]
+        ref = moda_reference(*args, out_dtype=torch.float64) if reference is None else reference(*args)
     errs = [max_rel_err(out[:1, :n].detach(), ref.detach())]
     if pass_ != "fwd":
         do = inputs["do"]
@@ -92,6 +94,8 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
             t = inputs[k]
             if t.requires_grad:
                 errs.append(max_rel_err(t.grad[:1, :n], sl[k].grad))
+            elif t.grad is not None:   # a detached input (depth_grad off) must receive no gradient
+                errs.append(math.nan)
         for t in leaves:
             t.grad = None
     del out, ref
@@ -120,26 +124,44 @@ class Staged:
     fn: Callable[[], object]
     grads: list
     flops: float
+    work: object = None    # floor.Work of the pass
+    rates: object = None   # floor.Rates of the run
 
 
 def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optional[int], seed: int,
-          check_len: int) -> Optional[Staged]:
+          check_len: int, rates=None) -> Optional[Staged]:
     """Inputs, prepare, accuracy check and the pass callable; fills row (None when the accuracy
-    check failed: the row is then an 'error')."""
+    check failed: the row is then an 'error'). Training providers get `timing.make_inputs` (depth
+    K/V detached when the point's depth_grad is off), decode providers the decode inputs."""
     import torch
+    from moda_bench.floor import Rates, row_work
     from moda_bench.timing import grad_inputs, make_inputs, make_pass_fn
 
     on_cuda = str(device).startswith("cuda")
     if on_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    L_eff = point.L if provider.uses_depth else 0
-    inputs = make_inputs(point.B, point.T, point.Hq, point.Hk, point.d, L_eff, dtype=torch_dtype(point.dtype),
-                         device=device, requires_grad=pass_ != "fwd", seed=seed)
+    L_eff = provider.depth_entries(point)
+    dtype = torch_dtype(point.dtype)
+    if provider.op == "decode":
+        from moda_bench.bench.decode_providers import check_decode_accuracy, make_decode_inputs
+        inputs = make_decode_inputs(point, L_eff, device=device, seed=seed, dtype=dtype)
+    else:
+        inputs = make_inputs(point.B, point.T, point.Hq, point.Hk, point.d, L_eff, dtype=dtype,
+                             device=device, requires_grad=pass_ != "fwd", seed=seed)
+        if not point.depth_grad:
+            for name in ("k_depth", "v_depth"):
+                if inputs[name] is not None:
+                    inputs[name].requires_grad_(False)
     prepared = provider.prepare(inputs, point, chunk)
+    if prepared.do is not None:
+        inputs = dict(inputs, do=prepared.do)
     row.update(impl_detail=prepared.impl_detail, depth_utilization=prepared.depth_utilization,
                config=json.dumps(prepared.config, sort_keys=True) if prepared.config else "")
-    err = check_accuracy(prepared.forward, inputs, pass_, check_len)
+    if provider.op == "decode":
+        err = check_decode_accuracy(prepared.forward, inputs)
+    else:
+        err = check_accuracy(prepared.forward, inputs, pass_, check_len, provider.reference)
     row["max_rel_err"] = err
     fn = make_pass_fn(prepared.forward, inputs, pass_)
     if on_cuda:
@@ -148,10 +170,13 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
         row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
     tol = ACCURACY_TOL.get(point.dtype, 1e-3)
     if not err <= tol:
-        row.update(status=schema.ERROR, reason=f"accuracy: max_rel_err={err:.3g} > {tol:g} vs moda_reference")
+        ref = "the reference" if (provider.reference or provider.op == "decode") else "moda_reference"
+        row.update(status=schema.ERROR, reason=f"accuracy: max_rel_err={err:.3g} > {tol:g} vs {ref}")
         return None
-    flops = schema.pass_flops(pass_, point.B, point.Hq, point.T, point.d, L_eff)
-    return Staged(row, fn, grad_inputs(inputs), flops)
+    work = row_work(provider.kind, pass_, B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d,
+                    L=L_eff, S=L_eff if provider.depth_axis == "S" else 0, Tq=point.Tq, dtype=point.dtype,
+                    depth_grad=point.depth_grad)
+    return Staged(row, fn, grad_inputs(inputs), work.flops, work, rates or Rates())
 
 
 def guarded(row: dict, device: str, work: Callable[[], object]):
@@ -176,6 +201,9 @@ def finish(staged: Staged, timing: dict) -> None:
     row["samples"] = timing.get("n_samples", row.get("samples"))
     ms = row["median_ms"]
     row["tflops"] = staged.flops / (ms * 1e9) if ms and ms > 0 else math.nan
+    if staged.work is not None:
+        from moda_bench.floor import Rates, floor_columns
+        row.update(floor_columns(staged.work, staged.rates or Rates(), ms))
     row["status"] = schema.OK
 
 
@@ -249,16 +277,17 @@ def fill_ratios(staged: dict, result, sequence_only: set) -> None:
 
 def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optional[int], seed: int,
               check_len: int, unavailable: dict, opts: TimingOptions, timer: Optional[Callable] = None,
-              device_index: Optional[int] = None, on_staged: Optional[Callable] = None) -> None:
+              device_index: Optional[int] = None, on_staged: Optional[Callable] = None, rates=None) -> None:
     """Fill `rows` (base rows of the point, one per provider, in provider order): stage every
-    provider, then time them (interleaved on CUDA, or each by `timer`), then the ratios."""
+    provider, then time them (interleaved on CUDA, or each by `timer`), then the ratios and the
+    floor columns (at `rates`, floor.Rates; unknown rates leave floor_ms empty)."""
     staged = {}
     for prov, row in zip(provs, rows):
         if unavailable.get(prov.name):
             row.update(status=schema.SKIPPED, reason=unavailable[prov.name])
         else:
             st = guarded(row, device, lambda prov=prov, row=row: stage(
-                prov, point, pass_, row, device=device, chunk=chunk, seed=seed, check_len=check_len))
+                prov, point, pass_, row, device=device, chunk=chunk, seed=seed, check_len=check_len, rates=rates))
             if st is not None:
                 staged[prov.name] = st
         if on_staged is not None:

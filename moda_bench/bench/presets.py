@@ -1,7 +1,10 @@
 """Named sets of one-axis sweeps (`moda-bench sweep --preset NAME`).
 
 Each sweep varies one axis of schema.AXES over its values (None = the paper's,
-schema.AXIS_VALUES) around the base point (schema.BASE_POINT, with the command's overrides).
+schema.AXIS_VALUES) around the base point (schema.BASE_POINT, with the command's overrides, then
+the sweep's own `base` fields) and writes `sweep_<name>.csv` (name: the axis unless given).
+A preset may name the pass it is meant for (`PRESET_PASS`) and its default providers
+(`PRESET_PROVIDERS`).
 """
 from __future__ import annotations
 
@@ -14,10 +17,34 @@ PAPER_AXES = ("T", "G", "L")
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """One sweep of a preset: the axis and its values (None: paper defaults)."""
+    """One sweep of a preset: the axis and its values (None: paper defaults), its name (None: the
+    axis) and the base point fields it sets, as (field, value) pairs."""
 
     vary: str
     values: Optional[tuple[int, ...]] = None
+    name: Optional[str] = None
+    base: tuple = ()
+
+    @property
+    def label(self) -> str:
+        return self.name or self.vary
+
+
+# decode (issue 22): B x T at G=8, Hk=8, d=64, L=64, one new token; one B sweep per context length
+DECODE_T = (2048, 8192, 32768, 131072)
+# Depth-Attention (issue 23): the seed's two head configurations (both G=4), S sweeps per T
+DATTN_HEADS = {"1.5B": 6, "3B": 8}          # Hk; Hq = 4 * Hk
+DATTN_T = (2048, 4096, 8192, 16384)
+
+
+def _decode_sweeps() -> tuple[SweepSpec, ...]:
+    return tuple(SweepSpec("B", None, f"decode-T{t}", (("T", t), ("Tq", 1), ("G", 8), ("Hk", 8), ("d", 64), ("L", 64)))
+                 for t in DECODE_T)
+
+
+def _dattn_sweeps() -> tuple[SweepSpec, ...]:
+    return tuple(SweepSpec("S", None, f"dattn-{model}-T{t}", (("T", t), ("G", 4), ("Hk", hk), ("d", 64)))
+                 for model, hk in DATTN_HEADS.items() for t in DATTN_T)
 
 
 PRESETS: dict[str, tuple[SweepSpec, ...]] = {
@@ -25,6 +52,13 @@ PRESETS: dict[str, tuple[SweepSpec, ...]] = {
     "paper": tuple(SweepSpec(axis) for axis in PAPER_AXES),
     # a minute-scale GPU smoke test of the whole pipeline
     "smoke": (SweepSpec("T", (1024, 4096)),),
+    "decode": _decode_sweeps(),
+    "depth-attention": _dattn_sweeps(),
+}
+PRESET_PASS = {"decode": "decode"}
+PRESET_PROVIDERS = {
+    "decode": "moda,moda-nosplit,fa2,cudnn,fa4,flashinfer",
+    "depth-attention": "dattn,dattn-torch,dattn-mix,fa4,fa2,moda,moda-fa4",
 }
 
 

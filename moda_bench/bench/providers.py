@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Callable, Optional
+
+from moda_bench.bench import decode_providers
+from moda_bench.bench.provider_types import (DECODE, OPS, TRAIN, Prepared, Provider, ProviderSkip,
+                                             UnknownProviderError, needs_cuda)
 
 # fa4 / moda-fa4 need the optional flash-attn-4 (Hopper, Blackwell): elsewhere their rows are
 # skipped with the reason.
@@ -28,58 +31,53 @@ DEFAULT_PROVIDERS = ["moda", "moda-fa4", "fa2", "fa4", "fa2-triton", "cudnn", "f
 BASELINE = "fa2"
 
 
-class ProviderSkip(Exception):
-    """Raised by a provider's prepare function: this point does not apply (row status 'skipped')."""
-
-
-class UnknownProviderError(ValueError):
-    """A requested provider name is not registered."""
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What a provider built for one point: the forward closure and what to record about it."""
-
-    forward: Callable[[], object]
-    impl_detail: str = ""
-    config: Optional[dict] = None
-    depth_utilization: float = float("nan")
-
-
-@dataclass(frozen=True)
-class Provider:
-    """A named implementation. prepare(inputs, point, chunk) -> Prepared."""
-
-    name: str
-    prepare: Callable[..., Prepared]
-    uses_depth: bool = True
-    unavailable: Callable[[str], Optional[str]] = field(default=lambda device: None)
-    description: str = ""
-
-
+# training providers by name (tests swap in a copy); decode providers by name
 _REGISTRY: dict[str, Provider] = {}
+_DECODE_REGISTRY: dict[str, Provider] = {}
 _optional_state: dict = {"loaded": False, "ladder_error": None}
+
+
+def _table(op: str) -> dict:
+    """The registry of op family `op` (read at call time, so a test's copy is the one used)."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    return _REGISTRY if op == TRAIN else _DECODE_REGISTRY
+
+
+def op_of_pass(pass_: str) -> str:
+    """The op family whose providers a pass times: decode for 'decode', else train."""
+    return DECODE if pass_ == "decode" else TRAIN
+
+
+def add_provider(provider: Provider, replace: bool = False) -> Provider:
+    """Register a Provider object in its op family's registry."""
+    table = _table(provider.op)
+    if provider.name in table and not replace:
+        raise ValueError(f"provider {provider.name!r} is already registered ({provider.op})")
+    table[provider.name] = provider
+    return provider
 
 
 def register_provider(name: str, *, uses_depth: bool = True,
                       unavailable: Optional[Callable[[str], Optional[str]]] = None,
-                      description: str = "", replace: bool = False):
-    """Decorator registering `prepare(inputs, point, chunk) -> Prepared` under `name`."""
+                      description: str = "", replace: bool = False, op: str = TRAIN, kind: str = "",
+                      depth_axis: Optional[str] = "L", reference: Optional[Callable] = None):
+    """Decorator registering `prepare(inputs, point, chunk) -> Prepared` under `name` (see
+    provider_types.Provider for op, kind, depth_axis and reference)."""
 
     def deco(prepare):
-        if name in _REGISTRY and not replace:
-            raise ValueError(f"provider {name!r} is already registered")
-        _REGISTRY[name] = Provider(name=name, prepare=prepare, uses_depth=uses_depth,
-                                   unavailable=unavailable or (lambda device: None),
-                                   description=description or (prepare.__doc__ or "").strip().split("\n")[0])
+        add_provider(Provider(name=name, prepare=prepare, uses_depth=uses_depth,
+                              unavailable=unavailable or (lambda device: None),
+                              description=description or (prepare.__doc__ or "").strip().split("\n")[0],
+                              op=op, kind=kind, depth_axis=depth_axis, reference=reference), replace=replace)
         return prepare
 
     return deco
 
 
-def unregister_provider(name: str) -> None:
+def unregister_provider(name: str, op: str = TRAIN) -> None:
     """Remove a provider (tests inject fakes and remove them again)."""
-    _REGISTRY.pop(name, None)
+    _table(op).pop(name, None)
 
 
 def _load_optional() -> None:
@@ -97,40 +95,39 @@ def _load_optional() -> None:
             _register_rung(rung)
 
 
-def provider_names() -> list[str]:
-    """All registered names (fixed providers first, then the ablation rungs)."""
+def provider_names(op: str = TRAIN) -> list[str]:
+    """All registered names of an op family (training: fixed providers first, then the ablation rungs)."""
     _load_optional()
-    return list(_REGISTRY)
+    return list(_table(op))
 
 
-def get_provider(name: str) -> Provider:
+def get_provider(name: str, op: str = TRAIN) -> Provider:
     _load_optional()
+    table = _table(op)
     try:
-        return _REGISTRY[name]
+        return table[name]
     except KeyError:
         hint = ""
-        if _optional_state["ladder_error"]:
+        if op == TRAIN and _optional_state["ladder_error"]:
             hint = f" (ablation rungs not loaded: {_optional_state['ladder_error']})"
-        raise UnknownProviderError(f"unknown provider {name!r}; known: {', '.join(_REGISTRY)}{hint}") from None
+        what = "provider" if op == TRAIN else "decode provider"
+        raise UnknownProviderError(f"unknown {what} {name!r}; known: {', '.join(table)}{hint}") from None
 
 
-def resolve_providers(names) -> list[Provider]:
-    """Providers for a list or comma string of names, in the given order (duplicates dropped)."""
+def resolve_providers(names, op: str = TRAIN) -> list[Provider]:
+    """Providers of op family `op` for a list or comma string of names, in the given order
+    (duplicates dropped)."""
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",")]
     names = [n for n in dict.fromkeys(n.strip() for n in names) if n]
     if not names:
         raise UnknownProviderError("no provider given")
-    return [get_provider(n) for n in names]
+    return [get_provider(n, op) for n in names]
 
 
 # ---------------------------------------------------------------------------------------------
 # availability checks
 # ---------------------------------------------------------------------------------------------
-
-def needs_cuda(device: str) -> Optional[str]:
-    return None if str(device).startswith("cuda") else f"needs a CUDA device (running on {device})"
-
 
 def _needs_moda_kernel(device: str) -> Optional[str]:
     try:
@@ -186,6 +183,16 @@ def _moda_config(point, L: int, dtype, chunk: Optional[int]):
     return cfg
 
 
+def depth_kw(point, L: int) -> dict:
+    """The depth_grad argument of a MoDA call at `point`: none (the default, gradients on) unless
+    the point detaches its depth K/V."""
+    return {} if (point.depth_grad or not L) else {"depth_grad": False}
+
+
+def _detail_depth(point, L: int) -> str:
+    return ", depth detached" if (L and not point.depth_grad) else ""
+
+
 def _moda_prepared(inputs, point, chunk, with_depth: bool) -> Prepared:
     from moda_bench.ops.moda import depth_utilization, moda_attention
 
@@ -195,9 +202,10 @@ def _moda_prepared(inputs, point, chunk, with_depth: bool) -> Prepared:
     kd, vd = (inputs["k_depth"], inputs["v_depth"]) if with_depth else (None, None)
     eta = depth_utilization(point.T, point.G, cfg.block_m, L, cfg) if L else float("nan")
     pinned = "pinned" if chunk is not None else "resolved"
-    return Prepared(lambda: moda_attention(q, inputs["k"], inputs["v"], kd, vd, config=cfg),
-                    impl_detail=f"moda_attention block_m={cfg.block_m} ({pinned})" + ("" if L else ", L=0"),
-                    config=cfg.to_dict(), depth_utilization=eta)
+    kw = depth_kw(point, L)
+    return Prepared(lambda: moda_attention(q, inputs["k"], inputs["v"], kd, vd, config=cfg, **kw),
+                    impl_detail=f"moda_attention block_m={cfg.block_m} ({pinned})" + ("" if L else ", L=0")
+                    + _detail_depth(point, L), config=cfg.to_dict(), depth_utilization=eta)
 
 
 @register_provider("moda", unavailable=_needs_moda_kernel, description="fused Triton MoDA kernel")
@@ -304,9 +312,73 @@ def _moda_fa4(inputs, point, chunk):
     cfg = _moda_config(point, point.L, q.dtype, chunk)
     eta = kernel.depth_utilization(point.T, point.G, cfg.depth_block_m, point.L, cfg.replace(fwd_depth="split")) \
         if point.L else math.nan
-    return Prepared(lambda: fa4.moda_fa4(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"], config=cfg),
-                    impl_detail=f"FA4 {fa4.fa4_version()} sequence + Triton depth-only kernel, LSE merge",
-                    config=cfg.to_dict(), depth_utilization=eta)
+    kw = depth_kw(point, point.L)
+    return Prepared(lambda: fa4.moda_fa4(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"], config=cfg,
+                                         **kw),
+                    impl_detail=f"FA4 {fa4.fa4_version()} sequence + Triton depth-only kernel, LSE merge"
+                    + _detail_depth(point, point.L), config=cfg.to_dict(), depth_utilization=eta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Depth-Attention (seed 002): the depth entries of a point are its S source layers
+# ---------------------------------------------------------------------------------------------
+
+def _dattn_reference(q, k, v, k_src, v_src):
+    from moda_bench.ops.dattn import depth_attention_reference
+    return depth_attention_reference(q, k, v, k_src, v_src)
+
+
+def _mix_reference(q, k, v, k_src, v_src):
+    from moda_bench.ops.dattn import mix_reference
+    return mix_reference(q, k, v, k_src, v_src)
+
+
+def _needs_dattn(device: str) -> Optional[str]:
+    try:
+        from moda_bench.ops.dattn import depth_attention  # noqa: F401
+    except ImportError as exc:
+        return f"moda_bench.ops.dattn not importable: {exc}"
+    return _needs_moda_kernel(device)
+
+
+def _dattn_prepared(inputs, point, mix: str) -> Prepared:
+    from moda_bench.ops.dattn import depth_attention, sequence_backend
+    q = inputs["q"]
+    attention, name = sequence_backend(q.device)
+    ks, vs = inputs["k_depth"], inputs["v_depth"]
+    return Prepared(lambda: depth_attention(q, inputs["k"], inputs["v"], ks, vs, mix=mix, attention=attention),
+                    impl_detail=f"depth mix ({'fused Triton kernel' if mix == 'triton' else 'plain PyTorch'}, "
+                    f"S={point.S}) + {name}", config={"mix": mix, "attention": name})
+
+
+@register_provider("dattn", unavailable=_needs_dattn, kind="dattn", depth_axis="S", reference=_dattn_reference,
+                   description="Depth-Attention: fused Triton depth mix + the fastest causal attention")
+def _dattn(inputs, point, chunk):
+    return _dattn_prepared(inputs, point, "triton")
+
+
+@register_provider("dattn-torch", unavailable=_needs_dattn, kind="dattn", depth_axis="S",
+                   reference=_dattn_reference,
+                   description="Depth-Attention the seed's way: plain PyTorch depth mix + the same attention")
+def _dattn_torch(inputs, point, chunk):
+    return _dattn_prepared(inputs, point, "torch")
+
+
+@register_provider("dattn-mix", unavailable=_needs_dattn, kind="mix", depth_axis="S", reference=_mix_reference,
+                   description="the Depth-Attention mix kernel alone (mixed values out), against the copy rate")
+def _dattn_mix(inputs, point, chunk):
+    import torch
+    from moda_bench.ops.dattn import depth_mix
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    g = torch.Generator(device=q.device)
+    g.manual_seed(12345)
+    dv = torch.randn(v.shape, generator=g, device=q.device, dtype=torch.float32).to(v.dtype)
+    return Prepared(lambda: depth_mix(q, k, v, inputs["k_depth"], inputs["v_depth"]),
+                    impl_detail=f"fused Triton depth mix alone, S={point.S}", config={"mix": "triton"}, do=dv)
+
+
+for _p in decode_providers.PROVIDERS:
+    add_provider(_p)
 
 
 def _register_rung(rung) -> None:

@@ -6,7 +6,8 @@ is appended per (provider, point) as it finishes (`results.append_row`), so an i
 keeps its rows. Axes, their paper values, the base point and the pass names are the schema's.
 
 Per row: fresh random inputs (same seed for every provider of a point), an accuracy check of a
-slice against moda_reference, then timing (warm-up, do_bench median/p20/p80, L2 flushed).
+slice against the reference, then timing (`point.run_point`: interleaved rounds, L2 flushed),
+the ratios and the floor columns. What to run and how is one `bench.spec.RunSpec`.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from moda_bench.bench.point import CHECK_LEN, TimingOptions, run_point
 # `--timer do_bench`: each provider on its own through triton's do_bench (median/p20/p80 of
 # rep_ms of repetitions), as every run before the interleaved timing did: for comparing with them
 LEGACY_TIMER = "do_bench"
-# do_bench budget: the default, and --quick
+# warm-up and minimum sampled time per provider (ms): the default, and --quick
 WARMUP_MS, REP_MS = 25.0, 100.0
 QUICK_WARMUP_MS, QUICK_REP_MS = 5.0, 20.0
 
@@ -34,7 +35,9 @@ _BASE = schema.BASE_POINT
 @dataclass(frozen=True)
 class Point:
     """One configuration (defaults: schema.BASE_POINT). Hq = G * Hk. C is the query chunk in rows
-    (MoDA block_m)."""
+    (MoDA block_m). depth_grad: the backward writes depth K/V gradients (False: detached depth).
+    Tq: new tokens per sequence of a decode point (T is then the cache length; 0 for training).
+    S: earlier source layers of a Depth-Attention point."""
 
     T: int = _BASE["T"]
     G: int = _BASE["G"]
@@ -44,15 +47,22 @@ class Point:
     d: int = _BASE["d"]
     C: int = _BASE["C"]
     dtype: str = _BASE["dtype"]
+    depth_grad: bool = bool(_BASE["depth_grad"])
+    Tq: int = _BASE["Tq"]
+    S: int = _BASE["S"]
+
+    def __post_init__(self):
+        object.__setattr__(self, "depth_grad", bool(self.depth_grad))
 
     @property
     def Hq(self) -> int:
         return self.G * self.Hk
 
     def to_dict(self) -> dict:
-        """The fields and Hq (run.json, CSV rows)."""
+        """The fields and Hq (run.json, CSV rows; depth_grad as 1 / 0)."""
         d = asdict(self)
         d["Hq"] = self.Hq
+        d["depth_grad"] = int(self.depth_grad)
         return d
 
     def fields(self) -> dict:
@@ -76,13 +86,14 @@ def plan_points(vary: str, values: list[int] | None, base: Point) -> list[Point]
     values = list(schema.AXIS_VALUES[vary] if values is None else values)
     if not values:
         raise ValueError(f"no values to sweep {vary} over")
-    minimum = 0 if vary == "L" else 1
+    minimum = 0 if vary in ("L", "S") else 1
     for v in values:
         if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
             raise ValueError(f"{vary} values must be integers >= {minimum}, got {v!r}")
     if len(set(values)) != len(values):
         raise ValueError(f"{vary} values repeat: {values}")
-    return [base.replace(**{vary: v}) for v in values]
+    # an S sweep compares both depth methods at the same number of depth entries: MoDA's L = S
+    return [base.replace(**({"S": v, "L": v} if vary == "S" else {vary: v})) for v in values]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,32 +152,27 @@ class _TunedConfigs:
         return self.ctx.__exit__(*exc) if self.ctx is not None else False
 
 
-def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: Path, *, sweep_name: str,
-              use_tuned: bool = True, progress: bool = True, device_index: int | None = None,
-              warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, device: str | None = None,
-              timer: Callable | None = None, pin_chunk: bool | None = None, check_len: int = CHECK_LEN,
-              seed: int | None = None, console=None, timing: TimingOptions | None = None,
-              health: str = ""):
-    """Run every provider on every point, appending rows to csv_path; returns a DataFrame.
+def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, progress: bool = True,
+              device_index: int | None = None, device: str | None = None, timer: Callable | None = None,
+              pin_chunk: bool | None = None, check_len: int = CHECK_LEN, seed: int | None = None, console=None):
+    """Run every provider of `spec` (bench.spec.RunSpec: providers, pass, timing, timers, tuned
+    configs, health, floor rates) on every point, appending rows to csv_path; returns a DataFrame.
 
     device: 'cuda' (default; cuda:device_index) or 'cpu' (tests, with an injected `timer(fn,
     grad_to_none=, warmup_ms=, rep_ms=) -> dict(median_ms, p20_ms, p80_ms)`). On CUDA without a
     `timer` the providers of each point are timed in interleaved rounds (`point.run_point`) under
-    `timing` (default TimingOptions with warmup_ms / rep_ms). pin_chunk: pin MoDA's block_m to
-    each point's C (None: pin when sweep_name == 'C' or the points differ in C). seed: base seed
-    of the inputs (point i uses seed + i; None: random). health: the run's GPU verdict, written
-    into every row's `health` column.
+    spec.timing, once per timer of spec.timer_list() (one row per provider and timer).
+    pin_chunk: pin MoDA's block_m to each point's C (None: pin when sweep_name == 'C' or the
+    points differ in C). seed: base seed of the inputs (point i uses seed + i; None: random).
     """
     import pandas as pd
-    from moda_bench.bench.providers import BASELINE, resolve_providers
+    from moda_bench.bench.providers import BASELINE, op_of_pass, resolve_providers
 
-    schema.check_pass(pass_)
+    pass_ = schema.check_pass(spec.pass_)
     # baseline first (extra_time_pct needs it), the others in the given order
-    provs = sorted(resolve_providers(providers), key=lambda p: p.name != BASELINE)
+    provs = sorted(resolve_providers(list(spec.providers), op_of_pass(pass_)), key=lambda p: p.name != BASELINE)
     points = list(points)
-    opts = timing or TimingOptions(warmup_ms=warmup_ms, min_time_ms=rep_ms)
-    if timer is None and opts.timer == LEGACY_TIMER:  # the pre-issue-15 method, for comparisons
-        from moda_bench.timing import measure as timer
+    base_opts = spec.timing
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -174,6 +180,7 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
         import torch
         torch.cuda.set_device(device_index)
         device = f"cuda:{device_index}"
+    timers = [None] if timer is not None else list(spec.timer_list())
     if timer is None and not str(device).startswith("cuda"):
         raise ValueError(f"timing needs a CUDA device (running on {device}); pass timer= to time otherwise")
     if pin_chunk is None:
@@ -183,7 +190,6 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     unavailable = {p.name: p.unavailable(device) for p in provs}
     meta_index = device_index if str(device).startswith("cuda") else None
-    timer_name = opts.timer if opts.timer == LEGACY_TIMER else ("custom" if timer is not None else opts.timer)
 
     all_rows = []
     bar = None
@@ -191,7 +197,7 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), console=console, transient=False)
-        task = bar.add_task(f"sweep {sweep_name}", total=len(points) * len(provs))
+        task = bar.add_task(f"sweep {sweep_name}", total=len(points) * len(provs) * len(timers))
         bar.start()
 
     def staged(prov):
@@ -199,24 +205,41 @@ def run_sweep(points: list[Point], providers: list[str], pass_: str, csv_path: P
             bar.advance(task)
 
     try:
-        with _TunedConfigs(use_tuned):
+        with _TunedConfigs(spec.use_tuned):
             for i, point in enumerate(points):
-                if bar is not None:
-                    bar.update(task, description=f"sweep {sweep_name}: T={point.T} G={point.G} L={point.L} "
-                                                 f"C={point.C} ({len(provs)} providers, {opts.timer} timer)")
-                meta = schema.run_metadata(meta_index)
-                rows = []
-                for prov in provs:
-                    row = base_row(point, prov.name, pass_, sweep_name)
-                    row.update(meta, timer=timer_name, health=health)
-                    rows.append(row)
-                run_point(provs, point, pass_, rows, device=device, chunk=point.C if pin_chunk else None,
-                          seed=seed + i, check_len=check_len, unavailable=unavailable, opts=opts, timer=timer,
-                          device_index=meta_index, on_staged=staged)
-                for row in rows:
-                    results.append_row(csv_path, row)
-                all_rows.extend(rows)
+                for timer_name in timers:
+                    opts, point_timer = base_opts, timer
+                    if timer_name is not None:
+                        opts = replace(base_opts, timer=timer_name)
+                        if timer_name == LEGACY_TIMER:  # the pre-issue-15 method, for comparisons
+                            from moda_bench.timing import measure as point_timer
+                    label = timer_name if timer_name is not None else "custom"
+                    if bar is not None:
+                        bar.update(task, description=f"sweep {sweep_name}: {point_label(point, pass_)} "
+                                                     f"({len(provs)} providers, {label} timer)")
+                    meta = schema.run_metadata(meta_index)
+                    rows = []
+                    for prov in provs:
+                        row = base_row(point, prov.name, pass_, sweep_name)
+                        row.update(meta, timer=label, health=spec.health)
+                        rows.append(row)
+                    run_point(provs, point, pass_, rows, device=device, chunk=point.C if pin_chunk else None,
+                              seed=seed + i, check_len=check_len, unavailable=unavailable, opts=opts,
+                              timer=point_timer, device_index=meta_index, on_staged=staged, rates=spec.rates)
+                    for row in rows:
+                        results.append_row(csv_path, row)
+                    all_rows.extend(rows)
     finally:
         if bar is not None:
             bar.stop()
     return pd.DataFrame(all_rows, columns=schema.COLUMNS)
+
+
+def point_label(point: Point, pass_: str) -> str:
+    """A short text of the point's varying fields for progress lines."""
+    if pass_ == schema.DECODE_PASS:
+        return f"B={point.B} T={point.T} Tq={max(point.Tq, 1)} L={point.L} G={point.G}"
+    text = f"T={point.T} G={point.G} L={point.L} C={point.C}"
+    if point.S:
+        text += f" S={point.S}"
+    return text + ("" if point.depth_grad else " depth detached")

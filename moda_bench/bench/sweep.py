@@ -24,14 +24,20 @@ def sweep_csv(run_dir: Path, axis: str) -> Path:
     return Path(run_dir) / f"sweep_{axis}.csv"
 
 
-def plan_run(specs: Sequence[SweepSpec], base: Point, run_dir: Path, *, pin_chunk: bool) -> list[SweepPlan]:
-    """One SweepPlan per spec. MoDA's block_m is pinned to C on every sweep with `pin_chunk` (the
-    command's --C), on a C sweep always, else by run_sweep's rule (the points differ in C).
+def plan_run(specs: Sequence[SweepSpec], base: Point, run_dir: Path, *, pin_chunk: bool,
+             fixed: Sequence[str] = ()) -> list[SweepPlan]:
+    """One SweepPlan per spec, around `base` with the spec's own base fields (except those in
+    `fixed`: the fields the command set explicitly). MoDA's block_m is pinned to C on every sweep
+    with `pin_chunk` (the command's --C), on a C sweep always, else by run_sweep's rule (the
+    points differ in C).
 
     ValueError for bad values (plan_points), FileExistsError when a sweep CSV is already there
     (a second run is not mixed into the first)."""
-    plans = [(spec.vary, plan_points(spec.vary, list(spec.values) if spec.values else None, base))
-             for spec in specs]
+    plans = []
+    for spec in specs:
+        own = {k: v for k, v in spec.base if k not in fixed}
+        plans.append((spec.label, plan_points(spec.vary, list(spec.values) if spec.values else None,
+                                              base.replace(**own))))
     for axis, _ in plans:
         if sweep_csv(run_dir, axis).exists():
             raise FileExistsError(f"{sweep_csv(run_dir, axis)} already exists; choose another --out")
@@ -46,35 +52,36 @@ def timing_budget(warmup_ms: float | None, rep_ms: float | None, quick: bool) ->
     return warmup, rep
 
 
-def write_run_record(run_dir: Path, sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, *,
-                     use_tuned: bool, pin_chunk: bool, warmup_ms: float, rep_ms: float, preset: str | None,
+def write_run_record(run_dir: Path, sweeps: Sequence[SweepPlan], spec, *, pin_chunk: bool, preset: str | None,
                      gpus: str | None, extra: dict | None = None) -> Path:
-    """`<run_dir>/run.json`: the run's options and every sweep's points."""
+    """`<run_dir>/run.json`: the run's spec (providers, pass, timing, timers, tuned configs, the
+    floor's rates), options and every sweep's points."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_RECORD
+    d = spec.to_dict()
     path.write_text(json.dumps({
-        "sweeps": {s.name: [p.to_dict() for p in s.points] for s in sweeps}, "providers": list(providers),
-        "pass": pass_, "use_tuned": use_tuned, "pin_chunk": "every sweep" if pin_chunk else "C sweep only",
-        "warmup_ms": warmup_ms, "rep_ms": rep_ms, "preset": preset, "gpus": gpus, **(extra or {})},
+        "sweeps": {s.name: [p.to_dict() for p in s.points] for s in sweeps}, "providers": d["providers"],
+        "pass": d["pass"], "use_tuned": d["use_tuned"], "pin_chunk": "every sweep" if pin_chunk else "C sweep only",
+        "warmup_ms": d["timing"]["warmup_ms"], "rep_ms": d["timing"]["min_time_ms"], "timing": d["timing"],
+        "timers": d["timers"], "floor_rates": d["rates"], "preset": preset, "gpus": gpus, **(extra or {})},
         indent=1, default=str))
     return path
 
 
-def run_sweeps(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, *, gpus: str | None,
-               use_tuned: bool, warmup_ms: float, rep_ms: float, console=None, timing=None, health: str = "",
+def run_sweeps(sweeps: Sequence[SweepPlan], spec, *, gpus: str | None, console=None,
                on_start: Callable[[SweepPlan], None] | None = None,
                on_done: Callable[[SweepPlan, object], None] | None = None) -> dict:
-    """Run every sweep: without `gpus` one after the other on this process's GPU (on_start
-    before each), with `gpus` as one pool of all their points, one worker per GPU for the whole
-    run. on_done(sweep, rows) after each sweep's rows are in its CSV. Returns {sweep: rows}."""
+    """Run every sweep of `spec` (bench.spec.RunSpec): without `gpus` one after the other on this
+    process's GPU (on_start before each), with `gpus` as one pool of all their points, one
+    worker per GPU for the whole run. on_done(sweep, rows) after each sweep's rows are in its
+    CSV. Returns {sweep: rows}."""
     from moda_bench.bench import runner  # looked up at call time (tests substitute run_sweep)
 
     done = {}
     if gpus is not None:
         from moda_bench.bench.pool.local import run_pool
-        result = run_pool(sweeps, providers, pass_, gpus=gpus, use_tuned=use_tuned, warmup_ms=warmup_ms,
-                          rep_ms=rep_ms, timing=timing, health=health)
+        result = run_pool(sweeps, spec, gpus=gpus)
         for s in sweeps:
             done[s.name] = result.rows[s.name]
             if on_done is not None:
@@ -83,10 +90,8 @@ def run_sweeps(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str
     for s in sweeps:
         if on_start is not None:
             on_start(s)
-        done[s.name] = runner.run_sweep(list(s.points), list(providers), pass_, s.csv, sweep_name=s.name,
-                                        use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                                        pin_chunk=s.pin_chunk, console=console, timing=timing,
-                                        health=health)
+        done[s.name] = runner.run_sweep(list(s.points), spec, s.csv, sweep_name=s.name, pin_chunk=s.pin_chunk,
+                                        console=console)
         if on_done is not None:
             on_done(s, done[s.name])
     return done

@@ -73,6 +73,18 @@ class RunHealth:
             return label(bad[0])
         return self.start[0].status if self.start else ""
 
+    def rates(self):
+        """The floor's ceilings (floor.Rates) from the start canary, else the GPU's table entry."""
+        from moda_bench.bench.spec import rates_from_verdicts
+        name = None
+        if self.enabled is False or not self.start:
+            try:
+                import torch
+                name = torch.cuda.get_device_name(self.devices[0]) if torch.cuda.is_available() else None
+            except Exception:  # noqa: BLE001 - no name, no table entry
+                name = None
+        return rates_from_verdicts(self.start, name)
+
     def header(self) -> list:
         return [dict(v.header, status=v.status, reason=v.reason, matmul_tflops=v.matmul_tflops,
                      copy_gbps=v.copy_gbps) for v in self.start]

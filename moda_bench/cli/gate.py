@@ -81,7 +81,7 @@ def measure(baseline_df, current: Path, policy: dict, console, *, health_check: 
     bad = gpu_run.worst()
     if strict and bad is not None:
         raise GateInputError(f"GPU {bad.status} at the start of the run ({bad.reason}): --strict, nothing measured")
-    run_kw = dict(run_kw, health=gpu_run.row_label(), log=console.print)
+    run_kw = dict(run_kw, health=gpu_run.row_label(), rates=gpu_run.rates(), log=console.print)
     gate_report.run_current(baseline_df, current, **run_kw)
     console.print(f"gate --run: wrote {current}")
     first = read_run(current, "current", warn=warn_line)
@@ -144,7 +144,7 @@ def gate_command(
             timing = checks.timing_options("eager", min_samples, ci_tol, max_time, warmup_ms, rep_ms)
             current = current or Path("gate-current.csv")
             measure(baseline_df, current, policy, out, health_check=health_check, strict=strict,
-                    run_kw=dict(use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms, timing=timing))
+                    run_kw=dict(use_tuned=use_tuned, timing=timing))
         elif current is None:
             raise typer.BadParameter("give --current NEW.csv, or --run to measure it now", param_hint="--current")
         current_df = read_run(current, "current", warn=warn_line)

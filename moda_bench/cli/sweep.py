@@ -39,18 +39,20 @@ def summary_table(frame, x: str, title: str):
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    for col, justify in [(x, "right"), ("provider", "left"), ("status", "left"), ("median ms", "right"),
-                         ("p20-p80 ms", "right"), ("n", "right"), ("TFLOP/s", "right"),
-                         ("x fa2 [95% CI]", "right"), ("x best [95% CI]", "right"),
-                         ("eta", "right"), ("rel err", "right"), ("peak MB", "right")]:
+    for col, justify in [(x, "right"), ("provider", "left"), ("timer", "left"), ("status", "left"),
+                         ("median ms", "right"), ("p20-p80 ms", "right"), ("n", "right"), ("TFLOP/s", "right"),
+                         ("GB/s", "right"), ("x floor", "right"), ("x fa2 [95% CI]", "right"),
+                         ("x best [95% CI]", "right"), ("eta", "right"), ("rel err", "right"), ("peak MB", "right")]:
         table.add_column(col, justify=justify, no_wrap=True)
     table.add_column("note", overflow="fold")
     colour = {"ok": "green", "skipped": "yellow", "oom": "magenta", "error": "red"}
     for r in frame.to_dict("records"):
         note = r["reason"] if isinstance(r["reason"], str) else ""
-        table.add_row(str(r[x]), r["provider"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
+        table.add_row(str(r[x]), r["provider"], str(r.get("timer") or ""),
+                      f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
                       _fmt(r["median_ms"], ".3f"), f"{_fmt(r['p20_ms'], '.3f')}-{_fmt(r['p80_ms'], '.3f')}",
-                      _fmt(r.get("samples"), ".0f"), _fmt(r["tflops"], ".1f"),
+                      _fmt(r.get("samples"), ".0f"), _fmt(r["tflops"], ".1f"), _fmt(r.get("gbps"), ".0f"),
+                      _fmt(r.get("of_floor"), ".2f"),
                       ratio_cell(r, "ratio_to_fa2"), ratio_cell(r, "ratio_to_best", r.get("best_provider")),
                       _fmt(r["depth_utilization"], ".4f"), _fmt(r["max_rel_err"], ".1e"),
                       _fmt(r["peak_mem_mb"], ".0f"), note)
@@ -78,13 +80,15 @@ def checked(check, *args, option: bool = False):
 
 
 def sweep_command(
-    vary: Annotated[Optional[str], typer.Option("--vary", help="Axis to sweep: T, G, L or C (C = query chunk "
-                                                "rows = MoDA block_m).")] = None,
+    vary: Annotated[Optional[str], typer.Option("--vary", help="Axis to sweep: T, G, L, C (query chunk rows = "
+                                                "MoDA block_m), B, S (Depth-Attention sources; sets L = S) or Tq "
+                                                "(decode's new tokens).")] = None,
     values: Annotated[Optional[str], typer.Option("--values", help="Comma-separated values of the swept axis "
                                                   "(default: the paper's).")] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="Named set of sweeps; 'paper' = the T, G "
-                                                  "and L sweeps of the paper's efficiency table.")] = None,
-    T: Annotated[Optional[int], typer.Option("--T", help=f"Sequence length (default {BASE_POINT['T']}).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="Named set of sweeps: 'paper' (the T, G and L "
+                                                  "sweeps of the paper's efficiency table), 'decode', "
+                                                  "'depth-attention', 'smoke'.")] = None,
+    T: Annotated[Optional[int], typer.Option("--T", help=f"Sequence length; decode: cache length (default {BASE_POINT['T']}).")] = None,
     G: Annotated[Optional[int], typer.Option("--G", help=f"Query heads per KV head (default {BASE_POINT['G']}).")] = None,
     L: Annotated[Optional[int], typer.Option("--L", help=f"Depth entries per position (default {BASE_POINT['L']}).")] = None,
     B: Annotated[Optional[int], typer.Option("--B", help=f"Batch (default {BASE_POINT['B']}).")] = None,
@@ -92,67 +96,94 @@ def sweep_command(
     d: Annotated[Optional[int], typer.Option("--d", help=f"Head dim (default {BASE_POINT['d']}).")] = None,
     C: Annotated[Optional[int], typer.Option("--C", help="Query chunk rows; pins MoDA's block_m (default: "
                                              f"tuned/heuristic config, recorded as {BASE_POINT['C']}).")] = None,
+    S: Annotated[Optional[int], typer.Option("--S", help="Depth-Attention source layers (default 0).")] = None,
+    Tq: Annotated[Optional[int], typer.Option("--Tq", help="Decode: new tokens per sequence (default 1).")] = None,
+    depth_grad: Annotated[str, typer.Option("--depth-grad", help="on: the backward writes depth K/V gradients; "
+                                            "off: depth detached, as production stacks run it.")] = "on",
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
-    pass_: Annotated[str, typer.Option("--pass", help="fwd, bwd or fwdbwd.")] = "fwdbwd",
-    providers: Annotated[str, typer.Option("--providers", help="Comma-separated providers.")] =
-        "moda,moda-fa4,fa2,fa4,fa2-triton,cudnn,flex",
+    pass_: Annotated[Optional[str], typer.Option("--pass", help="fwd, bwd, fwdbwd (default) or decode (the "
+                                                 "decode preset's).")] = None,
+    providers: Annotated[Optional[str], typer.Option("--providers", help="Comma-separated providers (default: "
+                                                     "the preset's, else the pass's).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default results/sweep-<timestamp>).")] = None,
     no_tuned: Annotated[bool, typer.Option("--no-tuned", help="Ignore the tuning cache (heuristic configs).")] = False,
-    warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help=f"do_bench warm-up (default {WARMUP_MS:g}).")] = None,
-    rep_ms: Annotated[Optional[float], typer.Option("--rep-ms", help=f"do_bench repetition time (default {REP_MS:g}).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help=f"Few repetitions (warm-up {QUICK_WARMUP_MS:g} ms, "
+    warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help=f"Warm-up per provider (default {WARMUP_MS:g}).")] = None,
+    rep_ms: Annotated[Optional[float], typer.Option("--rep-ms", help=f"GPU time each provider is sampled at least "
+                                                    f"(default {REP_MS:g}).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help=f"Short budget (warm-up {QUICK_WARMUP_MS:g} ms, "
                                         f"rep {QUICK_REP_MS:g} ms).")] = False,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="Run the points of every sweep as one pool "
                                                 "over GPUs of this node (one worker per GPU): 'all', a count, "
                                                 "or a list like 0,2.")] = None,
-    timer: checks.TimerOption = "eager",
+    timer: Annotated[Optional[str], typer.Option(
+        "--timer", help="eager, graph, do_bench, or several comma-separated (each point timed with each): "
+        "eager counts host launches, graph replays a CUDA graph (device time), do_bench is the pre-interval "
+        "method. Default: graph,eager for decode, else eager.")] = None,
     min_samples: checks.MinSamplesOption = 10,
     ci_tol: checks.CiTolOption = 0.01,
     max_time: checks.MaxTimeOption = 60.0,
     strict: checks.StrictOption = False,
     health_check: checks.CheckOption = True,
 ) -> None:
-    """Time MoDA and the baselines over one axis (T, G, L or C) or a preset of sweeps."""
+    """Time MoDA and the baselines over one axis or a preset of sweeps (training passes or decode)."""
     from rich.console import Console
 
     from moda_bench import schema
     from moda_bench.bench import sweep as run
+    from moda_bench.bench.decode_providers import DEFAULT_DECODE_PROVIDERS
     from moda_bench.bench.pool.plan import detect_distributed
-    from moda_bench.bench.presets import SweepSpec, preset_sweeps
-    from moda_bench.bench.providers import UnknownProviderError, resolve_providers
-    from moda_bench.bench.runner import Point
+    from moda_bench.bench.presets import PRESET_PASS, PRESET_PROVIDERS, SweepSpec, preset_sweeps
+    from moda_bench.bench.providers import DEFAULT_PROVIDERS, UnknownProviderError, op_of_pass, resolve_providers
+    from moda_bench.bench.runner import LEGACY_TIMER, Point
+    from moda_bench.bench.spec import RunSpec, parse_timers
+    from moda_bench.timing import TIMERS
 
     console = Console(stderr=True, soft_wrap=True)
     # ---- option checks (no GPU needed) ----
     if (vary is None) == (preset is None):
-        raise typer.BadParameter("give exactly one of --vary (T, G, L, C) or --preset (e.g. paper)")
+        raise typer.BadParameter("give exactly one of --vary (T, G, L, C, B, S, Tq) or --preset (e.g. paper)")
     if preset is not None:
         if values is not None:
             raise typer.BadParameter("--values applies to --vary, not to --preset")
         specs = list(checked(preset_sweeps, preset))
+        want = PRESET_PASS.get(preset)
+        if want and pass_ not in (None, want):
+            raise typer.BadParameter(f"--preset {preset} is a {want} preset; drop --pass {pass_}")
+        pass_ = pass_ or want
     else:
-        vary = vary.upper()
+        vary = {"TQ": "Tq"}.get(vary.upper(), vary.upper())
         if vary not in schema.AXES:
             raise typer.BadParameter(f"--vary must be one of {', '.join(schema.AXES)}, got {vary!r}")
         specs = [SweepSpec(vary, tuple(parse_int_list(values, "--values")) if values else None)]
+    pass_ = pass_ or "fwdbwd"
     dtype_name = checked(schema.dtype_name, dtype, option=True)
     checked(schema.check_pass, pass_, option=True)
+    if depth_grad not in ("on", "off"):
+        raise typer.BadParameter(f"--depth-grad must be on or off, got {depth_grad!r}")
+    decode = pass_ == schema.DECODE_PASS
+    default_providers = PRESET_PROVIDERS.get(preset) or ",".join(DEFAULT_DECODE_PROVIDERS if decode else DEFAULT_PROVIDERS)
     try:
-        provider_names = [p.name for p in resolve_providers(providers)]
+        provider_names = [p.name for p in resolve_providers(providers or default_providers, op_of_pass(pass_))]
     except UnknownProviderError as err:
         raise typer.BadParameter(str(err)) from None
-    overrides = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d, C=C).items() if v is not None}
+    timers = checked(parse_timers, timer, pass_, TIMERS + (LEGACY_TIMER,), option=True)
+    overrides = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d, C=C, S=S, Tq=Tq).items() if v is not None}
     for k, v in overrides.items():
-        if v < (0 if k == "L" else 1):
-            raise typer.BadParameter(f"--{k} must be >= {0 if k == 'L' else 1}, got {v}")
-    base = Point(dtype=dtype_name, **overrides)
+        if v < (0 if k in ("L", "S") else 1):
+            raise typer.BadParameter(f"--{k} must be >= {0 if k in ('L', 'S') else 1}, got {v}")
+    if decode:
+        overrides.setdefault("Tq", 1)
+    elif overrides.get("Tq") or any(s.vary == "Tq" for s in specs):
+        raise typer.BadParameter("--Tq and --vary Tq apply to --pass decode")
+    base = Point(dtype=dtype_name, depth_grad=depth_grad == "on", **overrides)
     run_dir = out or Path("results") / f"sweep-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     try:
-        sweeps = run.plan_run(specs, base, run_dir, pin_chunk=C is not None)
+        sweeps = run.plan_run(specs, base, run_dir, pin_chunk=C is not None, fixed=tuple(overrides))
     except (ValueError, FileExistsError) as err:
         raise typer.BadParameter(str(err)) from None
     warmup, rep = run.timing_budget(warmup_ms, rep_ms, quick)
-    timing = checks.timing_options(timer, min_samples, ci_tol, max_time, warmup, rep)
+    first_timer = (timers or (("graph",) if decode else ("eager",)))[0]
+    timing = checks.timing_options(first_timer, min_samples, ci_tol, max_time, warmup, rep)
     dist = checked(detect_distributed)
     if dist is not None and gpus is not None:
         raise typer.BadParameter("--gpus cannot be combined with torchrun (each rank owns one GPU)")
@@ -166,13 +197,13 @@ def sweep_command(
     gpu_run = checks.RunHealth(checks.device_indices(gpus) if dist is None else [dist.local_rank],
                                enabled=health_check)
     gpu_run.check("start", console)
-    run.write_run_record(run_dir, sweeps, provider_names, pass_, use_tuned=not no_tuned, pin_chunk=C is not None,
-                         warmup_ms=warmup, rep_ms=rep, preset=preset, gpus=gpus,
-                         extra={"timing": timing.__dict__, "gpu_header": gpu_run.header()})
+    spec = RunSpec(providers=tuple(provider_names), pass_=pass_, timing=timing, timers=timers,
+                   use_tuned=not no_tuned, health=gpu_run.row_label(), rates=gpu_run.rates())
+    run.write_run_record(run_dir, sweeps, spec, pin_chunk=C is not None, preset=preset, gpus=gpus,
+                         extra={"gpu_header": gpu_run.header()})
     if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
         from moda_bench.bench.pool.distributed import run_distributed_pool
-        run_distributed_pool(sweeps, provider_names, pass_, dist=dist, use_tuned=not no_tuned,
-                             warmup_ms=warmup, rep_ms=rep, timing=timing, health=gpu_run.row_label())
+        run_distributed_pool(sweeps, spec, dist=dist)
         checks.finish(gpu_run, console, [], strict)
         console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each "
                       f"sweep with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
@@ -185,11 +216,11 @@ def sweep_command(
         if s.csv.exists():
             from moda_bench.reports.figures import plot_sweep
             png = plot_sweep(s.csv)
-            Console().print(summary_table(frame, s.name, f"sweep {s.name} ({pass_}, {dtype_name})"))
+            x = next(sp.vary for sp in specs if sp.label == s.name)
+            Console().print(summary_table(frame, x, f"sweep {s.name} ({pass_}, {dtype_name})"))
             console.print(f"wrote {s.csv} and {png}")
 
-    run.run_sweeps(sweeps, provider_names, pass_, gpus=gpus, use_tuned=not no_tuned, warmup_ms=warmup, rep_ms=rep,
-                   console=console, on_start=start, on_done=finish, timing=timing, health=gpu_run.row_label())
+    run.run_sweeps(sweeps, spec, gpus=gpus, console=console, on_start=start, on_done=finish)
     checks.finish(gpu_run, console, [s.csv for s in sweeps], strict)
 
 

@@ -189,6 +189,8 @@ def _prepare(df: pd.DataFrame, what: str) -> pd.DataFrame:
     check_columns(df, what)
     out = df.reindex(columns=list(df.columns) + [c for c in schema.COLUMNS if c not in df.columns])
     out["timer"] = [_canon(t) or schema.DEFAULT_TIMER for t in out["timer"]]
+    for c, default in schema.CONFIG_DEFAULTS.items():   # rows from before the column: its default
+        out[c] = [default if _blank(v) else v for v in out[c]]
     for c in schema.KEY_COLUMNS:
         out["k_" + c] = out[c].map(_canon)
     kcols = ["k_" + c for c in schema.KEY_COLUMNS]
@@ -517,15 +519,18 @@ def run_plan(df: pd.DataFrame) -> list[tuple[str, str, list, list[str]]]:
     return [(pass_, timer, points, list(provs)) for (pass_, timer, provs), points in groups.items()]
 
 
-def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, warmup_ms: float,
-                rep_ms: float, timing=None, health: str = "", log: Callable[[str], None] = print) -> None:
+def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, timing=None, health: str = "",
+                rates=None, log: Callable[[str], None] = print) -> None:
     """Run the baseline's ok points and providers on this GPU into out_csv (replaced), each group
-    with the baseline's timer; `timing` (bench.point.TimingOptions) and `health` go to run_sweep."""
+    with the baseline's pass and timer; `timing` (bench.point.TimingOptions), `health` and the
+    floor's `rates` go into the run's bench.spec.RunSpec."""
     from moda_bench.bench.point import TimingOptions
     from moda_bench.bench.runner import run_sweep
+    from moda_bench.bench.spec import RunSpec
+    from moda_bench.floor import Rates
 
     plan = run_plan(baseline_df)
-    opts = timing or TimingOptions(warmup_ms=warmup_ms, min_time_ms=rep_ms)
+    opts = timing or TimingOptions()
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".csv", dir=out_csv.parent)
@@ -535,8 +540,9 @@ def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, wa
         for pass_, timer, points, providers in plan:
             log(f"gate --run: {pass_} ({timer}): {len(points)} point(s) x {len(providers)} provider(s) "
                 f"({', '.join(providers)})")
-            run_sweep(points, providers, pass_, Path(tmp), sweep_name="gate", use_tuned=use_tuned,
-                      warmup_ms=warmup_ms, rep_ms=rep_ms, timing=replace(opts, timer=timer), health=health)
+            spec = RunSpec(providers=tuple(providers), pass_=pass_, timing=replace(opts, timer=timer), timers=(timer,),
+                           use_tuned=use_tuned, health=health, rates=rates or Rates())
+            run_sweep(points, spec, Path(tmp), sweep_name="gate")
         if not Path(tmp).exists():
             raise GateInputError("the gate run wrote no rows")
         os.replace(tmp, out_csv)
@@ -592,4 +598,7 @@ def key_tuples(df: pd.DataFrame) -> list[tuple]:
     cols = [[_canon(v) for v in df[c]] for c in schema.KEY_COLUMNS]
     t = schema.KEY_COLUMNS.index("timer")
     cols[t] = [v or schema.DEFAULT_TIMER for v in cols[t]]
+    for c, default in schema.CONFIG_DEFAULTS.items():
+        i = schema.KEY_COLUMNS.index(c)
+        cols[i] = [v or _canon(default) for v in cols[i]]
     return list(zip(*cols)) if len(df) else []

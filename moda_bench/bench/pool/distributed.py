@@ -9,14 +9,13 @@ from pathlib import Path
 
 from moda_bench.bench.pool.merge import shard_path, stamp_gpu_index
 from moda_bench.bench.pool.plan import DistInfo, SweepPlan, detect_distributed, physical_gpu_index, rank_tasks
-from moda_bench.bench.runner import REP_MS, WARMUP_MS, Point
+from moda_bench.bench.runner import Point
 
 
-def run_distributed_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, *,
-                         dist: DistInfo | None = None, use_tuned: bool = True, warmup_ms: float = WARMUP_MS,
-                         rep_ms: float = REP_MS, progress: bool | None = None, timing=None,
-                         health: str = "") -> dict:
-    """Run this torchrun rank's share of the pooled points of all `sweeps` on cuda:LOCAL_RANK;
+def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | None = None,
+                         progress: bool | None = None) -> dict:
+    """Run this torchrun rank's share of the pooled points of all `sweeps` of `spec`
+    (bench.spec.RunSpec) on cuda:LOCAL_RANK;
     each sweep's rows go to `<stem>.rank<RANK>.csv` beside its CSV (none when the rank has no
     point of that sweep).
 
@@ -27,8 +26,8 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], 
     dist = dist or detect_distributed()
     if dist is None:
         raise ValueError("run_distributed needs RANK and WORLD_SIZE (launch with torchrun)")
-    sweeps, providers = list(sweeps), list(dict.fromkeys(providers))
-    mine = rank_tasks(sweeps, dist, pass_, len(providers))
+    sweeps = list(sweeps)
+    mine = rank_tasks(sweeps, dist, spec.pass_, len(spec.providers))
     gpu_index = physical_gpu_index(dist.local_rank)
     try:
         import torch
@@ -44,21 +43,16 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], 
         out.unlink(missing_ok=True)
         todo = [t for t in mine if t.sweep == s.name]
         if todo:
-            runner.run_sweep([t.point for t in todo], providers, pass_, out, sweep_name=s.name,
-                             use_tuned=use_tuned, progress=(dist.rank == 0) if progress is None else progress,
-                             device_index=dist.local_rank if has_cuda else None,
-                             warmup_ms=warmup_ms, rep_ms=rep_ms, pin_chunk=todo[0].pin_chunk, timing=timing,
-                             health=health)
+            runner.run_sweep([t.point for t in todo], spec, out, sweep_name=s.name,
+                             progress=(dist.rank == 0) if progress is None else progress,
+                             device_index=dist.local_rank if has_cuda else None, pin_chunk=todo[0].pin_chunk)
         frames[s.name] = stamp_gpu_index(out, gpu_index)
     return frames
 
 
-def run_distributed(points: Sequence[Point], providers: Sequence[str], pass_: str, csv_path: Path, *,
-                    sweep_name: str, dist: DistInfo | None = None, use_tuned: bool = True,
-                    warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, progress: bool | None = None,
-                    pin_chunk: bool | None = None):
+def run_distributed(points: Sequence[Point], spec, csv_path: Path, *, sweep_name: str,
+                    dist: DistInfo | None = None, progress: bool | None = None, pin_chunk: bool | None = None):
     """Run this torchrun rank's share of one sweep into `<stem>.rank<RANK>.csv` (see
     run_distributed_pool). Returns this rank's rows (DataFrame)."""
-    return run_distributed_pool([SweepPlan(sweep_name, tuple(points), Path(csv_path), pin_chunk)], providers,
-                                pass_, dist=dist, use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                                progress=progress)[sweep_name]
+    return run_distributed_pool([SweepPlan(sweep_name, tuple(points), Path(csv_path), pin_chunk)], spec,
+                                dist=dist, progress=progress)[sweep_name]

@@ -26,7 +26,7 @@ import typer
 from moda_bench import results, schema
 from moda_bench.bench.pool.merge import count_rows, merge_frames, read_shard, shard_path
 from moda_bench.bench.pool.plan import GpuSlot, SweepPlan, Task, plan_tasks, queue_order, resolve_gpus
-from moda_bench.bench.runner import REP_MS, WARMUP_MS, Point, base_row, schema_rows
+from moda_bench.bench.runner import Point, base_row, schema_rows
 
 WORKER_MODULE = "moda_bench.bench.pool.worker"
 
@@ -183,13 +183,17 @@ def _drive(w: _Worker, tasks: _TaskQueue) -> None:
             pass
 
 
+_INT_FIELDS = ("T", "G", "Hk", "L", "B", "d", "C", "depth_grad", "Tq", "S")
+
+
 def _point_key(p: Point) -> tuple:
-    return (p.T, p.G, p.Hk, p.L, p.B, p.d, p.C, p.dtype)
+    d = p.to_dict()
+    return tuple(int(d[c]) for c in _INT_FIELDS) + (p.dtype,)
 
 
 def _row_key(row: dict) -> tuple | None:
     try:
-        return tuple(int(row[c]) for c in ("T", "G", "Hk", "L", "B", "d", "C")) + (str(row["dtype"]),)
+        return tuple(int(row[c]) for c in _INT_FIELDS) + (str(row["dtype"]),)
     except (TypeError, ValueError):
         return None
 
@@ -222,7 +226,7 @@ def _lost_rows(w: _Worker, task: Task, providers: Sequence[str], pass_: str, hav
 
 
 def _collect(workers: Sequence[_Worker], tasks: Sequence[Task], sweeps: Sequence[SweepPlan],
-             providers: Sequence[str], pass_: str, *, mark_lost: bool):
+             providers: Sequence[str], pass_: str, *, mark_lost: bool, per_point: int | None = None):
     """Rows of every worker shard (gpu_index = physical GPU), plus status=error rows for the
     points workers died on (mark_lost), split per sweep in single-GPU row order; and failures."""
     import pandas as pd
@@ -252,7 +256,7 @@ def _collect(workers: Sequence[_Worker], tasks: Sequence[Task], sweeps: Sequence
         if rc is not None and rc != 0:
             tail = _tail(w.log) + ("\n[killed: timeout_s exceeded]" if w.timed_out else "")
             failures.append(WorkerFailure(w.slot.index, rc, 0 if frame is None else len(frame),
-                                          len(w.started) * len(providers), tail, str(w.log),
+                                          len(w.started) * (per_point or len(providers)), tail, str(w.log),
                                           w.crashed_on.label() if w.crashed_on is not None else ""))
     rank = _provider_rank(providers)
     rows = {}
@@ -278,13 +282,11 @@ def _write_sweeps(sweeps: Sequence[SweepPlan], rows: dict, existing: dict) -> No
             results.write_csv_atomic(s.csv, schema_rows(pd.concat(parts, ignore_index=True)))
 
 
-def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, *,
-             gpus: Union[str, int] = "all", use_tuned: bool = True, warmup_ms: float = WARMUP_MS,
-             rep_ms: float = REP_MS, progress: bool = True, worker_cmd: WorkerCmd | None = None,
-             keep_shards: bool = False, timeout_s: float | None = None, poll_s: float = 0.5,
-             shard_base: Path | None = None, timing=None, health: str = "") -> PoolResult:
-    """Run every point of every sweep with one isolated worker process per GPU; write each
-    sweep's rows to its CSV.
+def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all", progress: bool = True,
+             worker_cmd: WorkerCmd | None = None, keep_shards: bool = False, timeout_s: float | None = None,
+             poll_s: float = 0.5, shard_base: Path | None = None) -> PoolResult:
+    """Run every point of every sweep of `spec` (bench.spec.RunSpec, handed to every worker as
+    JSON) with one isolated worker process per GPU; write each sweep's rows to its CSV.
 
     Workers (`python -m moda_bench.bench.pool.worker --serve`, or `worker_cmd`: an argv prefix or a
     function of the GpuSlot returning one) start once for the whole run with
@@ -302,7 +304,7 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
     from rich.console import Console
     console = Console(stderr=True)
     sweeps = list(sweeps)
-    providers = list(dict.fromkeys(providers))
+    providers, pass_ = list(spec.providers), spec.pass_
     slots = resolve_gpus(gpus)
     existing = {}
     for s in sweeps:  # fail before any work if an output file cannot take the rows
@@ -325,15 +327,12 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
         for stale in (shard_csv, log):
             stale.unlink(missing_ok=True)  # workers append: never mix in an old run's shard
         prefix = worker_cmd(slot) if callable(worker_cmd) else worker_cmd
-        argv = [*prefix, "--serve", "--providers", ",".join(providers), "--pass", pass_, "--csv", str(shard_csv),
-                "--gpu-index", str(slot.index), "--warmup-ms", str(warmup_ms), "--rep-ms", str(rep_ms),
-                "--tuned" if use_tuned else "--no-tuned", "--health", health]
-        if timing is not None:
-            argv += ["--timing", json.dumps(dataclasses.asdict(timing))]
+        argv = [*prefix, "--serve", "--spec", spec.to_json(), "--csv", str(shard_csv), "--gpu-index", str(slot.index)]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=slot.token, PYTHONUNBUFFERED="1")
         workers.append(_Worker(slot, shard_csv, log, argv, env))
 
-    total = len(tasks) * len(providers)
+    per_point = len(providers) * len(spec.timer_list())
+    total = len(tasks) * per_point
     names = ", ".join(s.name for s in sweeps)
     console.print(f"{'sweeps' if len(sweeps) > 1 else 'sweep'} [bold]{names}[/]: {len(tasks)} points x "
                   f"{len(providers)} providers on {len(workers)} GPU(s) "
@@ -403,7 +402,7 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
                 w.thread.join(timeout=5)
         try:
             rows, _ = _collect([w for w in workers if w.proc is not None], tasks, sweeps, providers, pass_,
-                               mark_lost=False)
+                               mark_lost=False, per_point=per_point)
             _write_sweeps(sweeps, rows, existing)
             console.print(f"interrupted: kept {sum(len(r) for r in rows.values())}/{total} rows; "
                           f"shards kept beside {base}")
@@ -416,7 +415,7 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
     for w in workers:
         w.thread.join()
 
-    rows, failures = _collect(workers, tasks, sweeps, providers, pass_, mark_lost=True)
+    rows, failures = _collect(workers, tasks, sweeps, providers, pass_, mark_lost=True, per_point=per_point)
     _write_sweeps(sweeps, rows, existing)
     not_run = sorted(queue.remaining(), key=lambda t: t.id)
 
@@ -435,25 +434,23 @@ def run_pool(sweeps: Sequence[SweepPlan], providers: Sequence[str], pass_: str, 
             for p in (w.csv, w.log):
                 p.unlink(missing_ok=True)
     for s in sweeps:
-        console.print(f"sweep {s.name}: {len(rows[s.name])}/{len(s.points) * len(providers)} rows -> {s.csv}")
+        console.print(f"sweep {s.name}: {len(rows[s.name])}/{len(s.points) * per_point} rows -> {s.csv}")
     if failures or not_run:
         console.print(f"[red]{len(failures)} worker(s) failed[/]; shards kept beside {base}")
     return PoolResult(rows, failures, not_run, sum(w.proc is not None for w in workers))
 
 
-def run_sharded(points: Sequence[Point], providers: Sequence[str], pass_: str, csv_path: Path, *,
-                sweep_name: str, gpus: Union[str, int] = "all", use_tuned: bool = True,
-                warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, progress: bool = True,
-                worker_cmd: WorkerCmd | None = None, keep_shards: bool = False,
+def run_sharded(points: Sequence[Point], spec, csv_path: Path, *, sweep_name: str, gpus: Union[str, int] = "all",
+                progress: bool = True, worker_cmd: WorkerCmd | None = None, keep_shards: bool = False,
                 timeout_s: float | None = None, poll_s: float = 0.5, pin_chunk: bool | None = None):
     """One sweep over the GPUs of this node: `run_pool` with a single sweep into csv_path.
 
     Returns this run's rows as a DataFrame; `.attrs["worker_failures"]` lists WorkerFailure
     records (empty when all succeeded), `.attrs["not_run"]` the points no worker ran.
     """
-    result = run_pool([SweepPlan(sweep_name, tuple(points), Path(csv_path), pin_chunk)], providers, pass_,
-                      gpus=gpus, use_tuned=use_tuned, warmup_ms=warmup_ms, rep_ms=rep_ms, progress=progress,
-                      worker_cmd=worker_cmd, keep_shards=keep_shards, timeout_s=timeout_s, poll_s=poll_s)
+    result = run_pool([SweepPlan(sweep_name, tuple(points), Path(csv_path), pin_chunk)], spec, gpus=gpus,
+                      progress=progress, worker_cmd=worker_cmd, keep_shards=keep_shards, timeout_s=timeout_s,
+                      poll_s=poll_s)
     rows = result.rows[sweep_name]
     rows.attrs["worker_failures"] = result.failures
     rows.attrs["not_run"] = result.not_run

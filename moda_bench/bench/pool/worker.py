@@ -1,8 +1,7 @@
 """Per-GPU sweep worker of the `--gpus` pool (pool.local), started with CUDA_VISIBLE_DEVICES set
 to one GPU, once per run:
 
-    python -m moda_bench.bench.pool.worker --serve --providers moda,fa2 --pass fwdbwd \
-        --csv out.gpu3.csv --gpu-index 3
+    python -m moda_bench.bench.pool.worker --serve --spec '<RunSpec JSON>' --csv out.gpu3.csv --gpu-index 3
 
 Protocol (`serve`): it sets up torch on cuda:0 (the one visible GPU), prints {"event": "ready"}
 on stdout, then reads one task per stdin line ({"id", "sweep", "point", "pin_chunk"}: one point
@@ -26,9 +25,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from moda_bench import schema
 from moda_bench.bench.pool.merge import stamp_gpu_index
-from moda_bench.bench.runner import REP_MS, WARMUP_MS, Point
+from moda_bench.bench.runner import Point
 
 # run_task(point, sweep, pin_chunk) runs every provider of one point and returns None, or the
 # error of a CUDA context left unusable (the worker then quits: see cuda_fault)
@@ -84,8 +82,7 @@ def serve(start: Callable[[], RunTask], csv: Path, *, gpu_index: int) -> None:
     stamp_gpu_index(csv, gpu_index)
 
 
-def gpu_start(providers: list[str], pass_: str, csv: Path, *, warmup_ms: float, rep_ms: float,
-              tuned: bool, timing=None, health: str = "") -> Callable[[], RunTask]:
+def gpu_start(spec, csv: Path) -> Callable[[], RunTask]:
     """The real worker's setup: torch on the one visible GPU (exit code 2 without one); each task
     is `runner.run_sweep` on one point, then a check of the CUDA context."""
 
@@ -99,9 +96,7 @@ def gpu_start(providers: list[str], pass_: str, csv: Path, *, warmup_ms: float, 
         from moda_bench.bench.runner import run_sweep
 
         def run_task(point: Point, sweep: str, pin_chunk: bool) -> Optional[str]:
-            run_sweep([point], providers, pass_, csv, sweep_name=sweep, use_tuned=tuned, progress=False,
-                      device_index=0, warmup_ms=warmup_ms, rep_ms=rep_ms, pin_chunk=pin_chunk, timing=timing,
-                      health=health)
+            run_sweep([point], spec, csv, sweep_name=sweep, progress=False, device_index=0, pin_chunk=pin_chunk)
             return cuda_fault()
 
         return run_task
@@ -110,33 +105,21 @@ def gpu_start(providers: list[str], pass_: str, csv: Path, *, warmup_ms: float, 
 
 
 def worker_main(
-    providers: Annotated[str, typer.Option("--providers", help="Comma-separated providers.")],
-    pass_: Annotated[str, typer.Option("--pass", help="fwd, bwd or fwdbwd.")],
+    spec: Annotated[str, typer.Option("--spec", help="The run's RunSpec (bench.spec) as JSON.")],
     csv: Annotated[Path, typer.Option("--csv", help="Shard CSV to append rows to.")],
     gpu_index: Annotated[int, typer.Option("--gpu-index", help="Physical GPU index for the rows.")],
     serve_: Annotated[bool, typer.Option("--serve", help="Take tasks (one point of one sweep each) from "
                                          "stdin until it closes; see the module docstring.")] = False,
-    warmup_ms: Annotated[float, typer.Option("--warmup-ms")] = WARMUP_MS,
-    rep_ms: Annotated[float, typer.Option("--rep-ms")] = REP_MS,
-    tuned: Annotated[bool, typer.Option("--tuned/--no-tuned")] = True,
-    timing: Annotated[Optional[str], typer.Option("--timing", help="TimingOptions as JSON.")] = None,
-    health: Annotated[str, typer.Option("--health", help="The run's GPU verdict for the rows.")] = "",
 ) -> None:
     """Run sweep points on the single GPU this process sees, as tasks from stdin (--serve)."""
+    from moda_bench.bench.spec import RunSpec
     try:
-        schema.check_pass(pass_)
-    except ValueError as err:
-        raise typer.BadParameter(f"--{err}") from None
+        run_spec = RunSpec.from_json(spec)
+    except (ValueError, TypeError) as err:
+        raise typer.BadParameter(f"--spec: {err}") from None
     if not serve_:
         raise typer.BadParameter("give --serve: the worker takes its tasks from stdin")
-    provider_list = [p.strip() for p in providers.split(",") if p.strip()]
-    opts = None
-    if timing:
-        from moda_bench.bench.point import TimingOptions
-        opts = TimingOptions(**json.loads(timing))
-    serve(gpu_start(provider_list, pass_, csv, warmup_ms=warmup_ms, rep_ms=rep_ms, tuned=tuned, timing=opts,
-                    health=health), csv,
-          gpu_index=gpu_index)
+    serve(gpu_start(run_spec, csv), csv, gpu_index=gpu_index)
 
 
 def main() -> None:

@@ -1,0 +1,169 @@
+"""The decode pass's providers and inputs (issue 22): one inference step of the Tq newest tokens of
+B sequences over a KV cache of T tokens each, plus each new token's L depth entries.
+
+Inputs (`make_decode_inputs`, fresh random, never zeros): q (B, Tq, Hq, d), k_cache and v_cache
+(B, T, Hk, d), k_depth and v_depth (B, Tq, L, Hk, d) (None for sequence-only peers, which run the
+point with L = 0). A point whose inputs would not fit in the GPU's free memory is skipped with
+the reason. The accuracy check compares batch 0's whole output with the float64 decode
+reference.
+
+Providers (op "decode"; `bench.providers` registers `PROVIDERS`):
+- moda: `moda_decode`, split-KV with the automatic number of splits;
+- moda-nosplit: the same kernel with one split (what split-KV buys at small B);
+- fa2, cudnn: SDPA's flash and cuDNN backends; fa4: FlashAttention-4 with its number of splits
+  chosen per point; flashinfer: FlashInfer's decode (optional, skipped with the reason when
+  it is not installed). These are sequence-only (L = 0), as in the training passes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from moda_bench import floor
+from moda_bench.bench.provider_types import DECODE, Prepared, Provider, ProviderSkip, needs_cuda
+
+FREE_MEMORY_SHARE = 0.85   # a point's inputs may take at most this share of the GPU's free memory
+
+
+def decode_input_bytes(point, L: int) -> int:
+    """Bytes of a decode point's inputs and output (what must fit on the GPU)."""
+    Tq = max(point.Tq, 1)
+    e = floor.elem_bytes(point.dtype)
+    return e * (2 * point.B * Tq * point.Hq * point.d + 2 * point.B * point.T * point.Hk * point.d
+                + 2 * point.B * Tq * L * point.Hk * point.d)
+
+
+def make_decode_inputs(point, L: int, *, device: str, seed: int, dtype) -> dict:
+    """Fresh random decode inputs for `point` with L depth entries (0: none). ProviderSkip when
+    they would not fit in the GPU's free memory; ValueError when Tq > T."""
+    import torch
+    Tq = max(point.Tq, 1)
+    if Tq > point.T:
+        raise ProviderSkip(f"Tq={Tq} new tokens do not fit a cache of T={point.T}")
+    need = decode_input_bytes(point, L)
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        if need > FREE_MEMORY_SHARE * free:
+            raise ProviderSkip(f"does not fit: inputs need {need / 2**30:.1f} GiB, "
+                               f"{free / 2**30:.1f} GiB free on the GPU")
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+    B, T, Hq, Hk, d = point.B, point.T, point.Hq, point.Hk, point.d
+    return {"q": rnd(B, Tq, Hq, d), "k": rnd(B, T, Hk, d), "v": rnd(B, T, Hk, d),
+            "k_depth": rnd(B, Tq, L, Hk, d) if L else None, "v_depth": rnd(B, Tq, L, Hk, d) if L else None,
+            "do": None}
+
+
+def check_decode_accuracy(forward: Callable, inputs: dict) -> float:
+    """||out - ref|| / ||ref|| of batch 0 against the float64 decode reference."""
+    import torch
+    from moda_bench.ops.decode import decode_reference
+    from moda_bench.timing import max_rel_err
+    with torch.no_grad():
+        out = forward()
+        one = {k: (t[:1] if t is not None else None) for k, t in inputs.items() if k != "do"}
+        ref = decode_reference(one["q"], one["k"], one["v"], one["k_depth"], one["v_depth"],
+                               out_dtype=torch.float64)
+    return max_rel_err(out[:1], ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# providers
+# ---------------------------------------------------------------------------------------------
+
+def _needs_decode_kernel(device: str) -> Optional[str]:
+    import os
+    try:
+        from moda_bench.ops.decode import moda_decode  # noqa: F401
+    except ImportError as exc:
+        return f"moda_bench.ops.decode (the decode kernel) not importable: {exc}"
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return None
+    return needs_cuda(device)
+
+
+def _sm_count(device) -> int:
+    import torch
+    dev = torch.device(device)
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+
+
+def _moda(num_splits: Optional[int]):
+    def prepare(inputs, point, chunk):
+        from moda_bench.ops.decode import choose_num_splits, moda_decode
+        q = inputs["q"]
+        splits = num_splits
+        if splits is None:
+            splits = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device))
+        args = (q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"])
+        return Prepared(lambda: moda_decode(*args, num_splits=splits),
+                        impl_detail=f"moda_decode split-KV, {splits} split(s)"
+                        + (" (chosen per point)" if num_splits is None else " (pinned)"),
+                        config={"num_splits": splits})
+    return prepare
+
+
+def _sdpa(backend: str, label: str):
+    def prepare(inputs, point, chunk):
+        from moda_bench.ops.decode import peers
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        fn, detail = peers.sdpa_decode_fn(q, k, v, backend)
+        return Prepared(fn, impl_detail=f"{label}; {detail}; sequence-only (no depth)")
+    return prepare
+
+
+def _sdpa_unavailable(backend: str) -> Callable[[str], Optional[str]]:
+    def check(device: str) -> Optional[str]:
+        from moda_bench.ops.decode import peers
+        return peers.sdpa_unavailable(device, backend)
+    return check
+
+
+def _fa4(inputs, point, chunk):
+    from moda_bench.ops.decode import choose_num_splits, peers
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    want = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device))
+    fn, detail, used = peers.fa4_decode_fn(q, k, v, want)
+    return Prepared(fn, impl_detail=f"{detail}; sequence-only (no depth)", config={"num_splits": used})
+
+
+def _fa4_unavailable(device: str) -> Optional[str]:
+    from moda_bench.ops.decode import peers
+    return peers.fa4_unavailable(device)
+
+
+def _flashinfer(inputs, point, chunk):
+    from moda_bench.ops.decode import peers
+    fn, detail = peers.flashinfer_decode_fn(inputs["q"], inputs["k"], inputs["v"])
+    return Prepared(fn, impl_detail=f"{detail}; sequence-only (no depth)")
+
+
+def _flashinfer_unavailable(device: str) -> Optional[str]:
+    from moda_bench.ops.decode import peers
+    return peers.flashinfer_unavailable(device)
+
+
+PROVIDERS = [
+    Provider("moda", _moda(None), unavailable=_needs_decode_kernel, op=DECODE,
+             description="MoDA decode kernel (Triton, split-KV, depth tail in the combine)"),
+    Provider("moda-nosplit", _moda(1), unavailable=_needs_decode_kernel, op=DECODE,
+             description="MoDA decode kernel with one split (no split-KV)"),
+    Provider("fa2", _sdpa("FLASH_ATTENTION", "SDPA FLASH_ATTENTION backend"), uses_depth=False,
+             unavailable=_sdpa_unavailable("FLASH_ATTENTION"), op=DECODE,
+             description="SDPA flash backend, no depth"),
+    Provider("cudnn", _sdpa("CUDNN_ATTENTION", "SDPA CUDNN_ATTENTION backend"), uses_depth=False,
+             unavailable=_sdpa_unavailable("CUDNN_ATTENTION"), op=DECODE,
+             description="SDPA cuDNN backend, no depth"),
+    Provider("fa4", _fa4, uses_depth=False, unavailable=_fa4_unavailable, op=DECODE,
+             description="FlashAttention-4 with its number of splits chosen per point, no depth"),
+    Provider("flashinfer", _flashinfer, uses_depth=False, unavailable=_flashinfer_unavailable, op=DECODE,
+             description="FlashInfer decode (optional extra), no depth"),
+]
+
+DEFAULT_DECODE_PROVIDERS = ["moda", "moda-nosplit", "fa2", "cudnn", "fa4", "flashinfer"]
+
+__all__ = ["PROVIDERS", "DEFAULT_DECODE_PROVIDERS", "make_decode_inputs", "check_decode_accuracy",
+           "decode_input_bytes"]

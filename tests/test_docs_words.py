@@ -1,0 +1,104 @@
+"""The docs speak to a user with their own GPU machine, not about the machines this project's runs
+were made on: README.md and docs/*.md (the generated reports under docs/report/ aside) must not
+contain the word "lent", the string "$OUT", a machine-kind name such as ``nvidia-h200-x2``, or
+other words of the place the runs were made in ("device tool", "lease", "budget_left", ...)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (name, pattern): each pattern is matched against every line of the checked files.
+FORBIDDEN: list[tuple[str, re.Pattern[str]]] = [
+    # the word, not "excellent", "silent", "equivalent", "prevalent", "lentil"
+    ("the word 'lent'", re.compile(r"(?<![A-Za-z])lent(?![A-Za-z])", re.IGNORECASE)),
+    ("'$OUT'", re.compile(r"\$OUT|\$\{OUT\b")),
+    # nvidia-h(100|200)(-x\d+)?, but not the shipped tuned-config file names that
+    # moda_bench/ops/moda/tuned/README.md documents (nvidia-h200.json, nvidia-h100-80gb-hbm3.json)
+    ("a machine-kind name",
+     re.compile(r"nvidia-h(?:100|200)(?:-x\d+)?(?![\w-]|\.\w)", re.IGNORECASE)),
+    ("'device tool'", re.compile(r"device[ _-]tools?\b", re.IGNORECASE)),
+    ("'lease'", re.compile(r"(?<![A-Za-z])lease(?![A-Za-z])", re.IGNORECASE)),
+    ("'budget_left'", re.compile(r"budget_left", re.IGNORECASE)),
+    ("'files_at'/'files_fetch'", re.compile(r"files_(?:at|fetch|left_out)", re.IGNORECASE)),
+    ("'held_s'", re.compile(r"held_s\b", re.IGNORECASE)),
+    ("'warm machine'", re.compile(r"warm machine", re.IGNORECASE)),
+    ("'device time was left'", re.compile(r"device time (?:was|is) (?:left|spent)", re.IGNORECASE)),
+    ("'this workplace'", re.compile(r"\bworkplace\b", re.IGNORECASE)),
+]
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """README.md and the hand-written docs/*.md (docs/report/ is generated and not checked)."""
+    files = [root / "README.md"] + sorted((root / "docs").glob("*.md"))
+    return [f for f in files if f.is_file()]
+
+
+def find_forbidden(path: Path, root: Path | None = None) -> list[str]:
+    """One ``file:line: <what> in: <the line>`` entry per forbidden match in ``path``."""
+    shown = path.relative_to(root) if root is not None else path
+    hits = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for what, pat in FORBIDDEN:
+            for m in pat.finditer(line):
+                hits.append(f"{shown}:{n}: {what} ({m.group(0)!r}) in: {line.strip()}")
+    return hits
+
+
+def test_docs_have_no_workplace_words():
+    files = doc_files()
+    assert any(f.name == "README.md" for f in files)
+    assert any(f.name == "RUNBOOK.md" for f in files)
+    hits = [h for f in files for h in find_forbidden(f, ROOT)]
+    assert not hits, (
+        "the docs name the machines the project's runs were made on; rewrite for a user's "
+        "own GPU machine:\n" + "\n".join(hits))
+
+
+def test_checker_flags_a_planted_line(tmp_path):
+    bad = tmp_path / "planted.md"
+    bad.write_text("# a doc\n\non the lent machines, $OUT comes back\n", encoding="utf-8")
+    hits = find_forbidden(bad)
+    assert len(hits) >= 2
+    assert all(h.startswith(f"{bad}:3: ") for h in hits)
+    assert any("'lent'" in h for h in hits) and any("$OUT" in h for h in hits)
+    assert all("on the lent machines, $OUT comes back" in h for h in hits)
+
+
+def test_checker_flags_machine_kind_names(tmp_path):
+    bad = tmp_path / "kinds.md"
+    names = ["nvidia-h100-x1", "nvidia-h200", "nvidia-h200-x2", "nvidia-h200-x4", "nvidia-h200-x8"]
+    bad.write_text("".join(f"run it on `{k}`\n" for k in names[:4]) + f"or on {names[4]}.\n",
+                   encoding="utf-8")
+    hits = find_forbidden(bad)
+    assert len(hits) == len(names)
+    for n, (k, h) in enumerate(zip(names, hits), start=1):
+        assert h.startswith(f"{bad}:{n}: a machine-kind name ({k!r})")
+
+
+def test_checker_passes_clean_lines(tmp_path):
+    good = tmp_path / "clean.md"
+    good.write_text(
+        "On one NVIDIA H200 (or an H100 80GB HBM3, or a node of two H200s) the results go to\n"
+        "`--out $RESULTS/h200/paper-peers`; an excellent, silent, equivalent and prevalent check.\n"
+        "Released after a lentil soup; please keep the out-folder: OUT=results (no dollar sign).\n"
+        "Shipped configs: `tuned/nvidia-h200.json`, `tuned/nvidia-h100-80gb-hbm3.json`.\n",
+        encoding="utf-8")
+    assert find_forbidden(good) == []
+
+
+def test_generated_reports_are_not_checked():
+    assert not any("report" in f.relative_to(ROOT).parts[:-1] for f in doc_files())
+
+
+def test_runbook_blocks_write_under_a_folder_the_user_sets():
+    """Every run folder of the RUNBOOK's blocks (`R=...`, the `--out` of their commands) lies under
+    `$RESULTS`, which the set-up block lets the user choose."""
+    text = (ROOT / "docs" / "RUNBOOK.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
+    assert any(re.search(r"^RESULTS=\$\{RESULTS:-[^}]+\}", b, flags=re.MULTILINE) for b in blocks)
+    run_dirs = [m for b in blocks for m in re.findall(r"(?:^|[\s;(])R=(\S+)", b)]
+    assert len(run_dirs) >= 14, run_dirs
+    bad = [d for d in run_dirs if not d.startswith("$RESULTS/")]
+    assert not bad, f"run folders not under $RESULTS: {bad}"
