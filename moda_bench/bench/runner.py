@@ -122,6 +122,9 @@ def schema_rows(frame):
         frame[c] = pd.to_numeric(frame[c], errors="coerce").astype("Int64")
     timer = frame["timer"].astype(object).where(frame["timer"].notna(), "").astype(str).str.strip()
     frame["timer"] = timer.where(timer != "", schema.DEFAULT_TIMER)
+    frame["gpu"] = frame["gpu"].astype(object).where(frame["gpu"].notna(), "").astype(str)   # in the row key
+    for c, default in schema.CONFIG_DEFAULTS.items():
+        frame[c] = frame[c].fillna(default).astype("Int64")
     return frame
 
 

@@ -189,9 +189,8 @@ def _prepare(df: pd.DataFrame, what: str) -> pd.DataFrame:
     check_columns(df, what)
     out = df.reindex(columns=list(df.columns) + [c for c in schema.COLUMNS if c not in df.columns])
     out["timer"] = [_canon(t) or schema.DEFAULT_TIMER for t in out["timer"]]
-    for c, default in schema.CONFIG_DEFAULTS.items():   # rows from before the column: its default
-        out[c] = [default if _blank(v) else v for v in out[c]]
-    for c in schema.KEY_COLUMNS:
+    for c in schema.KEY_COLUMNS:   # a configuration column a row predates reads as its default
+        out[c] = [schema.CONFIG_DEFAULTS[c] if c in schema.CONFIG_DEFAULTS and _blank(v) else v for v in out[c]]
         out["k_" + c] = out[c].map(_canon)
     kcols = ["k_" + c for c in schema.KEY_COLUMNS]
     return out.drop_duplicates(subset=kcols, keep="last").reset_index(drop=True)
@@ -595,10 +594,6 @@ def replace_rows(current_df: pd.DataFrame, new_df: pd.DataFrame) -> pd.DataFrame
 
 def key_tuples(df: pd.DataFrame) -> list[tuple]:
     """The canonical KEY_COLUMNS tuple of every row (a blank timer reads as the default)."""
-    cols = [[_canon(v) for v in df[c]] for c in schema.KEY_COLUMNS]
-    t = schema.KEY_COLUMNS.index("timer")
-    cols[t] = [v or schema.DEFAULT_TIMER for v in cols[t]]
-    for c, default in schema.CONFIG_DEFAULTS.items():
-        i = schema.KEY_COLUMNS.index(c)
-        cols[i] = [v or _canon(default) for v in cols[i]]
+    defaults = dict(schema.CONFIG_DEFAULTS, timer=schema.DEFAULT_TIMER)
+    cols = [[_canon(v) or _canon(defaults.get(c)) for v in df[c]] for c in schema.KEY_COLUMNS]
     return list(zip(*cols)) if len(df) else []

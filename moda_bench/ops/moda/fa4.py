@@ -15,6 +15,8 @@ How `moda_fa4` computes (layouts as in `kernel`: q (B,T,Hq,d), k_depth (B,T,L,Hk
   dk, dv and their share of dq (it recomputes P = exp(S - lse) and D = rowsum(dO o) from what it
   is given). The depth part is the depth-only backward launch (`moda_bwd(..., depth_only=True,
   delta=...)`) with delta = rowsum(o * do) from `moda_bwd_delta_kernel`. dq = the sum of both.
+  With `depth_grad=False` (or neither depth tensor requiring grad) that launch runs with
+  DEPTH_GRAD=False: only the depth dq share, no dk_depth / dv_depth computed or allocated.
 * placement: the config's `fwd_depth` / `bwd_depth` say whether the depth launch runs on a
   second CUDA stream concurrently with FA4 ("stream"; `depth_after` / `bwd_depth_after` pick
   which is issued first) or in order before it (every other value). L = 0 is FA4 alone.
@@ -33,7 +35,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.moda.config import MoDAConfig, check_config, resolve_config
-from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
+from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
 from moda_bench.ops.moda.triton_utils import lse_merge
@@ -256,7 +258,7 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
     return o, lse_ht, lsed
 
 
-def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend):
+def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend, depth_grad=True):
     if shape.L == 0:
         dq, dk, dv = backend.bwd(q, k, v, o, do, lse_ht, scale)
         return dq, dk, dv, None, None
@@ -267,7 +269,7 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
         n_rows = delta.numel()
         moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=shape.d, BLOCK=128)
         dq_d, _, _, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse_th, scale, shape, depth_cfg, depth_only=True,
-                                        delta=delta)
+                                        delta=delta, depth_grad=depth_grad)
         return dq_d, dkd, dvd
 
     (dq, dk, dv), (dq_d, dkd, dvd) = _beside(q.device, lambda: backend.bwd(q, k, v, o, do, lse_ht, scale), depth,
@@ -277,14 +279,15 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
 
 
 class MoDAFA4Function(torch.autograd.Function):
-    """apply(q, k, v, kd, vd, scale, shape, cfg, backend) -> (o, lse (B,T,Hq)); inputs contiguous,
-    kd = vd = None when L == 0."""
+    """apply(q, k, v, kd, vd, scale, shape, cfg, backend[, depth_grad]) -> (o, lse (B,T,Hq)); inputs
+    contiguous, kd = vd = None when L == 0. depth_grad=False: no gradients for kd, vd (None)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kd, vd, scale, shape, cfg, backend):
+    def forward(ctx, q, k, v, kd, vd, scale, shape, cfg, backend, depth_grad=True):
         o, lse_ht, lse_th = _forward(q, k, v, kd, vd, scale, shape, cfg, backend)
         ctx.save_for_backward(q, k, v, kd, vd, o, lse_ht, lse_th)
         ctx.scale, ctx.shape, ctx.cfg, ctx.backend = scale, shape, cfg, backend
+        ctx.depth_grad = depth_grad
         ctx.mark_non_differentiable(lse_th)
         return o, lse_th
 
@@ -292,8 +295,8 @@ class MoDAFA4Function(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, kd, vd, o, lse_ht, lse_th = ctx.saved_tensors
         grads = _backward(do.contiguous(), q, k, v, kd, vd, o, lse_ht, lse_th, ctx.scale, ctx.shape, ctx.cfg,
-                          ctx.backend)
-        return (*grads, None, None, None, None)
+                          ctx.backend, wants_depth_grad(ctx, ctx.depth_grad))
+        return (*grads, None, None, None, None, None)
 
 
 # ------------------------------------------------------------------ public entry points
@@ -304,7 +307,7 @@ def _check_dtype(q, backend: SequenceBackend, what: str) -> None:
 
 
 def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, config: MoDAConfig | None = None,
-             return_lse: bool = False, backend: SequenceBackend | None = None):
+             return_lse: bool = False, backend: SequenceBackend | None = None, depth_grad: bool = True):
     """Mixture-of-Depths Attention with FlashAttention-4 for the sequence part (autograd-enabled).
 
     Same contract as `moda_attention`: q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth
@@ -313,7 +316,10 @@ def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
     for float32). `config` sets the depth launches' tiles and placement (module docstring);
     without it, `resolve_config` answers as for `moda_attention`. `backend` replaces FA4 for
     the sequence half (tests: `TORCH_BACKEND`, which also takes float32 and CPU tensors under
-    TRITON_INTERPRET=1). Gradients flow to all five inputs.
+    TRITON_INTERPRET=1). Gradients flow to all five inputs, unless depth_grad=False: then
+    k_depth, v_depth are constants (detached; .grad stays None, no dk_depth / dv_depth computed
+    or allocated), exactly as for `moda_attention`; the same backward runs automatically when
+    neither requires grad.
     """
     backend = FA4_BACKEND if backend is None else backend
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
@@ -328,7 +334,9 @@ def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
     check_config(cfg, shape.G)
     scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
     q, k, v, k_depth, v_depth = (None if t is None else t.contiguous() for t in (q, k, v, k_depth, v_depth))
-    o, lse = MoDAFA4Function.apply(q, k, v, k_depth, v_depth, scale, shape, cfg, backend)
+    if not depth_grad and k_depth is not None:  # constants: no graph edge back to their producers
+        k_depth, v_depth = k_depth.detach(), v_depth.detach()
+    o, lse = MoDAFA4Function.apply(q, k, v, k_depth, v_depth, scale, shape, cfg, backend, bool(depth_grad))
     return (o, lse) if return_lse else o
 
 

@@ -30,6 +30,12 @@ Design (group-aware, then batched depth tiles):
   ("overlap"), or (`bwd_depth="stream"`, default for long T) as its own launch on a second CUDA stream,
   concurrent with the key-major pass, so its memory traffic overlaps the dk/dv compute; the
   q-major pass adds the depth dq partial it finds in dq.
+* Detached depth (`depth_grad=False`, or neither depth tensor requiring grad): the backward
+  kernels get DEPTH_GRAD=False, which compiles out the dk_depth / dv_depth products and
+  stores in every placement; no dkd/dvd buffers are allocated and autograd returns None for
+  them. The depth part still reads k_depth and v_depth for its share of dq. It saves the
+  2 * B*T*L*Hk*d * bytes(dtype) of gradient writes (and that much memory) and 2 of the depth
+  part's 5 matmuls.
 """
 from __future__ import annotations
 
@@ -183,11 +189,13 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
 
 
 def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False,
-             delta=None):
+             delta=None, depth_grad: bool = True):
     """The backward's launches for `cfg`: returns (dq, dk, dv, dkd, dvd). delta: rowsum(o * do),
     (B, T, Hq) float32, where the caller has it (else computed here). depth_only (bwd_depth
     "split" only) runs the depth-only launch alone and returns (dq partial, None, None, dkd, dvd);
-    without a delta it is left uninitialised then, which only timing may do."""
+    without a delta it is left uninitialised then, which only timing may do. depth_grad=False
+    treats kd, vd as constants: dkd = dvd = None, never allocated nor computed (the depth part
+    still adds its share of dq)."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
@@ -201,14 +209,15 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     mode = cfg.bwd_depth if L > 0 else "none"
-    if L > 0:
+    depth_grad = bool(depth_grad) and L > 0
+    kd_, vd_ = (kd, vd) if L > 0 else (k.unsqueeze(2), v.unsqueeze(2))
+    if depth_grad:
         dkd = torch.empty_like(kd)
         dvd = torch.empty_like(vd)
-        kd_, vd_, dkd_, dvd_ = kd, vd, dkd, dvd
+        dkd_, dvd_ = dkd, dvd
     else:
         dkd = dvd = None
-        kd_, vd_ = k.unsqueeze(2), v.unsqueeze(2)
-        dkd_, dvd_ = kd_, vd_  # never written (no depth work)
+        dkd_, dvd_ = kd_, vd_  # never written (no depth work, or DEPTH_GRAD=False)
     st = _strides(q, k, v, kd_, do, lse)
     prec = dot_precision(q.dtype)
     args = (scale * LOG2E, scale, T, L, G, Hk)
@@ -222,7 +231,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
             q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, *st,
             GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV, DEPTH=DEPTH,
             DBLOCK_M=dbm, S=depth_only_sub(cfg, G, dbm), BLOCK_L=cfg.bwd_block_l, PREC=prec,
-            DEPTH_STAGES=cfg.bwd_depth_stages, **meta)
+            DEPTH_STAGES=cfg.bwd_depth_stages, DEPTH_GRAD=depth_grad or not DEPTH, **meta)
 
     def q_launch(MODE):
         S = fused_depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1
@@ -230,8 +239,9 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
             q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, *args, *st,
             GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE, S=S,
             BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, REVERSE=cfg.reverse,
-            num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages)
+            DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED, num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages)
 
+    # DEPTH_GRAD is pinned True where a launch has no depth work, so those share one compiled variant
     kv_meta = dict(num_warps=cfg.bwd_kv_warps, num_stages=cfg.bwd_kv_stages)
     if mode in ("none", "fused"):
         q_launch(BWDQ_SEQ if mode == "none" else BWDQ_FUSED)
@@ -253,24 +263,31 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     return dq, dk, dv, dkd, dvd
 
 
+def wants_depth_grad(ctx, depth_grad: bool, kd_index: int = 3) -> bool:
+    """Whether an autograd backward must compute dk_depth, dv_depth: asked for (depth_grad) and
+    needed (the depth inputs at kd_index, kd_index + 1 of the Function's apply require grad)."""
+    return bool(depth_grad) and (ctx.needs_input_grad[kd_index] or ctx.needs_input_grad[kd_index + 1])
+
+
 class _MoDAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, kd, vd, scale, shape, cfg):
+    def forward(ctx, q, k, v, kd, vd, scale, shape, cfg, depth_grad=True):
         o, lse = moda_fwd(q, k, v, kd, vd, scale, shape, cfg)
         ctx.save_for_backward(q, k, v, kd, vd, o, lse)
-        ctx.scale, ctx.shape, ctx.cfg = scale, shape, cfg
+        ctx.scale, ctx.shape, ctx.cfg, ctx.depth_grad = scale, shape, cfg, depth_grad
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, kd, vd, o, lse = ctx.saved_tensors
-        dq, dk, dv, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, ctx.scale, ctx.shape, ctx.cfg)
-        return dq, dk, dv, dkd, dvd, None, None, None
+        dq, dk, dv, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, ctx.scale, ctx.shape, ctx.cfg,
+                                        depth_grad=wants_depth_grad(ctx, ctx.depth_grad))
+        return dq, dk, dv, dkd, dvd, None, None, None, None
 
 
 def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, return_lse: bool = False,
-                   config: MoDAConfig | None = None):
+                   config: MoDAConfig | None = None, depth_grad: bool = True):
     """Mixture-of-Depths Attention (fused Triton kernel, autograd-enabled).
 
     q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0: causal GQA).
@@ -279,7 +296,14 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     (natural log) when return_lse. `config` pins the tile shapes; without it `resolve_config`
     answers: the installed config source (the tuning cache after `moda_bench.tuning.use()`),
     else this GPU's shipped configs, else the heuristic `default_config`. Gradients flow to all
-    five inputs.
+    five inputs, unless depth_grad=False.
+
+    depth_grad=False: k_depth and v_depth are treated as constants (detached, as production
+    stacks keep the depth K/V out of autograd): no gradient is computed, stored or allocated
+    for them, their .grad stays None even if they require grad, and nothing flows back to
+    whatever produced them. The forward and the gradients of q, k, v are unchanged (the depth
+    part still contributes to dq). The backward takes the same path automatically when
+    neither k_depth nor v_depth requires grad.
 
     Host work per call besides the launches: the input checks, a memoised config look-up and
     a memoised config check (no file access, no JSON).
@@ -292,5 +316,8 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
         k_depth = v_depth = None
     else:
         k_depth, v_depth = k_depth.contiguous(), v_depth.contiguous()
-    o, lse = _MoDAFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale, shape, cfg)
+        if not depth_grad:  # constants: no graph edge back to their producers
+            k_depth, v_depth = k_depth.detach(), v_depth.detach()
+    o, lse = _MoDAFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale, shape, cfg,
+                                 bool(depth_grad))
     return (o, lse) if return_lse else o

@@ -5,6 +5,11 @@ from the sequence keys and (MODE BWDQ_FUSED) the depth keys with dk_depth, dv_de
 entry is read only by the rows of its own position, all inside one block, so no atomics.
 `moda_bwd_kv_kernel`: the key-major pass, dk and dv per block of keys; with DEPTH its grid also
 carries depth-only programs, and without KV it is the depth-only launch ("split", "stream").
+
+DEPTH_GRAD (constexpr of both kernels, used wherever a depth part runs): False treats the depth
+K/V as constants (detached): the depth part still reads k_depth, v_depth for its dq share, but
+the dk_depth / dv_depth products and their stores are compiled out (DKD, DVD are then unused
+and may alias anything).
 """
 from __future__ import annotations
 
@@ -67,10 +72,12 @@ def _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, q
 @triton.jit
 def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, t_lo, T, L, sdt, sdl, qk_scale, sm_scale,
                      NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+                     BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
+                     DEPTH_GRAD: tl.constexpr):
     """Depth part of the backward for one block of rows: adds the depth keys' (unscaled) dq
-    contribution to dq and writes dk_depth, dv_depth of the block's positions (each depth entry
-    is read by the rows of its own position only, so no other program touches it)."""
+    contribution to dq and, with DEPTH_GRAD, writes dk_depth, dv_depth of the block's positions
+    (each depth entry is read by the rows of its own position only, so no other program touches
+    it). Without DEPTH_GRAD only the dq share is computed: nothing is written to DKD, DVD."""
     q3 = tl.reshape(q, (NB, R, HEAD_DIM))
     do3 = tl.reshape(do, (NB, R, HEAD_DIM))
     lse3 = tl.reshape(lse2, (NB, R, 1))
@@ -85,10 +92,11 @@ def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, t_lo, T, L
         dp3 = mm(do3, tl.trans(vd, 0, 2, 1), PREC)
         ds3 = p3 * (dp3 - delta3)
         dq += tl.reshape(mm(ds3.to(kd.dtype), kd, PREC), (BLOCK_M, HEAD_DIM))
-        dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC)
-        dkd = mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale
-        tl.store(DKD + dbase + offs, dkd.to(DKD.dtype.element_ty), mask=ld_ok)
-        tl.store(DVD + dbase + offs, dvd.to(DVD.dtype.element_ty), mask=ld_ok)
+        if DEPTH_GRAD:
+            dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC)
+            dkd = mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale
+            tl.store(DKD + dbase + offs, dkd.to(DKD.dtype.element_ty), mask=ld_ok)
+            tl.store(DVD + dbase + offs, dvd.to(DVD.dtype.element_ty), mask=ld_ok)
     return dq
 
 
@@ -98,10 +106,11 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
                    sob, sot, soh, slb, slt, slh,
                    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    SEQ: tl.constexpr, DEPTH: tl.constexpr, ADD: tl.constexpr, S: tl.constexpr,
-                   BLOCK_L: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+                   BLOCK_L: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
+                   DEPTH_GRAD: tl.constexpr):
     """Query-major work of one block of BLOCK_M folded rows: dq from the sequence keys (SEQ)
-    and/or from the depth keys plus dk_depth, dv_depth (DEPTH). ADD adds the partial dq
-    already in DQ (written by a depth-only program) to this one's."""
+    and/or from the depth keys plus (DEPTH_GRAD) dk_depth, dv_depth (DEPTH). ADD adds the
+    partial dq already in DQ (written by a depth-only program) to this one's."""
     P: tl.constexpr = BLOCK_M // GP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
@@ -120,7 +129,7 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
     if DEPTH:
         dq = _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, b * sdb + j * sdh, t_lo, T, L, sdt, sdl,
                               qk_scale, sm_scale, P // S, S, S * GP, GP, BLOCK_M, BLOCK_L, HEAD_DIM, PREC,
-                              DEPTH_STAGES)
+                              DEPTH_STAGES, DEPTH_GRAD)
     dq_ptrs = row_ptrs(DQ, b, j, rows, offs_d, G, sqb, sqt, sqh, GP)
     dq = dq * sm_scale
     if ADD:
@@ -142,17 +151,19 @@ def moda_bwd_q_kernel(
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
-    DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr,
+    DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr, DEPTH_GRAD: tl.constexpr,
 ):
     """Query-major pass (MODE: one of BWDQ_*). DO/DQ share q's strides (sqb...), LSE/DELTA
-    share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of strides (sdb...)."""
+    share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of strides (sdb...).
+    DEPTH_GRAD (BWDQ_FUSED only): write dk_depth, dv_depth; False skips them (detached depth)."""
     pid0 = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
     _bwd_q_program(pid_m, pid_bh // Hk, pid_bh % Hk, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
                    qk_scale, sm_scale, T, L, G,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
-                   GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES)
+                   GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES,
+                   DEPTH_GRAD)
 
 
 @triton.jit
@@ -218,11 +229,12 @@ def moda_bwd_kv_kernel(
     sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV: tl.constexpr, DEPTH: tl.constexpr, DBLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr,
-    PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
+    PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr,
 ):
     """Key-major pass. With KV, programs [0, n_kv) compute dk, dv (DK/DV share k's strides);
     with DEPTH the remaining programs each take DBLOCK_M folded rows and write their depth dq
-    partial to DQ and dk_depth, dv_depth (so the depth traffic overlaps the dk/dv compute)."""
+    partial to DQ and, with DEPTH_GRAD, dk_depth, dv_depth (so the depth traffic overlaps the
+    dk/dv compute)."""
     if KV:
         pid0 = tl.program_id(0)
         pid_bh = tl.program_id(1)
@@ -240,7 +252,7 @@ def moda_bwd_kv_kernel(
             _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                            T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
                            sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD)
     elif KV:
         _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
@@ -249,4 +261,4 @@ def moda_bwd_kv_kernel(
         _bwd_q_program(pid0, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                        T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
                        sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                       False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+                       False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD)

@@ -1,0 +1,226 @@
+"""The floor model (moda_bench.floor), the run spec (bench.spec), the new configuration columns of
+the row key (depth_grad, Tq, S, gpu) and the presets and options that produce them; CPU only."""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from moda_bench import floor, results, schema
+from moda_bench.bench.point import TimingOptions
+from moda_bench.bench.presets import PRESET_PASS, preset_sweeps
+from moda_bench.bench.runner import Point, base_row, schema_rows
+from moda_bench.bench.spec import RunSpec, parse_timers, rates_from_verdicts
+from moda_bench.bench.sweep import plan_run
+
+BASE = dict(B=1, T=16384, Hq=64, Hk=8, d=64)
+
+
+# ----------------------------------------------------------------------------- floor model
+
+def test_moda_bytes_count_every_tensor_once_per_pass():
+    e, q, kv = 2, 16384 * 64 * 64 * 2, 16384 * 8 * 64 * 2
+    depth, lse = 16384 * 64 * 8 * 64 * 2, 16384 * 64 * 4
+    fwd = floor.moda_work("fwd", L=64, **BASE)
+    assert fwd.bytes == 2 * q + 2 * kv + 2 * depth + lse          # q, k, v, depth in; out, lse out
+    bwd = floor.moda_work("bwd", L=64, **BASE)
+    assert bwd.bytes == 4 * q + 4 * kv + lse + 4 * depth            # + dq, dk, dv, dk_depth, dv_depth
+    detached = floor.moda_work("bwd", L=64, depth_grad=False, **BASE)
+    assert bwd.bytes - detached.bytes == 2 * depth                  # no depth gradients written
+    both = floor.moda_work("fwdbwd", L=64, **BASE)
+    assert both.bytes == fwd.bytes + bwd.bytes and both.flops == fwd.flops + bwd.flops
+    assert e == floor.elem_bytes("bfloat16") and floor.elem_bytes("float32") == 4
+
+
+def test_moda_flops_match_the_spec_and_the_detached_backward():
+    seq = 4 * 64 * 64 * 16384 * 16385 / 2
+    dep = 4 * 64 * 64 * 16384 * 64
+    assert floor.moda_work("fwd", L=64, **BASE).flops == pytest.approx(seq + dep)
+    assert floor.moda_work("fwdbwd", L=64, **BASE).flops == pytest.approx(
+        schema.pass_flops("fwdbwd", 1, 64, 16384, 64, 64))
+    assert floor.moda_work("bwd", L=64, depth_grad=False, **BASE).flops == pytest.approx(2.5 * seq + 1.5 * dep)
+    assert floor.moda_work("fwd", L=0, **BASE) == floor.row_work("sequence", "fwd", L=64, **BASE)
+
+
+def test_floor_is_the_larger_of_compute_and_traffic():
+    rates = floor.Rates(800.0, 4000.0, "canary")
+    w = floor.Work(8e12, 4e9)          # 10 ms of matmul, 1 ms of traffic
+    assert floor.floor_ms(w, rates) == pytest.approx(10.0)
+    w = floor.Work(8e9, 4e9)           # memory bound: 1 ms
+    assert floor.floor_ms(w, rates) == pytest.approx(1.0)
+    cols = floor.floor_columns(w, rates, 2.0)
+    assert cols["of_floor"] == pytest.approx(2.0) and cols["gbps"] == pytest.approx(2000.0)
+    unknown = floor.floor_columns(w, floor.Rates(), 2.0)
+    assert math.isnan(unknown["floor_ms"]) and math.isnan(unknown["of_floor"]) and unknown["gbps"] == 2000.0
+
+
+def test_decode_work_counts_the_cache_once_and_the_causal_tail():
+    w = floor.decode_work(B=2, T=100, Tq=1, Hq=8, Hk=2, d=16, L=3)
+    assert w.bytes == 2 * (2 * 2 * 1 * 8 * 16 + 2 * 200 * 2 * 16 + 2 * 2 * 1 * 3 * 2 * 16)
+    assert w.flops == 4 * 8 * 16 * 2 * (100 + 3)                   # each row: 100 cached keys + 3 depth
+    multi = floor.decode_work(B=1, T=10, Tq=4, Hq=1, Hk=1, d=1, L=0)
+    assert multi.flops == 4 * (7 + 8 + 9 + 10)                     # token i sees positions 0..6+i
+    ragged = floor.decode_work(B=2, T=100, Tq=1, Hq=1, Hk=1, d=1, L=0, seqlens=[10, 50])
+    assert ragged.bytes == 2 * (2 * 2 + 2 * 60) and ragged.flops == 4 * 60
+    with pytest.raises(ValueError, match="seqlens has 1 entries"):
+        floor.decode_work(B=2, T=10, Tq=1, Hq=1, Hk=1, d=1, L=0, seqlens=[3])
+
+
+def test_depth_attention_work_is_mix_plus_plain_attention():
+    mix = floor.mix_work("fwd", B=1, T=4, Hq=8, Hk=2, d=16, S=3)
+    assert mix.bytes == 2 * (4 * 8 * 16 + 3 * 4 * 2 * 16 + 2 * 4 * 3 * 2 * 16)
+    total = floor.row_work("dattn", "fwdbwd", B=1, T=4, Hq=8, Hk=2, d=16, S=3)
+    assert total == floor.mix_work("fwdbwd", 1, 4, 8, 2, 16, 3) + floor.moda_work("fwdbwd", 1, 4, 8, 2, 16, 0)
+    with pytest.raises(ValueError, match="unknown provider kind"):
+        floor.row_work("nope", "fwd", **BASE)
+    with pytest.raises(ValueError, match="pass must be one of decode"):
+        floor.row_work("decode", "fwd", **BASE)
+
+
+# ----------------------------------------------------------------------------- run spec
+
+def test_run_spec_round_trips_and_knows_its_timers():
+    spec = RunSpec(["moda", "fa2", "moda"], "fwdbwd", timing=TimingOptions(min_samples=7), use_tuned=False,
+                   health="healthy", rates=floor.Rates(700.0, 3000.0, "canary"))
+    assert spec.providers == ("moda", "fa2") and spec.timer_list() == ("eager",)
+    again = RunSpec.from_json(spec.to_json())
+    assert again == spec.replace(timers=("eager",))
+    assert RunSpec(["moda"], "decode").timer_list() == ("graph", "eager")
+    assert RunSpec(["moda"], "decode", timers=("eager",)).timer_list() == ("eager",)
+    with pytest.raises(ValueError, match="pass must be one of"):
+        RunSpec(["moda"], "prefill")
+
+
+def test_parse_timers():
+    allowed = ("eager", "graph", "do_bench")
+    assert parse_timers(None, "fwd", allowed) == ()
+    assert parse_timers("graph, eager", "decode", allowed) == ("graph", "eager")
+    with pytest.raises(ValueError, match="one or more of"):
+        parse_timers("cupti", "fwd", allowed)
+    with pytest.raises(ValueError, match="repeats"):
+        parse_timers("eager,eager", "fwd", allowed)
+
+
+def test_rates_from_the_canary_else_the_table():
+    class V:
+        matmul_tflops, copy_gbps = 650.0, 3900.0
+    assert rates_from_verdicts([V()]) == floor.Rates(650.0, 3900.0, "canary")
+    table = rates_from_verdicts([], "NVIDIA H100 80GB HBM3")
+    assert table.source.startswith("table: H100") and table.known()
+    assert not rates_from_verdicts([], "some other GPU").known()
+
+
+# ----------------------------------------------------------------------------- the row key
+
+def test_new_config_columns_in_rows_and_defaults_for_old_files(tmp_path):
+    p = Point(T=64, depth_grad=False, S=3, L=3)
+    row = base_row(p, "dattn", "fwdbwd", "S")
+    assert (row["depth_grad"], row["S"], row["Tq"], row["L"]) == (0, 3, 0, 3)
+    assert {"depth_grad", "Tq", "S"} <= set(schema.ROW_KEY) and "gpu" in schema.ROW_KEY
+    old = pd.DataFrame([{c: v for c, v in row.items() if c not in ("depth_grad", "Tq", "S", "flops", "of_floor")}])
+    old[["median_ms", "status", "gpu", "torch_version", "triton_version", "git_commit", "timestamp"]] = \
+        [1.0, "ok", "g", "t", "t", "c", "2026-01-01T00:00:00+00:00"]
+    path = tmp_path / "old.csv"
+    old.to_csv(path, index=False)
+    back = results.read_csv(path)
+    assert (back.loc[0, "depth_grad"], back.loc[0, "Tq"], back.loc[0, "S"]) == (1.0, 0.0, 0.0)
+    assert math.isnan(back.loc[0, "of_floor"])
+
+
+def test_rows_of_two_gpus_are_both_kept(tmp_path):
+    rows = []
+    for gpu, ms in (("NVIDIA H100 80GB HBM3", 2.0), ("NVIDIA H200", 1.5)):
+        r = base_row(Point(T=64), "moda", "fwdbwd", "T")
+        r.update(median_ms=ms, status="ok", gpu=gpu, torch_version="t", triton_version="t", git_commit="c",
+                 timestamp="2026-01-01T00:00:00+00:00")
+        rows.append(r)
+    path = tmp_path / "both.csv"
+    results.write_csv_atomic(path, schema_rows(pd.DataFrame(rows, columns=schema.COLUMNS)))
+    keep, old = results.newest(results.read_csv(path))
+    assert sorted(keep["gpu"]) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"] and old.empty
+
+
+# ----------------------------------------------------------------------------- presets
+
+def test_decode_preset_plans_B_sweeps_per_context_length(tmp_path):
+    specs = preset_sweeps("decode")
+    assert PRESET_PASS["decode"] == "decode"
+    plans = plan_run(specs, Point(), tmp_path, pin_chunk=False)
+    assert [s.name for s in plans] == ["decode-T2048", "decode-T8192", "decode-T32768", "decode-T131072"]
+    for s, T in zip(plans, (2048, 8192, 32768, 131072)):
+        assert [p.B for p in s.points] == [1, 8, 32, 128]
+        assert all((p.T, p.Tq, p.G, p.Hk, p.d, p.L) == (T, 1, 8, 8, 64, 64) for p in s.points)
+        assert s.csv.name == f"sweep_{s.name}.csv"
+
+
+def test_depth_attention_preset_has_the_seed_heads_and_S_equals_L(tmp_path):
+    plans = plan_run(preset_sweeps("depth-attention"), Point(), tmp_path, pin_chunk=False)
+    assert len(plans) == 8
+    heads = {(p.Hq, p.Hk) for s in plans for p in s.points}
+    assert heads == {(24, 6), (32, 8)}
+    for s in plans:
+        assert [p.S for p in s.points] == [1, 2, 4, 8, 16, 47] and all(p.L == p.S for p in s.points)
+    # a command-line override wins over the preset's own base fields
+    fixed = plan_run(preset_sweeps("depth-attention")[:1], Point(T=1024), tmp_path / "x", pin_chunk=False,
+                     fixed=("T",))
+    assert all(p.T == 1024 for p in fixed[0].points)
+
+
+# ----------------------------------------------------------------------------- options
+
+def _invoke(*args):
+    import typer
+    from moda_bench.cli.sweep import sweep_command
+    app = typer.Typer()
+    app.command("sweep")(sweep_command)
+    app.command("noop")(lambda: None)
+    return CliRunner().invoke(app, ["sweep", *args], env={"COLUMNS": "200"})
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--vary", "T", "--depth-grad", "maybe"], "--depth-grad must be on or off"),
+    (["--vary", "T", "--timer", "eager,cupti"], "--timer must be one or more of"),
+    (["--preset", "decode", "--pass", "fwd"], "is a decode preset"),
+    (["--vary", "T", "--Tq", "2"], "apply to --pass decode"),
+    (["--vary", "B", "--pass", "decode", "--providers", "moda,flex"], "unknown decode provider 'flex'"),
+    (["--vary", "Q"], "--vary must be one of"),
+])
+def test_bad_options_are_one_line_errors(args, message):
+    res = _invoke(*args)
+    assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+    assert "Traceback" not in res.output
+
+
+def test_decode_and_detached_runs_record_their_spec(tmp_path, monkeypatch):
+    """The options reach one RunSpec (providers of the decode family, both timers, the floor's
+    rates) and points with Tq=1 or depth_grad off; run.json records them."""
+    import torch
+    from moda_bench.bench import runner
+    from moda_bench.cli import checks
+    seen = []
+
+    def fake_run_sweep(points, spec, csv_path, *, sweep_name, **kw):
+        seen.append((list(points), spec))
+        return pd.DataFrame(columns=schema.COLUMNS)
+
+    monkeypatch.setattr(runner, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(checks.RunHealth, "rates", lambda self: floor.Rates(700.0, 3000.0, "canary"))
+    res = _invoke("--vary", "B", "--values", "1,8", "--pass", "decode", "--T", "4096", "--no-health-check",
+                  "--out", str(tmp_path / "d"))
+    assert res.exit_code == 0, res.output
+    points, spec = seen[-1]
+    assert spec.pass_ == "decode" and spec.timer_list() == ("graph", "eager")
+    assert spec.providers == ("moda", "moda-nosplit", "fa2", "cudnn", "fa4", "flashinfer")
+    assert [(p.B, p.T, p.Tq) for p in points] == [(1, 4096, 1), (8, 4096, 1)]
+    run = json.loads((tmp_path / "d" / "run.json").read_text())
+    assert run["floor_rates"] == {"matmul_tflops": 700.0, "copy_gbps": 3000.0, "source": "canary"}
+    assert run["timers"] == ["graph", "eager"] and run["pass"] == "decode"
+    res = _invoke("--vary", "T", "--values", "64", "--depth-grad", "off", "--providers", "moda,fa2",
+                  "--no-health-check", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.output
+    points, spec = seen[-1]
+    assert [p.depth_grad for p in points] == [False] and spec.timer_list() == ("eager",)

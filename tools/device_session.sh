@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One GPU session's measurements, in stages, so that each call of a remote GPU box runs a few of
+# them within its time limit. Usage, from the repository root on the GPU machine:
+#
+#   RESULTS=/path/to/folder GPU=h100 bash tools/device_session.sh STAGE [STAGE ...]
+#
+# Stages:
+#   fa4-small   pip-install the small FlashAttention-4 wheels of .fa4/small into /tmp/fa4site
+#   fa4-part1   keep the first half of the packed cu13 libraries (.fa4/p1) in /tmp
+#   fa4-big     join it with the second half (.fa4/p2) and unpack into /tmp/fa4site
+#   tests       GPU-marked tests of the new operators (decode, Depth-Attention, detached depth)
+#   fa4-tests   GPU-marked tests that need FA4 (moda-fa4 with detached depth, dattn on FA4)
+#   proto       the two fused-depth forward prototypes (tools/fused_fwd_*.py)
+#   paper       the paper preset with the Hopper peers (moda, moda-fa4, fa2, fa4, cudnn)
+#   limit       issue 20's rows: T = 16K/32K/64K forward only and with detached depth,
+#               T = 4096 under graph and eager timers
+#   decode      the decode preset (graph and eager timers)
+#   dattn       Depth-Attention beside MoDA: S sweeps at T = 4096 and 16384 (3B heads), 16384 (1.5B)
+# The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
+# writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
+set -uo pipefail
+RESULTS=${RESULTS:?set RESULTS to an output folder}
+GPU=${GPU:?set GPU to a short name such as h100}
+MAX_TIME=${MAX_TIME:-8}
+export PYTHONPATH=$PWD:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+mkdir -p "$RESULTS/$GPU"
+MB="python3 -m moda_bench.cli"
+
+stage() {
+  local name=$1; shift
+  echo "=== $name $(date -u +%H:%M:%S)"
+  "$@" > "$RESULTS/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc $(date -u +%H:%M:%S)"
+  tail -n 25 "$RESULTS/$name.log"
+}
+
+for s in "$@"; do
+  case $s in
+    fa4-small) stage fa4-small python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fa4site .fa4/small/*.whl ;;
+    fa4-part1) stage fa4-part1 cp .fa4/p1/cu13.part.aa /tmp/ ;;
+    fa4-big) stage fa4-big bash -c 'cat /tmp/cu13.part.aa .fa4/p2/cu13.part.ab | xz -d | tar -xf - -C /tmp/fa4site && python3 -c "from flash_attn.cute import flash_attn_func; print(\"FA4 ok\")"' ;;
+    tests) stage tests python3 -m pytest -q -m gpu -x --timeout 900 tests/test_decode.py tests/test_dattn.py tests/test_depth_grad.py -k "not fa4" ;;
+    fa4-tests) stage fa4-tests python3 -m pytest -q -m gpu --timeout 900 tests/test_depth_grad.py tests/test_dattn.py -k "fa4 or FA4" ;;
+    proto) stage proto-triton timeout 150 python3 tools/fused_fwd_triton.py
+           stage proto-cute timeout 150 python3 tools/fused_fwd_cute.py ;;
+    paper) stage paper $MB sweep --preset paper --providers moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-peers" ;;
+    limit) R=$RESULTS/$GPU/limit
+           stage limit-fwd $MB sweep --vary T --values 16384,32768,65536 --pass fwd --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/fwd"
+           stage limit-detached $MB sweep --vary T --values 16384,32768,65536 --depth-grad off --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/detached"
+           stage limit-t4096 $MB sweep --vary T --values 4096 --timer graph,eager --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/t4096" ;;
+    decode) stage decode $MB sweep --preset decode --max-time "$MAX_TIME" --out "$RESULTS/$GPU/decode" ;;
+    dattn) R=$RESULTS/$GPU/depth-attention
+           P=dattn,dattn-torch,dattn-mix,fa4,fa2,moda-fa4,moda
+           stage dattn-3b-t4096 $MB sweep --vary S --T 4096 --G 4 --Hk 8 --providers $P --max-time "$MAX_TIME" --out "$R/3B-T4096"
+           stage dattn-3b-t16384 $MB sweep --vary S --T 16384 --G 4 --Hk 8 --providers $P --max-time "$MAX_TIME" --out "$R/3B-T16384"
+           stage dattn-1.5b-t16384 $MB sweep --vary S --values 1,4,16 --T 16384 --G 4 --Hk 6 --providers $P --max-time "$MAX_TIME" --out "$R/1.5B-T16384" ;;
+    doctor) stage doctor $MB doctor ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
