@@ -224,3 +224,35 @@ def test_decode_and_detached_runs_record_their_spec(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     points, spec = seen[-1]
     assert [p.depth_grad for p in points] == [False] and spec.timer_list() == ("eager",)
+
+
+# ----------------------------------------------------------------------------- through the runner
+
+def _cpu_timer(fn, **kw):
+    fn()
+    return {"median_ms": 2.0, "p20_ms": 2.0, "p80_ms": 2.0}
+
+
+def test_depth_attention_and_detached_rows_through_the_runner(tmp_path):
+    """dattn, dattn-torch, dattn-mix and moda at L = S on the CPU interpreter: checked against
+    their own references, floor columns filled from the spec's rates; a detached-depth point
+    runs MoDA with depth_grad off and records it."""
+    from moda_bench.bench.runner import run_sweep
+    rates = floor.Rates(100.0, 1000.0, "test")
+    pt = Point(T=17, G=2, Hk=1, L=2, S=2, d=16, dtype="float32")
+    spec = RunSpec(["dattn", "dattn-torch", "dattn-mix", "moda"], "fwdbwd", rates=rates)
+    f = run_sweep([pt], spec, tmp_path / "s.csv", sweep_name="S", device="cpu", timer=_cpu_timer, progress=False,
+                  seed=0).set_index("provider")
+    assert (f["status"] == "ok").all(), f["reason"].to_dict()
+    assert (f["max_rel_err"] < 1e-5).all() and (f[["S", "L"]] == 2).all().all()
+    want = floor.row_work("dattn", "fwdbwd", B=1, T=17, Hq=2, Hk=1, d=16, S=2, dtype="float32")
+    assert f.loc["dattn", "bytes"] == want.bytes == f.loc["dattn-torch", "bytes"]
+    assert f.loc["dattn", "floor_ms"] == pytest.approx(floor.floor_ms(want, rates))
+    assert f.loc["dattn", "of_floor"] == pytest.approx(2.0 / floor.floor_ms(want, rates))
+    assert f.loc["dattn-mix", "bytes"] == floor.mix_work("fwdbwd", 1, 17, 2, 1, 16, 2, dtype="float32").bytes
+    assert "fused Triton" in f.loc["dattn", "impl_detail"] and "plain PyTorch" in f.loc["dattn-torch", "impl_detail"]
+    det = run_sweep([Point(T=17, G=2, Hk=1, L=3, d=16, dtype="float32", depth_grad=False)],
+                    RunSpec(["moda"], "fwdbwd"), tmp_path / "d.csv", sweep_name="T", device="cpu", timer=_cpu_timer,
+                    progress=False, seed=0).iloc[0]
+    assert det["status"] == "ok" and det["depth_grad"] == 0 and "depth detached" in det["impl_detail"]
+    assert det["bytes"] == floor.moda_work("fwdbwd", 1, 17, 2, 1, 16, 3, dtype="float32", depth_grad=False).bytes
