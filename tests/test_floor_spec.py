@@ -256,3 +256,23 @@ def test_depth_attention_and_detached_rows_through_the_runner(tmp_path):
                     progress=False, seed=0).iloc[0]
     assert det["status"] == "ok" and det["depth_grad"] == 0 and "depth detached" in det["impl_detail"]
     assert det["bytes"] == floor.moda_work("fwdbwd", 1, 17, 2, 1, 16, 3, dtype="float32", depth_grad=False).bytes
+
+
+def test_decode_rows_through_the_runner(tmp_path):
+    """The decode pass: decode inputs, the decode reference, one row per provider and timer
+    (the injected timer stands for both), floor columns of the decode model; sequence-only
+    peers run with L = 0 and GPU-only ones are skipped with the reason on the CPU."""
+    from moda_bench.bench.runner import run_sweep
+    rates = floor.Rates(100.0, 1000.0, "test")
+    pts = [Point(T=37, Tq=2, G=4, Hk=1, L=3, B=2, d=16, dtype="float32")]
+    spec = RunSpec(["moda", "moda-nosplit", "fa2", "fa4"], "decode", rates=rates)
+    f = run_sweep(pts, spec, tmp_path / "d.csv", sweep_name="decode", device="cpu", timer=_cpu_timer,
+                  progress=False, seed=0).set_index("provider")
+    for name in ("moda", "moda-nosplit"):
+        assert f.loc[name, "status"] == "ok" and f.loc[name, "max_rel_err"] < 1e-5, f.loc[name, "reason"]
+    assert "1 split(s) (pinned)" in f.loc["moda-nosplit", "impl_detail"]
+    assert f.loc["fa2", "status"] == "skipped" and f.loc["fa4", "status"] == "skipped"
+    want = floor.decode_work(2, 37, 2, 4, 1, 16, 3, dtype="float32")
+    assert f.loc["moda", "bytes"] == want.bytes and f.loc["moda", "flops"] == want.flops
+    assert f.loc["moda", "gbps"] == pytest.approx(want.bytes / 2e6) and (f["Tq"] == 2).all()
+    assert (f["pass"] == "decode").all()

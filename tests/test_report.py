@@ -300,10 +300,10 @@ def _point_rows(rng, sweep, T, G, timer, *, gpu, health, throttle_pool, ts):
     return rows
 
 
-def write_new_results(root: Path, seed: int = 7, sweeps=("T", "G")) -> dict:
+def write_new_results(root: Path, seed: int = 7, sweeps=("T", "G"), gpu: str = "NVIDIA H200") -> dict:
     """root/run-a: T sweep (T=4096, 8192), eager and graph timers, healthy, sw_power_cap now and
-    then; root/run-b: G sweep (G=4, 16), eager, health 'degraded' with hard throttling. Returns
-    the rows written per folder."""
+    then; root/run-b: G sweep (G=4, 16), eager, health 'degraded' with hard throttling; all on
+    `gpu`. Returns the rows written per folder."""
     rng = random.Random(seed)
     written = {}
     plan = {"run-a": [], "run-b": []}
@@ -317,7 +317,7 @@ def write_new_results(root: Path, seed: int = 7, sweeps=("T", "G")) -> dict:
         healthy = folder == "run-a"
         rows = []
         for sweep, T, G, timer in points:
-            rows += _point_rows(rng, sweep, T, G, timer, gpu="NVIDIA H200",
+            rows += _point_rows(rng, sweep, T, G, timer, gpu=gpu,
                                 health="healthy" if healthy else "degraded: clocks throttled: hw_slowdown|hw_thermal",
                                 throttle_pool=["", "", "sw_power_cap"] if healthy else ["hw_slowdown|hw_thermal", ""],
                                 ts="2026-01-02T03:04:05+00:00" if healthy else "2026-01-03T03:04:05+00:00")
@@ -502,10 +502,11 @@ def test_old_csvs_get_no_new_columns(report):
 
 
 def test_mixed_old_and_new_csvs(tmp_path):
-    """Old and new files in one report: the new columns appear only in the sections with the data."""
+    """Old and new files of one GPU in one report: the new columns appear only in the sections with
+    the data (the old rows' cells of those columns are empty)."""
     res = tmp_path / "results"
     shutil.copytree(DATA, res)
-    write_new_results(res / "new", sweeps=("G",))
+    write_new_results(res / "new", sweeps=("G",), gpu="NVIDIA H100 80GB HBM3")
     generate_report([res], tmp_path / "out", paper_dir=PAPER, figures=False)
     md = (tmp_path / "out" / "REPORT.md").read_text()
     header, _ = table_rows(md, "### Sweep over T")

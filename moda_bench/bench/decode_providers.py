@@ -97,7 +97,7 @@ def _moda(num_splits: Optional[int]):
         q = inputs["q"]
         splits = num_splits
         if splits is None:
-            splits = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device))
+            splits = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device), 128 if point.d <= 64 else 64)
         args = (q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"])
         return Prepared(lambda: moda_decode(*args, num_splits=splits),
                         impl_detail=f"moda_decode split-KV, {splits} split(s)"
@@ -110,8 +110,9 @@ def _sdpa(backend: str, label: str):
     def prepare(inputs, point, chunk):
         from moda_bench.ops.decode import peers
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
-        fn, detail = peers.sdpa_decode_fn(q, k, v, backend)
-        return Prepared(fn, impl_detail=f"{label}; {detail}; sequence-only (no depth)")
+        _, detail = peers.sdpa_decode(q, k, v, backend, return_detail=True)   # settles the GQA route once
+        return Prepared(lambda: peers.sdpa_decode(q, k, v, backend),
+                        impl_detail=f"{label}; {detail}; sequence-only (no depth)")
     return prepare
 
 
@@ -125,20 +126,21 @@ def _sdpa_unavailable(backend: str) -> Callable[[str], Optional[str]]:
 def _fa4(inputs, point, chunk):
     from moda_bench.ops.decode import choose_num_splits, peers
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    want = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device))
-    fn, detail, used = peers.fa4_decode_fn(q, k, v, want)
-    return Prepared(fn, impl_detail=f"{detail}; sequence-only (no depth)", config={"num_splits": used})
+    want = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device), 128 if point.d <= 64 else 64)
+    _, detail = peers.fa4_decode(q, k, v, want, return_detail=True)   # a refused split is remembered
+    return Prepared(lambda: peers.fa4_decode(q, k, v, want), impl_detail=f"{detail}; sequence-only (no depth)",
+                    config={"num_splits_asked": want})
 
 
 def _fa4_unavailable(device: str) -> Optional[str]:
     from moda_bench.ops.decode import peers
-    return peers.fa4_unavailable(device)
+    return peers.fa4_decode_unavailable(device)
 
 
 def _flashinfer(inputs, point, chunk):
     from moda_bench.ops.decode import peers
-    fn, detail = peers.flashinfer_decode_fn(inputs["q"], inputs["k"], inputs["v"])
-    return Prepared(fn, impl_detail=f"{detail}; sequence-only (no depth)")
+    run, detail = peers.prepare_flashinfer_decode(inputs["q"], inputs["k"], inputs["v"])
+    return Prepared(run, impl_detail=f"{detail}; sequence-only (no depth)")
 
 
 def _flashinfer_unavailable(device: str) -> Optional[str]:

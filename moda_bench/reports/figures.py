@@ -1,12 +1,14 @@
-"""Every figure moda-bench draws (PNG + SVG, matplotlib's object API: no pyplot, no global state).
+"""Every figure moda-bench draws (PNG + SVG, matplotlib's object API: no pyplot, no global state;
+the shared colours, axes and saving are `reports.plotting`).
 
-- Report figures (`write_all`: runtime, extra time, ablation ladder, TFLOP/s and, where the CSVs
-  have it, the ratio to the fastest attention) from the frames built by `reports.tables`;
-  `ablation_figure` and `save_figure` are also used by `ablate`. Ratios and extra times get
-  error bars from the paired 95% intervals where measured; rows of the graph timer are drawn
-  dashed beside the eager ones. They are built and saved inside matplotlib's default style with
-  a fixed SVG hash salt and no date/software metadata, so identical inputs give byte-identical
-  files on one matplotlib version.
+- Report figures (`write_all`, per GPU: runtime, extra time, ablation ladder, TFLOP/s and, where
+  the CSVs have it, the ratio to the fastest attention, drawn here from the training sweeps and
+  the frames built by `reports.tables`; the floor, decode and Depth-Attention figures of
+  `reports.workload_figures`); `ablation_figure` and `save_figure` are also used by `ablate`.
+  Ratios and extra times get error bars from the paired 95% intervals where measured; rows of
+  the graph timer are drawn dashed beside the eager ones. They are built and saved inside
+  matplotlib's default style with a fixed SVG hash salt and no date/software metadata, so
+  identical inputs give byte-identical files on one matplotlib version.
 - The per-sweep figure (`plot_sweep`, used by `sweep`), drawn from one sweep CSV alone (read
   through `moda_bench.results`): median runtime with p20-p80 bars and extra time % vs FA2
   (with its interval where measured) against the swept parameter (`infer_x`).
@@ -19,81 +21,10 @@ from typing import Callable, Optional
 
 from moda_bench import results as results_io
 from moda_bench import schema
-from moda_bench.reports.vocab import (CEILING_PROVIDER, MODA_VARIANTS, PAPER_AXES, SEQUENCE_ONLY, fmt_config,
-                                      has_text, pass_label, sort_passes)
-
-RC = {"svg.hashsalt": "moda-bench", "svg.fonttype": "path", "figure.dpi": 100, "font.size": 9,
-      "axes.grid": True, "grid.alpha": 0.3}
-PNG_METADATA = {"Software": None}
-SVG_METADATA = {"Date": None, "Creator": None}
-PNG_DPI = 150
-LOG_RANGE = 16.0                                  # use a log axis when max/min reaches this
-PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-torch", "flash-compatible",
-                  "chunk-aware", "group-aware", "batched-tiles"]
-SERIES_RANK = PROVIDER_ORDER + ["moda-fa4", "fa4"]   # legend order; PROVIDER_ORDER alone fixes colours
-FIXED_COLORS = {"moda-fa4": "#ff7f0e", "fa4": "#17becf"}   # providers added later: clear of fa2/moda's colours
-TIMER_STYLE = {"eager": "-", "graph": "--"}        # line style per timer where a figure draws both
-AXIS_LABEL = {"T": "sequence length T", "G": "GQA group size G (Hq = G * Hk)", "L": "depth L",
-              "C": "query chunk C (rows)"}
-
-
-def _color(provider: str, extra: list[str]) -> str:
-    """Fixed colour per provider: known ones by PROVIDER_ORDER, others after them in sorted order."""
-    if provider in FIXED_COLORS:
-        return FIXED_COLORS[provider]
-    from matplotlib import colormaps
-    names = PROVIDER_ORDER + [p for p in sorted(extra) if p not in PROVIDER_ORDER]
-    cmap = colormaps["tab10"]
-    from matplotlib.colors import to_hex
-    return to_hex(cmap(names.index(provider) % 10 if provider in names else 9))
-
-
-def _wants_log(values) -> bool:
-    v = [float(x) for x in values if not math.isnan(float(x)) and float(x) > 0]
-    return len(v) > 1 and max(v) / min(v) >= LOG_RANGE
-
-
-def _set_x(ax, axis: str, xs) -> None:
-    """Ticks exactly at the measured points; log2 axis when the range spans >= LOG_RANGE."""
-    xs = sorted({float(x) for x in xs if not math.isnan(float(x))})
-    if _wants_log(xs):
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(xs)
-    ax.set_xticklabels([str(int(x)) if float(x).is_integer() else f"{x:g}" for x in xs])
-    ax.minorticks_off()
-    ax.set_xlabel(AXIS_LABEL.get(axis, axis))
-
-
-def _series(part, axis: str):
-    """(label, provider, timer, rows sorted by axis) per provider (+ other config columns that vary
-    inside the sweep, + the timer where the part holds several; timer '' otherwise)."""
-    others = [c for c in schema.CONFIG_COLUMNS if c != axis and not (axis == "G" and c == "Hq")
-              and part[c].nunique(dropna=False) > 1]
-    by_timer = part["timer"].nunique(dropna=False) > 1
-    out = []
-    rank = {p: i for i, p in enumerate(SERIES_RANK)}
-    groups = part.groupby(["provider"] + others + (["timer"] if by_timer else []), sort=True, dropna=False)
-    for key, g in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        provider = key[0]
-        label = provider + ("" if not others else " (" + ", ".join(
-            f"{c}={fmt_config(c, v)}" for c, v in zip(others, key[1:])) + ")")
-        timer = str(key[-1]) if by_timer else ""
-        label += f" [{timer}]" if timer else ""
-        out.append((label, provider, timer, g.sort_values(axis)))
-    out.sort(key=lambda s: (rank.get(s[1], len(rank)), s[0]))
-    return out
-
-
-def _style(timer: str) -> dict:
-    """Line style keyword of a series: none for a figure of one timer (the default solid line)."""
-    return {"linestyle": TIMER_STYLE.get(timer, ":")} if timer else {}
-
-
-def _interval_err(y, lo, hi):
-    """yerr [below, above] from an interval around y (0 where the interval is missing)."""
-    return [(y - lo).clip(lower=0).fillna(0).tolist(), (hi - y).clip(lower=0).fillna(0).tolist()]
-
+from moda_bench.reports.plotting import (figure_style, interval_err, new_figure, provider_color, save_figure, series,
+                                         set_x, timer_style, wants_log)
+from moda_bench.reports.vocab import (CEILING_PROVIDER, MODA_VARIANTS, PAPER_AXES, SEQUENCE_ONLY, config_text,
+                                      has_text, pass_label, sort_passes, swept_axis)
 
 def _short(v: float) -> str:
     """Bar label: whole numbers from 100 up, else three significant digits."""
@@ -110,19 +41,11 @@ def _axis_figure(ok, title: str, draw):
     axes_present = [a for a in schema.AXES if (ok["sweep"] == a).any()]
     if not axes_present:
         return None
-    fig, axs = _new_figure(len(axes_present), f"{title} ({pass_label(pass_)})")
+    fig, axs = new_figure(len(axes_present), f"{title} ({pass_label(pass_)})")
     providers = sorted(set(ok["provider"]))
     for ax, axis in zip(axs, axes_present):
         draw(ax, axis, ok[ok["sweep"] == axis], providers)
     return fig
-
-
-def _new_figure(n_panels: int, title: str, width_per_panel: float = 4.2, height: float = 3.6):
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(max(1, n_panels) * width_per_panel, height), layout="constrained")
-    axes = fig.subplots(1, max(1, n_panels), squeeze=False)[0]
-    fig.suptitle(title)
-    return fig, list(axes)
 
 
 def _measure_figure(rows, ycol: str, ylabel: str, title: str, ceiling=None):
@@ -131,17 +54,17 @@ def _measure_figure(rows, ycol: str, ylabel: str, title: str, ceiling=None):
 
     def draw(ax, axis, part, providers):
         ys = []
-        for label, provider, timer, g in _series(part, axis):
+        for label, provider, timer, g in series(part, axis):
             x, y = g[axis].astype(float).tolist(), g[ycol].astype(float).tolist()
-            ax.plot(x, y, marker="o", label=label, color=_color(provider, providers), **_style(timer))
+            ax.plot(x, y, marker="o", label=label, color=provider_color(provider, providers), **timer_style(timer))
             ys += y
         if ceiling is not None:
             ax.axhline(ceiling[0], color="black", linestyle="--", linewidth=1,
                        label=f"matmul ceiling {ceiling[0]:.0f}")
             ax.set_ylim(0, ceiling[0] * 1.08)
-        elif _wants_log(ys):
+        elif wants_log(ys):
             ax.set_yscale("log")
-        _set_x(ax, axis, part[axis])
+        set_x(ax, axis, part[axis])
         ax.set_ylabel(ylabel)
         ax.set_title(f"vs {axis}")
         ax.legend(fontsize=7)
@@ -169,7 +92,7 @@ def _paper_axis(paper_eff, axis: str):
     return paper_eff[mask].drop_duplicates(axis).sort_values(axis)
 
 
-def _extra_series(section, multi_timer: bool):
+def _extraseries(section, multi_timer: bool):
     """(label, colour, timer, frame with axis, y, err_lo, err_hi) of MoDA and its variants in one
     fwd+bwd efficiency section: extra time % over FA2, the paired ratio's where it has an interval."""
     f, axis, out = section.frame, section.sweep, []
@@ -185,7 +108,7 @@ def _extra_series(section, multi_timer: bool):
         data = f[[axis]].assign(y=y, lo=((f[lo] - 1) * 100).where(paired), hi=((f[hi] - 1) * 100).where(paired))
         data = data.dropna(subset=["y"]).sort_values(axis)
         if not data.empty:
-            out.append((label + suffix, _color(colour, []), section.timer if multi_timer else "", data))
+            out.append((label + suffix, provider_color(colour, []), section.timer if multi_timer else "", data))
     return out
 
 
@@ -196,21 +119,21 @@ def extra_time_figure(eff_sections, paper):
     multi_timer = len({s.timer for s in sections}) > 1
     ours: dict = {}
     for s in sections:
-        ours.setdefault(s.sweep, []).extend(_extra_series(s, multi_timer))
+        ours.setdefault(s.sweep, []).extend(_extraseries(s, multi_timer))
     ours = {a: v for a, v in ours.items() if v}
     has_paper = paper.efficiency is not None
     axes_present = [a for a in schema.AXES if a in ours or (has_paper and a in PAPER_AXES)]
     if not ours and not has_paper:
         return None
-    fig, axs = _new_figure(len(axes_present), "MoDA extra time over FA2 (fwd+bwd)")
+    fig, axs = new_figure(len(axes_present), "MoDA extra time over FA2 (fwd+bwd)")
     for ax, axis in zip(axs, axes_present):
         xs = []
         for label, colour, timer, d in ours.get(axis, []):
             if d["lo"].notna().any():
-                ax.errorbar(d[axis].astype(float), d["y"], yerr=_interval_err(d["y"], d["lo"], d["hi"]), marker="o",
-                            capsize=3, color=colour, label=label, **_style(timer))
+                ax.errorbar(d[axis].astype(float), d["y"], yerr=interval_err(d["y"], d["lo"], d["hi"]), marker="o",
+                            capsize=3, color=colour, label=label, **timer_style(timer))
             else:
-                ax.plot(d[axis].astype(float), d["y"], marker="o", color=colour, label=label, **_style(timer))
+                ax.plot(d[axis].astype(float), d["y"], marker="o", color=colour, label=label, **timer_style(timer))
             xs += d[axis].tolist()
         if has_paper and axis in PAPER_AXES:
             p = _paper_axis(paper.efficiency, axis)
@@ -218,7 +141,7 @@ def extra_time_figure(eff_sections, paper):
                     label="paper (A100)")
             xs += p[axis].tolist()
         ax.axhline(0, color="black", linewidth=0.8)
-        _set_x(ax, axis, xs)
+        set_x(ax, axis, xs)
         ax.set_ylabel("extra time %  (MoDA - FA2) / FA2")
         ax.set_title(f"vs {axis}")
         ax.legend(fontsize=7)
@@ -234,15 +157,16 @@ def ratio_to_best_figure(rows):
 
     def draw(ax, axis, part, providers):
         ys = []
-        for label, provider, timer, g in _series(part, axis):
+        for label, provider, timer, g in series(part, axis):
             y = g["ratio_to_best"].astype(float)
-            ax.errorbar(g[axis].astype(float), y, yerr=_interval_err(y, g["ratio_to_best_lo"], g["ratio_to_best_hi"]),
-                        marker="o", capsize=3, label=label, color=_color(provider, providers), **_style(timer))
+            ax.errorbar(g[axis].astype(float), y, yerr=interval_err(y, g["ratio_to_best_lo"], g["ratio_to_best_hi"]),
+                        marker="o", capsize=3, label=label, color=provider_color(provider, providers),
+                        **timer_style(timer))
             ys += y.tolist()
         ax.axhline(1.0, color="black", linewidth=0.8)
-        if _wants_log(ys):
+        if wants_log(ys):
             ax.set_yscale("log")
-        _set_x(ax, axis, part[axis])
+        set_x(ax, axis, part[axis])
         best = sorted({b.strip() for b in part["best_provider"] if has_text(b)})
         ax.set_ylabel("time / fastest attention")
         ax.set_title(f"vs {axis}" + (f" (fastest: {', '.join(best)})" if best else ""))
@@ -256,12 +180,12 @@ def ablation_figure(abl_sections):
     sections = [s for s in abl_sections if s.frame["ms"].notna().any() or s.frame["paper_ms"].notna().any()]
     if not sections:
         return None
-    fig, axs = _new_figure(len(sections), "Kernel ablation ladder", width_per_panel=5.5, height=4.0)
+    fig, axs = new_figure(len(sections), "Kernel ablation ladder", width_per_panel=5.5, height=4.0)
     width = 0.4
     for ax, s in zip(axs, sections):
         f = s.frame
         idx = list(range(len(f)))
-        for offset, col, label, color in ((-width / 2, "ms", "ours", _color("moda", [])),
+        for offset, col, label, color in ((-width / 2, "ms", "ours", provider_color("moda", [])),
                                           (width / 2, "paper_ms", "paper (A100)", "gray")):
             vals = f[col].astype(float).tolist()
             if not any(not math.isnan(v) for v in vals):
@@ -278,51 +202,43 @@ def ablation_figure(abl_sections):
     return fig
 
 
-def save_figure(fig, stem: Path) -> list[Path]:
-    """stem.png and stem.svg, without dates or version strings (deterministic bytes)."""
-    import matplotlib
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    with matplotlib.rc_context(RC):
-        fig.savefig(png, dpi=PNG_DPI, metadata=PNG_METADATA)
-        fig.savefig(svg, metadata=SVG_METADATA)
-    return [png, svg]
-
-
-def write_all(fig_dir: Path, *, rows, eff_sections, abl_sections, paper, ceiling) -> list[Path]:
-    """Draw and save every figure that has data; returns the written paths."""
-    import matplotlib
-    import matplotlib.style
-    builders = [("runtime", lambda: runtime_figure(rows)),
+def write_all(fig_dir: Path, *, rows, eff_sections, abl_sections, paper, ceiling, suffix: str = "",
+              gpu: str = "") -> list[Path]:
+    """Draw and save every figure that has data from one GPU's rows (every workload: training
+    figures take the training sweeps, `reports.workload_figures` the floor, decode and
+    Depth-Attention ones) and sections; returns the written paths. `suffix` ends every file name
+    and `gpu`, where given, every figure title (a report over several GPUs)."""
+    from moda_bench.reports import workload_figures as wf
+    from moda_bench.reports.tables import DATTN, DECODE, TRAIN, rows_of
+    train = rows_of(rows, TRAIN)
+    builders = [("runtime", lambda: runtime_figure(train)),
                 ("extra_time", lambda: extra_time_figure(eff_sections, paper)),
                 ("ablation", lambda: ablation_figure(abl_sections)),
-                ("tflops", lambda: tflops_figure(rows, ceiling)),
-                ("ratio_to_best", lambda: ratio_to_best_figure(rows))]
+                ("tflops", lambda: tflops_figure(train, ceiling)),
+                ("ratio_to_best", lambda: ratio_to_best_figure(train)),
+                ("floor", lambda: wf.floor_figure(rows_of(rows, TRAIN, DATTN, DECODE))),
+                ("decode", lambda: wf.decode_figure(rows)),
+                ("depth_attention", lambda: wf.depth_attention_figure(rows))]
     written = []
-    with matplotlib.style.context("default"), matplotlib.rc_context(RC):
+    with figure_style():
         for name, build in builders:
             fig = build()
             if fig is not None:
-                written += save_figure(fig, fig_dir / name)
+                if gpu and hasattr(fig, "get_suptitle"):
+                    fig.suptitle(f"{fig.get_suptitle()}, {gpu}")
+                written += save_figure(fig, fig_dir / f"{name}{suffix}")
     return written
 
 
 # ---------------------------------------------------------------------------------------------
 # The per-sweep figure (written by `moda-bench sweep` beside each sweep CSV)
 # ---------------------------------------------------------------------------------------------
-SWEEP_X_ORDER = list(schema.AXES) + ["B", "d", "Hk"]   # Hq follows G; never chosen as x
-
 
 def infer_x(frame) -> str:
-    """The swept column: the `sweep` name when it is a config column, else the first config
-    column (T, G, L, C, B, d, Hk) taking more than one value, else T."""
+    """The swept column (`vocab.swept_axis`): the `sweep` name when it is an axis, else the first
+    config column (S, T, G, L, C, B, Tq, d, Hk) taking more than one value, else T."""
     names = [s for s in frame["sweep"].dropna().unique() if s != ""] if "sweep" in frame else []
-    if len(names) == 1 and names[0] in SWEEP_X_ORDER:
-        return names[0]
-    for col in SWEEP_X_ORDER:
-        if col in frame and frame[col].nunique() > 1:
-            return col
-    return "T"
+    return swept_axis(frame, names[0] if len(names) == 1 else None)
 
 
 def read_sweep(csv_path, warn: Optional[Callable[[str], None]] = None):
@@ -377,14 +293,14 @@ def plot_sweep(csv_path, out_path=None, *, x: str | None = None, title: str | No
         if grp[["p20_ms", "p80_ms"]].notna().all().all():
             yerr = [(grp["median_ms"] - grp["p20_ms"]).clip(lower=0), (grp["p80_ms"] - grp["median_ms"]).clip(lower=0)]
         ax_t.errorbar(grp[x], grp["median_ms"], yerr=yerr, marker="o", capsize=3, label=label, color=colour,
-                      **_style(timer))
+                      **timer_style(timer))
         if provider != "fa2" and grp["extra_time_pct"].notna().any():
             lo, hi = (grp["ratio_to_fa2_lo"] - 1) * 100, (grp["ratio_to_fa2_hi"] - 1) * 100
             if (lo.notna() & hi.notna()).any():
-                ax_e.errorbar(grp[x], grp["extra_time_pct"], yerr=_interval_err(grp["extra_time_pct"], lo, hi),
-                              marker="o", capsize=3, label=label, color=colour, **_style(timer))
+                ax_e.errorbar(grp[x], grp["extra_time_pct"], yerr=interval_err(grp["extra_time_pct"], lo, hi),
+                              marker="o", capsize=3, label=label, color=colour, **timer_style(timer))
             else:
-                ax_e.plot(grp[x], grp["extra_time_pct"], marker="o", label=label, color=colour, **_style(timer))
+                ax_e.plot(grp[x], grp["extra_time_pct"], marker="o", label=label, color=colour, **timer_style(timer))
     if not ok.empty:
         _log_if_wide(ax_t, "x", ok[x])
         _log_if_wide(ax_t, "y", ok["median_ms"])
@@ -415,9 +331,9 @@ def _sweep_title(frame, x: str) -> str:
     for col in ("pass", "dtype"):
         if col in frame and frame[col].nunique() == 1:
             parts.append(str(frame[col].iloc[0]))
-    fixed = [f"{c}={fmt_config(c, frame[c].iloc[0])}" for c in ("B", "T", "G", "Hk", "L", "d", "C")
-             if c != x and c in frame and frame[c].nunique() == 1]
-    parts.append(" ".join(fixed))
+    fixed = config_text((c, frame[c].iloc[0]) for c in ("B", "T", "G", "Hk", "L", "d", "C", "depth_grad", "Tq", "S")
+                        if c != x and c in frame and frame[c].nunique() == 1)
+    parts.append(fixed.replace(", ", " "))
     if "gpu" in frame and frame["gpu"].nunique() == 1:
         parts.append(str(frame["gpu"].iloc[0]))
     return f"sweep over {x}: " + ", ".join(p for p in parts if p)

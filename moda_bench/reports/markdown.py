@@ -1,6 +1,8 @@
-"""The report's Markdown: GitHub tables from the `reports.tables` sections (efficiency,
-ablation, eager beside graph), the GPU-state block (per results folder, unhealthy runs flagged)
-and the provenance block (one line per run, and which rows newer runs superseded).
+"""The report's Markdown: GitHub tables from the `reports.tables` sections (efficiency with the
+distance to the floor, ablation, eager beside graph) and the `reports.workloads` ones (decode,
+Depth-Attention), the GPU-state block (per results folder, unhealthy runs flagged) and the
+provenance block (one line per run, and which rows newer runs superseded). Headings name the GPU
+where the report holds several (`Section.heading_title`).
 """
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import re
 from moda_bench import health, schema
 from moda_bench.reports.inputs import Results
 from moda_bench.reports.tables import GpuState, Section
-from moda_bench.reports.vocab import (HEALTHY, LADDER, MISSING, RUN_COLUMNS, fmt_best, fmt_ci, fmt_config, fmt_int,
-                                      fmt_ms, fmt_num, pass_label, sort_sweeps)
+from moda_bench.reports.vocab import (HEALTHY, LADDER, MISSING, MIX_PROVIDER, RUN_COLUMNS, fmt_best, fmt_ci,
+                                      fmt_config, fmt_int, fmt_ms, fmt_num, fmt_us, has_text, pass_label,
+                                      sort_sweeps)
 
 # a trailing ' [lo-hi]' interval or ' (name)' of a numeric cell, ignored when deciding alignment
 CELL_SUFFIX = re.compile(r" (\[[^\]]*\]|\([^)]*\))$")
@@ -40,7 +43,8 @@ def section_heading(section: Section) -> str:
     """'### <title> (<pass>[, <timer> timer][; <constant config>])'."""
     text = f"### {section.title} ({pass_label(section.pass_)}"
     text += f", {section.timer} timer" if section.timer else ""
-    return text + (f"; {section.caption})" if section.caption else ")")
+    text += f"; {section.caption})" if section.caption else ")"
+    return text + section.heading_title[len(section.title):]
 
 
 def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> str:
@@ -52,10 +56,13 @@ def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> 
         headers += ["MoDA/FA2 [95% CI]"]
     if moda in section.best_providers:
         headers += ["MoDA/fastest"]
+    floor = section.floor_providers
+    headers += (["MoDA floor ms", "MoDA x floor"] if moda in floor else []) + (["FA2 x floor"] if fa2 in floor else [])
     if section.has_paper:
         headers += ["paper FA2 ms", "paper MoDA ms", "paper depth util.", "paper extra time %"]
     for p in others:
         headers += [f"{p} ms", f"{p}/FA2"] + ([f"{p}/fastest"] if p in section.best_providers else [])
+        headers += [f"{p} x floor"] if p in floor else []
     headers += (["samples"] if section.has_samples else []) + (["noise %"] if section.has_noise else [])
     body = []
     for _, r in f.iterrows():
@@ -66,6 +73,10 @@ def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> 
             cells += [fmt_ci(r["moda_ratio"], r["moda_ratio_lo"], r["moda_ratio_hi"])]
         if moda in section.best_providers:
             cells += [fmt_best(r["moda_best_r"], r["moda_best"])]
+        if moda in floor:
+            cells += [fmt_num(r[f"{moda}:floor_ms"], ".3f"), fmt_num(r[f"{moda}:of_floor"], ".2f", "x")]
+        if fa2 in floor:
+            cells += [fmt_num(r[f"{fa2}:of_floor"], ".2f", "x")]
         if section.has_paper:
             cells += [fmt_num(r["paper_fa2_ms"], ".3f"), fmt_num(r["paper_moda_ms"], ".3f"), fmt_num(r["paper_eta"], ".4f"),
                       fmt_num(r["paper_extra_pct"], ".2f")]
@@ -73,6 +84,8 @@ def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> 
             cells += [fmt_ms(r.get(f"{p}:ms"), r.get(f"{p}:status", "")), ratio_cell(r, p)]
             if p in section.best_providers:
                 cells += [fmt_best(r[f"{p}:best_r"], r[f"{p}:best"])]
+            if p in floor:
+                cells += [fmt_num(r[f"{p}:of_floor"], ".2f", "x")]
         cells += [fmt_int(r["samples"])] if section.has_samples else []
         cells += [fmt_num(r["noise_pct"], ".1f")] if section.has_noise else []
         body.append(cells)
@@ -97,7 +110,7 @@ def timer_markdown(section: Section) -> str:
             + [str(r["provider"]), fmt_ms(r["eager_ms"]), fmt_ms(r["graph_ms"]), fmt_num(100 * r["host_share"], ".1f", "%")]
             for _, r in section.frame.iterrows()]
     heading = f"### {section.title}" + (f" ({section.caption})" if section.caption else "")
-    return heading + "\n\n" + md_table(headers, body)
+    return heading + section.heading_title[len(section.title):] + "\n\n" + md_table(headers, body)
 
 
 def unhealthy_rows(states: list[GpuState]) -> int:
@@ -155,7 +168,60 @@ def ablation_markdown(section: Section) -> str:
         body.append([rung, r["provider"], fmt_ms(r["ms"], r["status"]), fmt_num(r["speedup"], ".2f", "x"),
                      fmt_num(r["paper_ms"], ".3f"), fmt_num(r["paper_speedup"], ".2f", "x"),
                      fmt_num(r["ours_over_paper"], ".3f")])
-    return f"### {section.title}\n\n" + md_table(headers, body)
+    return f"### {section.heading_title}\n\n" + md_table(headers, body)
+
+
+def failed_or(r, provider: str, text: str) -> str:
+    """text, or the row's status where `provider`'s row of this line did not succeed (oom, error...)."""
+    status = r.get(f"{provider}:status")
+    return status if has_text(status) and status != schema.OK and text == MISSING else text
+
+
+def table_from(frame, columns: list[tuple]) -> tuple[list[str], list[list[str]]]:
+    """(headers, body) of a table whose columns are (header, cell function of a frame line)."""
+    return [h for h, _ in columns], [[fn(r) for _, fn in columns] for _, r in frame.iterrows()]
+
+
+def decode_markdown(section: Section) -> str:
+    """One decode table: per line (B, T, Tq, L) and provider the median µs of every timer, then
+    from the metric timer's rows GB/s, the share of the copy rate (1 / of_floor) and the ratio to
+    the fastest sequence-only decode with its interval; columns without data are left out."""
+    f = section.frame
+    has = lambda col: col in f and bool(f[col].notna().any())
+    cols = [(c, lambda r, c=c: fmt_config(c, r[c])) for c in section.show_config]
+    cols += [("fastest", lambda r: r["fastest"] if has_text(r["fastest"]) else MISSING)] if has("fastest") else []
+    for p in section.others:
+        cols += [(f"{p} {t} µs", lambda r, p=p, t=t: fmt_us(r[f"{p}:{t}:ms"], r[f"{p}:{t}:status"]))
+                 for t in section.timers]
+        cols += [(f"{p} GB/s", lambda r, p=p: fmt_num(r[f"{p}:gbps"], ".0f"))] if has(f"{p}:gbps") else []
+        cols += [(f"{p} % of copy", lambda r, p=p: fmt_num(100 * r[f"{p}:share"], ".1f", "%"))] \
+            if has(f"{p}:share") else []
+        cols += [(f"{p}/fastest", lambda r, p=p: fmt_ci(r[f"{p}:best_r"], r[f"{p}:best_lo"], r[f"{p}:best_hi"]))] \
+            if has(f"{p}:best_r") else []
+    metric = "" if section.timer == "graph" else f", metrics from the {section.timer} timer"
+    heading = f"### {section.title} ({pass_label(section.pass_)}{metric}" + (
+        f"; {section.caption})" if section.caption else ")")
+    return heading + section.heading_title[len(section.title):] + "\n\n" + md_table(*table_from(f, cols))
+
+
+def dattn_markdown(section: Section) -> str:
+    """One Depth-Attention table: per S the fastest attention (name, ms), each method's time over
+    it with its interval, and the mix kernel alone (ms, GB/s, share of the copy rate)."""
+    f = section.frame
+    has = lambda col: col in f and bool(f[col].notna().any())
+    mix = MIX_PROVIDER
+    cols = [(c, lambda r, c=c: fmt_config(c, r[c])) for c in section.show_config]
+    cols += [("fastest", lambda r: r["fastest"] if has_text(r["fastest"]) else MISSING),
+             ("fastest ms", lambda r: fmt_ms(r["fastest_ms"]))]
+    cols += [(f"{m}/fastest", lambda r, m=m: failed_or(r, m, fmt_ci(r[f"{m}:best_r"], r[f"{m}:best_lo"],
+                                                                      r[f"{m}:best_hi"])))
+             for m in section.others]
+    if mix in section.floor_providers:
+        cols += [(f"{mix} ms", lambda r: fmt_ms(r[f"{mix}:ms"], r[f"{mix}:status"]))]
+        cols += [(f"{mix} GB/s", lambda r: fmt_num(r[f"{mix}:gbps"], ".0f"))] if has(f"{mix}:gbps") else []
+        cols += [(f"{mix} % of copy", lambda r: fmt_num(100 * r[f"{mix}:share"], ".1f", "%"))] \
+            if has(f"{mix}:share") else []
+    return section_heading(section) + "\n\n" + md_table(*table_from(f, cols))
 
 
 def provenance_markdown(results: Results) -> str:
@@ -178,8 +244,8 @@ def provenance_markdown(results: Results) -> str:
     text = "## Provenance\n\n" + md_table(headers, body)
     n_old = len(results.superseded)
     if n_old:
-        text += (f"\n\nSeveral runs measured the same (sweep, provider, pass, config) key: the newest timestamp is "
-                 f"shown and {n_old} older row(s) were superseded:\n\n")
+        text += ("\n\nSeveral runs measured the same (sweep, GPU, provider, pass, timer, config) key: the newest "
+                 f"timestamp is shown and {n_old} older row(s) were superseded:\n\n")
         winners = results.rows[schema.ROW_KEY + ["timestamp"]].rename(columns={"timestamp": "_newer"})
         sup = results.superseded.merge(winners, on=schema.ROW_KEY, how="left")   # NaN keys match NaN keys
         lines = []

@@ -3,17 +3,24 @@ no torch, no triton). The command itself (options, messages, exit codes) is `mod
 
 Inputs (`reports.inputs`): the results CSVs found recursively under the given directories, read
 through `moda_bench.results`, and the paper's A100 reference tables. Tables are built by
-`reports.tables`, written by `reports.markdown` and drawn by `reports.figures`. Outputs are
-byte-identical for identical inputs.
+`reports.tables` (training, ablation, timers, GPU state) and `reports.workloads` (decode,
+Depth-Attention), written by `reports.markdown` and drawn by `reports.figures` and
+`reports.workload_figures`. Outputs are byte-identical for identical inputs.
 
-Row selection: rows are de-duplicated on `schema.ROW_KEY` (sweep, provider, pass, timer, config);
-when several runs measured the same key the newest `timestamp` wins (ties: later file, then later
-line) and the report lists what was superseded.
+Row selection: rows are de-duplicated on `schema.ROW_KEY` (sweep, GPU, provider, pass, timer,
+config); when several runs measured the same key the newest `timestamp` wins (ties: later file,
+then later line) and the report lists what was superseded.
+
+GPUs: the rows of each GPU are kept apart. Where the report holds several GPUs, every table is
+drawn per GPU (its heading ends 'on <GPU>', the GPUs' tables of one sweep next to each other)
+and every figure per GPU (`<figure>-<gpu slug>.png`); with one GPU names are as they always were.
 
 Optional data (columns the CSVs gained later) adds blocks and columns only where some row has
-it: paired ratio intervals, ratios to the fastest attention, samples and noise in the efficiency
-tables; an eager-vs-graph table where both timers measured a point; a GPU-state block (clocks,
-power, throttle reasons, health, unhealthy runs flagged) per results folder.
+it: paired ratio intervals, ratios to the fastest attention, samples, noise and the distance to
+the floor in the efficiency tables; an eager-vs-graph table where both timers measured a point;
+a GPU-state block (clocks, power, throttle reasons, health, unhealthy runs flagged) per results
+folder; decode and Depth-Attention blocks where those sweeps were run. Configuration columns
+added later (depth_grad, Tq, S) are named only off their default.
 
 The names other commands use (`load_results`, `load_paper`, `ablation_sections`, `ReportError`)
 are importable from here as well as from the modules that own them.
@@ -25,15 +32,30 @@ from pathlib import Path
 from typing import Optional
 
 from moda_bench.reports.inputs import Paper, Results, Warn, load_paper, load_results, match_columns
-from moda_bench.reports.markdown import (ablation_markdown, efficiency_markdown, gpu_state_markdown,
-                                         provenance_markdown, timer_markdown, unhealthy_rows)
-from moda_bench.reports.tables import (Section, ablation_sections, efficiency_sections, gpu_states, matmul_ceiling,
-                                       pick_provider, timer_sections)
-from moda_bench.reports.vocab import (ABLATION_SWEEP, CEILING_PROVIDER, FA2_PROVIDERS, MISSING, MODA_PROVIDERS,
-                                      RATIO_BASELINE, SEQUENCE_ONLY, TIMER_LABEL, ReportError, sort_timers)
+from moda_bench.reports.markdown import (ablation_markdown, dattn_markdown, decode_markdown, efficiency_markdown,
+                                         gpu_state_markdown, provenance_markdown, timer_markdown, unhealthy_rows)
+from moda_bench.reports.tables import (DATTN, DECODE, TRAIN, Section, ablation_sections, efficiency_sections,
+                                       gpu_states, gpus_of, matmul_ceiling, of_gpu, pick_provider, rows_of,
+                                       timer_sections)
+from moda_bench.reports.vocab import (FA2_PROVIDERS, MISSING, MIX_PROVIDER, MODA_PROVIDERS, RATIO_BASELINE,
+                                      SEQUENCE_ONLY, TIMER_LABEL, ReportError, gpu_slug, sort_timers)
+from moda_bench.reports.workloads import dattn_sections, decode_sections
 
 __all__ = ["generate_report", "ReportError", "Results", "Paper", "load_results", "load_paper",
            "ablation_sections"]
+
+
+def figure_suffixes(gpus: list[str]) -> dict[str, str]:
+    """File-name suffix per GPU: '' for a report of one GPU, else '-<gpu slug>' (made unique)."""
+    if len(gpus) <= 1:
+        return {g: "" for g in gpus}
+    out: dict[str, str] = {}
+    for g in gpus:
+        slug, n = gpu_slug(g), 2
+        while f"-{slug}" in out.values():
+            slug, n = f"{gpu_slug(g)}-{n}", n + 1
+        out[g] = f"-{slug}"
+    return out
 
 
 def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path | None = None,
@@ -51,20 +73,26 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     results = load_results(results_dirs, warn=warn)
     paper = load_paper(paper_dir, results_dirs)
     rows = results.rows
-    eff_rows = rows[(rows["sweep"] != ABLATION_SWEEP) & (rows["provider"] != CEILING_PROVIDER)]
-    fa2 = pick_provider(set(eff_rows["provider"]), fa2_provider, FA2_PROVIDERS, "FA2")
-    moda = pick_provider(set(eff_rows["provider"]), moda_provider, MODA_PROVIDERS, "MoDA")
+    measured = set(rows_of(rows, TRAIN, DATTN, DECODE)["provider"])
+    fa2 = pick_provider(measured, fa2_provider, FA2_PROVIDERS, "FA2")
+    moda = pick_provider(measured, moda_provider, MODA_PROVIDERS, "MoDA")
     eff = efficiency_sections(rows, paper, fa2, moda)
     abl = ablation_sections(rows, paper)
-    ceiling = matmul_ceiling(rows, ceiling_tflops)
+    dec = decode_sections(rows)
+    dattn = dattn_sections(rows)
+    gpus = gpus_of(rows)
+    ceilings = {g: matmul_ceiling(of_gpu(rows, g), ceiling_tflops) for g in gpus}
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     fig_links: dict[str, str] = {}
     if figures:
         from moda_bench.reports import figures as figs
-        written += figs.write_all(out_dir / "figures", rows=eff_rows, eff_sections=eff, abl_sections=abl,
-                                  paper=paper, ceiling=ceiling)
+        for gpu, suffix in figure_suffixes(gpus).items():
+            written += figs.write_all(out_dir / "figures", rows=of_gpu(rows, gpu),
+                                      eff_sections=[s for s in eff if s.gpu == gpu],
+                                      abl_sections=[s for s in abl if s.gpu == gpu], paper=paper,
+                                      ceiling=ceilings[gpu], suffix=suffix, gpu=gpu if len(gpus) > 1 else "")
         fig_links = {p.stem: os.path.relpath(p, out_dir).replace(os.sep, "/") for p in written if p.suffix == ".png"}
 
     states = gpu_states(rows)
@@ -72,7 +100,10 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     md = [f"# MoDA benchmark report\n\nGenerated by `moda-bench report` from {len(results.files)} CSV file(s): "
           f"{len(results.rows)} measurement row(s) shown, {len(results.superseded)} superseded. "
           + (f"Paper reference: A100 tables from `{paper.source}`." if paper.source else
-             "Paper reference data not found (pass `--paper-dir`); paper columns are omitted.")]
+             "Paper reference data not found (pass `--paper-dir`); paper columns are omitted.")
+          + (f" GPUs: {', '.join(g or 'unnamed' for g in gpus)}; each GPU's rows are kept apart: every table "
+             "heading ends with its GPU (one sweep's tables next to each other) and every figure is drawn per "
+             "GPU (`<figure>-<gpu>.png`)." if len(gpus) > 1 else "")]
     n_bad = unhealthy_rows(states)
     if n_bad:
         md.append(f"**WARNING: {n_bad} row(s) shown were measured while the GPU health check said something "
@@ -85,7 +116,8 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
                   "provider's ms over FA2's (< 1 is faster). Depth util. is the MoDA row's reported "
                   "depth utilisation. Paper columns are the A100 bf16 numbers, matched on "
                   + ", ".join(match_columns(paper.efficiency)[:-1] if paper.efficiency is not None else ["-"])
-                  + " and pass. A failed measurement shows its status." + efficiency_notes(eff, rows, moda))
+                  + " and pass. A failed measurement shows its status."
+                  + efficiency_notes(eff, rows_of(rows, TRAIN), moda))
         md += [efficiency_markdown(s, fa2, moda) for s in eff]
     if timers:
         md.append("## Eager vs graph timer\n\nPoints measured with both timers: eager = host-inclusive (every "
@@ -93,12 +125,17 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
                   "Host share = 1 - graph / eager: the part of the eager time that is launch and host "
                   "overhead rather than GPU work.")
         md += [timer_markdown(s) for s in timers]
+    if dec:
+        md.append(DECODE_INTRO)
+        md += [decode_markdown(s) for s in dec]
+    if dattn:
+        md.append(DATTN_INTRO)
+        md += [dattn_markdown(s) for s in dattn]
     if abl:
         md.append("## Kernel ablation\n\nSpeedup vs previous = previous rung's ms / this rung's ms. "
                   "Paper: A100, bf16, fwd+bwd.")
         md += [ablation_markdown(s) for s in abl]
-    md.append(f"## Ceiling\n\nAchieved TFLOP/s are drawn against a matmul ceiling of {ceiling[0]:.1f} TFLOP/s "
-              f"({ceiling[1]}).")
+    md.append(ceiling_markdown(ceilings))
     if fig_links:
         md.append("## Figures\n\n" + "\n\n".join(f"![{stem}]({link})" for stem, link in sorted(fig_links.items())))
     md.append(provenance_markdown(results))
@@ -107,6 +144,34 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     report.write_text("\n\n".join(md) + "\n", encoding="utf-8", newline="\n")
     written.append(report)
     return sorted(written)
+
+
+DECODE_INTRO = (
+    "## Decode\n\nOne inference step of the Tq newest tokens of B sequences over a KV cache of T tokens "
+    "(MoDA: each new token also reads its L depth entries; fa2, cudnn, fa4 and flashinfer: sequence only). "
+    "Per provider: the median µs of each timer (graph = CUDA-graph replays, device time; eager = "
+    "host-inclusive), then from the graph timer's rows the bytes per second reached (GB/s = minimum HBM "
+    "bytes / median), `% of copy` = 1 / of_floor, the share of the run's device copy rate reached "
+    "(decode is memory-bound: its floor is its bytes at the copy rate), and `/fastest` the paired "
+    "ratio to the fastest sequence-only decode of the point (named in `fastest`) with its 95% interval.")
+DATTN_INTRO = (
+    "## Depth-Attention\n\nS earlier source layers mixed into each token's values, then causal attention "
+    "(dattn: fused Triton mix + attention; dattn-torch: the mix in plain PyTorch), against MoDA reading "
+    "L = S depth entries. `<method>/fastest` is the method's time over the fastest sequence-only "
+    f"attention of the point (`fastest`, its ms beside it; {', '.join(SEQUENCE_ONLY)}), with the paired "
+    f"95% interval: the overhead of the depth part over vanilla attention. `{MIX_PROVIDER}` is the mix "
+    "kernel alone: its GB/s and `% of copy` = 1 / of_floor, the share of the copy rate reached (the mix is "
+    "memory-bound).")
+
+
+def ceiling_markdown(ceilings: dict) -> str:
+    """The Ceiling block: the matmul ceiling the TFLOP/s figure is drawn against (per GPU where several)."""
+    if len(ceilings) == 1:
+        (tflops, source), = ceilings.values()
+        return (f"## Ceiling\n\nAchieved TFLOP/s are drawn against a matmul ceiling of {tflops:.1f} TFLOP/s "
+                f"({source}).")
+    return ("## Ceiling\n\nAchieved TFLOP/s are drawn against a matmul ceiling per GPU: " + "; ".join(
+        f"{gpu or 'unnamed GPU'}: {tflops:.1f} TFLOP/s ({source})" for gpu, (tflops, source) in ceilings.items()) + ".")
 
 
 def efficiency_notes(sections: list[Section], rows, moda: str | None) -> str:
@@ -122,6 +187,11 @@ def efficiency_notes(sections: list[Section], rows, moda: str | None) -> str:
         notes.append(" `MoDA/fastest`" + "".join(f" (`{p}/fastest`)" for p in best) + " is the time over the "
                      f"fastest sequence-only attention measured at that point ({', '.join(SEQUENCE_ONLY)}; named "
                      "in brackets): the distance to the best attention this GPU offers, which has no depth part.")
+    if any(s.floor_providers for s in sections):
+        notes.append(" `MoDA floor ms` is the time no implementation of MoDA's work can beat on this GPU: "
+                     "max(useful FLOPs / matmul rate, minimum HBM bytes / copy rate) at the run's canary rates "
+                     "(`floor_ms`); `<provider> x floor` is that provider's median over its own floor (`of_floor`; "
+                     "1.00x is the floor). The floor figure draws them.")
     if any(s.has_samples or s.has_noise for s in sections):
         notes.append(" Samples: the fewest timed repetitions of any provider of the line; noise %: the largest "
                      "(p80 - p20) / median of any provider of the line.")

@@ -1,13 +1,21 @@
 """The report's tables as numeric frames, one `Section` per block: efficiency per (pass, sweep,
-timer) (FA2 vs MoDA, depth utilisation, extra time, paper A100 columns, other providers as ratios
-to FA2; where the CSVs have them, paired ratio intervals, ratios to the fastest attention,
-samples and noise), the kernel ablation ladder per (pass, timer, config), eager beside graph
-times (`timer_sections`), the GPU state per results folder (`gpu_states`) and the matmul ceiling
-of the TFLOP/s figure. Formatting them is `reports.markdown`'s job, drawing them `reports.figures`'.
+timer, GPU) (FA2 vs MoDA, depth utilisation, extra time, paper A100 columns, other providers as
+ratios to FA2; where the CSVs have them, paired ratio intervals, ratios to the fastest attention,
+samples, noise and each provider's distance to its floor), the kernel ablation ladder per (pass,
+timer, GPU, config), eager beside graph times (`timer_sections`), the GPU state per results
+folder (`gpu_states`) and the matmul ceiling of the TFLOP/s figure. Formatting them is
+`reports.markdown`'s job, drawing them `reports.figures`'; the decode and Depth-Attention tables
+are `reports.workloads`'.
 
-Columns the CSVs gained later (intervals, ratio_to_best, samples, noise, GPU state, health) are
-optional: a block or column exists only where some row has the data, so older files give the
-tables they always gave.
+Which rows go where (`workload`): matmul rows are the ceiling, the `ablation` sweep the ladder,
+the decode pass its own tables, a training sweep holding a Depth-Attention provider (or S > 0)
+the Depth-Attention tables, every other row the efficiency tables. Each GPU's rows are kept
+apart (`of_gpu`); a report of several GPUs names the GPU in every heading (`Section.heading_title`).
+
+Columns the CSVs gained later (intervals, ratio_to_best, samples, noise, floor columns, GPU
+state, health) are optional: a block or column exists only where some row has the data, so older
+files give the tables they always gave. Configuration columns added later (depth_grad, Tq, S) are
+named in captions only off their default (`vocab.config_item`).
 """
 from __future__ import annotations
 
@@ -17,10 +25,11 @@ from dataclasses import dataclass, field
 
 from moda_bench import schema
 from moda_bench.reports.inputs import Paper, match_columns
-from moda_bench.reports.vocab import (ABLATION_SWEEP, ALWAYS_SHOWN, CEILING_PROVIDER, DEFAULT_CEILING_TFLOPS,
-                                      ENV_COLUMNS, GPU_STATE_COLUMNS, LADDER, LEADING_OTHERS, MODA_VARIANTS,
-                                      PROVIDER_RANK, RATIO_BASELINE, TIMER_ORDER, ReportError, fmt_config, has_text,
-                                      pass_label, sort_passes, sort_sweeps, sort_timers)
+from moda_bench.reports.vocab import (ABLATION_SWEEP, ALWAYS_SHOWN, CEILING_PROVIDER, DATTN_PROVIDERS,
+                                      DEFAULT_CEILING_TFLOPS, ENV_COLUMNS, GPU_STATE_COLUMNS, LADDER, LEADING_OTHERS,
+                                      MODA_VARIANTS, PROVIDER_RANK, RATIO_BASELINE, TIMER_ORDER, ReportError,
+                                      config_item, config_text, gpu_suffix, has_text, pass_label, sort_gpus,
+                                      sort_passes, sort_sweeps, sort_timers, swept_axis)
 
 
 @dataclass
@@ -40,6 +49,58 @@ class Section:
     best_providers: list[str] = field(default_factory=list)   # efficiency: MoDA rows with ratio_to_best
     has_samples: bool = False                         # efficiency: samples column present
     has_noise: bool = False                           # efficiency: noise column present
+    floor_providers: list[str] = field(default_factory=list)  # efficiency: providers with of_floor values
+    timers: list[str] = field(default_factory=list)   # decode: the timers with a time column each
+    gpu: str = ""                                     # the GPU whose rows these are ('' : unnamed)
+    name_gpu: bool = False                            # the report holds several GPUs: headings name it
+
+    @property
+    def heading_title(self) -> str:
+        """The title, with ' on <GPU>' where the report holds several GPUs."""
+        return self.title + (gpu_suffix(self.gpu) if self.name_gpu else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# which rows go where: per GPU, per workload
+# ---------------------------------------------------------------------------------------------
+TRAIN, DECODE, DATTN, ABLATION, CEILING = "train", "decode", "dattn", "ablation", "ceiling"
+
+
+def gpu_column(rows):
+    """The rows' GPU names, stripped ('' where blank)."""
+    return rows["gpu"].map(lambda g: str(g).strip() if has_text(g) else "")
+
+
+def gpus_of(rows) -> list[str]:
+    """The distinct GPU names of the rows, sorted."""
+    return sort_gpus(rows["gpu"]) if len(rows) else []
+
+
+def of_gpu(rows, gpu: str):
+    """The rows measured on `gpu`."""
+    return rows[gpu_column(rows) == gpu]
+
+
+def workload(rows):
+    """Per row, what it measured: CEILING (matmul rows), ABLATION (the ablation sweep), DECODE (the
+    decode pass), DATTN (a training sweep holding a Depth-Attention provider or S > 0) or TRAIN."""
+    import pandas as pd
+    kind = pd.Series(TRAIN, index=rows.index, dtype=object)
+    if rows.empty:
+        return kind
+    dattn_row = rows["provider"].isin(DATTN_PROVIDERS) | (rows["S"].fillna(0) > 0)
+    train_pass = rows["pass"] != schema.DECODE_PASS
+    dattn_sweeps = set(rows.loc[dattn_row & train_pass, "sweep"])
+    kind[rows["sweep"].isin(dattn_sweeps) & train_pass] = DATTN
+    kind[rows["pass"] == schema.DECODE_PASS] = DECODE
+    kind[rows["sweep"] == ABLATION_SWEEP] = ABLATION
+    kind[rows["provider"] == CEILING_PROVIDER] = CEILING
+    return kind
+
+
+def rows_of(rows, *kinds: str):
+    """The rows whose `workload` is one of kinds."""
+    return rows[workload(rows).isin(kinds)]
 
 
 def pick_provider(present: set[str], chosen: str | None, candidates: tuple[str, ...], role: str) -> str | None:
@@ -50,13 +111,18 @@ def pick_provider(present: set[str], chosen: str | None, candidates: tuple[str, 
     return next((p for p in candidates if p in present), None)
 
 
+# configuration columns named in captions beside the shown ones (new columns only off their default)
+CAPTION_COLUMNS = ["B", "d", "C", "dtype", "depth_grad", "Tq", "S"]
+
+
 def config_caption(frame, columns: list[str]) -> str:
-    """'B=1, d=64, ...' for the columns constant across frame."""
+    """'B=1, d=64, ...' for the columns constant across frame (`config_item`: depth_grad, Tq and S
+    only off their default, depth_grad=0 as 'depth detached')."""
     parts = []
     for c in columns:
         vals = frame[c].dropna().unique()
-        if len(vals) == 1:
-            parts.append(f"{c}={fmt_config(c, vals[0])}")
+        if len(vals) == 1 and config_item(c, vals[0]):
+            parts.append(config_item(c, vals[0]))
     return ", ".join(parts)
 
 
@@ -67,9 +133,10 @@ def varying(frame, columns: list[str]) -> list[str]:
 # per-provider columns of an efficiency frame: schema column -> `<provider>:<suffix>`
 PROVIDER_FIELDS = {"median_ms": "ms", "status": "status", "depth_utilization": "eta", "ratio_to_fa2": "r",
                    "ratio_to_fa2_lo": "r_lo", "ratio_to_fa2_hi": "r_hi", "ratio_to_best": "best_r",
-                   "best_provider": "best", "samples": "samples", "noise_pct": "noise"}
+                   "best_provider": "best", "samples": "samples", "noise_pct": "noise",
+                   "of_floor": "of_floor", "floor_ms": "floor_ms"}
 MEASURED_FIELDS = ["median_ms", "ratio_to_fa2", "ratio_to_fa2_lo", "ratio_to_fa2_hi", "ratio_to_best",
-                   "samples", "noise_pct"]          # blanked on rows that did not succeed
+                   "samples", "noise_pct", "of_floor"]   # blanked on rows that did not succeed
 
 
 def order_others(providers: set[str], fa2: str | None, moda: str | None) -> list[str]:
@@ -99,17 +166,21 @@ def efficiency_sections(rows, paper: Paper, fa2: str | None, moda: str | None) -
     Extra time % = (MoDA - FA2) / FA2 * 100 from the medians; `<p>:ratio` is provider ms / FA2 ms,
     or the paired ratio_to_fa2 where an interval was measured (then `<p>:ratio_lo/_hi` too).
     """
-    eff = rows[(rows["sweep"] != ABLATION_SWEEP) & (rows["provider"] != CEILING_PROVIDER)]
+    eff = rows_of(rows, TRAIN)
     sections = []
     paper_eff = paper.efficiency
     name_timer = set(eff["timer"]) != {schema.DEFAULT_TIMER}
+    name_gpu = len(gpus_of(rows)) > 1
+    eff = eff.assign(_gpu=gpu_column(eff))
     for pass_ in sort_passes(eff["pass"]):
         for sweep in sort_sweeps(eff.loc[eff["pass"] == pass_, "sweep"]):
             part_s = eff[(eff["pass"] == pass_) & (eff["sweep"] == sweep)]
             for timer in sort_timers(part_s["timer"]):
-                part = part_s[part_s["timer"] == timer]
-                sections.append(efficiency_section(part, paper_eff, fa2, moda, pass_, sweep,
-                                                   timer if name_timer else ""))
+                for gpu in sort_gpus(part_s.loc[part_s["timer"] == timer, "_gpu"]):
+                    part = part_s[(part_s["timer"] == timer) & (part_s["_gpu"] == gpu)].drop(columns="_gpu")
+                    sec = efficiency_section(part, paper_eff, fa2, moda, pass_, sweep, timer if name_timer else "")
+                    sec.gpu, sec.name_gpu = gpu, name_gpu
+                    sections.append(sec)
     return sections
 
 
@@ -119,7 +190,7 @@ def efficiency_section(part, paper_eff, fa2: str | None, moda: str | None, pass_
     import pandas as pd
     ok = part["status"] == schema.OK
     configs = part[schema.CONFIG_COLUMNS].drop_duplicates()
-    axis = [sweep] if sweep in schema.AXES else []
+    axis = [swept_axis(part, sweep)]
     frame = configs.sort_values(axis + schema.CONFIG_COLUMNS, kind="stable").reset_index(drop=True)
     others = order_others(set(part["provider"]), fa2, moda)
     shown = [p for p in [fa2, moda] + others if p is not None]
@@ -153,15 +224,16 @@ def efficiency_section(part, paper_eff, fa2: str | None, moda: str | None, pass_
     frame["samples"] = frame[[f"{p}:samples" for p in shown]].min(axis=1) if shown else nan
     frame["noise_pct"] = frame[[f"{p}:noise" for p in shown]].max(axis=1) if shown else nan
     frame, has_paper = attach_paper_efficiency(frame, paper_eff, pass_)
-    show = [c for c in ["T", "G", "Hq", "Hk", "L"]] + varying(frame, ["B", "d", "C", "dtype"])
+    show = [c for c in ["T", "G", "Hq", "Hk", "L"]] + varying(frame, CAPTION_COLUMNS)
     title = f"Sweep over {sweep}" if sweep in schema.AXES else f"Sweep '{sweep}'"
     best = [p for p in [moda] + [o for o in others if o in MODA_VARIANTS]
             if p is not None and frame[f"{p}:best_r"].notna().any()]
-    return Section(title=title, caption=config_caption(frame, ["B", "d", "C", "dtype"]), frame=frame,
+    floor = [p for p in shown if frame[f"{p}:of_floor"].notna().any()]
+    return Section(title=title, caption=config_caption(frame, CAPTION_COLUMNS), frame=frame,
                    show_config=show, pass_=pass_, sweep=sweep, others=others, has_paper=has_paper,
                    timer=timer, has_ci=bool(frame["moda_ratio_lo"].notna().any()), best_providers=best,
                    has_samples=bool(frame["samples"].notna().any()),
-                   has_noise=bool(frame["noise_pct"].notna().any()))
+                   has_noise=bool(frame["noise_pct"].notna().any()), floor_providers=floor)
 
 
 def attach_paper_efficiency(frame, paper_eff, pass_: str):
@@ -187,14 +259,16 @@ def ablation_sections(rows, paper: Paper) -> list[Section]:
     known = [t for t in sort_timers(abl["timer"]) if t in TIMER_ORDER]
     rank = {t: i for i, t in enumerate(sort_timers(abl["timer"]))}
     family = abl["timer"].where(abl["timer"].isin(TIMER_ORDER), known[0] if known else abl["timer"])
-    abl = abl.assign(_family=family, _rank=abl["timer"].map(rank))
+    abl = abl.assign(_family=family, _rank=abl["timer"].map(rank), _gpu=gpu_column(abl))
     abl = abl.sort_values("_rank", kind="stable").drop_duplicates(
-        ["provider", "pass", "_family"] + schema.CONFIG_COLUMNS).sort_index()
+        ["_gpu", "provider", "pass", "_family"] + schema.CONFIG_COLUMNS).sort_index()
     sections = []
     name_timer = set(abl["_family"]) - {schema.DEFAULT_TIMER} != set()
-    for pass_, timer in [(p, t) for p in sort_passes(abl["pass"])
-                         for t in sort_timers(abl.loc[abl["pass"] == p, "_family"])]:
-        part_p = abl[(abl["pass"] == pass_) & (abl["_family"] == timer)]
+    name_gpu = len(gpus_of(rows)) > 1
+    for pass_, timer, gpu in [(p, t, g) for p in sort_passes(abl["pass"])
+                              for t in sort_timers(abl.loc[abl["pass"] == p, "_family"])
+                              for g in sort_gpus(abl.loc[(abl["pass"] == p) & (abl["_family"] == t), "_gpu"])]:
+        part_p = abl[(abl["pass"] == pass_) & (abl["_family"] == timer) & (abl["_gpu"] == gpu)]
         for _, cfg in part_p[schema.CONFIG_COLUMNS].drop_duplicates().sort_values(schema.CONFIG_COLUMNS).iterrows():
             mask = (part_p[schema.CONFIG_COLUMNS] == cfg).all(axis=1)
             part = part_p[mask]
@@ -217,10 +291,11 @@ def ablation_sections(rows, paper: Paper) -> list[Section]:
             frame["speedup"] = ladder_speedup(frame["provider"], frame["ms"])
             frame["paper_speedup"] = ladder_speedup(frame["provider"], frame["paper_ms"])
             frame["ours_over_paper"] = frame["ms"] / frame["paper_ms"]
-            caption = ", ".join(f"{c}={fmt_config(c, cfg[c])}" for c in schema.CONFIG_COLUMNS)
+            caption = config_text((c, cfg[c]) for c in schema.CONFIG_COLUMNS)
             title = f"{caption}, {pass_label(pass_)}" + (f", {timer} timer" if name_timer else "")
             sections.append(Section(title=title, caption=caption, frame=frame, show_config=[], pass_=pass_,
-                                    sweep=ABLATION_SWEEP, timer=timer if name_timer else ""))
+                                    sweep=ABLATION_SWEEP, timer=timer if name_timer else "", gpu=gpu,
+                                    name_gpu=name_gpu))
     return sections
 
 
@@ -251,12 +326,13 @@ def matmul_ceiling(rows, override: float | None) -> tuple[float, str]:
 
 
 def timer_sections(rows) -> list[Section]:
-    """Per pass, the points and providers measured by both the eager and the graph timer (status
-    ok): eager_ms, graph_ms and host_share = 1 - graph / eager, the part of the eager time that
-    is host work (launches, Python) rather than GPU time. Empty when no point has both."""
-    import pandas as pd
-    ok = rows[(rows["status"] == schema.OK) & rows["median_ms"].notna() & (rows["provider"] != CEILING_PROVIDER)]
-    key = ["sweep", "provider", "pass"] + schema.CONFIG_COLUMNS
+    """Per pass and GPU, the points and providers measured by both the eager and the graph timer
+    (status ok; decode shows both timers in its own tables): eager_ms, graph_ms and host_share =
+    1 - graph / eager, the part of the eager time that is host work (launches, Python) rather
+    than GPU time. Empty when no point has both."""
+    ok = rows_of(rows, TRAIN, DATTN, ABLATION)
+    ok = ok[(ok["status"] == schema.OK) & ok["median_ms"].notna()].assign(gpu=lambda f: gpu_column(f))
+    key = ["gpu", "sweep", "provider", "pass"] + schema.CONFIG_COLUMNS
     eager = ok[ok["timer"] == "eager"][key + ["median_ms"]].rename(columns={"median_ms": "eager_ms"})
     graph = ok[ok["timer"] == "graph"][key + ["median_ms"]].rename(columns={"median_ms": "graph_ms"})
     both = eager.merge(graph, on=key, how="inner")
@@ -268,13 +344,15 @@ def timer_sections(rows) -> list[Section]:
     prov_rank = {p: i for i, p in enumerate(PROVIDER_RANK)}
     both = both.assign(_s=both["sweep"].map(sweep_rank),
                        _p=both["provider"].map(lambda p: (prov_rank.get(p, len(prov_rank)), p)))
-    for pass_ in sort_passes(both["pass"]):
-        frame = both[both["pass"] == pass_]
+    name_gpu = len(gpus_of(rows)) > 1
+    for pass_, gpu in [(p, g) for p in sort_passes(both["pass"])
+                       for g in sort_gpus(both.loc[both["pass"] == p, "gpu"])]:
+        frame = both[(both["pass"] == pass_) & (both["gpu"] == gpu)]
         frame = frame.sort_values(["_s"] + schema.CONFIG_COLUMNS + ["_p"], kind="stable")
         frame = frame.drop(columns=["_s", "_p"]).reset_index(drop=True)
-        show = ["T", "G", "Hq", "Hk", "L"] + varying(frame, ["B", "d", "C", "dtype"])
-        sections.append(Section(title=pass_label(pass_), caption=config_caption(frame, ["B", "d", "C", "dtype"]),
-                                frame=frame, show_config=show, pass_=pass_))
+        show = ["T", "G", "Hq", "Hk", "L"] + varying(frame, CAPTION_COLUMNS)
+        sections.append(Section(title=pass_label(pass_), caption=config_caption(frame, CAPTION_COLUMNS),
+                                frame=frame, show_config=show, pass_=pass_, gpu=gpu, name_gpu=name_gpu))
     return sections
 
 

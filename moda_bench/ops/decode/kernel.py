@@ -1,0 +1,212 @@
+"""The MoDA decode operator: `moda_decode` (flash-decoding in Triton), its tile settings
+(`DecodeConfig`) and the split chooser (`choose_num_splits`). The kernels live in
+`kernel_split`.
+
+One call is at most two launches:
+1. `decode_split_kernel`, grid (B*Hk, row_blocks * S): each (sequence, KV head) has its cache
+   cut into S contiguous spans, one program per span; the rows of a program's tile are the
+   Tq*G query rows of its KV head (padded to a power of two >= 16; more than
+   `config.max_rows` rows are cut into row blocks), so the cache is read once per KV head. The
+   last split also takes the new tokens' depth entries. Each writes an fp32 partial (o, lse).
+2. `decode_combine_kernel`, grid (B*Tq*Hq,): merges a row's partials by log-sum-exp into the
+   output (one softmax over cache and depth in the end).
+With S = 1 the split kernel writes the output directly and there is no second launch.
+
+Host work per call: the input checks (shapes, dtypes; values only where reading them costs no
+device sync, see `check_decode_inputs`), two small allocations (partials), the launches. The
+grid comes from the cache capacity Tk, never from cache_seqlens' values: programs whose span
+lies past n_b load nothing and store nothing.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from moda_bench.ops.decode.kernel_split import decode_combine_kernel, decode_split_kernel
+from moda_bench.ops.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
+from moda_bench.ops.moda.triton_utils import dot_precision
+
+LOG2E = 1.4426950408889634
+CPU_SM_COUNT = 132  # what the chooser assumes off CUDA (an H100 SXM / H200)
+WAVES = 2  # programs the chooser aims for, in multiples of the SM count
+MIN_SPLIT_BLOCKS = 4  # a split gets at least this many BLOCK_N tiles of keys
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile settings of the decode kernels (all powers of two except the warp/stage counts).
+
+    block_n: cache keys per tile (None: 128 for d <= 64, 64 for d = 128, so a K or V tile is
+    16 KiB in bf16); num_warps, num_stages: of the split kernel (num_stages tiles in flight);
+    block_l: depth entries per tile; max_rows: rows of one program (Tq*G beyond it are cut into
+    row blocks, each reading the cache again); combine_warps: of the combine kernel;
+    combine_block_s: splits merged per step (None: up to 4096 // d)."""
+
+    block_n: int | None = None
+    num_warps: int = 4
+    num_stages: int = 3
+    block_l: int = 64
+    max_rows: int = 64
+    combine_warps: int = 4
+    combine_block_s: int | None = None
+
+    def resolved(self, d: int) -> "DecodeConfig":
+        """The config with its automatic fields filled in for head dim d, checked."""
+        cfg = self if self.block_n is not None else replace(self, block_n=128 if d <= 64 else 64)
+        for name in ("block_n", "block_l", "max_rows"):
+            val = getattr(cfg, name)
+            if not isinstance(val, int) or val < 16 or val & (val - 1):
+                raise ValueError(f"DecodeConfig.{name}={val!r} must be a power of two >= 16")
+        if cfg.combine_block_s is not None and (cfg.combine_block_s < 1 or cfg.combine_block_s & (cfg.combine_block_s - 1)):
+            raise ValueError(f"DecodeConfig.combine_block_s={cfg.combine_block_s!r} must be a power of two")
+        for name in ("num_warps", "combine_warps"):
+            if getattr(cfg, name) not in (1, 2, 4, 8, 16):
+                raise ValueError(f"DecodeConfig.{name}={getattr(cfg, name)!r} must be one of 1, 2, 4, 8, 16")
+        if not isinstance(cfg.num_stages, int) or cfg.num_stages < 1:
+            raise ValueError(f"DecodeConfig.num_stages={cfg.num_stages!r} must be an int >= 1")
+        return cfg
+
+
+DEFAULT_CONFIG = DecodeConfig()
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(cfg: DecodeConfig, d: int) -> DecodeConfig:
+    """Memoised `cfg.resolved(d)` (keeps the per-call host work small)."""
+    return cfg.resolved(d)
+
+
+def choose_num_splits(B: int, Hk: int, Tk: int, n_sm: int, block_n: int) -> int:
+    """Splits per (sequence, KV head) for a cache of Tk positions: as many as keep the B*Hk*S
+    programs within WAVES (2) waves of the n_sm SMs, so the GPU is full without a ragged extra
+    wave (floor(2*n_sm / (B*Hk))), but no split shorter than MIN_SPLIT_BLOCKS (4) tiles of
+    block_n keys, at least 1 and at most MAX_SPLITS. B*Hk >= 2*n_sm gives 1 (no split).
+
+    >>> choose_num_splits(1, 8, 32768, 132, 64)   # 8 programs alone would use 8 of 132 SMs
+    33
+    >>> choose_num_splits(8, 8, 32768, 132, 64)
+    4
+    >>> choose_num_splits(64, 8, 32768, 132, 64)  # 512 programs already fill ~4 waves
+    1
+    """
+    for name, val in (("B", B), ("Hk", Hk), ("Tk", Tk), ("n_sm", n_sm), ("block_n", block_n)):
+        if not isinstance(val, int) or val < 1:
+            raise ValueError(f"choose_num_splits: {name} must be a positive int, got {val!r}")
+    want = (WAVES * n_sm) // (B * Hk)
+    cap = triton.cdiv(Tk, block_n) // MIN_SPLIT_BLOCKS
+    return max(1, min(want, cap, MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; CPU_SM_COUNT off CUDA (the interpreter)."""
+    if device.type != "cuda":
+        return CPU_SM_COUNT
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def resolve_num_splits(num_splits, shape: DecodeShape, cfg: DecodeConfig, device: torch.device) -> int:
+    """The S a call runs: num_splits checked (an int in [1, MAX_SPLITS]) or, for None, the chooser's."""
+    if num_splits is None:
+        return choose_num_splits(shape.B, shape.Hk, shape.Tk, sm_count(device), cfg.block_n)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits must be an int or None, got {type(num_splits).__name__}")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={num_splits} must be in [1, {MAX_SPLITS}] (or None to choose)")
+    return num_splits
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _last_dim_contiguous(t):
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShape, cfg: DecodeConfig, S: int):
+    B, Tq, Hq, d = q.shape
+    Hk, G, L = shape.Hk, shape.G, shape.L
+    R = Tq * G
+    rows = max(16, _next_pow2(min(R, cfg.max_rows)))
+    n_rb = triton.cdiv(R, rows)
+    block_l = max(16, min(cfg.block_l, _next_pow2(Tq * max(L, 1))))
+    direct = S == 1
+    if L == 0:
+        kd = vd = q  # never read
+        dstr = (0, 0, 0, 0)
+    else:
+        if kd.stride() != vd.stride():
+            kd, vd = kd.contiguous(), vd.contiguous()
+        dstr = (kd.stride(0), kd.stride(1), kd.stride(2), kd.stride(3))
+    if direct:
+        dst, lse = out, out
+    else:
+        dst = torch.empty((B * Hk, S, R, d), device=q.device, dtype=torch.float32)
+        lse = torch.empty((B * Hk, S, R), device=q.device, dtype=torch.float32)
+    sl = seqlens if seqlens is not None else q
+    bt = block_table if block_table is not None else q
+    sbt = block_table.stride(0) if block_table is not None else 0
+    prec = dot_precision(q.dtype)
+    decode_split_kernel[(B * Hk, n_rb * S)](
+        q, k, v, kd, vd, sl, bt, dst, lse,
+        scale * LOG2E, Tq, shape.Tk, L, G, Hk, R, S, n_rb, shape.num_blocks,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *dstr, sbt, out.stride(0), out.stride(1), out.stride(2),
+        ROWS=rows, BLOCK_N=cfg.block_n, BLOCK_L=block_l, HEAD_DIM=d, PAGE_SIZE=max(shape.page_size, 1),
+        PAGED=shape.paged, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0, DIRECT=direct, PREC=prec,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if direct:
+        return
+    block_s = cfg.combine_block_s or max(1, min(_next_pow2(S), 4096 // d))
+    decode_combine_kernel[(B * Hk * R,)](
+        dst, lse, out, sl, Tq, shape.Tk, G, Hk, R, S, out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_N=cfg.block_n, BLOCK_S=block_s, HEAD_DIM=d, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0,
+        num_warps=cfg.combine_warps)
+
+
+def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlens=None, scale=None,
+                block_table=None, num_splits=None, config: DecodeConfig | None = None,
+                check_values: bool | None = None):
+    """One MoDA decode step (forward only, no autograd): each of the Tq new tokens attends to
+    its sequence's cache up to its own position and to its own L depth entries, under one
+    softmax.
+
+    q (B, Tq, Hq, d): the Tq newest tokens of each sequence (their K/V already in the cache).
+    k_cache, v_cache (B, Tk, Hk, d), or with block_table (B, max_blocks) int32 the pages
+    (num_blocks, page_size, Hk, d). k_depth, v_depth (B, Tq, L, Hk, d) or None (L = 0).
+    cache_seqlens (B,) int32: tokens n_b of sequence b (default Tk; required when paged); new
+    token i sits at position n_b - Tq + i and sees positions 0 .. n_b - Tq + i of KV head h // G.
+    scale: default 1/sqrt(d). num_splits: the split-KV factor S (None: `choose_num_splits`; 1:
+    no split, one launch). config: tile settings (`DecodeConfig`). check_values: read
+    cache_seqlens / block_table to check their values: None (default) only when they are CPU
+    tensors (no device sync); on the GPU unchecked bad values give NaN rows, never a stray
+    read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
+    """
+    shape = check_decode_inputs(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, need_cuda=True,
+                                check_values=check_values)
+    cfg = _resolved(config or DEFAULT_CONFIG, shape.d)
+    S = resolve_num_splits(num_splits, shape, cfg, q.device)
+    scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
+    q, k_cache, v_cache = (_last_dim_contiguous(t) for t in (q, k_cache, v_cache))
+    if shape.L:
+        k_depth, v_depth = _last_dim_contiguous(k_depth), _last_dim_contiguous(v_depth)
+    if block_table is not None and block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+    if cache_seqlens is not None:
+        cache_seqlens = cache_seqlens.contiguous()  # the kernels index it with stride 1
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    if q.device.type == "cuda" and q.device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(q.device):
+            _launch(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, out, scale, shape, cfg, S)
+    else:
+        _launch(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, out, scale, shape, cfg, S)
+    return out
