@@ -41,8 +41,8 @@ for s in "$@"; do
     fa4-small) stage fa4-small python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fa4site .fa4/small/*.whl ;;
     fa4-part1) stage fa4-part1 cp .fa4/p1/cu13.part.aa /tmp/ ;;
     fa4-big) stage fa4-big bash -c 'cat /tmp/cu13.part.aa .fa4/p2/cu13.part.ab | xz -d | tar -xf - -C /tmp/fa4site && python3 -c "from flash_attn.cute import flash_attn_func; print(\"FA4 ok\")"' ;;
-    tests) stage tests python3 -m pytest -q -m gpu -x --timeout 900 tests/test_decode.py tests/test_dattn.py tests/test_depth_grad.py -k "not fa4" ;;
-    fa4-tests) stage fa4-tests python3 -m pytest -q -m gpu --timeout 900 tests/test_depth_grad.py tests/test_dattn.py -k "fa4 or FA4" ;;
+    tests) stage tests timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_decode.py tests/test_dattn.py tests/test_depth_grad.py -k "not fa4" ;;
+    fa4-tests) stage fa4-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_depth_grad.py tests/test_dattn.py -k "fa4 or FA4" ;;
     proto) stage proto-triton timeout 200 python3 tools/fused_fwd_triton.py --quick
            stage proto-cute timeout 150 python3 tools/fused_fwd_cute.py ;;
     paper) stage paper $MB sweep --preset paper --providers moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-peers" ;;
