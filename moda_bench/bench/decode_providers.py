@@ -4,8 +4,9 @@ B sequences over a KV cache of T tokens each, plus each new token's L depth entr
 Inputs (`make_decode_inputs`, fresh random, never zeros): q (B, Tq, Hq, d), k_cache and v_cache
 (B, T, Hk, d), k_depth and v_depth (B, Tq, L, Hk, d) (None for sequence-only peers, which run the
 point with L = 0). A point whose inputs would not fit in the GPU's free memory is skipped with
-the reason. The accuracy check compares batch 0's whole output with the float64 decode
-reference.
+the reason (the providers of a point are staged together, so each one's inputs count against
+what the ones before it left free). The accuracy check compares batch 0's whole output with the
+float64 decode reference.
 
 Providers (op "decode"; `bench.providers` registers `PROVIDERS`):
 - moda: `moda_decode`, split-KV with the automatic number of splits;
@@ -48,8 +49,8 @@ def make_decode_inputs(point, L: int, *, device: str, seed: int, dtype) -> dict:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
 
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+    def rnd(*shape):   # drawn in the inputs' dtype: no float32 copy twice the cache's size
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype)
 
     B, T, Hq, Hk, d = point.B, point.T, point.Hq, point.Hk, point.d
     return {"q": rnd(B, Tq, Hq, d), "k": rnd(B, T, Hk, d), "v": rnd(B, T, Hk, d),
