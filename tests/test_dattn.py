@@ -289,9 +289,9 @@ def test_bad_options():
 def test_cpu_tensors_rejected_without_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v, ks, vs = (x.cpu() for x in _good())
-    with pytest.raises(ValueError, match="Triton depth mix needs CUDA tensors"):
+    with pytest.raises(ValueError, match="Triton kernel needs CUDA tensors"):
         depth_attention(q, k, v, ks, vs, attention=torch_causal_attention)
-    with pytest.raises(ValueError, match="Triton depth mix needs CUDA tensors"):
+    with pytest.raises(ValueError, match="Triton kernel needs CUDA tensors"):
         depth_mix(q, k, v, ks, vs)
     out = depth_attention(q, k, v, ks, vs, mix="torch", attention=torch_causal_attention)  # torch mix: any device
     assert out.shape == q.shape

@@ -7,10 +7,11 @@ expected layout, before any kernel is launched.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from moda_bench.ops.checks import check_cuda, check_dtypes_devices, check_head_dim, shape_str
 
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
@@ -32,11 +33,6 @@ class DAttnShape:
     @property
     def G(self) -> int:
         return self.Hq // self.Hk
-
-
-def shape_str(t: torch.Tensor) -> str:
-    """A tensor's shape as '(a, b, c)'."""
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 LAYOUTS = {"q": "(B, T, Hq, d)", "k": "(B, T, Hk, d)", "v": "(B, T, Hk, d)", "k_src": "(B, T, S, Hk, d)",
@@ -88,16 +84,7 @@ def check_dattn_inputs(q, k, v, k_src=None, v_src=None, *, need_cuda: bool = Fal
             raise ValueError(f"{what}: k_src {shape_str(k_src)}, v_src {shape_str(v_src)}")
         if S > MAX_SOURCES:
             raise ValueError(f"k_src {shape_str(k_src)} has S={S} source layers; at most {MAX_SOURCES} are supported")
-    for name, t in named.items():
-        if t.dtype not in dtypes:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(x) for x in dtypes)}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if head_dims is not None and d not in head_dims:
-        raise ValueError(f"head dim d={d} (last axis of q {shape_str(q)}) is not supported; use one of {head_dims}")
-    if need_cuda and q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(f"q is on {q.device}: the Triton depth mix needs CUDA tensors "
-                         "(or TRITON_INTERPRET=1 to run it on the CPU interpreter)")
+    check_dtypes_devices(named, q, dtypes)
+    check_head_dim(q, head_dims)
+    check_cuda(q, need_cuda)
     return DAttnShape(B=B, T=T, Hq=Hq, Hk=Hk, d=d, S=S)

@@ -15,10 +15,11 @@ caller on the GPU can avoid a device sync per call.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from moda_bench.ops.checks import check_cuda, check_depth_pair, check_dtypes_devices, shape_str
 
 from moda_bench.ops.moda.validate import MAX_DEPTH, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
@@ -62,10 +63,6 @@ def decode_bytes(shape: DecodeShape, itemsize: int, cache_tokens: int | None = N
     return itemsize * (2 * n * s.Hk * s.d + 2 * s.B * s.Tq * s.L * s.Hk * s.d + 2 * s.B * s.Tq * s.Hq * s.d)
 
 
-def _shape(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
-
-
 def _check_types(named: dict, seqlens, block_table) -> None:
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
@@ -82,22 +79,12 @@ def _check_ranks(named: dict, paged: bool) -> None:
         want = 5 if name.endswith("_depth") else 4
         if t.dim() != want:
             raise ValueError(f"{name} must have rank {want} with layout {layouts.get(name, cache)}, "
-                             f"got shape {_shape(t)}")
-
-
-def _check_dtypes_devices(named: dict, q: torch.Tensor, dtypes: tuple) -> None:
-    for name, t in named.items():
-        if t.dtype not in dtypes:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(x) for x in dtypes)}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+                             f"got shape {shape_str(t)}")
 
 
 def _check_index_tensor(name: str, t: torch.Tensor, want: tuple, layout: str, q: torch.Tensor) -> None:
     if t.dim() != len(want) or tuple(t.shape) != want:
-        raise ValueError(f"{name} must have shape {layout} = {want}, got {_shape(t)}")
+        raise ValueError(f"{name} must have shape {layout} = {want}, got {shape_str(t)}")
     if t.dtype != torch.int32:
         raise TypeError(f"{name} must have dtype torch.int32, got {t.dtype}")
     if t.device != q.device:
@@ -159,21 +146,21 @@ def check_decode_inputs(
     _check_types(named, cache_seqlens, block_table)
     paged = block_table is not None
     _check_ranks(named, paged)
-    _check_dtypes_devices(named, q, dtypes)
+    check_dtypes_devices(named, q, dtypes)
     B, Tq, Hq, d = q.shape
     if B < 1 or Tq < 1 or Hq < 1:
-        raise ValueError(f"q must have B, Tq, Hq >= 1, got {_shape(q)}")
+        raise ValueError(f"q must have B, Tq, Hq >= 1, got {shape_str(q)}")
     if head_dims is not None and d not in head_dims:
-        raise ValueError(f"head dim d={d} (last axis of q {_shape(q)}) is not supported; use one of {head_dims}")
+        raise ValueError(f"head dim d={d} (last axis of q {shape_str(q)}) is not supported; use one of {head_dims}")
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"v_cache must have the shape of k_cache {_shape(k_cache)}, got {_shape(v_cache)}")
+        raise ValueError(f"v_cache must have the shape of k_cache {shape_str(k_cache)}, got {shape_str(v_cache)}")
     n0, n1, Hk, dk = k_cache.shape
     if paged:
         if dk != d or n0 < 1 or n1 < 1:
             raise ValueError(f"k_cache must have shape (num_blocks, page_size, Hk, d={d}) with a block_table, "
-                             f"got {_shape(k_cache)}")
+                             f"got {shape_str(k_cache)}")
         if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
-            raise ValueError(f"block_table must have shape (B={B}, max_blocks), got {_shape(block_table)}")
+            raise ValueError(f"block_table must have shape (B={B}, max_blocks), got {shape_str(block_table)}")
         _check_index_tensor("block_table", block_table, (B, block_table.shape[1]), "(B, max_blocks)", q)
         if cache_seqlens is None:
             raise ValueError("cache_seqlens (B,) int32 is required with a block_table: a paged cache has no "
@@ -181,29 +168,19 @@ def check_decode_inputs(
         num_blocks, page_size, Tk = n0, n1, block_table.shape[1] * n1
     else:
         if (n0, dk) != (B, d) or n1 < 1:
-            raise ValueError(f"k_cache must have shape (B={B}, Tk, Hk, d={d}) to match q {_shape(q)}, "
-                             f"got {_shape(k_cache)}")
+            raise ValueError(f"k_cache must have shape (B={B}, Tk, Hk, d={d}) to match q {shape_str(q)}, "
+                             f"got {shape_str(k_cache)}")
         num_blocks, page_size, Tk = 0, 0, n1
     if Hk < 1 or Hq % Hk != 0:
         raise ValueError(f"q heads Hq={Hq} must be a multiple of the cache's KV heads Hk={Hk} "
-                         f"(q {_shape(q)}, k_cache {_shape(k_cache)})")
+                         f"(q {shape_str(q)}, k_cache {shape_str(k_cache)})")
     if Tq > Tk:
         raise ValueError(f"q has Tq={Tq} new tokens but the cache holds at most Tk={Tk} positions "
-                         f"(q {_shape(q)}, k_cache {_shape(k_cache)})")
-    L = 0
-    if k_depth is not None:
-        if k_depth.shape != v_depth.shape:
-            raise ValueError(f"v_depth must have the shape of k_depth {_shape(k_depth)}, got {_shape(v_depth)}")
-        Bd, Td, L, Hd, dd = k_depth.shape
-        if (Bd, Td, Hd, dd) != (B, Tq, Hk, d):
-            raise ValueError(f"k_depth must have shape (B={B}, Tq={Tq}, L, Hk={Hk}, d={d}), got {_shape(k_depth)}")
-        if L > MAX_DEPTH:
-            raise ValueError(f"k_depth has L={L} depth entries; at most {MAX_DEPTH} are supported")
+                         f"(q {shape_str(q)}, k_cache {shape_str(k_cache)})")
+    L = check_depth_pair(k_depth, v_depth, {"B": B, "Tq": Tq}, Hk, d, MAX_DEPTH)
     if cache_seqlens is not None:
         _check_index_tensor("cache_seqlens", cache_seqlens, (B,), "(B,)", q)
-    if need_cuda and q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors "
-                         "(or TRITON_INTERPRET=1 to run it on the CPU interpreter)")
+    check_cuda(q, need_cuda)
     shape = DecodeShape(B=B, Tq=Tq, Hq=Hq, Hk=Hk, d=d, L=L, Tk=Tk, page_size=page_size, num_blocks=num_blocks)
     if check_values is None:
         check_values = all(t is None or t.device.type == "cpu" for t in (cache_seqlens, block_table))

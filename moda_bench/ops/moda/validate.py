@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moda_bench.ops.checks import check_cuda, check_depth_pair, check_dtypes_devices, check_head_dim, shape_str
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MAX_DEPTH = 512
@@ -28,10 +30,6 @@ class MoDAShape:
     @property
     def G(self) -> int:
         return self.Hq // self.Hk
-
-
-def _shape(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 def check_inputs(
@@ -65,38 +63,19 @@ def check_inputs(
         want = 5 if name.endswith("_depth") else 4
         layout = "(B, T, L, Hk, d)" if want == 5 else ("(B, T, Hq, d)" if name == "q" else "(B, T, Hk, d)")
         if t.dim() != want:
-            raise ValueError(f"{name} must have rank {want} with layout {layout}, got shape {_shape(t)}")
+            raise ValueError(f"{name} must have rank {want} with layout {layout}, got shape {shape_str(t)}")
     B, T, Hq, d = q.shape
     Bk, Tk, Hk, dk = k.shape
     if k.shape != v.shape:
-        raise ValueError(f"v must have the shape of k {_shape(k)}, got {_shape(v)}")
+        raise ValueError(f"v must have the shape of k {shape_str(k)}, got {shape_str(v)}")
     if (Bk, Tk, dk) != (B, T, d):
-        raise ValueError(f"k must have shape (B={B}, T={T}, Hk, d={d}) to match q {_shape(q)}, got {_shape(k)}")
+        raise ValueError(f"k must have shape (B={B}, T={T}, Hk, d={d}) to match q {shape_str(q)}, got {shape_str(k)}")
     if Hk == 0 or Hq % Hk != 0:
-        raise ValueError(f"q heads Hq={Hq} must be a multiple of k heads Hk={Hk} (q {_shape(q)}, k {_shape(k)})")
+        raise ValueError(f"q heads Hq={Hq} must be a multiple of k heads Hk={Hk} (q {shape_str(q)}, k {shape_str(k)})")
     if T < 1 or B < 1 or Hq < 1:
-        raise ValueError(f"q must have B, T, Hq >= 1, got {_shape(q)}")
-    L = 0
-    if k_depth is not None:
-        if k_depth.shape != v_depth.shape:
-            raise ValueError(f"v_depth must have the shape of k_depth {_shape(k_depth)}, got {_shape(v_depth)}")
-        Bd, Td, L, Hd, dd = k_depth.shape
-        if (Bd, Td, Hd, dd) != (B, T, Hk, d):
-            raise ValueError(f"k_depth must have shape (B={B}, T={T}, L, Hk={Hk}, d={d}), got {_shape(k_depth)}")
-        if L > MAX_DEPTH:
-            raise ValueError(f"k_depth has L={L} depth entries; at most {MAX_DEPTH} are supported")
-    for name, t in named.items():
-        if t.dtype not in dtypes:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(x) for x in dtypes)}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if head_dims is not None and d not in head_dims:
-        raise ValueError(f"head dim d={d} (last axis of q {_shape(q)}) is not supported; use one of {head_dims}")
-    if need_cuda and q.device.type != "cuda":
-        import os
-        if os.environ.get("TRITON_INTERPRET", "0") != "1":
-            raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors "
-                             "(or TRITON_INTERPRET=1 to run it on the CPU interpreter)")
+        raise ValueError(f"q must have B, T, Hq >= 1, got {shape_str(q)}")
+    L = check_depth_pair(k_depth, v_depth, {"B": B, "T": T}, Hk, d, MAX_DEPTH)
+    check_dtypes_devices(named, q, dtypes)
+    check_head_dim(q, head_dims)
+    check_cuda(q, need_cuda)
     return MoDAShape(B=B, T=T, Hq=Hq, Hk=Hk, d=d, L=L)
