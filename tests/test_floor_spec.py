@@ -276,3 +276,29 @@ def test_decode_rows_through_the_runner(tmp_path):
     assert f.loc["moda", "bytes"] == want.bytes and f.loc["moda", "flops"] == want.flops
     assert f.loc["moda", "gbps"] == pytest.approx(want.bytes / 2e6) and (f["Tq"] == 2).all()
     assert (f["pass"] == "decode").all()
+
+
+def test_a_point_timed_under_a_hard_throttle_marks_its_rows():
+    from moda_bench.bench.point import mark_health, point_throttle
+    assert point_throttle("sw_power_cap") == ""
+    assert point_throttle("sw_power_cap|hw_slowdown|sw_thermal") == "hw_slowdown|sw_thermal"
+    assert mark_health("healthy", "sw_thermal") == "degraded: clocks throttled during this point: sw_thermal"
+    assert mark_health("", "hw_slowdown").startswith("degraded: clocks throttled")
+    assert mark_health("shared: 1 other process(es)", "sw_thermal") == "shared: 1 other process(es)"
+
+
+def test_depth_attention_preset_times_graph_and_eager(tmp_path, monkeypatch):
+    import torch
+    from moda_bench.bench import runner
+    from moda_bench.bench.presets import PRESET_TIMERS
+    from moda_bench.cli import checks
+    seen = []
+    monkeypatch.setattr(runner, "run_sweep", lambda points, spec, csv_path, **kw: seen.append(spec))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(checks.RunHealth, "rates", lambda self: floor.Rates())
+    res = _invoke("--preset", "depth-attention", "--no-health-check", "--out", str(tmp_path / "a"))
+    assert res.exit_code == 0, res.output
+    assert len(seen) == 8 and seen[0].timer_list() == PRESET_TIMERS["depth-attention"] == ("graph", "eager")
+    assert seen[0].providers == ("dattn", "dattn-torch", "dattn-mix", "fa4", "fa2", "moda", "moda-fa4")
+    res = _invoke("--preset", "depth-attention", "--timer", "eager", "--no-health-check", "--out", str(tmp_path / "b"))
+    assert res.exit_code == 0 and seen[-1].timer_list() == ("eager",)

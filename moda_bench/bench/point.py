@@ -241,10 +241,29 @@ def time_interleaved(staged: dict, opts: TimingOptions, device_index: Optional[i
     with health.GpuSampler(device_index or 0) as gpu:
         result = timing.interleave(samplers, baseline=baseline, reps=reps, rule=rule, timer=opts.timer)
     state = gpu.summary()
+    throttled = point_throttle(state.get("throttle"))
     for name in samplers:
         finish(staged[name], result.measurements[name].row())
         staged[name].row.update({c: state.get(c) for c in health.GPU_COLUMNS if c in schema.COLUMNS})
+        if throttled:
+            staged[name].row["health"] = mark_health(staged[name].row.get("health"), throttled)
     return result
+
+
+def point_throttle(throttle) -> str:
+    """The hard throttle reasons (health.HARD_THROTTLE: thermal, hardware slowdown, power brake)
+    among those NVML reported while a point was timed, '|'-joined ('' when none)."""
+    from moda_bench.health import HARD_THROTTLE
+    return "|".join(t for t in str(throttle or "").split("|") if t in HARD_THROTTLE)
+
+
+def mark_health(health: Optional[str], throttled: str) -> str:
+    """A row's `health` when its point ran throttled: a healthy (or unchecked) run's verdict becomes
+    'degraded: clocks throttled during this point: ...'; a worse verdict is kept as it is."""
+    text = str(health or "").strip()
+    if text in ("", "healthy", "unknown"):
+        return f"degraded: clocks throttled during this point: {throttled}"
+    return text
 
 
 def fill_ratios(staged: dict, result, sequence_only: set) -> None:

@@ -3,8 +3,8 @@
 Each sweep varies one axis of schema.AXES over its values (None = the paper's,
 schema.AXIS_VALUES) around the base point (schema.BASE_POINT, with the command's overrides, then
 the sweep's own `base` fields) and writes `sweep_<name>.csv` (name: the axis unless given).
-A preset may name the pass it is meant for (`PRESET_PASS`) and its default providers
-(`PRESET_PROVIDERS`).
+A preset may name the pass it is meant for (`PRESET_PASS`), its default providers
+(`PRESET_PROVIDERS`) and its default timers (`PRESET_TIMERS`).
 """
 from __future__ import annotations
 
@@ -56,6 +56,9 @@ PRESETS: dict[str, tuple[SweepSpec, ...]] = {
     "depth-attention": _dattn_sweeps(),
 }
 PRESET_PASS = {"decode": "decode"}
+# the timers a preset's points are timed with unless --timer says otherwise: at T <= 4096 the eager
+# timer measures host launch time (FA4's, the mix's), so Depth-Attention gets graph replays beside it
+PRESET_TIMERS = {"depth-attention": ("graph", "eager")}
 PRESET_PROVIDERS = {
     "decode": "moda,moda-nosplit,fa2,cudnn,fa4,flashinfer",
     "depth-attention": "dattn,dattn-torch,dattn-mix,fa4,fa2,moda,moda-fa4",

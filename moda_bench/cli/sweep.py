@@ -132,7 +132,7 @@ def sweep_command(
     from moda_bench.bench import sweep as run
     from moda_bench.bench.decode_providers import DEFAULT_DECODE_PROVIDERS
     from moda_bench.bench.pool.plan import detect_distributed
-    from moda_bench.bench.presets import PRESET_PASS, PRESET_PROVIDERS, SweepSpec, preset_sweeps
+    from moda_bench.bench.presets import PRESET_PASS, PRESET_PROVIDERS, PRESET_TIMERS, SweepSpec, preset_sweeps
     from moda_bench.bench.providers import DEFAULT_PROVIDERS, UnknownProviderError, op_of_pass, resolve_providers
     from moda_bench.bench.runner import LEGACY_TIMER, Point
     from moda_bench.bench.spec import RunSpec, parse_timers
@@ -166,7 +166,7 @@ def sweep_command(
         provider_names = [p.name for p in resolve_providers(providers or default_providers, op_of_pass(pass_))]
     except UnknownProviderError as err:
         raise typer.BadParameter(str(err)) from None
-    timers = checked(parse_timers, timer, pass_, TIMERS + (LEGACY_TIMER,), option=True)
+    timers = checked(parse_timers, timer, pass_, TIMERS + (LEGACY_TIMER,), option=True) or PRESET_TIMERS.get(preset, ())
     overrides = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d, C=C, S=S, Tq=Tq).items() if v is not None}
     for k, v in overrides.items():
         if v < (0 if k in ("L", "S") else 1):
