@@ -302,3 +302,18 @@ def test_depth_attention_preset_times_graph_and_eager(tmp_path, monkeypatch):
     assert seen[0].providers == ("dattn", "dattn-torch", "dattn-mix", "fa4", "fa2", "moda", "moda-fa4")
     res = _invoke("--preset", "depth-attention", "--timer", "eager", "--no-health-check", "--out", str(tmp_path / "b"))
     assert res.exit_code == 0 and seen[-1].timer_list() == ("eager",)
+
+
+def test_a_decode_point_too_big_for_all_its_providers_is_skipped_whole(monkeypatch):
+    import torch
+    from moda_bench.bench import decode_providers as dp
+    from moda_bench.bench.providers import get_provider
+    provs = [get_provider(n, "decode") for n in ("moda", "fa2", "cudnn")]
+    p = Point(B=128, T=131072, Tq=1, G=8, Hk=8, d=64, L=64)
+    per = dp.decode_input_bytes(p, 0)
+    assert dp.point_does_not_fit(p, provs, "cpu") is None
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(2.5 * per), 80 * 2**30))
+    reason = dp.point_does_not_fit(p, provs, "cuda:0")
+    assert reason.startswith("does not fit: the 3 providers' inputs need") and "GiB free" in reason
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * per, 80 * 2**30))
+    assert dp.point_does_not_fit(p, provs, "cuda:0") is None

@@ -33,6 +33,20 @@ def decode_input_bytes(point, L: int) -> int:
                 + 2 * point.B * Tq * L * point.Hk * point.d)
 
 
+def point_does_not_fit(point, providers, device: str) -> Optional[str]:
+    """The reason a decode point is skipped as a whole, or None: the providers of a point are staged
+    together, each with its own inputs, so together they must fit in the GPU's free memory."""
+    if not str(device).startswith("cuda") or not providers:
+        return None
+    import torch
+    need = sum(decode_input_bytes(point, p.depth_entries(point)) for p in providers)
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    if need > FREE_MEMORY_SHARE * free:
+        return (f"does not fit: the {len(providers)} providers' inputs need {need / 2**30:.1f} GiB together, "
+                f"{free / 2**30:.1f} GiB free on the GPU")
+    return None
+
+
 def make_decode_inputs(point, L: int, *, device: str, seed: int, dtype) -> dict:
     """Fresh random decode inputs for `point` with L depth entries (0: none). ProviderSkip when
     they would not fit in the GPU's free memory; ValueError when Tq > T."""
@@ -169,4 +183,4 @@ PROVIDERS = [
 DEFAULT_DECODE_PROVIDERS = ["moda", "moda-nosplit", "fa2", "cudnn", "fa4", "flashinfer"]
 
 __all__ = ["PROVIDERS", "DEFAULT_DECODE_PROVIDERS", "make_decode_inputs", "check_decode_accuracy",
-           "decode_input_bytes"]
+           "decode_input_bytes", "point_does_not_fit"]

@@ -301,9 +301,15 @@ def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optio
     provider, then time them (interleaved on CUDA, or each by `timer`), then the ratios and the
     floor columns (at `rates`, floor.Rates; unknown rates leave floor_ms empty)."""
     staged = {}
+    too_big = None
+    if provs and provs[0].op == "decode":   # every provider of the point holds its own inputs at once
+        from moda_bench.bench.decode_providers import point_does_not_fit
+        too_big = point_does_not_fit(point, [p for p in provs if not unavailable.get(p.name)], device)
     for prov, row in zip(provs, rows):
         if unavailable.get(prov.name):
             row.update(status=schema.SKIPPED, reason=unavailable[prov.name])
+        elif too_big:
+            row.update(status=schema.SKIPPED, reason=too_big)
         else:
             st = guarded(row, device, lambda prov=prov, row=row: stage(
                 prov, point, pass_, row, device=device, chunk=chunk, seed=seed, check_len=check_len, rates=rates))
