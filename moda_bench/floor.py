@@ -65,8 +65,11 @@ class Rates:
         return {"matmul_tflops": self.matmul_tflops, "copy_gbps": self.copy_gbps, "source": self.source}
 
 
-def elem_bytes(dtype: str) -> int:
-    """Bytes per element of a `dtype` column value (ValueError for an unknown one)."""
+def elem_bytes(dtype) -> int:
+    """Bytes per element of a `dtype` column value, or an element size given as an int (ValueError
+    for an unknown name)."""
+    if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype > 0:
+        return dtype
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:

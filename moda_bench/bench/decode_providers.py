@@ -20,17 +20,16 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from moda_bench import floor
-from moda_bench.bench.provider_types import DECODE, Prepared, Provider, ProviderSkip, needs_cuda
+from moda_bench.bench.provider_types import DECODE, Prepared, Provider, ProviderSkip, needs_triton_op
 
 FREE_MEMORY_SHARE = 0.85   # a point's inputs may take at most this share of the GPU's free memory
 
 
 def decode_input_bytes(point, L: int) -> int:
-    """Bytes of a decode point's inputs and output (what must fit on the GPU)."""
-    Tq = max(point.Tq, 1)
-    e = floor.elem_bytes(point.dtype)
-    return e * (2 * point.B * Tq * point.Hq * point.d + 2 * point.B * point.T * point.Hk * point.d
-                + 2 * point.B * Tq * L * point.Hk * point.d)
+    """Bytes of a decode point's inputs and output (what must fit on the GPU): the bytes the
+    floor model counts for the call (each read or written once)."""
+    return int(floor.decode_work(point.B, point.T, max(point.Tq, 1), point.Hq, point.Hk, point.d, L,
+                                 dtype=point.dtype).bytes)
 
 
 def point_does_not_fit(point, providers, device: str) -> Optional[str]:
@@ -89,30 +88,22 @@ def check_decode_accuracy(forward: Callable, inputs: dict) -> float:
 # providers
 # ---------------------------------------------------------------------------------------------
 
-def _needs_decode_kernel(device: str) -> Optional[str]:
-    import os
-    try:
-        from moda_bench.ops.decode import moda_decode  # noqa: F401
-    except ImportError as exc:
-        return f"moda_bench.ops.decode (the decode kernel) not importable: {exc}"
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return None
-    return needs_cuda(device)
+_needs_decode_kernel = needs_triton_op("moda_bench.ops.decode", "the decode kernel")
 
 
-def _sm_count(device) -> int:
-    import torch
-    dev = torch.device(device)
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+def auto_splits(point, device) -> int:
+    """The split-KV factor `moda_decode(num_splits=None)` chooses at `point` on `device` (the
+    default tile's block_n, the device's SM count)."""
+    from moda_bench.ops.decode import DecodeConfig, choose_num_splits
+    from moda_bench.ops.decode.kernel import sm_count
+    return choose_num_splits(point.B, point.Hk, point.T, sm_count(device), DecodeConfig().resolved(point.d).block_n)
 
 
 def _moda(num_splits: Optional[int]):
     def prepare(inputs, point, chunk):
-        from moda_bench.ops.decode import choose_num_splits, moda_decode
+        from moda_bench.ops.decode import moda_decode
         q = inputs["q"]
-        splits = num_splits
-        if splits is None:
-            splits = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device), 128 if point.d <= 64 else 64)
+        splits = auto_splits(point, q.device) if num_splits is None else num_splits
         args = (q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"])
         return Prepared(lambda: moda_decode(*args, num_splits=splits),
                         impl_detail=f"moda_decode split-KV, {splits} split(s)"
@@ -139,9 +130,9 @@ def _sdpa_unavailable(backend: str) -> Callable[[str], Optional[str]]:
 
 
 def _fa4(inputs, point, chunk):
-    from moda_bench.ops.decode import choose_num_splits, peers
+    from moda_bench.ops.decode import peers
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    want = choose_num_splits(point.B, point.Hk, point.T, _sm_count(q.device), 128 if point.d <= 64 else 64)
+    want = auto_splits(point, q.device)
     _, detail = peers.fa4_decode(q, k, v, want, return_detail=True)   # a refused split is remembered
     return Prepared(lambda: peers.fa4_decode(q, k, v, want), impl_detail=f"{detail}; sequence-only (no depth)",
                     config={"num_splits_asked": want})

@@ -15,6 +15,8 @@ for sequence-only attention, which runs the point with no depth).
 """
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -77,3 +79,19 @@ class Provider:
 def needs_cuda(device: str) -> Optional[str]:
     """None on a CUDA device, else the reason a GPU-only provider is skipped."""
     return None if str(device).startswith("cuda") else f"needs a CUDA device (running on {device})"
+
+
+def needs_triton_op(module: str, label: str) -> Callable[[str], Optional[str]]:
+    """The availability check of a provider built on one of our Triton operator packages: the
+    package imports, and the device is CUDA (or TRITON_INTERPRET=1 runs the kernels on the CPU)."""
+
+    def check(device: str) -> Optional[str]:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return f"{module} ({label}) not importable: {exc}"
+        if os.environ.get("TRITON_INTERPRET", "0") == "1":
+            return None
+        return needs_cuda(device)
+
+    return check

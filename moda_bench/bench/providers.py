@@ -18,12 +18,11 @@ apply; `unavailable(device)` returns a reason when the provider cannot run at al
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, Optional
 
 from moda_bench.bench import decode_providers
 from moda_bench.bench.provider_types import (DECODE, OPS, TRAIN, Prepared, Provider, ProviderSkip,
-                                             UnknownProviderError, needs_cuda)
+                                             UnknownProviderError, needs_cuda, needs_triton_op)
 
 # fa4 / moda-fa4 need the optional flash-attn-4 (Hopper, Blackwell): elsewhere their rows are
 # skipped with the reason.
@@ -129,14 +128,7 @@ def resolve_providers(names, op: str = TRAIN) -> list[Provider]:
 # availability checks
 # ---------------------------------------------------------------------------------------------
 
-def _needs_moda_kernel(device: str) -> Optional[str]:
-    try:
-        from moda_bench.ops.moda import moda_attention  # noqa: F401
-    except ImportError as exc:
-        return f"moda_bench.ops.moda (the MoDA kernel) not importable: {exc}"
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return None
-    return needs_cuda(device)
+_needs_moda_kernel = needs_triton_op("moda_bench.ops.moda", "the MoDA kernel")
 
 
 def _needs_sdpa_backend(backend: str) -> Callable[[str], Optional[str]]:
@@ -333,12 +325,7 @@ def _mix_reference(q, k, v, k_src, v_src):
     return mix_reference(q, k, v, k_src, v_src)
 
 
-def _needs_dattn(device: str) -> Optional[str]:
-    try:
-        from moda_bench.ops.dattn import depth_attention  # noqa: F401
-    except ImportError as exc:
-        return f"moda_bench.ops.dattn not importable: {exc}"
-    return _needs_moda_kernel(device)
+_needs_dattn = needs_triton_op("moda_bench.ops.dattn", "the Depth-Attention kernels")
 
 
 def _dattn_prepared(inputs, point, mix: str) -> Prepared:

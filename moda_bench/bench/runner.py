@@ -20,7 +20,7 @@ from typing import Callable
 
 from moda_bench import results, schema
 
-from moda_bench.bench.point import CHECK_LEN, TimingOptions, run_point
+from moda_bench.bench.point import CHECK_LEN, run_point
 
 # `--timer do_bench`: each provider on its own through triton's do_bench (median/p20/p80 of
 # rep_ms of repetitions), as every run before the interleaved timing did: for comparing with them

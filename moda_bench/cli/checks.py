@@ -77,7 +77,7 @@ class RunHealth:
         """The floor's ceilings (floor.Rates) from the start canary, else the GPU's table entry."""
         from moda_bench.bench.spec import rates_from_verdicts
         name = None
-        if self.enabled is False or not self.start:
+        if not self.start:   # no canary ran: the GPU's table entry, by name
             try:
                 import torch
                 name = torch.cuda.get_device_name(self.devices[0]) if torch.cuda.is_available() else None

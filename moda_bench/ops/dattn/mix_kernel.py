@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moda_bench import floor
 from moda_bench.ops.dattn.validate import DAttnShape, check_dattn_inputs
 
 MIX_PASSES = ("fwd", "bwd", "fwdbwd")
@@ -62,10 +63,7 @@ def mix_bytes(B: int, T: int, Hq: int, Hk: int, S: int, d: int, dtype_bytes: int
         raise ValueError(f"pass_ must be one of {', '.join(MIX_PASSES)}, got {pass_!r}")
     if S == 0:
         return 0
-    per_fwd = Hq + Hk * (3 + 2 * S)
-    per_bwd = 2 * Hq + Hk * (5 + 4 * S)
-    per = {"fwd": per_fwd, "bwd": per_bwd, "fwdbwd": per_fwd + per_bwd}[pass_]
-    return B * T * d * per * dtype_bytes
+    return int(floor.mix_work(pass_, B, T, Hq, Hk, d, S, dtype=dtype_bytes).bytes)   # the one byte model
 
 
 def mix_tiles(d: int, S: int, pass_: str) -> tuple[int, int]:
