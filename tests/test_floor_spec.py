@@ -317,3 +317,28 @@ def test_a_decode_point_too_big_for_all_its_providers_is_skipped_whole(monkeypat
     assert reason.startswith("does not fit: the 3 providers' inputs need") and "GiB free" in reason
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * per, 80 * 2**30))
     assert dp.point_does_not_fit(p, provs, "cuda:0") is None
+
+
+def test_only_selects_sweeps_of_a_preset_in_its_order(tmp_path, monkeypatch):
+    import torch
+    from moda_bench.bench import runner
+    from moda_bench.bench.presets import preset_sweeps
+    from moda_bench.cli import checks
+    labels = [s.label for s in preset_sweeps("depth-attention", "dattn-3B-*,dattn-1.5B-T16384")]
+    assert labels == ["dattn-3B-T16384", "dattn-3B-T8192", "dattn-3B-T4096", "dattn-3B-T2048", "dattn-1.5B-T16384"]
+    with pytest.raises(ValueError, match="no sweep of preset 'decode' matches 'dattn-\\*'; its sweeps: decode-T"):
+        preset_sweeps("decode", "dattn-*")
+    with pytest.raises(ValueError, match="no sweep names"):
+        preset_sweeps("decode", " , ")
+    seen = []
+    monkeypatch.setattr(runner, "run_sweep", lambda points, spec, csv_path, **kw: seen.append(kw["sweep_name"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(checks.RunHealth, "rates", lambda self: floor.Rates())
+    res = _invoke("--preset", "depth-attention", "--only", "dattn-1.5B-*", "--no-health-check",
+                  "--out", str(tmp_path / "a"))
+    assert res.exit_code == 0, res.output
+    assert seen == ["dattn-1.5B-T16384", "dattn-1.5B-T8192", "dattn-1.5B-T4096", "dattn-1.5B-T2048"]
+    res = _invoke("--preset", "depth-attention", "--only", "nope", "--out", str(tmp_path / "b"))
+    assert res.exit_code != 0 and "matches 'nope'" in res.output
+    res = _invoke("--vary", "T", "--only", "x", "--out", str(tmp_path / "c"))
+    assert res.exit_code != 0 and "--only selects sweeps of a --preset" in res.output

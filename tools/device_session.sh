@@ -15,7 +15,9 @@
 #   limit       issue 20's rows: T = 16K/32K/64K forward only and with detached depth,
 #               T = 4096 under graph and eager timers
 #   decode      the decode preset (graph and eager timers)
-#   dattn       Depth-Attention beside MoDA: S sweeps at T = 4096 and 16384 (3B heads), 16384 (1.5B)
+#   dattn-3b    the depth-attention preset's sweeps of the 3B heads (T = 16K, 8K, 4K, 2K; graph and eager)
+#   dattn-1.5b  the same for the 1.5B heads (each stage capped by STAGE_TIMEOUT, default 580 s)
+#   dattn-tests GPU-marked Depth-Attention tests (FA4 as the sequence attention when installed)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
 set -uo pipefail
@@ -51,11 +53,9 @@ for s in "$@"; do
            stage limit-detached $MB sweep --vary T --values 16384,32768,65536 --depth-grad off --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/detached"
            stage limit-t4096 $MB sweep --vary T --values 4096 --timer graph,eager --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/t4096" ;;
     decode) stage decode $MB sweep --preset decode --max-time "$MAX_TIME" --out "$RESULTS/$GPU/decode" ;;
-    dattn) R=$RESULTS/$GPU/depth-attention
-           P=dattn,dattn-torch,dattn-mix,fa4,fa2,moda-fa4,moda
-           stage dattn-3b-t4096 $MB sweep --vary S --T 4096 --G 4 --Hk 8 --providers $P --max-time "$MAX_TIME" --out "$R/3B-T4096"
-           stage dattn-3b-t16384 $MB sweep --vary S --T 16384 --G 4 --Hk 8 --providers $P --max-time "$MAX_TIME" --out "$R/3B-T16384"
-           stage dattn-1.5b-t16384 $MB sweep --vary S --values 1,4,16 --T 16384 --G 4 --Hk 6 --providers $P --max-time "$MAX_TIME" --out "$R/1.5B-T16384" ;;
+    dattn-3b) stage dattn-3b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-3B-*' --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-3B" ;;
+    dattn-1.5b) stage dattn-1.5b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-*' --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B" ;;
+    dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac

@@ -88,6 +88,8 @@ def sweep_command(
     preset: Annotated[Optional[str], typer.Option("--preset", help="Named set of sweeps: 'paper' (the T, G and L "
                                                   "sweeps of the paper's efficiency table), 'decode', "
                                                   "'depth-attention', 'smoke'.")] = None,
+    only: Annotated[Optional[str], typer.Option("--only", help="With --preset: run only the sweeps named here, "
+                                                "comma-separated names or patterns (e.g. 'dattn-3B-*').")] = None,
     T: Annotated[Optional[int], typer.Option("--T", help=f"Sequence length; decode: cache length (default {BASE_POINT['T']}).")] = None,
     G: Annotated[Optional[int], typer.Option("--G", help=f"Query heads per KV head (default {BASE_POINT['G']}).")] = None,
     L: Annotated[Optional[int], typer.Option("--L", help=f"Depth entries per position (default {BASE_POINT['L']}).")] = None,
@@ -145,7 +147,7 @@ def sweep_command(
     if preset is not None:
         if values is not None:
             raise typer.BadParameter("--values applies to --vary, not to --preset")
-        specs = list(checked(preset_sweeps, preset))
+        specs = list(checked(preset_sweeps, preset, only))
         want = PRESET_PASS.get(preset)
         if want and pass_ not in (None, want):
             raise typer.BadParameter(f"--preset {preset} is a {want} preset; drop --pass {pass_}")
@@ -154,6 +156,8 @@ def sweep_command(
         vary = {"TQ": "Tq"}.get(vary.upper(), vary.upper())
         if vary not in schema.AXES:
             raise typer.BadParameter(f"--vary must be one of {', '.join(schema.AXES)}, got {vary!r}")
+        if only is not None:
+            raise typer.BadParameter("--only selects sweeps of a --preset")
         specs = [SweepSpec(vary, tuple(parse_int_list(values, "--values")) if values else None)]
     pass_ = pass_ or "fwdbwd"
     dtype_name = checked(schema.dtype_name, dtype, option=True)
