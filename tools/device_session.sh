@@ -17,6 +17,7 @@
 #   decode      the decode preset (graph and eager timers)
 #   dattn-3b    the depth-attention preset's sweeps of the 3B heads (T = 16K, 8K, 4K, 2K; graph and eager)
 #   dattn-1.5b  the same for the 1.5B heads (each stage capped by STAGE_TIMEOUT, default 580 s)
+#   dattn-ab    dattn (mix and FA4 as one autograd node) against dattn-composed, 1.5B heads, T = 16K
 #   dattn-tests GPU-marked Depth-Attention tests (FA4 as the sequence attention when installed)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -55,6 +56,7 @@ for s in "$@"; do
     decode) stage decode $MB sweep --preset decode --max-time "$MAX_TIME" --out "$RESULTS/$GPU/decode" ;;
     dattn-3b) stage dattn-3b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-3B-*' --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-3B" ;;
     dattn-1.5b) stage dattn-1.5b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-*' --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B" ;;
+    dattn-ab) stage dattn-ab timeout "${STAGE_TIMEOUT:-580}" $MB sweep --vary S --values 1,2,4 --T 16384 --G 4 --Hk 6 --timer graph,eager --providers dattn,dattn-composed,fa4 --max-time "$MAX_TIME" --out "$RESULTS/$GPU/dattn-chained-ab" ;;
     dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;

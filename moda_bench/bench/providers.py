@@ -328,19 +328,33 @@ def _mix_reference(q, k, v, k_src, v_src):
 _needs_dattn = needs_triton_op("moda_bench.ops.dattn", "the Depth-Attention kernels")
 
 
-def _dattn_prepared(inputs, point, mix: str) -> Prepared:
-    from moda_bench.ops.dattn import depth_attention, sequence_backend
+def _dattn_prepared(inputs, point, mix: str, chain: bool = False) -> Prepared:
+    """Depth-Attention with the given mix; chain: the Triton mix and the sequence backward in one
+    autograd node where FA4 runs (the operator's default), else composed by autograd."""
+    from moda_bench.ops.dattn import chain_backend, depth_attention, sequence_backend
     q = inputs["q"]
-    attention, name = sequence_backend(q.device)
+    attention, name = sequence_backend(q.device, q.dtype)
+    backend = chain_backend(q.device, q.dtype) if chain and point.S > 0 else None
+    how = "one node, backward chained" if backend is not None else "composed by autograd"
     ks, vs = inputs["k_depth"], inputs["v_depth"]
-    return Prepared(lambda: depth_attention(q, inputs["k"], inputs["v"], ks, vs, mix=mix, attention=attention),
+    att = backend if backend is not None else attention
+    return Prepared(lambda: depth_attention(q, inputs["k"], inputs["v"], ks, vs, mix=mix, attention=att),
                     impl_detail=f"depth mix ({'fused Triton kernel' if mix == 'triton' else 'plain PyTorch'}, "
-                    f"S={point.S}) + {name}", config={"mix": mix, "attention": name})
+                    f"S={point.S}) + {name}, {how}",
+                    config={"mix": mix, "attention": name, "chained": backend is not None})
 
 
 @register_provider("dattn", unavailable=_needs_dattn, kind="dattn", depth_axis="S", reference=_dattn_reference,
                    description="Depth-Attention: fused Triton depth mix + the fastest causal attention")
 def _dattn(inputs, point, chunk):
+    return _dattn_prepared(inputs, point, "triton", chain=True)
+
+
+@register_provider("dattn-composed", unavailable=_needs_dattn, kind="dattn", depth_axis="S",
+                   reference=_dattn_reference,
+                   description="Depth-Attention: fused Triton depth mix + the fastest attention, composed by "
+                               "autograd (what `dattn` chains into one node)")
+def _dattn_composed(inputs, point, chunk):
     return _dattn_prepared(inputs, point, "triton")
 
 

@@ -5,15 +5,18 @@ keys of S earlier source layers, and mixes the current value with those layers' 
 This package's face: `depth_attention` (the composed operator), `depth_mix` (the fused Triton
 mix alone) and `depth_mix_torch` (the plain-PyTorch mix, the `dattn-torch` baseline),
 `depth_attention_reference` / `mix_reference` (the fp64 oracles), `sequence_backend` (which
-sequence attention runs by default), `torch_causal_attention`, `mix_bytes` (the mix's minimum
+sequence attention runs by default), `chain_backend` / `chained_depth_attention` (the mix and a
+raw sequence backend as one autograd node), `torch_causal_attention`, `mix_bytes` (the mix's minimum
 HBM traffic) and the input check `check_dattn_inputs` / `DAttnShape`.
 """
-from moda_bench.ops.dattn.attention import depth_attention, sequence_backend, torch_causal_attention
+from moda_bench.ops.dattn.attention import chain_backend, depth_attention, sequence_backend, torch_causal_attention
+from moda_bench.ops.dattn.chained import chained_depth_attention
 from moda_bench.ops.dattn.mix_kernel import depth_mix, mix_bytes
 from moda_bench.ops.dattn.mix_torch import depth_mix_torch
 from moda_bench.ops.dattn.reference import depth_attention_reference, mix_reference
 from moda_bench.ops.dattn.validate import MAX_SOURCES, DAttnShape, check_dattn_inputs
 
 __all__ = ["depth_attention", "depth_mix", "depth_mix_torch", "depth_attention_reference", "mix_reference",
-           "sequence_backend", "torch_causal_attention", "mix_bytes", "check_dattn_inputs", "DAttnShape",
+           "sequence_backend", "chain_backend", "chained_depth_attention", "torch_causal_attention", "mix_bytes",
+           "check_dattn_inputs", "DAttnShape",
            "MAX_SOURCES"]

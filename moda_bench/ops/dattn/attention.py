@@ -3,8 +3,11 @@
 Composition (the Depth-Attention paper's equations 2-4):
     v_mixed = DepthMix(q, k, v, k_src, v_src)     # fused Triton mix (mix="triton") or plain torch ("torch")
     out     = attention(q, k, v_mixed)            # causal GQA, queries, keys and mask unchanged
-Autograd composes the two: the attention's dv is the mix's dv_mixed, q gets the attention's dq
-plus the mix's dq share, k the attention's dk plus the mix's.
+With the fused mix and a raw sequence backend (FA4's forward/backward pair, a
+`SequenceBackend`: the default where FA4 runs) the two are ONE autograd node whose backward
+chains them and adds the mix's dq/dk shares inside the mix kernel (`ops.dattn.chained`).
+Otherwise autograd composes the two: the attention's dv is the mix's dv_mixed, q gets the
+attention's dq plus the mix's dq share, k the attention's dk plus the mix's.
 
 Sequence backends (`sequence_backend`): FlashAttention-4 (`fa4_attention`) when
 `fa4_unavailable(device)` is None and the dtype is fp16/bf16, else this project's fused Triton
@@ -19,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from moda_bench.ops.dattn.chained import chained_depth_attention
 from moda_bench.ops.dattn.mix_kernel import depth_mix
 from moda_bench.ops.dattn.mix_torch import depth_mix_torch
 from moda_bench.ops.dattn.validate import check_dattn_inputs
@@ -49,6 +53,13 @@ def backend_for(device: torch.device, dtype: torch.dtype | None) -> tuple[Callab
     return moda_attention, TRITON_NAME
 
 
+def chain_backend(device, dtype: torch.dtype | None = None):
+    """The raw sequence backend (`SequenceBackend`) `depth_attention` chains the fused mix with by
+    default: FA4's where `sequence_backend` picks FA4, else None (autograd composition)."""
+    from moda_bench.ops.moda.fa4 import FA4_BACKEND
+    return FA4_BACKEND if sequence_backend(device, dtype)[1] == FA4_NAME else None
+
+
 def sequence_backend(device=None, dtype: torch.dtype | None = None) -> tuple[Callable, str]:
     """The fastest available sequence attention for `device` (default: the current CUDA device,
     else the CPU) and, if given, the inputs' dtype: (callable (q, k, v) -> out with autograd, name).
@@ -74,19 +85,33 @@ def depth_attention(q, k, v, k_src=None, v_src=None, *, scale: float | None = No
     out = attention(q, k, v_mixed) (its own scale, 1/sqrt(d)).
 
     mix: "triton" (fused kernel, `depth_mix`) or "torch" (plain ops, `depth_mix_torch`).
-    attention: a callable (q, k, v_mixed) -> out with autograd, or None for
-    `sequence_backend(q.device, q.dtype)` (FA4, else the Triton kernel at L = 0).
+    attention: a callable (q, k, v_mixed) -> out with autograd (composed with the mix by
+    autograd); a `moda_bench.ops.moda.fa4.SequenceBackend` (raw forward/backward pair: with the
+    Triton mix and S >= 1 one node whose backward chains the two, `ops.dattn.chained`; else its
+    autograd-free pair is not usable and ValueError); or None: FA4's backend chained with the
+    Triton mix where FA4 runs, else `sequence_backend(q.device, q.dtype)` composed.
     Returns out (B,T,Hq,d), or (out, v_mixed) with return_mixed (v_mixed (B,T,Hk,d) in v's
     dtype). Gradients flow to all five inputs. Bad input raises ValueError / TypeError naming
     the tensor and its shape.
     """
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {', '.join(MIXES)}, got {mix!r}")
-    if attention is not None and not callable(attention):
-        raise TypeError(f"attention must be a callable (q, k, v_mixed) -> out or None, got {type(attention).__name__}")
+    from moda_bench.ops.moda.fa4 import SequenceBackend
+    raw = isinstance(attention, SequenceBackend)
+    if attention is not None and not raw and not callable(attention):
+        raise TypeError(f"attention must be a callable (q, k, v_mixed) -> out, a SequenceBackend or None, "
+                        f"got {type(attention).__name__}")
     shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=mix == "triton")
     if shape.S == 0:
         k_src = v_src = None
+    if raw and (mix != "triton" or shape.S == 0):
+        raise ValueError(f"attention={attention.name!r} (a raw SequenceBackend) chains with the Triton mix at "
+                         f"S >= 1 only (here mix={mix!r}, S={shape.S}); pass an autograd callable instead")
+    if mix == "triton" and shape.S > 0 and (raw or attention is None):
+        backend = attention if raw else chain_backend(q.device, q.dtype)
+        if backend is not None:
+            out, v_mixed = chained_depth_attention(q, k, v, k_src, v_src, backend, scale=scale, shape=shape)
+            return (out, v_mixed) if return_mixed else out
     mixer = depth_mix if mix == "triton" else depth_mix_torch
     v_mixed = mixer(q, k, v, k_src, v_src, scale=scale)
     if attention is None:

@@ -32,7 +32,10 @@ Design (memory-bound: every byte is read or written once):
   next_pow2(S)). Only then is delta known: dlogit_s = alpha_s (dalpha_s - delta), and a second
   loop over the sources, which reads nothing, writes dk_s = dlogit_s * scale * qbar.
   dqbar = scale (A - delta Kbar) = scale sum_s dlogit_s k_s, and dq-share = dqbar / G is written
-  to each of the G query heads (autograd adds it to the sequence attention's dq).
+  to each of the G query heads. Chained after the sequence attention's backward (`mix_bwd`'s
+  dq_into / dk_into, used by `ops.dattn.chained`), the kernel instead adds its dq share and dk to
+  that backward's dq and dk (read, add in fp32, write): no separate gradient-sum kernels, and
+  1.5 fewer q-sized passes over HBM than writing the share for autograd to add.
 * S = 0 is not launched: `depth_mix` returns v itself (alpha_own = 1).
 """
 from __future__ import annotations
@@ -150,9 +153,13 @@ def mix_fwd_kernel(Q, K, V, KS, VS, VM, LSE, n_rows, T, Hk, S, qscale,
 def mix_bwd_kernel(Q, K, V, KS, VS, DVM, LSE, DQ, DK, DV, DKS, DVS, n_rows, T, Hk, S, qscale,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
                    sksb, skst, skss, sksh, svsb, svst, svss, svsh, sdb, sdt, sdh,
-                   G: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr, SP: tl.constexpr):
-    """Gradients of BLOCK_R rows given dv_mixed (DVM, strided) and the forward's lse. Outputs
-    contiguous: DQ (B,T,Hq,d) the mix's dq share, DK/DV (B,T,Hk,d), DKS/DVS (B,T,S,Hk,d)."""
+                   sdqb, sdqt, sdqh, sdkb, sdkt, sdkh,
+                   G: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr, SP: tl.constexpr,
+                   ACCUM: tl.constexpr):
+    """Gradients of BLOCK_R rows given dv_mixed (DVM, strided) and the forward's lse. DQ (B,T,Hq,d)
+    and DK (B,T,Hk,d) strided (sdq*, sdk*): with ACCUM the mix's dq share and dk are added (in
+    fp32, rounded once) to what they hold (the sequence attention's dq, dk), else written. DV
+    (B,T,Hk,d), DKS/DVS (B,T,S,Hk,d) contiguous."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = rows < n_rows
     m2 = ok[:, None]
@@ -194,14 +201,25 @@ def mix_bwd_kernel(Q, K, V, KS, VS, DVM, LSE, DQ, DK, DV, DKS, DVS, n_rows, T, H
         al = tl.where(sel, a[:, None], al)
         adal = tl.where(sel, ad[:, None], adal)
     dlog = adal - al * delta[:, None]  # [BLOCK_R, SP]: dlogit_s = alpha_s (dalpha_s - delta)
-    tl.store(DK + own, ((ad0 - a0 * delta)[:, None] * qs).to(DK.dtype.element_ty), mask=m2)
+    dk = (ad0 - a0 * delta)[:, None] * qs
+    dkp = DK + row_offsets(rows, T, Hk, sdkb, sdkt, sdkh)[:, None] + offs_d
+    if ACCUM:
+        dk += tl.load(dkp, mask=m2, other=0.0).to(tl.float32)
+    tl.store(dkp, dk.to(DK.dtype.element_ty), mask=m2)
     for s in range(S):
         dl = tl.sum(tl.where(cols == s, dlog, 0.0), 1)
         tl.store(DKS + src + s * Hk * HEAD_DIM, (dl[:, None] * qs).to(DKS.dtype.element_ty), mask=m2)
-    dq = ((acc_a - delta[:, None] * acc_k) * qscale).to(DQ.dtype.element_ty)  # scale/G * sum_s dlogit_s k_s
-    dqp = DQ + (rows * G)[:, None] * HEAD_DIM + offs_d
-    for g in tl.static_range(G):
-        tl.store(dqp + g * HEAD_DIM, dq, mask=m2)
+    dq = (acc_a - delta[:, None] * acc_k) * qscale  # scale/G * sum_s dlogit_s k_s
+    bt = rows // Hk
+    dqp = DQ + ((bt // T) * sdqb + (bt % T) * sdqt + (rows % Hk) * G * sdqh)[:, None] + offs_d
+    if ACCUM:
+        for g in tl.static_range(G):
+            dq_g = dq + tl.load(dqp + g * sdqh, mask=m2, other=0.0).to(tl.float32)
+            tl.store(dqp + g * sdqh, dq_g.to(DQ.dtype.element_ty), mask=m2)
+    else:
+        dq_out = dq.to(DQ.dtype.element_ty)
+        for g in tl.static_range(G):
+            tl.store(dqp + g * sdqh, dq_out, mask=m2)
 
 
 # ------------------------------------------------------------------ launches
@@ -236,13 +254,26 @@ def mix_fwd(q, k, v, k_src, v_src, scale: float, shape: DAttnShape, block_r: int
 
 
 def mix_bwd(dvm, q, k, v, k_src, v_src, lse, scale: float, shape: DAttnShape, block_r: int | None = None,
-            num_warps: int | None = None):
+            num_warps: int | None = None, dq_into=None, dk_into=None):
     """The backward launch: (dq share (B,T,Hq,d), dk, dv, dk_src, dv_src), contiguous, in the
-    inputs' dtype; dk_src = dv_src = None for S = 0. block_r / num_warps as in `mix_fwd`."""
+    inputs' dtype; dk_src = dv_src = None for S = 0. block_r / num_warps as in `mix_fwd`.
+    dq_into, dk_into (both or neither; q's and k's shape and dtype, unit last stride): the mix's
+    dq share and dk are added to them in place (the sequence attention's dq and dk: no separate
+    gradient sum) and they are what is returned."""
     n_rows = shape.B * shape.T * shape.Hk
     dvm = unit_last_stride(dvm)
-    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    accum = dq_into is not None
+    if accum != (dk_into is not None):
+        raise ValueError("mix_bwd: give both dq_into and dk_into, or neither")
+    if accum:
+        for name, t, like in (("dq_into", dq_into, q), ("dk_into", dk_into, k)):
+            if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device or t.stride(-1) != 1:
+                raise ValueError(f"mix_bwd: {name} must match {tuple(like.shape)} {like.dtype} on {like.device} "
+                                 f"with a unit last stride, got {tuple(t.shape)} {t.dtype} stride {t.stride()}")
+        dq, dk = dq_into, dk_into
+    else:
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     ks, vs, src_strides = source_args(k, v, k_src, v_src)
     if k_src is None:
@@ -257,8 +288,8 @@ def mix_bwd(dvm, q, k, v, k_src, v_src, lse, scale: float, shape: DAttnShape, bl
     mix_bwd_kernel[(triton.cdiv(n_rows, block_r),)](
         q, k, v, ks, vs, dvm, lse, dq, dk, dv, dks_, dvs_, n_rows, shape.T, shape.Hk, shape.S,
         scale / shape.G, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *src_strides,
-        *dvm.stride()[:3], G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d, SP=sources_pad(shape.S),
-        num_warps=warps)
+        *dvm.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d,
+        SP=sources_pad(shape.S), ACCUM=accum, num_warps=warps)
     return dq, dk, dv, dks, dvs
 
 
