@@ -342,3 +342,30 @@ def test_only_selects_sweeps_of_a_preset_in_its_order(tmp_path, monkeypatch):
     assert res.exit_code != 0 and "matches 'nope'" in res.output
     res = _invoke("--vary", "T", "--only", "x", "--out", str(tmp_path / "c"))
     assert res.exit_code != 0 and "--only selects sweeps of a --preset" in res.output
+
+
+def test_require_stops_a_run_whose_providers_cannot_run(tmp_path, monkeypatch):
+    import torch
+    from moda_bench.bench import runner
+    from dataclasses import replace
+    from moda_bench.bench import providers
+    from moda_bench.cli import checks
+    seen = []
+    monkeypatch.setattr(runner, "run_sweep", lambda points, spec, csv_path, **kw: seen.append(spec))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(checks.RunHealth, "rates", lambda self: floor.Rates())
+    fa4 = providers.get_provider("fa4", "train")
+    table = providers._table("train")
+    monkeypatch.setitem(table, "fa4", replace(fa4, unavailable=lambda device: "flash-attn-4 is not installed"))
+    res = _invoke("--vary", "T", "--values", "1024", "--providers", "fa2,fa4", "--require", "all",
+                  "--no-health-check", "--out", str(tmp_path / "a"))
+    assert res.exit_code == 2 and "--require: fa4 cannot run here: flash-attn-4 is not installed" in res.output
+    assert seen == []
+    res = _invoke("--vary", "T", "--values", "1024", "--providers", "fa2,fa4", "--require", "moda",
+                  "--no-health-check", "--out", str(tmp_path / "b"))
+    assert res.exit_code != 0 and "--require names moda, not among the providers of this run" in res.output
+    monkeypatch.setitem(table, "fa4", replace(fa4, unavailable=lambda device: None))
+    res = _invoke("--vary", "T", "--values", "1024", "--providers", "fa2,fa4", "--require", "fa4",
+                  "--no-health-check", "--out", str(tmp_path / "c"))
+    assert res.exit_code == 0, res.output
+    assert len(seen) == 1

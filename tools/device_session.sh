@@ -17,6 +17,7 @@
 #   decode      the decode preset (graph and eager timers)
 #   dattn-3b    the depth-attention preset's sweeps of the 3B heads (T = 16K, 8K, 4K, 2K; graph and eager)
 #   dattn-1.5b  the same for the 1.5B heads (each stage capped by STAGE_TIMEOUT, default 580 s)
+#   dattn-1.5b-short  the 1.5B heads at T = 4096 and 2048 only
 #   dattn-ab    dattn (mix and FA4 as one autograd node) against dattn-composed, 1.5B heads, T = 16K
 #   dattn-tests GPU-marked Depth-Attention tests (FA4 as the sequence attention when installed)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
@@ -29,6 +30,8 @@ export PYTHONPATH=$PWD:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages
 export PYTHONUNBUFFERED=1
 mkdir -p "$RESULTS/$GPU"
 MB="python3 -m moda_bench.cli"
+# a sweep whose FA4 rows would be skipped (FA4 not installed on this box) stops at once instead
+REQ="--require fa4,moda-fa4"
 
 stage() {
   local name=$1; shift
@@ -48,15 +51,16 @@ for s in "$@"; do
     fa4-tests) stage fa4-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_depth_grad.py tests/test_dattn.py -k "fa4 or FA4" ;;
     proto) stage proto-triton timeout 200 python3 tools/fused_fwd_triton.py --quick
            stage proto-cute timeout 150 python3 tools/fused_fwd_cute.py ;;
-    paper) stage paper $MB sweep --preset paper --providers moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-peers" ;;
+    paper) stage paper $MB sweep $REQ --preset paper --providers moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-peers" ;;
     limit) R=$RESULTS/$GPU/limit
-           stage limit-fwd $MB sweep --vary T --values 16384,32768,65536 --pass fwd --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/fwd"
-           stage limit-detached $MB sweep --vary T --values 16384,32768,65536 --depth-grad off --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/detached"
-           stage limit-t4096 $MB sweep --vary T --values 4096 --timer graph,eager --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/t4096" ;;
-    decode) stage decode $MB sweep --preset decode --max-time "$MAX_TIME" --out "$RESULTS/$GPU/decode" ;;
-    dattn-3b) stage dattn-3b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-3B-*' --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-3B" ;;
-    dattn-1.5b) stage dattn-1.5b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-*' --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B" ;;
-    dattn-ab) stage dattn-ab timeout "${STAGE_TIMEOUT:-580}" $MB sweep --vary S --values 1,2,4 --T 16384 --G 4 --Hk 6 --timer graph,eager --providers dattn,dattn-composed,fa4 --max-time "$MAX_TIME" --out "$RESULTS/$GPU/dattn-chained-ab" ;;
+           stage limit-fwd $MB sweep $REQ --vary T --values 16384,32768,65536 --pass fwd --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/fwd"
+           stage limit-detached $MB sweep $REQ --vary T --values 16384,32768,65536 --depth-grad off --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/detached"
+           stage limit-t4096 $MB sweep $REQ --vary T --values 4096 --timer graph,eager --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/t4096" ;;
+    decode) stage decode $MB sweep --preset decode --require fa4 --max-time "$MAX_TIME" --out "$RESULTS/$GPU/decode" ;;
+    dattn-3b) stage dattn-3b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-3B-*' $REQ --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-3B" ;;
+    dattn-1.5b) stage dattn-1.5b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-*' $REQ --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B" ;;
+    dattn-1.5b-short) stage dattn-1.5b-short timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-T4096,dattn-1.5B-T2048' $REQ --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B-short" ;;
+    dattn-ab) stage dattn-ab timeout "${STAGE_TIMEOUT:-580}" $MB sweep --vary S --values 1,2,4 --T 16384 --G 4 --Hk 6 --timer graph,eager --providers dattn,dattn-composed,fa4 --require fa4 --max-time "$MAX_TIME" --out "$RESULTS/$GPU/dattn-chained-ab" ;;
     dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;

@@ -79,6 +79,23 @@ def checked(check, *args, option: bool = False):
         raise typer.BadParameter(f"--{err}" if option else str(err)) from None
 
 
+def unavailable_required(require: str, requested: list[str], op: str, device: str) -> list[str]:
+    """'name: reason' for each provider of `require` ('all': every requested one; else a comma list,
+    each of which must be among the requested providers) that cannot run on `device`."""
+    from moda_bench.bench.providers import get_provider
+    names = list(requested) if require.strip() == "all" else [n.strip() for n in require.split(",") if n.strip()]
+    extra = [n for n in names if n not in requested]
+    if extra:
+        raise typer.BadParameter(f"--require names {', '.join(extra)}, not among the providers of this run "
+                                 f"({', '.join(requested)})")
+    out = []
+    for name in names:
+        reason = get_provider(name, op).unavailable(device)
+        if reason:
+            out.append(f"{name} cannot run here: {reason}")
+    return out
+
+
 def sweep_command(
     vary: Annotated[Optional[str], typer.Option("--vary", help="Axis to sweep: T, G, L, C (query chunk rows = "
                                                 "MoDA block_m), B, S (Depth-Attention sources; sets L = S) or Tq "
@@ -126,6 +143,9 @@ def sweep_command(
     max_time: checks.MaxTimeOption = 60.0,
     strict: checks.StrictOption = False,
     health_check: checks.CheckOption = True,
+    require: Annotated[Optional[str], typer.Option("--require", help="Providers that must be able to run here "
+                                                   "(comma-separated, or 'all' for every requested one): exit 2 "
+                                                   "before timing anything if one cannot, with its reason.")] = None,
 ) -> None:
     """Time MoDA and the baselines over one axis or a preset of sweeps (training passes or decode)."""
     from rich.console import Console
@@ -198,6 +218,12 @@ def sweep_command(
         console.print("[red]error:[/] moda-bench sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
         raise typer.Exit(1)
 
+    if require:
+        missing = unavailable_required(require, provider_names, op_of_pass(pass_), "cuda")
+        if missing:
+            for line in missing:
+                console.print(f"[red]error:[/] --require: {line}")
+            raise typer.Exit(2)
     gpu_run = checks.RunHealth(checks.device_indices(gpus) if dist is None else [dist.local_rank],
                                enabled=health_check)
     gpu_run.check("start", console)
