@@ -20,6 +20,7 @@ import torch
 
 from moda_bench.ops.dattn.mix_kernel import mix_bwd, mix_fwd, unit_last_stride
 from moda_bench.ops.dattn.validate import DAttnShape, check_dattn_inputs
+from moda_bench.ops.moda.fa4 import check_backend_dtype
 
 
 class DepthAttentionChained(torch.autograd.Function):
@@ -57,9 +58,7 @@ def chained_depth_attention(q, k, v, k_src, v_src, backend, *, scale: float | No
     shape = shape or check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
     if shape.S == 0:
         raise ValueError("chained_depth_attention needs S >= 1 source layers (S = 0 is plain attention)")
-    if q.dtype not in backend.dtypes:
-        raise ValueError(f"chained_depth_attention: the {backend.name} sequence backend takes "
-                         f"{', '.join(str(t) for t in backend.dtypes)} inputs; q has {q.dtype}")
+    check_backend_dtype(q, backend, "chained_depth_attention")
     mix_scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
     q, k, v, k_src, v_src = (t.contiguous() for t in (q, k, v, k_src, v_src))
     return DepthAttentionChained.apply(q, k, v, k_src, v_src, mix_scale, 1.0 / math.sqrt(shape.d), shape, backend)

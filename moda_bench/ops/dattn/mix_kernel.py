@@ -103,12 +103,22 @@ def scaled_qbar(Q, rows, m2, offs_d, T, Hk, qscale, sqb, sqt, sqh, G: tl.constex
                 HEAD_DIM: tl.constexpr):
     """qscale * sum of the G query rows j*G .. j*G+G-1 of each row's position: [BLOCK_R, d] fp32.
     Unrolled over G, so the G loads are in flight together."""
-    bt = rows // Hk
-    qp = Q + ((bt // T) * sqb + (bt % T) * sqt + (rows % Hk) * G * sqh)[:, None] + offs_d
+    qp = Q + row_offsets(rows, T, Hk, sqb, sqt, G * sqh)[:, None] + offs_d   # head j*G of row j
     acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
     for g in tl.static_range(G):
         acc += tl.load(qp + g * sqh, mask=m2, other=0.0).to(tl.float32)
     return acc * qscale
+
+
+@triton.jit
+def next_source(ks_next, vs_next, ksp, vsp, s, S, skss, svss, m2):
+    """One step of the loop over the sources, software-pipelined by hand (Triton does not pipeline
+    loads that feed no dot): source s's k/v tiles, loaded one step earlier, as fp32, and the loads
+    of source s+1 issued now (the last step reloads source S-1, a cache hit).
+    Returns (k_s, v_s, k_next, v_next)."""
+    nxt = tl.minimum(s + 1, S - 1).to(tl.int64)  # times a source stride: may pass 2**31
+    return (ks_next.to(tl.float32), vs_next.to(tl.float32),
+            tl.load(ksp + nxt * skss, mask=m2, other=0.0), tl.load(vsp + nxt * svss, mask=m2, other=0.0))
 
 
 @triton.jit
@@ -129,15 +139,12 @@ def mix_fwd_kernel(Q, K, V, KS, VS, VM, LSE, n_rows, T, Hk, S, qscale,
     den = tl.full([BLOCK_R], 1.0, dtype=tl.float32)
     ksp = KS + row_offsets(rows, T, Hk, sksb, skst, sksh)[:, None] + offs_d
     vsp = VS + row_offsets(rows, T, Hk, svsb, svst, svsh)[:, None] + offs_d
-    # software pipelining by hand: source s+1's loads are issued before source s is used (the last
-    # step reloads source S-1, a cache hit); for S = 0 KS/VS stand for k/v, loaded and unused
+    # source 0 prefetched, then one source ahead (`next_source`); for S = 0 KS/VS stand for k/v,
+    # loaded and unused
     ks_next = tl.load(ksp, mask=m2, other=0.0)
     vs_next = tl.load(vsp, mask=m2, other=0.0)
     for s in range(S):
-        ks, vs = ks_next.to(tl.float32), vs_next.to(tl.float32)
-        nxt = tl.minimum(s + 1, S - 1).to(tl.int64)  # times a source stride: may pass 2**31
-        ks_next = tl.load(ksp + nxt * skss, mask=m2, other=0.0)
-        vs_next = tl.load(vsp + nxt * svss, mask=m2, other=0.0)
+        ks, vs, ks_next, vs_next = next_source(ks_next, vs_next, ksp, vsp, s, S, skss, svss, m2)
         logit = tl.sum(qs * ks, 1)
         m_new = tl.maximum(m, logit)
         c = tl.exp(m - m_new)
@@ -187,10 +194,7 @@ def mix_bwd_kernel(Q, K, V, KS, VS, DVM, LSE, DQ, DK, DV, DKS, DVS, n_rows, T, H
     ks_next = tl.load(ksp, mask=m2, other=0.0)  # prefetched one source ahead, as in the forward
     vs_next = tl.load(vsp, mask=m2, other=0.0)
     for s in range(S):
-        ks, vs = ks_next.to(tl.float32), vs_next.to(tl.float32)
-        nxt = tl.minimum(s + 1, S - 1).to(tl.int64)  # times a source stride: may pass 2**31
-        ks_next = tl.load(ksp + nxt * skss, mask=m2, other=0.0)
-        vs_next = tl.load(vsp + nxt * svss, mask=m2, other=0.0)
+        ks, vs, ks_next, vs_next = next_source(ks_next, vs_next, ksp, vsp, s, S, skss, svss, m2)
         a = tl.exp(tl.sum(qs * ks, 1) - lse)
         ad = a * tl.sum(dvm * vs, 1)
         tl.store(DVS + src + s * Hk * HEAD_DIM, (a[:, None] * dvm).to(DVS.dtype.element_ty), mask=m2)
@@ -210,16 +214,12 @@ def mix_bwd_kernel(Q, K, V, KS, VS, DVM, LSE, DQ, DK, DV, DKS, DVS, n_rows, T, H
         dl = tl.sum(tl.where(cols == s, dlog, 0.0), 1)
         tl.store(DKS + src + s * Hk * HEAD_DIM, (dl[:, None] * qs).to(DKS.dtype.element_ty), mask=m2)
     dq = (acc_a - delta[:, None] * acc_k) * qscale  # scale/G * sum_s dlogit_s k_s
-    bt = rows // Hk
-    dqp = DQ + ((bt // T) * sdqb + (bt % T) * sdqt + (rows % Hk) * G * sdqh)[:, None] + offs_d
-    if ACCUM:
-        for g in tl.static_range(G):
-            dq_g = dq + tl.load(dqp + g * sdqh, mask=m2, other=0.0).to(tl.float32)
-            tl.store(dqp + g * sdqh, dq_g.to(DQ.dtype.element_ty), mask=m2)
-    else:
-        dq_out = dq.to(DQ.dtype.element_ty)
-        for g in tl.static_range(G):
-            tl.store(dqp + g * sdqh, dq_out, mask=m2)
+    dqp = DQ + row_offsets(rows, T, Hk, sdqb, sdqt, G * sdqh)[:, None] + offs_d   # head j*G of row j
+    for g in tl.static_range(G):
+        dq_g = dq
+        if ACCUM:
+            dq_g += tl.load(dqp + g * sdqh, mask=m2, other=0.0).to(tl.float32)
+        tl.store(dqp + g * sdqh, dq_g.to(DQ.dtype.element_ty), mask=m2)
 
 
 # ------------------------------------------------------------------ launches

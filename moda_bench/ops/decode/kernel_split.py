@@ -59,13 +59,30 @@ def _online(s, acc, m_i, l_i, v, PREC: tl.constexpr):
 
 
 @triton.jit
+def _cache_rows(base, kn, in_range, page, slot, ld, sb, st, HEAD_DIM: tl.constexpr, PAGED: tl.constexpr,
+                MASKED: tl.constexpr):
+    """The [BLOCK_N, d] tile of cache rows kn of one tensor (K or V) whose row base is `base`.
+    Paged: rows at (page, slot) with strides (sb, st), loaded where `ld`; dense: row kn with stride
+    st, masked by `in_range` when MASKED (page, slot, ld, sb are then unused)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    if PAGED:
+        rows = tl.load(base + (page.to(tl.int64) * sb + slot * st)[:, None] + offs_d[None, :],
+                       mask=ld[:, None], other=0.0)
+    elif MASKED:
+        rows = tl.load(base + (kn.to(tl.int64) * st)[:, None] + offs_d[None, :], mask=in_range[:, None],
+                       other=0.0)
+    else:
+        rows = tl.load(base + (kn.to(tl.int64) * st)[:, None] + offs_d[None, :])
+    return rows
+
+
+@triton.jit
 def _seq_tile(q, acc, m_i, l_i, kbase, vbase, BT, bt_row, start, hi, last, n_pages,
               skb, skt, svb, svt, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
               MASKED: tl.constexpr, PREC: tl.constexpr):
     """One tile of BLOCK_N cache keys from `start`. MASKED: keys >= hi are not loaded and row r
     sees keys <= last[r]; otherwise every key of the tile is seen by every row."""
-    offs_d = tl.arange(0, HEAD_DIM)
     kn = start + tl.arange(0, BLOCK_N)
     in_range = kn < hi
     if PAGED:
@@ -76,27 +93,15 @@ def _seq_tile(q, acc, m_i, l_i, kbase, vbase, BT, bt_row, start, hi, last, n_pag
         page_ok = (page >= 0) & (page < n_pages)
         ld = page_ok & in_range
         slot = kn % PAGE_SIZE
-        k = tl.load(kbase + (page.to(tl.int64) * skb + slot * skt)[:, None] + offs_d[None, :],
-                    mask=ld[:, None], other=0.0)
     else:
-        if MASKED:
-            k = tl.load(kbase + (kn.to(tl.int64) * skt)[:, None] + offs_d[None, :], mask=in_range[:, None],
-                        other=0.0)
-        else:
-            k = tl.load(kbase + (kn.to(tl.int64) * skt)[:, None] + offs_d[None, :])
+        page, slot, ld = kn, kn, in_range   # unused by the dense loads
+    k = _cache_rows(kbase, kn, in_range, page, slot, ld, skb, skt, HEAD_DIM, PAGED, MASKED)
     s = mm(q, tl.trans(k), PREC) * qk_scale
     if MASKED:
         s = tl.where(in_range[None, :] & (kn[None, :] <= last[:, None]), s, float("-inf"))
     if PAGED:
         s = tl.where(page_ok[None, :], s, float("nan"))
-        v = tl.load(vbase + (page.to(tl.int64) * svb + slot * svt)[:, None] + offs_d[None, :],
-                    mask=ld[:, None], other=0.0)
-    else:
-        if MASKED:
-            v = tl.load(vbase + (kn.to(tl.int64) * svt)[:, None] + offs_d[None, :], mask=in_range[:, None],
-                        other=0.0)
-        else:
-            v = tl.load(vbase + (kn.to(tl.int64) * svt)[:, None] + offs_d[None, :])
+    v = _cache_rows(vbase, kn, in_range, page, slot, ld, svb, svt, HEAD_DIM, PAGED, MASKED)
     return _online(s, acc, m_i, l_i, v, PREC)
 
 

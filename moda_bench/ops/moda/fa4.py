@@ -3,7 +3,8 @@
 Owns: `moda_fa4` (MoDA whose sequence part runs in FlashAttention-4's kernels and whose depth
 part runs in this package's depth-only Triton launches), `fa4_attention` (sequence-only causal
 GQA through `flash_attn.cute.flash_attn_func`, the `fa4` baseline), `fa4_unavailable` /
-`fa4_version`, the pluggable sequence half (`SequenceBackend`, `FA4_BACKEND`, `TORCH_BACKEND`)
+`fa4_version`, the pluggable sequence half (`SequenceBackend`, `FA4_BACKEND`, `TORCH_BACKEND`,
+`check_backend_dtype`)
 and the strided log-sum-exp merge kernel `fa4_merge_kernel`.
 
 How `moda_fa4` computes (layouts as in `kernel`: q (B,T,Hq,d), k_depth (B,T,L,Hk,d)):
@@ -300,7 +301,8 @@ class MoDAFA4Function(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------ public entry points
-def _check_dtype(q, backend: SequenceBackend, what: str) -> None:
+def check_backend_dtype(q, backend: SequenceBackend, what: str) -> None:
+    """ValueError naming `what` when q's dtype is not one `backend` takes."""
     if q.dtype not in backend.dtypes:
         raise ValueError(f"{what}: the {backend.name} sequence backend takes "
                          f"{', '.join(str(t) for t in backend.dtypes)} inputs; q has {q.dtype}")
@@ -323,7 +325,7 @@ def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
     """
     backend = FA4_BACKEND if backend is None else backend
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
-    _check_dtype(q, backend, "moda_fa4")
+    check_backend_dtype(q, backend, "moda_fa4")
     if backend.needs_fa4:
         if q.device.type != "cuda":
             raise ValueError(f"q is on {q.device}: FlashAttention-4 needs CUDA tensors")
@@ -345,7 +347,7 @@ def fa4_attention(q, k, v, *, scale: float | None = None):
     q (B,T,Hq,d), k, v (B,T,Hk,d), fp16/bf16 CUDA tensors, d a multiple of 8 in [8, 256].
     Returns out (B,T,Hq,d)."""
     shape = check_inputs(q, k, v, None, None, head_dims=None)
-    _check_dtype(q, FA4_BACKEND, "fa4_attention")
+    check_backend_dtype(q, FA4_BACKEND, "fa4_attention")
     if q.device.type != "cuda":
         raise ValueError(f"q is on {q.device}: FlashAttention-4 needs CUDA tensors")
     if shape.d % 8 or not 8 <= shape.d <= 256:
