@@ -9,6 +9,7 @@
 #   fa4-part1   keep the first half of the packed cu13 libraries (.fa4/p1) in /tmp
 #   fa4-big     join it with the second half (.fa4/p2) and unpack into /tmp/fa4site
 #   tests       GPU-marked tests of the new operators (decode, Depth-Attention, detached depth)
+#   kernel-tests GPU-marked tests of the decode and Depth-Attention kernels only (after a kernel edit)
 #   fa4-tests   GPU-marked tests that need FA4 (moda-fa4 with detached depth, dattn on FA4)
 #   proto       the two fused-depth forward prototypes (tools/fused_fwd_*.py)
 #   paper       the paper preset with the Hopper peers (moda, moda-fa4, fa2, fa4, cudnn)
@@ -48,6 +49,7 @@ for s in "$@"; do
     fa4-part1) stage fa4-part1 cp .fa4/p1/cu13.part.aa /tmp/ ;;
     fa4-big) stage fa4-big bash -c 'cat /tmp/cu13.part.aa .fa4/p2/cu13.part.ab | xz -d | tar -xf - -C /tmp/fa4site && python3 -c "from flash_attn.cute import flash_attn_func; print(\"FA4 ok\")"' ;;
     tests) stage tests timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_decode.py tests/test_dattn.py tests/test_depth_grad.py -k "not fa4" ;;
+    kernel-tests) stage kernel-tests timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_decode.py tests/test_dattn.py tests/test_dattn_chained.py -k "not fa4" ;;
     fa4-tests) stage fa4-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_depth_grad.py tests/test_dattn.py -k "fa4 or FA4" ;;
     proto) stage proto-triton timeout 200 python3 tools/fused_fwd_triton.py --quick
            stage proto-cute timeout 150 python3 tools/fused_fwd_cute.py ;;
@@ -61,7 +63,7 @@ for s in "$@"; do
     dattn-1.5b) stage dattn-1.5b timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-*' $REQ --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B" ;;
     dattn-1.5b-short) stage dattn-1.5b-short timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-T4096,dattn-1.5B-T2048' $REQ --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B-short" ;;
     dattn-ab) stage dattn-ab timeout "${STAGE_TIMEOUT:-580}" $MB sweep --vary S --values 1,2,4 --T 16384 --G 4 --Hk 6 --timer graph,eager --providers dattn,dattn-composed,fa4 --require fa4 --max-time "$MAX_TIME" --out "$RESULTS/$GPU/dattn-chained-ab" ;;
-    dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py ;;
+    dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py tests/test_dattn_chained.py ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
