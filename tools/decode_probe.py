@@ -4,8 +4,10 @@
 a device copy's rate measured in the same process.
 
     python3 tools/decode_probe.py [--points 1x32768,1x8192,8x8192,8x2048,32x2048] [--budget-s 100]
+        [--block-n 64,128,256 --warps 2,4,8 --stages 2,3,4] [--splits 8,16,33]
 
-Prints one line per (point, variant) and the best variant per point; writes nothing.
+Prints cuDNN's time per point (SDPA at L=0, the peer to beat), one line per (point, variant)
+with its ratio to cuDNN, and the best variant per point; writes nothing.
 """
 from __future__ import annotations
 
@@ -30,16 +32,47 @@ def copy_gbps() -> float:
     return 2 * 2**30 / (m.median_ms * 1e6)
 
 
+def grid_variants(args) -> list:
+    """The DecodeConfig grid of --block-n x --warps x --stages (or VARIANTS when none is given)."""
+    if not (args.block_n or args.warps or args.stages):
+        return VARIANTS
+    ints = lambda text, dflt: [int(x) for x in text.split(",")] if text else [dflt]  # noqa: E731
+    return [DecodeConfig(block_n=bn, num_warps=w, num_stages=st)
+            for bn in ints(args.block_n, 128) for w in ints(args.warps, 4) for st in ints(args.stages, 3)]
+
+
+def cudnn_ms(q, k, v, rule) -> float | None:
+    """SDPA's cuDNN backend at L=0 on the same cache (the peer to beat), graph timer; None if it cannot run."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def run():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    try:
+        return time_fn(run, timer="graph", rule=rule).median_ms
+    except Exception as exc:  # noqa: BLE001
+        print(f"cudnn: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--points", default="1x32768,1x8192,8x8192,8x2048,32x2048")
-    p.add_argument("--budget-s", type=float, default=100.0)
+    p.add_argument("--budget-s", type=float, default=100.0, help="for all points together")
+    p.add_argument("--block-n", default="", help="comma list: a grid of DecodeConfig block_n (with --warps, --stages)")
+    p.add_argument("--warps", default="")
+    p.add_argument("--stages", default="")
+    p.add_argument("--splits", default="", help="comma list of num_splits (default: around the chooser's)")
     args = p.parse_args()
     rate = copy_gbps()
     print(f"copy rate {rate:.0f} GB/s")
     t0 = time.time()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rule = StopRule(min_samples=20, min_time_s=0.02, max_time_s=0.3)
+    variants = grid_variants(args)
     for text in args.points.split(","):
         B, T = (int(x) for x in text.split("x"))
         g = torch.Generator(device="cuda").manual_seed(B * T)
@@ -47,10 +80,15 @@ def main() -> None:
         k, v = (torch.randn(B, T, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         kd, vd = (torch.randn(B, 1, L, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         nbytes = floor.decode_work(B, T, 1, G * HK, HK, D, L).bytes
+        ref = cudnn_ms(q, k, v, rule)
+        print(f"B={B:3d} T={T:6d} cudnn (L=0): " + (f"{ref * 1e3:8.1f} us" if ref else "-"))
         auto = choose_num_splits(B, HK, T, sms, 128)
-        splits = sorted({1, auto, max(1, auto // 2), auto * 2, max(1, sms // (B * HK)), max(1, 4 * sms // (B * HK))})
+        if args.splits:
+            splits = sorted({int(x) for x in args.splits.split(",")} | {auto})
+        else:
+            splits = sorted({1, auto, max(1, auto // 2), auto * 2, max(1, sms // (B * HK)), max(1, 4 * sms // (B * HK))})
         best = None
-        for cfg in VARIANTS:
+        for cfg in variants:
             for s in splits:
                 if time.time() - t0 > args.budget_s:
                     print("budget spent")
@@ -62,10 +100,14 @@ def main() -> None:
                     continue
                 gbps = nbytes / (m.median_ms * 1e6)
                 tag = f"B={B:3d} T={T:6d} splits={s:4d} bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}"
-                print(f"{tag}: {m.median_ms * 1e3:8.1f} us {gbps:6.0f} GB/s {gbps / rate:5.0%}" + (" (auto)" if s == auto and cfg == VARIANTS[0] else ""))
+                vs = f" x{m.median_ms / ref:.3f} cudnn" if ref else ""
+                dflt = " (default)" if s == auto and cfg == DecodeConfig() else ""
+                print(f"{tag}: {m.median_ms * 1e3:8.1f} us {gbps:6.0f} GB/s {gbps / rate:5.0%}{vs}{dflt}")
                 if best is None or gbps > best[0]:
-                    best = (gbps, tag)
-        print(f"best at B={B} T={T}: {best[1]}: {best[0]:.0f} GB/s ({best[0] / rate:.0%})")
+                    best = (gbps, tag, m.median_ms)
+        if best:
+            vs = f", x{best[2] / ref:.3f} cudnn" if ref else ""
+            print(f"best at B={B} T={T}: {best[1]}: {best[0]:.0f} GB/s ({best[0] / rate:.0%}{vs})")
 
 
 if __name__ == "__main__":
