@@ -41,14 +41,18 @@ class DecodeConfig:
     """Tile settings of the decode kernels (all powers of two except the warp/stage counts).
 
     block_n: cache keys per tile (None: 128 for d <= 64, 64 for d = 128, so a K or V tile is
-    16 KiB in bf16); num_warps, num_stages: of the split kernel (num_stages tiles in flight);
-    block_l: depth entries per tile; max_rows: rows of one program (Tq*G beyond it are cut into
+    16 KiB in bf16); num_warps, num_stages: of the split kernel (num_stages tiles in flight).
+    The defaults (2 warps, 2 stages) won a 27-config grid on an H100 (tools/decode_probe.py,
+    results/h100/session-logs-3/decode_grid.txt): 2 stages of 16 KiB tiles leave shared memory
+    for more programs per SM, which a memory-bound kernel wants more than a deeper pipeline.
+    Against cuDNN at L=0 (B=8..128) they ran 1.034x on average, the former 4 warps and 3 stages
+    1.064x. block_l: depth entries per tile; max_rows: rows of one program (Tq*G beyond it are cut into
     row blocks, each reading the cache again); combine_warps: of the combine kernel;
     combine_block_s: splits merged per step (None: up to 4096 // d)."""
 
     block_n: int | None = None
-    num_warps: int = 4
-    num_stages: int = 3
+    num_warps: int = 2
+    num_stages: int = 2
     block_l: int = 64
     max_rows: int = 64
     combine_warps: int = 4
