@@ -7,6 +7,7 @@ the split spans and the causal tail tiles all run. Tolerances: ||out - ref|| / |
 helpers.TOLERANCE (fp32 1e-4, fp16 5e-3, bf16 2e-2). GPU-marked tests run real sizes on CUDA.
 """
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -113,6 +114,19 @@ def test_default_config_and_scale():
     kw = make_inputs(1, 2, 8, 2, 32, 3, 70, seed=3, lens=[66])
     check(kw, scale=0.3)
     check(kw, num_splits=2, scale=0.3)
+
+
+def test_default_config_per_gpu():
+    """The tiles a call runs without config=: the GPU_TILES entry of the device's name (the H100's
+    2 warps, 2 stages), DEFAULT_CONFIG elsewhere and off CUDA; its run matches the reference."""
+    from moda_bench.ops.decode import default_config
+    from moda_bench.ops.decode.kernel import DEFAULT_CONFIG, _gpu_config
+    h100 = _gpu_config("NVIDIA H100 80GB HBM3")
+    assert (h100.num_warps, h100.num_stages) == (2, 2) and h100.block_n == DEFAULT_CONFIG.block_n
+    assert _gpu_config("NVIDIA H200") == DEFAULT_CONFIG == DecodeConfig()
+    assert default_config(torch.device("cpu")) == DEFAULT_CONFIG
+    kw = make_inputs(1, 2, 8, 2, 32, 3, 45, seed=4)
+    check(kw, num_splits=3, config=replace(h100, block_n=16, block_l=16))
 
 
 def test_splits_beyond_the_sequence():

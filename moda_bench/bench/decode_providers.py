@@ -93,22 +93,25 @@ _needs_decode_kernel = needs_triton_op("moda_bench.ops.decode", "the decode kern
 
 def auto_splits(point, device) -> int:
     """The split-KV factor `moda_decode(num_splits=None)` chooses at `point` on `device` (the
-    default tile's block_n, the device's SM count)."""
-    from moda_bench.ops.decode import DecodeConfig, choose_num_splits
+    device's default tile's block_n, its SM count)."""
+    from moda_bench.ops.decode import choose_num_splits, default_config
     from moda_bench.ops.decode.kernel import sm_count
-    return choose_num_splits(point.B, point.Hk, point.T, sm_count(device), DecodeConfig().resolved(point.d).block_n)
+    return choose_num_splits(point.B, point.Hk, point.T, sm_count(device), default_config(device).resolved(point.d).block_n)
 
 
 def _moda(num_splits: Optional[int]):
     def prepare(inputs, point, chunk):
-        from moda_bench.ops.decode import moda_decode
+        from moda_bench.ops.decode import default_config, moda_decode
         q = inputs["q"]
         splits = auto_splits(point, q.device) if num_splits is None else num_splits
+        tiles = default_config(q.device).resolved(point.d)
         args = (q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"])
         return Prepared(lambda: moda_decode(*args, num_splits=splits),
                         impl_detail=f"moda_decode split-KV, {splits} split(s)"
-                        + (" (chosen per point)" if num_splits is None else " (pinned)"),
-                        config={"num_splits": splits})
+                        + (" (chosen per point)" if num_splits is None else " (pinned)")
+                        + f", {tiles.block_n}-key tiles, {tiles.num_warps} warps, {tiles.num_stages} stages",
+                        config={"num_splits": splits, "block_n": tiles.block_n, "num_warps": tiles.num_warps,
+                                "num_stages": tiles.num_stages})
     return prepare
 
 

@@ -15,13 +15,13 @@ This package's face:
 - the sequence-only peers the benchmark times: `sdpa_decode`, `fa4_decode`,
   `flashinfer_decode` / `prepare_flashinfer_decode`, with their `*_unavailable` reasons.
 """
-from moda_bench.ops.decode.kernel import DecodeConfig, choose_num_splits, moda_decode
+from moda_bench.ops.decode.kernel import DecodeConfig, choose_num_splits, default_config, moda_decode
 from moda_bench.ops.decode.peers import (fa4_decode, fa4_decode_unavailable, flashinfer_decode,
                                          flashinfer_unavailable, prepare_flashinfer_decode, sdpa_decode,
                                          sdpa_unavailable)
 from moda_bench.ops.decode.reference import decode_reference
 from moda_bench.ops.decode.validate import DecodeShape, check_decode_inputs, decode_bytes
 
-__all__ = ["moda_decode", "DecodeConfig", "choose_num_splits", "decode_reference", "DecodeShape",
+__all__ = ["moda_decode", "DecodeConfig", "choose_num_splits", "default_config", "decode_reference", "DecodeShape",
            "check_decode_inputs", "decode_bytes", "sdpa_decode", "sdpa_unavailable", "fa4_decode",
            "fa4_decode_unavailable", "flashinfer_decode", "prepare_flashinfer_decode", "flashinfer_unavailable"]

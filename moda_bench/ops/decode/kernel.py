@@ -41,18 +41,14 @@ class DecodeConfig:
     """Tile settings of the decode kernels (all powers of two except the warp/stage counts).
 
     block_n: cache keys per tile (None: 128 for d <= 64, 64 for d = 128, so a K or V tile is
-    16 KiB in bf16); num_warps, num_stages: of the split kernel (num_stages tiles in flight).
-    The defaults (2 warps, 2 stages) won a 27-config grid on an H100 (tools/decode_probe.py,
-    results/h100/session-logs-3/decode_grid.txt): 2 stages of 16 KiB tiles leave shared memory
-    for more programs per SM, which a memory-bound kernel wants more than a deeper pipeline.
-    Against cuDNN at L=0 (B=8..128) they ran 1.034x on average, the former 4 warps and 3 stages
-    1.064x. block_l: depth entries per tile; max_rows: rows of one program (Tq*G beyond it are cut into
-    row blocks, each reading the cache again); combine_warps: of the combine kernel;
-    combine_block_s: splits merged per step (None: up to 4096 // d)."""
+    16 KiB in bf16); num_warps, num_stages: of the split kernel (num_stages tiles in flight;
+    `default_config` changes them per GPU where measured); block_l: depth entries per tile;
+    max_rows: rows of one program (Tq*G beyond it are cut into row blocks, each reading the
+    cache again); combine_warps: of the combine kernel; combine_block_s: splits merged per step (None: up to 4096 // d)."""
 
     block_n: int | None = None
-    num_warps: int = 2
-    num_stages: int = 2
+    num_warps: int = 4
+    num_stages: int = 3
     block_l: int = 64
     max_rows: int = 64
     combine_warps: int = 4
@@ -76,6 +72,34 @@ class DecodeConfig:
 
 
 DEFAULT_CONFIG = DecodeConfig()
+
+# Split-kernel tiles that beat DEFAULT_CONFIG on a GPU, by a substring of its device name, from
+# tools/decode_probe.py grids against cuDNN at L=0 (results/<gpu>/session-logs-3/decode_grid.txt).
+# H100: 2 warps, 2 stages ran 1.034x cuDNN on average over B=8..128 points, the default 1.064x
+# (two 16 KiB stages leave shared memory for more programs per SM). The H200 keeps the default:
+# there 2 warps, 2 stages ran B=32 points 7-13% slower (its faster HBM wants more in flight).
+GPU_TILES: tuple = (("H100", {"num_warps": 2, "num_stages": 2}),)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_config(name: str) -> DecodeConfig:
+    for key, fields in GPU_TILES:
+        if key in name:
+            return replace(DEFAULT_CONFIG, **fields)
+    return DEFAULT_CONFIG
+
+
+def default_config(device: torch.device) -> DecodeConfig:
+    """The config `moda_decode` runs when none is given: DEFAULT_CONFIG with the GPU_TILES entry
+    of `device`'s name (DEFAULT_CONFIG off CUDA and on GPUs without an entry)."""
+    if device.type != "cuda":
+        return DEFAULT_CONFIG
+    return _gpu_config(_device_name(device.index if device.index is not None else torch.cuda.current_device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(index) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 @functools.lru_cache(maxsize=256)
@@ -190,14 +214,15 @@ def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlen
     cache_seqlens (B,) int32: tokens n_b of sequence b (default Tk; required when paged); new
     token i sits at position n_b - Tq + i and sees positions 0 .. n_b - Tq + i of KV head h // G.
     scale: default 1/sqrt(d). num_splits: the split-KV factor S (None: `choose_num_splits`; 1:
-    no split, one launch). config: tile settings (`DecodeConfig`). check_values: read
+    no split, one launch). config: tile settings (`DecodeConfig`; None: `default_config` of q's
+    device). check_values: read
     cache_seqlens / block_table to check their values: None (default) only when they are CPU
     tensors (no device sync); on the GPU unchecked bad values give NaN rows, never a stray
     read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
     """
     shape = check_decode_inputs(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, need_cuda=True,
                                 check_values=check_values)
-    cfg = _resolved(config or DEFAULT_CONFIG, shape.d)
+    cfg = _resolved(config or default_config(q.device), shape.d)
     S = resolve_num_splits(num_splits, shape, cfg, q.device)
     scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
     q, k_cache, v_cache = (_last_dim_contiguous(t) for t in (q, k_cache, v_cache))
