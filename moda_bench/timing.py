@@ -96,13 +96,27 @@ def measure(fn: Callable[[], object], grad_to_none: list | None = None, warmup_m
     return {"median_ms": float(med), "p20_ms": float(p20), "p80_ms": float(p80)}
 
 
-def max_rel_err(out, ref) -> float:
-    """||out - ref|| / ||ref|| in float64 (NaN if out has non-finite values)."""
+def max_rel_err(out, ref, chunk: int = 1 << 24) -> float:
+    """||out - ref|| / ||ref|| in float64 (NaN if out has non-finite values). Same-shaped tensors
+    are reduced `chunk` elements at a time, so a multi-GB gradient (the depth K/V's at L=256)
+    never gets a float64 copy of itself (a 16 GiB one ran the tuner out of an H100's memory)."""
     import torch
-    o, r = out.double(), ref.double()
-    if not torch.isfinite(o).all():
-        return float("nan")
-    return float((o - r).norm() / r.norm().clamp_min(1e-30))
+    if out.shape != ref.shape or out.numel() <= chunk:
+        o, r = out.double(), ref.double()
+        if not torch.isfinite(o).all():
+            return float("nan")
+        return float((o - r).norm() / r.norm().clamp_min(1e-30))
+    o, r = out.reshape(-1), ref.reshape(-1)
+    num = den = None
+    for i in range(0, o.numel(), chunk):
+        oc, rc = o[i:i + chunk].double(), r[i:i + chunk].double()
+        part_num, part_den = (oc - rc).square().sum(), rc.square().sum()
+        bad = ~torch.isfinite(oc).all()
+        num = part_num if num is None else num + part_num
+        den = part_den if den is None else den + part_den
+        if bool(bad):
+            return float("nan")
+    return float(num.sqrt() / den.sqrt().clamp_min(1e-30))
 
 
 # ----------------------------------------------------------------------------- statistics

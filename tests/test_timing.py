@@ -353,3 +353,19 @@ def test_time_interleaved_ratio_of_two_matmuls():
                                   timer="graph", rule=RoundRule(ci_tol=0.02, max_time_s=10))
     r, lo, hi = res.ratios["big"]
     assert 4 < r < 12 and lo <= r <= hi and res.rounds >= 10
+
+
+def test_max_rel_err_in_chunks():
+    """The chunked reduction (large same-shaped tensors) equals the one-shot float64 norm, and a
+    non-finite value in any chunk gives NaN."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(301, 17, generator=g)
+    out = ref + 1e-3 * torch.randn(301, 17, generator=g)
+    whole = timing.max_rel_err(out, ref)
+    assert whole == pytest.approx(float((out.double() - ref.double()).norm() / ref.double().norm()), rel=1e-12)
+    for chunk in (1, 100, 5116, 10**6):
+        assert timing.max_rel_err(out, ref, chunk=chunk) == pytest.approx(whole, rel=1e-9)
+    out[300, 16] = float("inf")
+    assert math.isnan(timing.max_rel_err(out, ref, chunk=100))
+    assert math.isnan(timing.max_rel_err(out, ref))
