@@ -97,26 +97,18 @@ def measure(fn: Callable[[], object], grad_to_none: list | None = None, warmup_m
 
 
 def max_rel_err(out, ref, chunk: int = 1 << 24) -> float:
-    """||out - ref|| / ||ref|| in float64 (NaN if out has non-finite values). Same-shaped tensors
-    are reduced `chunk` elements at a time, so a multi-GB gradient (the depth K/V's at L=256)
-    never gets a float64 copy of itself (a 16 GiB one ran the tuner out of an H100's memory)."""
-    import torch
-    if out.shape != ref.shape or out.numel() <= chunk:
-        o, r = out.double(), ref.double()
-        if not torch.isfinite(o).all():
+    """||out - ref|| / ||ref|| in float64 (NaN if out has non-finite values), `chunk` elements
+    at a time for same-shaped tensors: a multi-GB gradient (depth K/V at L=256) never gets a
+    float64 copy of itself (a 16 GiB one ran the tuner out of an H100's memory)."""
+    o, r = (out.reshape(-1), ref.reshape(-1)) if out.shape == ref.shape else (out.double(), ref.double())
+    step = chunk if out.shape == ref.shape else max(o.numel(), r.numel(), 1)
+    num = den = 0.0
+    for i in range(0, max(o.numel(), 1), step):
+        oc, rc = (o[i:i + step].double(), r[i:i + step].double()) if out.shape == ref.shape else (o, r)
+        if not bool(oc.isfinite().all()):
             return float("nan")
-        return float((o - r).norm() / r.norm().clamp_min(1e-30))
-    o, r = out.reshape(-1), ref.reshape(-1)
-    num = den = None
-    for i in range(0, o.numel(), chunk):
-        oc, rc = o[i:i + chunk].double(), r[i:i + chunk].double()
-        part_num, part_den = (oc - rc).square().sum(), rc.square().sum()
-        bad = ~torch.isfinite(oc).all()
-        num = part_num if num is None else num + part_num
-        den = part_den if den is None else den + part_den
-        if bool(bad):
-            return float("nan")
-    return float(num.sqrt() / den.sqrt().clamp_min(1e-30))
+        num, den = num + float((oc - rc).square().sum()), den + float(rc.square().sum())
+    return math.sqrt(num) / max(math.sqrt(den), 1e-30)
 
 
 # ----------------------------------------------------------------------------- statistics

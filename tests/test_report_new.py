@@ -403,3 +403,29 @@ def test_one_gpu_keeps_plain_names(tmp_path):
     table(md, "### Sweep 'decode-T2048' (decode; Hq=64, Hk=8, d=64, dtype=bfloat16)")
     header, _ = table(md, "### Sweep over G (fwd+bwd; B=1, d=64, C=64, dtype=bfloat16)")
     assert not any("floor" in h for h in header)                          # old layout: no floor columns
+
+
+def test_dattn_tables_per_sweep(tmp_path):
+    """A second sweep at the same points (an A/B run of dattn against dattn-composed) gets tables
+    of its own, named by its sweep; the preset's table keeps one line per S (no cross product of
+    the two runs' rows)."""
+    from moda_bench.reports.workloads import dattn_sections
+    preset = [r for r in dattn_rows(H200) if r["Hk"] == 8]
+    ab = []
+    for S in (1, 4):
+        point = []
+        for p, ms in (("dattn", 1.02 + 0.001 * S), ("dattn-composed", 1.03 + 0.001 * S), ("fa4", 1.0)):
+            row = base_row(H200, "S", p, "fwdbwd", "eager", T=4096, Hq=32, Hk=8, L=S, S=S)
+            row["timestamp"] = "2026-03-02T00:00:00+00:00"
+            point.append(with_floor(row, "sequence" if p == "fa4" else "dattn", ms))
+        with_best(point, ("fa4",))
+        ab += point
+    write_csv(tmp_path / "preset" / "sweep_dattn.csv", preset)
+    write_csv(tmp_path / "ab" / "sweep_S.csv", ab)
+    secs = dattn_sections(load_results([tmp_path], warn=lambda m: None).rows)
+    assert [s.title for s in secs] == ["Depth-Attention, T=4096, Hq=32, Hk=8 (sweep 'S')",
+                                       "Depth-Attention, T=4096, Hq=32, Hk=8 (sweep 'dattn-3B-T4096')"]
+    ab_sec, preset_sec = secs
+    assert list(ab_sec.frame["S"]) == [1, 4] and ab_sec.others == ["dattn", "dattn-composed"]
+    assert list(ab_sec.frame["dattn-composed:best_r"]) == pytest.approx([1.031, 1.034])
+    assert list(preset_sec.frame["S"]) == [1, 4, 16] and "dattn-composed" not in preset_sec.others

@@ -33,7 +33,7 @@ DECODE_TIMERS = ("graph", "eager")                # a decode point's timers, dis
 # Depth-Attention: its providers (a sweep holding one is a Depth-Attention sweep), the methods its
 # table compares (overhead over the fastest attention) and the mix kernel timed alone
 DATTN_PROVIDERS = ("dattn", "dattn-torch", "dattn-mix")
-DATTN_METHODS = ("dattn", "dattn-torch", "moda", "moda-fa4")
+DATTN_METHODS = ("dattn", "dattn-composed", "dattn-torch", "moda", "moda-fa4")
 MIX_PROVIDER = "dattn-mix"
 TIMER_ORDER = ["eager", "graph", "do_bench"]      # timer values of the sweeps, display order
 TIMER_LABEL = {"eager": "eager timer (host-inclusive)", "graph": "graph timer (CUDA-graph replays, device time)",

@@ -5,10 +5,10 @@
   bytes per second reached (`gbps`), the share of the copy rate 1 / `of_floor` (decode is
   memory-bound, so its floor is the bytes' time at the copy rate) and the paired ratio to the
   fastest sequence-only decode (`ratio_to_best`, with its interval);
-- Depth-Attention (`dattn_sections`): per (pass, timer, head configuration (Hq, Hk), T, GPU), one
-  line per number of source layers S and per method (dattn, dattn-torch, moda, moda-fa4) its
-  overhead over the fastest attention of the point (`ratio_to_best` with its interval), plus the
-  depth mix kernel alone (dattn-mix): its GB/s and 1 / `of_floor`.
+- Depth-Attention (`dattn_sections`): per (pass, timer, head configuration (Hq, Hk), T, GPU and
+  sweep), one line per number of source layers S and per method (dattn, dattn-composed,
+  dattn-torch, moda, moda-fa4) its overhead over the fastest attention of the point
+  (`ratio_to_best` with its interval), plus the depth mix kernel alone (dattn-mix): its GB/s and 1 / `of_floor`.
 
 Rows of older files (no floor columns) leave those cells empty. `reports.markdown` writes them,
 `reports.workload_figures` draws them.
@@ -126,15 +126,19 @@ def dattn_sections(rows) -> list[Section]:
             for _, cfg in groups.iterrows():
                 mask = (part_t[DATTN_GROUP] == cfg).all(axis=1)
                 for gpu in sort_gpus(part_t.loc[mask, "_gpu"]):
-                    part = part_t[mask & (part_t["_gpu"] == gpu)].drop(columns="_gpu")
-                    sec = dattn_section(part, pass_, timer if name_timer else "")
-                    sec.gpu, sec.name_gpu = gpu, name_gpu
-                    sections.append(sec)
+                    at = mask & (part_t["_gpu"] == gpu)
+                    sweeps = sort_sweeps(part_t.loc[at, "sweep"])
+                    for sweep in sweeps:  # runs of other sweeps at the same point: tables of their own
+                        part = part_t[at & (part_t["sweep"] == sweep)].drop(columns="_gpu")
+                        sec = dattn_section(part, pass_, timer if name_timer else "", named=len(sweeps) > 1)
+                        sec.gpu, sec.name_gpu = gpu, name_gpu
+                        sections.append(sec)
     return sections
 
 
-def dattn_section(part, pass_: str, timer: str) -> Section:
-    """The Depth-Attention Section of one group's rows (one pass, timer, heads, T and GPU)."""
+def dattn_section(part, pass_: str, timer: str, named: bool = False) -> Section:
+    """The Depth-Attention Section of one group's rows (one pass, timer, heads, T, GPU and sweep;
+    named: the title names the sweep, where other sweeps measured the same point)."""
     on = list(schema.CONFIG_COLUMNS)
     frame = part[on].drop_duplicates().sort_values(["S", "L"], kind="stable").reset_index(drop=True)
     methods = [m for m in DATTN_METHODS if (part["provider"] == m).any()]
@@ -144,6 +148,7 @@ def dattn_section(part, pass_: str, timer: str) -> Section:
     shown = ["S"] + (["L"] if (frame["L"] != frame["S"]).any() else [])
     first = frame.iloc[0]
     title = "Depth-Attention, " + ", ".join(f"{c}={int(first[c])}" for c in ("T", "Hq", "Hk"))
+    title += f" (sweep '{part['sweep'].iloc[0]}')" if named else ""
     # floor_providers: the mix kernel, where it was timed (its GB/s and share of the copy rate shown)
     return Section(title=title, caption=config_caption(frame, [c for c in CAPTION_COLUMNS if c != "S"]),
                    frame=frame, show_config=shown, pass_=pass_, sweep=sorted(set(part["sweep"]))[0],
