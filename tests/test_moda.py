@@ -66,6 +66,27 @@ def test_depth_placement(fwd_depth, bwd_depth):
     check_against_reference(_moda_lse, 2, 37, 8, 2, 32, 19, torch.float32, seed=11, config=cfg)
 
 
+@pytest.mark.parametrize("bwd_depth,L,launches", [("fused", 5, 0), ("fused", 0, 0), ("split", 5, 1),
+                                                   ("stream", 5, 1), ("overlap", 5, 1)])
+def test_delta_preprocess_only_where_needed(monkeypatch, bwd_depth, L, launches):
+    """Where the q-major pass runs first (L = 0, "fused") it computes delta itself: the
+    preprocessing kernel is not launched and the gradients still match the reference; the other
+    placements read delta before any q-major pass and keep the launch."""
+    import moda_bench.ops.moda.kernel as kernel_mod
+    calls = []
+    real = kernel_mod.moda_bwd_delta_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+    monkeypatch.setattr(kernel_mod, "moda_bwd_delta_kernel", Counting())
+    cfg = MoDAConfig(block_m=32, block_n=16, depth_block_m=16, bwd_q_block_m=32, bwd_kv_block_m=16,
+                     bwd_kv_block_n=16, block_l=16, bwd_depth=bwd_depth)
+    check_against_reference(_moda_lse, 2, 37, 4, 2, 32, L, torch.float32, seed=13, config=cfg)
+    assert len(calls) == launches
+
+
 def _placement(mode: str) -> MoDAConfig:
     """Both passes' depth placement; 'stream-after' = side stream, launched after the sequence kernel."""
     if mode == "stream-after":

@@ -24,7 +24,9 @@ Design (group-aware, then batched depth tiles):
   (m, l, acc) = (lse_d, 1, o_d), so the sequence loop is the L = 0 kernel's; or "overlap",
   depth-only programs inside the sequence grid and a log-sum-exp merge of the two partials.
 * Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
-  comes from a small preprocessing kernel. The depth part (its dq share, dk_depth, dv_depth; a
+  comes from a small preprocessing kernel, or, where the query-major pass runs first (L = 0 and
+  the "fused" depth placement, the default up to T = 2048), from that pass itself, which stores
+  it for the key-major pass (one launch fewer where launches cost the most). The depth part (its dq share, dk_depth, dv_depth; a
   depth entry is read only by the rows of its own position, so no atomics) runs fused in the
   query-major pass, as its own launch ("split"), as extra programs of the key-major grid
   ("overlap"), or (`bwd_depth="stream"`, default for long T) as its own launch on a second CUDA stream,
@@ -201,14 +203,18 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     gp = group_pad(G)
     do = do.contiguous()
     n_rows = B * T * Hq
+    mode = cfg.bwd_depth if L > 0 else "none"
+    # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)
+    inline = delta is None and not depth_only and mode in ("none", "fused")
+    if inline and o.stride() != do.stride():
+        o = o.contiguous()  # the q-major pass reads o with do's strides
     if delta is None:
         delta = torch.empty_like(lse)
-        if not depth_only:
+        if not depth_only and not inline:
             moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    mode = cfg.bwd_depth if L > 0 else "none"
     depth_grad = bool(depth_grad) and L > 0
     kd_, vd_ = (kd, vd) if L > 0 else (k.unsqueeze(2), v.unsqueeze(2))
     if depth_grad:
@@ -236,10 +242,11 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     def q_launch(MODE):
         S = fused_depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1
         moda_bwd_q_kernel[(triton.cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
-            q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, *args, *st,
+            q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, o, *args, *st,
             GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE, S=S,
             BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, REVERSE=cfg.reverse,
-            DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED, num_warps=cfg.bwd_q_warps, num_stages=cfg.bwd_q_stages)
+            DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED, DELTA_INLINE=inline, num_warps=cfg.bwd_q_warps,
+            num_stages=cfg.bwd_q_stages)
 
     # DEPTH_GRAD is pinned True where a launch has no depth work, so those share one compiled variant
     kv_meta = dict(num_warps=cfg.bwd_kv_warps, num_stages=cfg.bwd_kv_stages)

@@ -1,6 +1,8 @@
 """Backward Triton kernels of the fused MoDA kernel (launched by `moda_bench.ops.moda.kernel`).
 
-`moda_bwd_delta_kernel`: delta = rowsum(o * do). `moda_bwd_q_kernel`: the query-major pass, dq
+`moda_bwd_delta_kernel`: delta = rowsum(o * do), where the query-major pass does not compute it
+itself (DELTA_INLINE, when it runs before every pass that reads delta). `moda_bwd_q_kernel`: the
+query-major pass, dq
 from the sequence keys and (MODE BWDQ_FUSED) the depth keys with dk_depth, dv_depth; a depth
 entry is read only by the rows of its own position, all inside one block, so no atomics.
 `moda_bwd_kv_kernel`: the key-major pass, dk and dv per block of keys; with DEPTH its grid also
@@ -32,9 +34,11 @@ def moda_bwd_delta_kernel(O, DO, DELTA, n_rows, HEAD_DIM: tl.constexpr, BLOCK: t
 
 @triton.jit
 def _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh, slb, slt, slh,
-              GP: tl.constexpr, HEAD_DIM: tl.constexpr):
+              GP: tl.constexpr, HEAD_DIM: tl.constexpr, O, DELTA_INLINE: tl.constexpr):
     """Folded rows r = t*GP + g of KV head j: (q, do, lse * log2(e), delta, t, row_ok); padding
-    rows (g >= G or t >= T) load zeros, so they add nothing to any gradient."""
+    rows (g >= G or t >= T) load zeros, so they add nothing to any gradient. DELTA_INLINE: delta
+    = rowsum(o * do) is computed here from O (do's strides) and stored to DELTA for the passes
+    that run after this one, instead of being loaded (no preprocessing launch)."""
     offs_d = tl.arange(0, HEAD_DIM)
     t = rows // GP
     g = rows % GP
@@ -43,7 +47,12 @@ def _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
     do = tl.load(row_ptrs(DO, b, j, rows, offs_d, G, sob, sot, soh, GP), mask=row_ok[:, None], other=0.0)
     lrow = b * slb + t * slt + (j * G + g) * slh
     lse2 = tl.load(LSE + lrow, mask=row_ok, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + lrow, mask=row_ok, other=0.0)
+    if DELTA_INLINE:
+        o = tl.load(row_ptrs(O, b, j, rows, offs_d, G, sob, sot, soh, GP), mask=row_ok[:, None], other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        tl.store(DELTA + lrow, delta, mask=row_ok)
+    else:
+        delta = tl.load(DELTA + lrow, mask=row_ok, other=0.0)
     return q, do, lse2, delta, t, row_ok
 
 
@@ -107,14 +116,15 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
                    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    SEQ: tl.constexpr, DEPTH: tl.constexpr, ADD: tl.constexpr, S: tl.constexpr,
                    BLOCK_L: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
-                   DEPTH_GRAD: tl.constexpr):
+                   DEPTH_GRAD: tl.constexpr, O, DELTA_INLINE: tl.constexpr):
     """Query-major work of one block of BLOCK_M folded rows: dq from the sequence keys (SEQ)
     and/or from the depth keys plus (DEPTH_GRAD) dk_depth, dv_depth (DEPTH). ADD adds the
-    partial dq already in DQ (written by a depth-only program) to this one's."""
+    partial dq already in DQ (written by a depth-only program) to this one's. DELTA_INLINE:
+    this block's delta is computed from O and stored (see `_bwd_rows`)."""
     P: tl.constexpr = BLOCK_M // GP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
-                                              slb, slt, slh, GP, HEAD_DIM)
+                                              slb, slt, slh, GP, HEAD_DIM, O, DELTA_INLINE)
     offs_d = tl.arange(0, HEAD_DIM)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     t_lo = pid_m * P
@@ -145,17 +155,19 @@ BWDQ_ADD = 2    # sequence keys, plus the depth dq partial already in DQ
 
 @triton.jit(do_not_specialize=["T", "L"])
 def moda_bwd_q_kernel(
-    Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
+    Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, O,
     qk_scale, sm_scale, T, L, G, Hk,
     # strides (the layout every launch shares): q, k, v, depth k/v, do/o, lse/delta
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
-    DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr, DEPTH_GRAD: tl.constexpr,
+    DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr, DEPTH_GRAD: tl.constexpr, DELTA_INLINE: tl.constexpr,
 ):
     """Query-major pass (MODE: one of BWDQ_*). DO/DQ share q's strides (sqb...), LSE/DELTA
     share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of strides (sdb...).
-    DEPTH_GRAD (BWDQ_FUSED only): write dk_depth, dv_depth; False skips them (detached depth)."""
+    DEPTH_GRAD (BWDQ_FUSED only): write dk_depth, dv_depth; False skips them (detached depth).
+    DELTA_INLINE: compute delta = rowsum(o * do) from O (do's strides) and store it to DELTA for
+    the key-major pass launched after this one; else DELTA holds it already (O unused)."""
     pid0 = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
@@ -163,7 +175,7 @@ def moda_bwd_q_kernel(
                    qk_scale, sm_scale, T, L, G,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
                    GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES,
-                   DEPTH_GRAD)
+                   DEPTH_GRAD, O, DELTA_INLINE)
 
 
 @triton.jit
@@ -174,7 +186,7 @@ def _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
     """(dk (unscaled), dv) contributions of BLOCK_M folded query rows starting at r0."""
     rows = r0 + tl.arange(0, BLOCK_M)
     q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
-                                              slb, slt, slh, GP, HEAD_DIM)
+                                              slb, slt, slh, GP, HEAD_DIM, DO, False)
     kq = mm(k, tl.trans(q), PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
     pT = tl.math.exp2(kq - lse2[None, :])
     if MASK:
@@ -252,7 +264,7 @@ def moda_bwd_kv_kernel(
             _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                            T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
                            sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD)
+                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
     elif KV:
         _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
@@ -261,4 +273,4 @@ def moda_bwd_kv_kernel(
         _bwd_q_program(pid0, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                        T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
                        sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                       False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD)
+                       False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
