@@ -34,8 +34,8 @@ import random
 from dataclasses import fields
 from typing import Iterable, Optional
 
-import triton
 
+from moda_bench.ops.launch import next_pow2
 from moda_bench.ops.moda.config import DEPTH_MODES, MoDAConfig, auto_depth_sub, check_config, dtype_name, group_pad
 from moda_bench.ops.moda.validate import MoDAShape
 
@@ -204,7 +204,7 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
     why = _oversized_rows(m_name, m, shape)
     if why:
         return why
-    if n > max(min(COL_BLOCKS), triton.next_power_of_2(shape.T)):
+    if n > max(min(COL_BLOCKS), next_pow2(shape.T)):
         return f"oversized: {n_name}={n} > next_pow2(T={shape.T})"
     return _oversized_depth_cols("block_l", cfg.block_l, shape) if kernel == "fwd" else None
 
@@ -212,14 +212,14 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
 def _oversized_rows(name: str, m: int, shape: MoDAShape) -> Optional[str]:
     """A row block larger than the problem's folded rows (r = t*GP + g), unless it is the smallest."""
     rows = shape.T * group_pad(shape.G)
-    if m > max(min(ROW_BLOCKS), triton.next_power_of_2(rows)):
+    if m > max(min(ROW_BLOCKS), next_pow2(rows)):
         return f"oversized: {name}={m} > next_pow2(T*GP={rows})"
     return None
 
 
 def _oversized_depth_cols(name: str, bl: int, shape: MoDAShape) -> Optional[str]:
     """A depth column block larger than L (L > 0), unless it is the smallest."""
-    if shape.L > 0 and bl > max(min(DEPTH_BLOCKS), triton.next_power_of_2(shape.L)):
+    if shape.L > 0 and bl > max(min(DEPTH_BLOCKS), next_pow2(shape.L)):
         return f"oversized: {name}={bl} > next_pow2(L={shape.L})"
     return None
 

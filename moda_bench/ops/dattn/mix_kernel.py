@@ -48,6 +48,7 @@ import triton.language as tl
 
 from moda_bench import floor
 from moda_bench.ops.dattn.validate import DAttnShape, check_dattn_inputs
+from moda_bench.ops.launch import cdiv, next_pow2
 
 MIX_PASSES = ("fwd", "bwd", "fwdbwd")
 
@@ -86,7 +87,7 @@ def mix_tiles(d: int, S: int, pass_: str) -> tuple[int, int]:
 
 def sources_pad(S: int) -> int:
     """SP: the width of the backward's per-source register tiles (a power of two >= S, >= 2)."""
-    return max(2, triton.next_power_of_2(max(S, 1)))
+    return max(2, next_pow2(max(S, 1)))
 
 
 # ------------------------------------------------------------------ kernels
@@ -246,7 +247,7 @@ def mix_fwd(q, k, v, k_src, v_src, scale: float, shape: DAttnShape, block_r: int
     ks, vs, src_strides = source_args(k, v, k_src, v_src)
     tiles = mix_tiles(shape.d, shape.S, "fwd")
     block_r, warps = block_r or tiles[0], num_warps or tiles[1]
-    mix_fwd_kernel[(triton.cdiv(n_rows, block_r),)](
+    mix_fwd_kernel[(cdiv(n_rows, block_r),)](
         q, k, v, ks, vs, vm, lse, n_rows, shape.T, shape.Hk, shape.S, scale / shape.G,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *src_strides,
         G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d, num_warps=warps)
@@ -285,7 +286,7 @@ def mix_bwd(dvm, q, k, v, k_src, v_src, lse, scale: float, shape: DAttnShape, bl
         dks_, dvs_ = dks, dvs
     tiles = mix_tiles(shape.d, shape.S, "bwd")
     block_r, warps = block_r or tiles[0], num_warps or tiles[1]
-    mix_bwd_kernel[(triton.cdiv(n_rows, block_r),)](
+    mix_bwd_kernel[(cdiv(n_rows, block_r),)](
         q, k, v, ks, vs, dvm, lse, dq, dk, dv, dks_, dvs_, n_rows, shape.T, shape.Hk, shape.S,
         scale / shape.G, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *src_strides,
         *dvm.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d,

@@ -24,10 +24,10 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from moda_bench.ops.decode.kernel_split import decode_combine_kernel, decode_split_kernel
 from moda_bench.ops.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
+from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.triton_utils import dot_precision
 
 LOG2E = 1.4426950408889634
@@ -125,7 +125,7 @@ def choose_num_splits(B: int, Hk: int, Tk: int, n_sm: int, block_n: int) -> int:
         if not isinstance(val, int) or val < 1:
             raise ValueError(f"choose_num_splits: {name} must be a positive int, got {val!r}")
     want = (WAVES * n_sm) // (B * Hk)
-    cap = triton.cdiv(Tk, block_n) // MIN_SPLIT_BLOCKS
+    cap = cdiv(Tk, block_n) // MIN_SPLIT_BLOCKS
     return max(1, min(want, cap, MAX_SPLITS))
 
 
@@ -152,10 +152,6 @@ def resolve_num_splits(num_splits, shape: DecodeShape, cfg: DecodeConfig, device
     return num_splits
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
 def _last_dim_contiguous(t):
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
@@ -164,9 +160,9 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
     B, Tq, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     R = Tq * G
-    rows = max(16, _next_pow2(min(R, cfg.max_rows)))
-    n_rb = triton.cdiv(R, rows)
-    block_l = max(16, min(cfg.block_l, _next_pow2(Tq * max(L, 1))))
+    rows = max(16, next_pow2(min(R, cfg.max_rows)))
+    n_rb = cdiv(R, rows)
+    block_l = max(16, min(cfg.block_l, next_pow2(Tq * max(L, 1))))
     direct = S == 1
     if L == 0:
         kd = vd = q  # never read
@@ -194,7 +190,7 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if direct:
         return
-    block_s = cfg.combine_block_s or max(1, min(_next_pow2(S), 4096 // d))
+    block_s = cfg.combine_block_s or max(1, min(next_pow2(S), 4096 // d))
     decode_combine_kernel[(B * Hk * R,)](
         dst, lse, out, sl, Tq, shape.Tk, G, Hk, R, S, out.stride(0), out.stride(1), out.stride(2),
         BLOCK_N=cfg.block_n, BLOCK_S=block_s, HEAD_DIM=d, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0,

@@ -34,6 +34,7 @@ from typing import Callable, Optional
 import torch
 import triton
 
+from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.validate import MoDAShape
 
 
@@ -127,13 +128,13 @@ class MoDAConfig:
 
 def group_pad(G: int) -> int:
     """GP: G rounded up to a power of two (rows of one position inside a block)."""
-    return triton.next_power_of_2(G)
+    return next_pow2(G)
 
 
 def auto_depth_sub(G: int, block_m: int) -> int:
     """Fewest positions whose GP rows make a 16-row MMA tile, capped at the chunk."""
     gp = group_pad(G)
-    return max(1, min(block_m // gp, triton.cdiv(16, gp)))
+    return max(1, min(block_m // gp, cdiv(16, gp)))
 
 
 # Up to this T the depth phase stays fused in the sequence kernels: the depth-only launches,
@@ -146,7 +147,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     """Heuristic used when no tuned entry exists."""
     gp = group_pad(shape.G)
     bm = max(64, gp)
-    bl = min(64, max(16, triton.next_power_of_2(max(shape.L, 1))))
+    bl = min(64, max(16, next_pow2(max(shape.L, 1))))
     cfg = MoDAConfig(block_m=bm, bwd_q_block_m=max(64, gp), block_l=bl, bwd_block_l=bl)
     if shape.T <= FUSED_DEPTH_MAX_T:
         cfg = cfg.replace(fwd_depth="fused", bwd_depth="fused")

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda.config import MoDAConfig, check_config, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
@@ -206,7 +207,7 @@ MERGE_BLOCK = 64
 def _merge(o, lse_ht, od, lsed) -> None:
     B, T, Hq, d = o.shape
     n_rows = B * T * Hq
-    fa4_merge_kernel[(triton.cdiv(n_rows, MERGE_BLOCK),)](o, lse_ht, od, lsed, n_rows, T, Hq, HEAD_DIM=d,
+    fa4_merge_kernel[(cdiv(n_rows, MERGE_BLOCK),)](o, lse_ht, od, lsed, n_rows, T, Hq, HEAD_DIM=d,
                                                         BLOCK=MERGE_BLOCK)
 
 
@@ -268,7 +269,7 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
     def depth():
         delta = torch.empty_like(lse_th)
         n_rows = delta.numel()
-        moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=shape.d, BLOCK=128)
+        moda_bwd_delta_kernel[(cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=shape.d, BLOCK=128)
         dq_d, _, _, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse_th, scale, shape, depth_cfg, depth_only=True,
                                         delta=delta, depth_grad=depth_grad)
         return dq_d, dkd, dvd

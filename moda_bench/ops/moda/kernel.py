@@ -44,8 +44,8 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
+from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
                                         resolve_config)
 from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
@@ -127,7 +127,7 @@ def depth_utilization(T: int, G: int, C: int, L: int, config: MoDAConfig | None 
         S = fused_depth_sub(cfg, G, cfg.block_m)
     else:  # rows of a depth-only program, as `moda_fwd` launches them
         S = depth_only_sub(cfg, G, cfg.depth_block_m if cfg.fwd_depth in ("split", "stream") else cfg.block_m)
-    cols = triton.cdiv(S * L, cfg.block_l) * cfg.block_l
+    cols = cdiv(S * L, cfg.block_l) * cfg.block_l
     return (S * G * L) / (S * group_pad(G) * cols)
 
 
@@ -151,7 +151,7 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
     kd_, vd_ = (kd, vd) if L > 0 else (k.unsqueeze(2), v.unsqueeze(2))
     st = _strides(q, k, v, kd_, o, lse)
     prec = dot_precision(q.dtype)
-    n_seq = triton.cdiv(T * gp, cfg.block_m)
+    n_seq = cdiv(T * gp, cfg.block_m)
     seq_meta = dict(GP=gp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=d, BLOCK_L=cfg.block_l, PREC=prec,
                     DEPTH_STAGES=cfg.depth_stages, REVERSE=cfg.reverse, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages)
@@ -169,15 +169,15 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
         dbm = cfg.depth_block_m
         _run_beside(q.device,
                     lambda: launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta),
-                    lambda: launch((B * Hk * triton.cdiv(T * gp, dbm),), od, lsed, 0, FWD_DEPTH,
+                    lambda: launch((B * Hk * cdiv(T * gp, dbm),), od, lsed, 0, FWD_DEPTH,
                                    depth_only_sub(cfg, G, dbm),
                                    **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1)),
                     cfg.depth_after)
         n_rows = B * T * Hq
-        moda_merge_kernel[(triton.cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
+        moda_merge_kernel[(cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
     elif mode == "split":
         dbm = cfg.depth_block_m
-        launch((B * Hk * triton.cdiv(T * gp, dbm),), o, lse, 0, FWD_DEPTH, depth_only_sub(cfg, G, dbm),
+        launch((B * Hk * cdiv(T * gp, dbm),), o, lse, 0, FWD_DEPTH, depth_only_sub(cfg, G, dbm),
                **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
         if depth_only:
             return o, lse
@@ -186,7 +186,7 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
         launch((2 * n_seq, B * Hk), od, lsed, n_seq, FWD_BOTH, depth_only_sub(cfg, G, cfg.block_m), **seq_meta)
         n_rows = B * T * Hq
-        moda_merge_kernel[(triton.cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
+        moda_merge_kernel[(cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
     return o, lse
 
 
@@ -211,7 +211,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     if delta is None:
         delta = torch.empty_like(lse)
         if not depth_only and not inline:
-            moda_bwd_delta_kernel[(triton.cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
+            moda_bwd_delta_kernel[(cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -229,9 +229,9 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     args = (scale * LOG2E, scale, T, L, G, Hk)
 
     def kv_launch(KV, DEPTH, **meta):
-        n_kv = triton.cdiv(T, cfg.bwd_kv_block_n) if KV else 0
+        n_kv = cdiv(T, cfg.bwd_kv_block_n) if KV else 0
         dbm = cfg.bwd_depth_block_m
-        n_d = triton.cdiv(T * gp, dbm) if DEPTH else 0
+        n_d = cdiv(T * gp, dbm) if DEPTH else 0
         grid = (n_kv + n_d, B * Hk) if KV else (B * Hk * n_d,)
         moda_bwd_kv_kernel[grid](
             q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, *st,
@@ -241,7 +241,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
 
     def q_launch(MODE):
         S = fused_depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1
-        moda_bwd_q_kernel[(triton.cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
+        moda_bwd_q_kernel[(cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
             q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, o, *args, *st,
             GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE, S=S,
             BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, REVERSE=cfg.reverse,

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda.triton_utils import dot_precision, mm
 from moda_bench.ops.moda.validate import check_inputs
 
@@ -295,7 +296,7 @@ class _UngroupedMoDA(torch.autograd.Function):
         lse = torch.empty(B, Hq, T, device=q.device, dtype=torch.float32)
         prec = dot_precision(q.dtype)
         tile = tiles(chunk, d)
-        grid = (triton.cdiv(T, chunk), B * Hq)
+        grid = (cdiv(T, chunk), B * Hq)
         _fwd_kernel[grid](
             q, k, v, kd, vd, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -321,7 +322,7 @@ class _UngroupedMoDA(torch.autograd.Function):
         tile = tiles(chunk, d)
         qk_scale = sm_scale * LOG2E
         dq = torch.empty_like(q)
-        _bwd_dq_kernel[(triton.cdiv(T, chunk), B * Hq)](
+        _bwd_dq_kernel[(cdiv(T, chunk), B * Hq)](
             q, k, v, kd, vd, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             kd.stride(0), kd.stride(1), kd.stride(2),
@@ -329,7 +330,7 @@ class _UngroupedMoDA(torch.autograd.Function):
             HEAD_D=d, HAS_DEPTH=has_depth, SPAN_ALL=span_all, PREC=prec, **tile,
         )
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        _bwd_dkdv_kernel[(triton.cdiv(T, tile["BLOCK_N"]), B * Hk)](
+        _bwd_dkdv_kernel[(cdiv(T, tile["BLOCK_N"]), B * Hk)](
             q, k, v, do, lse, delta, dk, dv,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             T, G, Hq, Hk, qk_scale, sm_scale,
@@ -339,7 +340,7 @@ class _UngroupedMoDA(torch.autograd.Function):
         dkd = dvd = None
         if has_depth:
             dkd, dvd = torch.empty_like(kd), torch.empty_like(vd)
-            _bwd_depth_kernel[(triton.cdiv(T * L, tile["BLOCK_L"]), B * Hk)](
+            _bwd_depth_kernel[(cdiv(T * L, tile["BLOCK_L"]), B * Hk)](
                 q, kd, vd, do, lse, delta, dkd, dvd,
                 q.stride(0), q.stride(1), q.stride(2), kd.stride(0), kd.stride(1), kd.stride(2),
                 T, L, G, Hq, Hk, qk_scale, sm_scale,
