@@ -21,6 +21,12 @@
 #   dattn-1.5b-short  the 1.5B heads at T = 4096 and 2048 only
 #   dattn-ab    dattn (mix and FA4 as one autograd node) against dattn-composed, 1.5B heads, T = 16K
 #   dattn-tests GPU-marked Depth-Attention tests (FA4 as the sequence attention when installed)
+#   moda-tests  GPU-marked tests of the MoDA kernel (forward, gradients, detached depth) after a kernel edit
+#   launch-tax  issue 21's rows: T = 1024 and 4096 under eager and graph timers (moda, fa2, fa2-triton),
+#               the L = 0 path's forward and backward at T = 16384 (TFLOP/s), the paper preset moda vs fa2
+#   tune        the RUNBOOK's retuning for this GPU (results in $RESULTS/$GPU/tuning), then the export
+#               into moda_bench/ops/moda/tuned (copied beside the cache)
+#   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
 set -uo pipefail
@@ -64,6 +70,19 @@ for s in "$@"; do
     dattn-1.5b-short) stage dattn-1.5b-short timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-T4096,dattn-1.5B-T2048' $REQ --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B-short" ;;
     dattn-ab) stage dattn-ab timeout "${STAGE_TIMEOUT:-580}" $MB sweep --vary S --values 1,2,4 --T 16384 --G 4 --Hk 6 --timer graph,eager --providers dattn,dattn-composed,fa4 --require fa4 --max-time "$MAX_TIME" --out "$RESULTS/$GPU/dattn-chained-ab" ;;
     dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py tests/test_dattn_chained.py ;;
+    moda-tests) stage moda-tests timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_moda.py tests/test_depth_grad.py -k "not fa4" ;;
+    launch-tax) R=$RESULTS/$GPU/launch-tax
+           stage short-t $MB sweep --vary T --values 1024,4096 --timer eager,graph --providers moda,fa2,fa2-triton --max-time "$MAX_TIME" --out "$R/short-t"
+           stage l0-fwd $MB sweep --vary T --values 16384 --L 0 --pass fwd --providers fa2-triton,fa2,cudnn --max-time "$MAX_TIME" --out "$R/l0-fwd"
+           stage l0-bwd $MB sweep --vary T --values 16384 --L 0 --pass bwd --providers fa2-triton,fa2,cudnn --max-time "$MAX_TIME" --out "$R/l0-bwd"
+           stage paper-moda $MB sweep --preset paper --providers moda,fa2 --max-time "$MAX_TIME" --out "$R/paper" ;;
+    tune) R=$RESULTS/$GPU/tuning; mkdir -p "$R"
+           TUNE="$MB tune --kernels fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv --min-gain 3% --cache $R/tuning.json"
+           stage tune-t timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary T --values 4096,8192,16384,32768 --budget 6 --out "$R/tune_T.csv"
+           stage tune-g timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary G --values 2,4,16,32 --budget 5 --out "$R/tune_G.csv"
+           stage tune-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 128,256 --budget 5 --out "$R/tune_L.csv"
+           stage tune-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
+           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
