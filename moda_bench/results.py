@@ -11,6 +11,9 @@ messages hold everywhere:
   warning naming the file and line;
 - a non-numeric value in a numeric column is a `ResultsError` naming file, line and column.
 
+`read_tuning` reads the tuner's CSV summaries (`schema.TUNE_COLUMNS`), which `read_results`
+skips as not being sweep files.
+
 Columns added to the schema later (older files lack them) are filled with empty values, so
 committed results stay readable; a configuration column of the row key added later
 (`schema.CONFIG_DEFAULTS`: depth_grad, Tq, S) reads as the value every older row had. Writes are appends of one row (`append_row`, header once) or
@@ -146,6 +149,45 @@ def read_results(paths: Iterable, *, warn: Warn = default_warn, exclude: Optiona
     if not frames:
         return empty_frame()
     return pd.concat(frames, ignore_index=True)
+
+
+def read_tuning(paths, *, warn: Warn = default_warn):
+    """The tuner's CSV summaries under `paths` (headers with `schema.TUNE_REQUIRED`; other CSVs are
+    passed over silently), one row per cache key: the newest by timestamp. Every TUNE_COLUMNS
+    column is present (older summaries' missing ones empty; their missing decision reads 'faster
+    median' where the stored config's ms is below the default's: that tuner kept any faster
+    median, with no margin), TUNE_NUMERIC columns are floats, plus `_file`. An empty frame when
+    there is none."""
+    import pandas as pd
+
+    frames = []
+    for path, display in find_csvs(paths):
+        try:
+            text = path.read_text()
+            first = next(csv.reader(io.StringIO(text.split("\n", 1)[0])), [])
+            if not all(c in first for c in schema.TUNE_REQUIRED):
+                continue  # not a tuning summary: read_results' business
+            header, rows = _split_rows(text, display, warn)
+        except (ResultsError, UnicodeDecodeError, csv.Error):
+            continue
+        if not rows:
+            continue
+        df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
+        for c in schema.TUNE_COLUMNS:
+            if c not in df.columns:
+                df[c] = ""
+        for c in schema.TUNE_NUMERIC:
+            df[c] = pd.to_numeric(df[c].str.strip().where(df[c].str.strip() != "", None), errors="coerce")
+        derived = (df["tuned_ms"] < df["default_ms"]).map({True: "faster median", False: "default"})
+        df["decision"] = df["decision"].where(df["decision"].str.strip() != "", derived)
+        frames.append(df[schema.TUNE_COLUMNS].assign(_file=display))
+    if not frames:
+        return pd.DataFrame(columns=schema.TUNE_COLUMNS + ["_file"])
+    df = pd.concat(frames, ignore_index=True)
+    ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
+    df = df.assign(_ts=ts).sort_values(["_ts", "_file"], kind="stable", na_position="first")
+    df = df[~df.duplicated("cache_key", keep="last")].drop(columns="_ts")
+    return df.sort_values(["gpu", "T", "G", "L", "d", "dtype"], kind="stable").reset_index(drop=True)
 
 
 def empty_frame():

@@ -48,6 +48,17 @@ COLUMNS = (
 # report over folders of several GPUs keeps each GPU's rows)
 ROW_KEY = ["sweep", "gpu"] + KEY_COLUMNS
 # a results file must have these; columns added later are optional (older files lack them)
+# The tuner's CSV summary (`moda-bench tune --out`, one row per tuned shape): the point, the
+# default and candidate (search winner) fwd+bwd ms, the stored config's ms, the candidate/default
+# ratio with its 95% interval, the margin, the decision ('tuned' | 'default'), the stored config
+# and its fields that differ from the shape's default config (tuned_fields). Older summaries lack
+# candidate_ms, ratio_lo/hi, min_gain, decision, tuned_fields; TUNE_REQUIRED recognises them.
+TUNE_COLUMNS = CONFIG_COLUMNS + ["default_ms", "candidate_ms", "tuned_ms", "ratio", "ratio_lo", "ratio_hi",
+                                 "min_gain", "decision", "speedup", "wall_s", "status", "reason", "config",
+                                 "cache_key", "tuned_fields"] + META_COLUMNS
+TUNE_REQUIRED = ["default_ms", "tuned_ms", "cache_key"]
+TUNE_NUMERIC = ["T", "G", "Hq", "Hk", "L", "B", "d", "C", "default_ms", "candidate_ms", "tuned_ms", "ratio",
+                "ratio_lo", "ratio_hi", "min_gain", "speedup", "wall_s"]
 REQUIRED_COLUMNS = (["sweep", "provider", "pass"] + [c for c in CONFIG_COLUMNS if c not in CONFIG_DEFAULTS]
                     + ["median_ms", "status"]
                     + ["gpu", "torch_version", "triton_version", "git_commit", "timestamp"])

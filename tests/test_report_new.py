@@ -429,3 +429,62 @@ def test_dattn_tables_per_sweep(tmp_path):
     assert list(ab_sec.frame["S"]) == [1, 4] and ab_sec.others == ["dattn", "dattn-composed"]
     assert list(ab_sec.frame["dattn-composed:best_r"]) == pytest.approx([1.031, 1.034])
     assert list(preset_sec.frame["S"]) == [1, 4, 16] and "dattn-composed" not in preset_sec.others
+
+
+def test_tuning_decisions_table(tmp_path):
+    """The tuner's summaries (a current one with intervals and tuned_fields, an older one
+    without decision or interval, and a newer re-tune of one key) become one table per GPU:
+    newest entry per cache key, the interval where measured, the decision derived for the old
+    file, the changed fields of kept winners; the report imports neither torch nor triton."""
+    from moda_bench.results import read_tuning
+    new_cols = schema.TUNE_COLUMNS
+    old_cols = [c for c in new_cols if c not in ("candidate_ms", "ratio_lo", "ratio_hi", "min_gain", "decision",
+                                                 "tuned_fields")]
+
+    def row(T, G, L, default_ms, tuned_ms, ts, **kw):
+        r = dict.fromkeys(new_cols, "")
+        r.update(T=T, G=G, Hq=8 * G, Hk=8, L=L, B=1, d=64, C=64, dtype="bfloat16", default_ms=default_ms,
+                 tuned_ms=tuned_ms, status="ok", config='{"fwd_depth": "stream", "bwd_depth": "fused"}',
+                 cache_key=f"{H100}|triton 3.6.0|bfloat16|d64|G{G}|L{L}|T<={T}", gpu=H100, timestamp=ts)
+        r.update(kw)
+        return r
+    write_csv(tmp_path / "h100" / "tuning" / "tune_G.csv",
+              [row(16384, 2, 64, 8.682, 8.255, "2026-11-23T22:35:07+00:00", candidate_ms=8.255, ratio=0.9546,
+                   ratio_lo=0.9500, ratio_hi=0.9592, min_gain=0.03, decision="tuned",
+                   tuned_fields="fwd_depth=stream bwd_depth=fused"),
+               row(16384, 8, 256, 33.22, 33.22, "2026-11-23T22:36:00+00:00", candidate_ms=float("nan"),
+                   min_gain=0.03, decision="default")], new_cols)
+    write_csv(tmp_path / "h100" / "tuning" / "l256" / "tune_L.csv",
+              [row(16384, 8, 256, 33.59, 33.59, "2026-11-23T22:44:00+00:00", candidate_ms=33.68, ratio=1.002,
+                   ratio_lo=0.996, ratio_hi=1.008, min_gain=0.03, decision="default")], new_cols)
+    write_csv(tmp_path / "h200" / "tuning" / "tune_T.csv",
+              [{**row(4096, 8, 64, 2.236, 2.236, "2026-03-01T00:00:00+00:00", ratio=1.0), "gpu": H200,
+                "cache_key": f"{H200}|k"},
+               {**row(16384, 32, 64, 104.0, 103.1, "2026-03-01T00:00:00+00:00", ratio=0.991), "gpu": H200,
+                "cache_key": f"{H200}|k2"}], old_cols)
+    tune = read_tuning([tmp_path], warn=lambda m: None)
+    assert len(tune) == 4 and list(tune["decision"]) == ["tuned", "default", "default", "faster median"]
+    assert tune.loc[tune["L"] == 256, "default_ms"].item() == pytest.approx(33.59)   # the newer re-tune
+    roots = [tmp_path / "results"]
+    write_csv(roots[0] / "h100" / "run" / "sweep_T.csv", training_rows(H100))
+    (roots[0] / "tuning").mkdir()
+    for f in tmp_path.glob("h*/tuning/**/*.csv"):
+        (roots[0] / "tuning" / f"{f.parent.name}_{f.parent.parent.name}_{f.name}").write_text(f.read_text())
+    out = tmp_path / "out"
+    code = ("import sys; from pathlib import Path; from moda_bench.reports.report import generate_report; "
+            f"generate_report([Path({str(roots[0])!r})], Path({str(out)!r}), figures=False, warn=lambda m: None); "
+            "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    md = (out / "REPORT.md").read_text()
+    assert "## Tuning decisions" in md
+    header, body = table(md, f"### Tuning decisions on {H100}")
+    assert header[:5] == ["T", "G", "L", "d", "dtype"] and len(body) == 2
+    assert at(header, body, "candidate/default", G=2) == "0.955 [0.950-0.959]"
+    assert at(header, body, "decision", G=2) == "tuned"
+    assert at(header, body, "kept config (fields changed)", G=2) == "fwd_depth=stream bwd_depth=fused"
+    assert at(header, body, "candidate/default", L=256) == "1.002 [0.996-1.008]"
+    header, body = table(md, f"### Tuning decisions on {H200}")
+    assert at(header, body, "candidate/default", G=32) == "0.991"
+    assert at(header, body, "decision", G=32) == "faster median"
+    assert at(header, body, "kept config (fields changed)", G=32).startswith("fwd_depth=stream bwd_depth=fused (")

@@ -19,11 +19,7 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
-from moda_bench.schema import CONFIG_COLUMNS, META_COLUMNS
-
-TUNE_COLUMNS = CONFIG_COLUMNS + ["default_ms", "candidate_ms", "tuned_ms", "ratio", "ratio_lo", "ratio_hi",
-                                 "min_gain", "decision", "speedup", "wall_s", "status", "reason", "config",
-                                 "cache_key"] + META_COLUMNS
+from moda_bench.schema import CONFIG_COLUMNS, TUNE_COLUMNS
 # (axis, values) sweeps; values None = the paper's (schema.AXIS_VALUES)
 PRESETS = {
     "paper": (("T", None), ("G", None), ("L", None)),  # the three sweeps of the paper's efficiency table
@@ -74,7 +70,8 @@ def _num(x) -> float:
 
 def tune_row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s=float("nan"), status="ok",
              reason="", config=None, key="", meta=None, candidate_ms=float("nan"), ratio=float("nan"),
-             ratio_lo=float("nan"), ratio_hi=float("nan"), min_gain=float("nan"), decision="") -> dict:
+             ratio_lo=float("nan"), ratio_hi=float("nan"), min_gain=float("nan"), decision="",
+             tuned_fields="") -> dict:
     """One row of the CSV summary (TUNE_COLUMNS) for point p."""
     row = {c: getattr(p, c, None) for c in CONFIG_COLUMNS}
     row.update(Hq=p.Hq, dtype=dtype, C=(config or {}).get("block_m", p.C))
@@ -83,27 +80,29 @@ def tune_row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s
     row.update(default_ms=default_ms, candidate_ms=_num(candidate_ms), tuned_ms=tuned_ms, ratio=_num(ratio),
                ratio_lo=_num(ratio_lo), ratio_hi=_num(ratio_hi), min_gain=_num(min_gain), decision=decision,
                speedup=speedup, wall_s=wall_s, status=status, reason=reason,
-               config=json.dumps(config, sort_keys=True) if config else "", cache_key=key)
+               config=json.dumps(config, sort_keys=True) if config else "", cache_key=key, tuned_fields=tuned_fields)
     row.update(meta or {})
     return row
 
 
-def result_row(p, dtype, result, *, key="", meta=None, reason="") -> dict:
-    """The CSV row of a freshly tuned point (a tuning.TuneResult)."""
+def result_row(p, dtype, result, *, key="", meta=None, reason="", tuned_fields="") -> dict:
+    """The CSV row of a freshly tuned point (a tuning.TuneResult); tuned_fields: `config_changes`
+    of the stored config against the shape's default."""
     return tune_row(p, dtype, default_ms=result.default_ms, tuned_ms=result.tuned_ms, wall_s=result.wall_s,
                     config=result.config.to_dict(), key=key, meta=meta, reason=reason,
                     candidate_ms=result.candidate_ms, ratio=result.ratio, ratio_lo=result.ratio_lo,
-                    ratio_hi=result.ratio_hi, min_gain=result.min_gain, decision=result.decision)
+                    ratio_hi=result.ratio_hi, min_gain=result.min_gain, decision=result.decision,
+                    tuned_fields=tuned_fields)
 
 
-def entry_row(p, dtype, entry: dict, *, key="", meta=None) -> dict:
+def entry_row(p, dtype, entry: dict, *, key="", meta=None, tuned_fields="") -> dict:
     """The CSV row of a point skipped because the cache has an entry for it (status 'cached';
     entries from before the decision was recorded have an empty decision)."""
     return tune_row(p, dtype, default_ms=entry.get("default_ms"), tuned_ms=entry.get("tuned_ms"),
                     wall_s=entry.get("tuning_wall_s", 0.0), status="cached", config=entry["config"], key=key,
                     meta=meta, candidate_ms=entry.get("candidate_ms"), ratio=entry.get("ratio"),
                     ratio_lo=entry.get("ratio_lo"), ratio_hi=entry.get("ratio_hi"), min_gain=entry.get("min_gain"),
-                    decision=entry.get("decision") or "")
+                    decision=entry.get("decision") or "", tuned_fields=tuned_fields)
 
 
 def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms: float, rep_ms: float, seed: int,

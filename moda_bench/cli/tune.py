@@ -219,7 +219,7 @@ def tune_command(
         if cfg is not None:
             changes = config_changes(cfg, default_config(shape, dtype))
             console.print(f"[dim]{_shape_label(p)}: cached ({changes}); --force retunes[/]")
-            rows.append(entry_row(p, dtype, entry, key=key, meta=meta))
+            rows.append(entry_row(p, dtype, entry, key=key, meta=meta, tuned_fields=changes))
             shown.append(changes + " (cached)")
             continue
         try:
@@ -251,7 +251,8 @@ def tune_command(
             if len(ks.skipped) > 3:
                 console.print(f"  [dim]{k}: ... {len(ks.skipped) - 3} more skipped[/]")
         reasons = result.notes + [f"{k}: {len(ks.skipped)} skipped" for k, ks in result.kernels.items() if ks.skipped]
-        rows.append(result_row(p, dtype, result, key=key, meta=meta, reason="; ".join(reasons)[:500]))
+        rows.append(result_row(p, dtype, result, key=key, meta=meta, reason="; ".join(reasons)[:500],
+                               tuned_fields=changes))
         shown.append(changes)
 
     for r, changes in zip(rows, shown):

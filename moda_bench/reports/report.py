@@ -39,7 +39,9 @@ from moda_bench.reports.tables import (DATTN, DECODE, TRAIN, Section, ablation_s
                                        timer_sections)
 from moda_bench.reports.vocab import (FA2_PROVIDERS, MISSING, MIX_PROVIDER, MODA_PROVIDERS, RATIO_BASELINE,
                                       SEQUENCE_ONLY, TIMER_LABEL, ReportError, gpu_slug, sort_timers)
+from moda_bench.reports.tuning import tuning_markdown
 from moda_bench.reports.workloads import dattn_sections, decode_sections
+from moda_bench.results import default_warn, read_tuning
 
 __all__ = ["generate_report", "ReportError", "Results", "Paper", "load_results", "load_paper",
            "ablation_sections"]
@@ -125,6 +127,9 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
                   "Host share = 1 - graph / eager: the part of the eager time that is launch and host "
                   "overhead rather than GPU work.")
         md += [timer_markdown(s) for s in timers]
+    tuning = tuning_markdown(read_tuning(results_dirs, warn=warn or default_warn))
+    if tuning:
+        md.append(tuning)
     if dec:
         md.append(DECODE_INTRO)
         md += [decode_markdown(s) for s in dec]
