@@ -16,9 +16,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from decode_probe import point_inputs  # tools/ is on sys.path when this file runs
 from moda_bench.ops.decode import DecodeConfig, moda_decode
-
-G, HK, D, L = 8, 8, 64, 64
 
 
 def sdpa(backend):
@@ -45,11 +44,7 @@ def main() -> None:
     args = p.parse_args()
     cfg = DecodeConfig(block_n=args.block_n, num_warps=args.warps, num_stages=args.stages)
     for text in args.points.split(","):
-        B, T = (int(x) for x in text.split("x"))
-        g = torch.Generator(device="cuda").manual_seed(B * T)
-        q = torch.randn(B, 1, G * HK, D, generator=g, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(B, T, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        kd, vd = (torch.randn(B, 1, L, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        B, T, q, k, v, kd, vd = point_inputs(text)
         runs = {}
         for s in args.splits.split(","):
             ns = None if s == "auto" else int(s)

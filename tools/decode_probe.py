@@ -25,6 +25,17 @@ VARIANTS = [DecodeConfig(), DecodeConfig(block_n=64), DecodeConfig(num_warps=8),
             DecodeConfig(block_n=64, num_stages=4)]
 
 
+def point_inputs(text: str):
+    """(B, T, q, k, v, k_depth, v_depth) of a point 'BxT': one new token, the preset's heads, bf16,
+    seeded by the point (tools/decode_ncu.py uses the same inputs)."""
+    B, T = (int(x) for x in text.split("x"))
+    g = torch.Generator(device="cuda").manual_seed(B * T)
+    q = torch.randn(B, 1, G * HK, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, T, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kd, vd = (torch.randn(B, 1, L, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return B, T, q, k, v, kd, vd
+
+
 def copy_gbps() -> float:
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -74,11 +85,7 @@ def main() -> None:
     rule = StopRule(min_samples=20, min_time_s=0.02, max_time_s=0.3)
     variants = grid_variants(args)
     for text in args.points.split(","):
-        B, T = (int(x) for x in text.split("x"))
-        g = torch.Generator(device="cuda").manual_seed(B * T)
-        q = torch.randn(B, 1, G * HK, D, generator=g, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(B, T, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        kd, vd = (torch.randn(B, 1, L, HK, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        B, T, q, k, v, kd, vd = point_inputs(text)
         nbytes = floor.decode_work(B, T, 1, G * HK, HK, D, L).bytes
         ref = cudnn_ms(q, k, v, rule)
         print(f"B={B:3d} T={T:6d} cudnn (L=0): " + (f"{ref * 1e3:8.1f} us" if ref else "-"))
