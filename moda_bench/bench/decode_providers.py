@@ -96,7 +96,8 @@ def auto_splits(point, device) -> int:
     device's default tile's block_n, its SM count)."""
     from moda_bench.ops.decode import choose_num_splits, default_config
     from moda_bench.ops.decode.kernel import sm_count
-    return choose_num_splits(point.B, point.Hk, point.T, sm_count(device), default_config(device).resolved(point.d).block_n)
+    block_n = default_config(device, point.B * point.Hk).resolved(point.d).block_n
+    return choose_num_splits(point.B, point.Hk, point.T, sm_count(device), block_n)
 
 
 def _moda(num_splits: Optional[int]):
@@ -104,7 +105,7 @@ def _moda(num_splits: Optional[int]):
         from moda_bench.ops.decode import default_config, moda_decode
         q = inputs["q"]
         splits = auto_splits(point, q.device) if num_splits is None else num_splits
-        tiles = default_config(q.device).resolved(point.d)
+        tiles = default_config(q.device, point.B * point.Hk).resolved(point.d)
         args = (q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"])
         return Prepared(lambda: moda_decode(*args, num_splits=splits),
                         impl_detail=f"moda_decode split-KV, {splits} split(s)"

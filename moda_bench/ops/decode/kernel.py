@@ -73,28 +73,34 @@ class DecodeConfig:
 
 DEFAULT_CONFIG = DecodeConfig()
 
-# Split-kernel tiles that beat DEFAULT_CONFIG on a GPU, by a substring of its device name, from
-# tools/decode_probe.py grids against cuDNN at L=0 (results/<gpu>/session-logs-3/decode_grid.txt).
-# H100: 2 warps, 2 stages ran 1.034x cuDNN on average over B=8..128 points, the default 1.064x
-# (two 16 KiB stages leave shared memory for more programs per SM). The H200 keeps the default:
-# there 2 warps, 2 stages ran B=32 points 7-13% slower (its faster HBM wants more in flight).
-GPU_TILES: tuple = (("H100", {"num_warps": 2, "num_stages": 2}),)
+# Split-kernel tiles that beat DEFAULT_CONFIG on a GPU, by a substring of its device name, for
+# calls of at least `min_heads` (sequence, KV head) pairs B*Hk, from tools/decode_probe.py grids
+# and decode preset runs against cuDNN at L=0 (results/<gpu>/session-logs-3/decode_grid*.txt,
+# results/h100/decode-tiles, results/h200/decode-w2s2).
+# H100: 2 warps, 2 stages ran B=8..128 at 1.034x cuDNN on average, the default 1.064x (two
+# 16 KiB stages leave shared memory for more programs per SM). H200: the same tiles won at
+# B=128 (B*Hk = 1024: 1.018-1.048x against 1.060-1.079x) and lost at B=8 and 32 (up to 13%
+# slower: its faster HBM wants more bytes in flight per program when programs are few).
+GPU_TILES: tuple = (("H100", {"num_warps": 2, "num_stages": 2}, 0),
+                    ("H200", {"num_warps": 2, "num_stages": 2}, 1024))
 
 
 @functools.lru_cache(maxsize=None)
-def _gpu_config(name: str) -> DecodeConfig:
-    for key, fields in GPU_TILES:
-        if key in name:
+def _gpu_config(name: str, heads: int = 0) -> DecodeConfig:
+    for key, fields, min_heads in GPU_TILES:
+        if key in name and heads >= min_heads:
             return replace(DEFAULT_CONFIG, **fields)
     return DEFAULT_CONFIG
 
 
-def default_config(device: torch.device) -> DecodeConfig:
-    """The config `moda_decode` runs when none is given: DEFAULT_CONFIG with the GPU_TILES entry
-    of `device`'s name (DEFAULT_CONFIG off CUDA and on GPUs without an entry)."""
+def default_config(device: torch.device, heads: int = 0) -> DecodeConfig:
+    """The config `moda_decode` runs when none is given, for a call of `heads` = B*Hk (sequence,
+    KV head) pairs: DEFAULT_CONFIG with the GPU_TILES entry of `device`'s name where it applies
+    (DEFAULT_CONFIG off CUDA and on GPUs without an entry)."""
     if device.type != "cuda":
         return DEFAULT_CONFIG
-    return _gpu_config(_device_name(device.index if device.index is not None else torch.cuda.current_device()))
+    return _gpu_config(_device_name(device.index if device.index is not None else torch.cuda.current_device()),
+                       heads)
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,14 +217,14 @@ def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlen
     token i sits at position n_b - Tq + i and sees positions 0 .. n_b - Tq + i of KV head h // G.
     scale: default 1/sqrt(d). num_splits: the split-KV factor S (None: `choose_num_splits`; 1:
     no split, one launch). config: tile settings (`DecodeConfig`; None: `default_config` of q's
-    device). check_values: read
+    device and B*Hk). check_values: read
     cache_seqlens / block_table to check their values: None (default) only when they are CPU
     tensors (no device sync); on the GPU unchecked bad values give NaN rows, never a stray
     read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
     """
     shape = check_decode_inputs(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, need_cuda=True,
                                 check_values=check_values)
-    cfg = _resolved(config or default_config(q.device), shape.d)
+    cfg = _resolved(config or default_config(q.device, shape.B * shape.Hk), shape.d)
     S = resolve_num_splits(num_splits, shape, cfg, q.device)
     scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
     q, k_cache, v_cache = (_last_dim_contiguous(t) for t in (q, k_cache, v_cache))
