@@ -369,3 +369,40 @@ def test_require_stops_a_run_whose_providers_cannot_run(tmp_path, monkeypatch):
                   "--no-health-check", "--out", str(tmp_path / "c"))
     assert res.exit_code == 0, res.output
     assert len(seen) == 1
+
+
+def test_point_staged_once_for_all_its_timers(monkeypatch):
+    """run_point with two timings (a sweep's two timers): every provider is staged (inputs,
+    preparation, accuracy check) once, and each timing fills its own rows: its own medians, the
+    staged fields copied, a provider that failed staging failed in both."""
+    import moda_bench.bench.point as point_mod
+    from moda_bench.bench.providers import resolve_providers
+    calls = []
+    real_stage = point_mod.stage
+
+    def counting(prov, *a, **kw):
+        calls.append(prov.name)
+        return real_stage(prov, *a, **kw)
+    monkeypatch.setattr(point_mod, "stage", counting)
+    pt = Point(T=9, G=2, Hk=1, L=2, d=16, dtype="float32")
+    provs = resolve_providers(["fa2-triton", "moda"], "train")
+    rows = {t: [base_row(pt, p.name, "fwdbwd", "T") for p in provs] for t in ("first", "second")}
+
+    def timer_of(ms):
+        def timer(fn, **kw):
+            fn()
+            return {"median_ms": ms, "p20_ms": ms, "p80_ms": ms}
+        return timer
+    opts = TimingOptions()
+    point_mod.run_point(provs, pt, "fwdbwd", rows["first"], device="cpu", chunk=None, seed=0, check_len=64,
+                        unavailable={"fa2-triton": "not here"}, opts=opts, timer=timer_of(2.0),
+                        also=((opts, timer_of(3.0), rows["second"]),))
+    assert calls == ["moda"]                     # staged once; the unavailable one never
+    first, second = ({r["provider"]: r for r in rows[t]} for t in ("first", "second"))
+    assert first["moda"]["median_ms"] == 2.0 and second["moda"]["median_ms"] == 3.0
+    assert first["moda"]["status"] == second["moda"]["status"] == "ok"
+    for f in ("impl_detail", "max_rel_err", "config"):
+        assert second["moda"][f] == first["moda"][f]
+    assert second["moda"]["max_rel_err"] < 1e-5
+    assert first["fa2-triton"]["status"] == second["fa2-triton"]["status"] == "skipped"
+    assert second["fa2-triton"]["reason"] == "not here"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from moda_bench import schema
@@ -294,12 +294,20 @@ def fill_ratios(staged: dict, result, sequence_only: set) -> None:
             row.update(best_provider=best, ratio_to_best=r, ratio_to_best_lo=lo, ratio_to_best_hi=hi)
 
 
+# what staging writes into a provider's row (copied into the rows of a point's other timers)
+STAGE_FIELDS = ("impl_detail", "depth_utilization", "config", "max_rel_err", "peak_mem_mb")
+
+
 def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optional[int], seed: int,
               check_len: int, unavailable: dict, opts: TimingOptions, timer: Optional[Callable] = None,
-              device_index: Optional[int] = None, on_staged: Optional[Callable] = None, rates=None) -> None:
+              device_index: Optional[int] = None, on_staged: Optional[Callable] = None, rates=None,
+              also: tuple = ()) -> None:
     """Fill `rows` (base rows of the point, one per provider, in provider order): stage every
     provider, then time them (interleaved on CUDA, or each by `timer`), then the ratios and the
-    floor columns (at `rates`, floor.Rates; unknown rates leave floor_ms empty)."""
+    floor columns (at `rates`, floor.Rates; unknown rates leave floor_ms empty). `also`: more
+    (opts, timer, rows) timings of the same point (a sweep's other timers), each timed into its
+    own rows after the first, from the same staged providers: inputs, preparation and accuracy
+    check run once per point, not once per timer."""
     staged = {}
     too_big = None
     if provs and provs[0].op == "decode":   # every provider of the point holds its own inputs at once
@@ -317,11 +325,27 @@ def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optio
                 staged[prov.name] = st
         if on_staged is not None:
             on_staged(prov)
-    result = None
-    if timer is not None or not str(device).startswith("cuda"):
-        time_sequential(staged, timer, opts)
-    elif staged:
-        result = time_interleaved(staged, opts, device_index)
-    fill_ratios(staged, result, {p.name for p in provs if not p.uses_depth})
+    sequence_only = {p.name for p in provs if not p.uses_depth}
+    first = {p.name: row for p, row in zip(provs, rows)}
+    for k, (t_opts, t_timer, t_rows) in enumerate(((opts, timer, rows),) + tuple(also)):
+        if k == 0:
+            now = staged
+        else:  # the same staged callables, writing into this timer's rows
+            mine = {p.name: row for p, row in zip(provs, t_rows)}
+            for name, row in mine.items():
+                src = first[name]
+                if name in staged:
+                    row.update({f: src[f] for f in STAGE_FIELDS if f in src})
+                else:
+                    row.update({f: src[f] for f in STAGE_FIELDS + ("status", "reason") if f in src})
+            now = {name: replace(st, row=mine[name]) for name, st in staged.items()}
+        result = None
+        if t_timer is not None or not str(device).startswith("cuda"):
+            time_sequential(now, t_timer, t_opts)
+        elif now:
+            result = time_interleaved(now, t_opts, device_index)
+        fill_ratios(now, result, sequence_only)
+        result = None
+        release(device)  # this timer's samplers (CUDA graphs and their memory) go before the next's
     staged.clear()
     release(device)

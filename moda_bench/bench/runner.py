@@ -164,7 +164,8 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
     device: 'cuda' (default; cuda:device_index) or 'cpu' (tests, with an injected `timer(fn,
     grad_to_none=, warmup_ms=, rep_ms=) -> dict(median_ms, p20_ms, p80_ms)`). On CUDA without a
     `timer` the providers of each point are timed in interleaved rounds (`point.run_point`) under
-    spec.timing, once per timer of spec.timer_list() (one row per provider and timer).
+    spec.timing, once per timer of spec.timer_list() (one row per provider and timer; a point's
+    providers are staged once for all its timers).
     pin_chunk: pin MoDA's block_m to each point's C (None: pin when sweep_name == 'C' or the
     points differ in C). seed: base seed of the inputs (point i uses seed + i; None: random).
     """
@@ -205,11 +206,12 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
 
     def staged(prov):
         if bar is not None:
-            bar.advance(task)
+            bar.advance(task, len(timers))   # a provider is staged once for all the timers of a point
 
     try:
         with _TunedConfigs(spec.use_tuned):
             for i, point in enumerate(points):
+                timings = []   # (opts, timer, rows) per timer; the point is staged once for all of them
                 for timer_name in timers:
                     opts, point_timer = base_opts, timer
                     if timer_name is not None:
@@ -217,18 +219,23 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
                         if timer_name == LEGACY_TIMER:  # the pre-issue-15 method, for comparisons
                             from moda_bench.timing import measure as point_timer
                     label = timer_name if timer_name is not None else "custom"
-                    if bar is not None:
-                        bar.update(task, description=f"sweep {sweep_name}: {point_label(point, pass_)} "
-                                                     f"({len(provs)} providers, {label} timer)")
                     meta = schema.run_metadata(meta_index)
                     rows = []
                     for prov in provs:
                         row = base_row(point, prov.name, pass_, sweep_name)
                         row.update(meta, timer=label, health=spec.health)
                         rows.append(row)
-                    run_point(provs, point, pass_, rows, device=device, chunk=point.C if pin_chunk else None,
-                              seed=seed + i, check_len=check_len, unavailable=unavailable, opts=opts,
-                              timer=point_timer, device_index=meta_index, on_staged=staged, rates=spec.rates)
+                    timings.append((opts, point_timer, rows))
+                if bar is not None:
+                    labels = ", ".join(t if t is not None else "custom" for t in timers)
+                    bar.update(task, description=f"sweep {sweep_name}: {point_label(point, pass_)} "
+                                                 f"({len(provs)} providers, {labels} timer)")
+                (opts, point_timer, rows), *others = timings
+                run_point(provs, point, pass_, rows, device=device, chunk=point.C if pin_chunk else None,
+                          seed=seed + i, check_len=check_len, unavailable=unavailable, opts=opts,
+                          timer=point_timer, device_index=meta_index, on_staged=staged, rates=spec.rates,
+                          also=tuple(others))
+                for _, _, rows in timings:
                     for row in rows:
                         results.append_row(csv_path, row)
                     all_rows.extend(rows)
