@@ -310,3 +310,62 @@ def test_resolution_host_cost_is_small():
         resolve_config(sh, torch.bfloat16)
     per_call_us = (time.perf_counter() - t0) / n * 1e6
     assert per_call_us < 25, per_call_us
+
+
+# ----------------------------------------------------------------------------- per operator (moda-fa4)
+
+def test_moda_fa4_has_its_own_entries_and_falls_back_to_modas(_isolated, tmp_path):
+    """op="moda-fa4" keys carry their prefix in the user cache and the shipped file; moda_fa4's
+    resolution takes its own entry (user cache > shipped), and without one what moda would run;
+    moda's resolution never sees moda-fa4's entries. The export keeps the prefix."""
+    sh = shape()
+    moda_cfg = default_config(sh).replace(depth_warps=2)
+    fa4_shipped = default_config(sh).replace(fwd_depth="stream", depth_block_m=32)
+    fa4_user = default_config(sh).replace(bwd_depth="stream", bwd_depth_warps=8)
+    assert config_mod.shipped_key(sh, "bfloat16", op="moda-fa4") == "moda-fa4|" + config_mod.shipped_key(sh, "bfloat16")
+    assert tu.cache_key(sh, "bfloat16", op="moda-fa4") == "moda-fa4|" + tu.cache_key(sh, "bfloat16")
+    with pytest.raises(ValueError, match="unknown operator"):
+        config_mod.shipped_key(sh, "bfloat16", op="flash")
+    # nothing of its own: what moda runs (here moda's shipped config)
+    _ship(_isolated, sh, moda_cfg)
+    assert resolve_config(sh, torch.bfloat16, op="moda-fa4") == moda_cfg
+    _write_shipped(_isolated, {config_mod.shipped_key(sh, "bfloat16"): {"config": moda_cfg.to_dict()},
+                               config_mod.shipped_key(sh, "bfloat16", op="moda-fa4"): {"config": fa4_shipped.to_dict()}})
+    assert resolve_config(sh, torch.bfloat16, op="moda-fa4") == fa4_shipped
+    assert resolve_config(sh, torch.bfloat16) == moda_cfg
+    # the user cache: a moda-fa4 result is stored under the prefixed key and wins over shipped
+    res = _result(sh, fa4_user)
+    res.op = "moda-fa4"
+    key, _ = tu.save_result(res, tmp_path / "user.json")
+    assert key == tu.cache_key(sh, "bfloat16", op="moda-fa4")
+    tu.use(tmp_path / "user.json")
+    assert resolve_config(sh, torch.bfloat16, op="moda-fa4") == fa4_user
+    assert resolve_config(sh, torch.bfloat16) == moda_cfg   # the cache has no moda entry: moda's shipped
+    tu.stop_using()
+    # export: the entry keeps its operator
+    out = tmp_path / "export"
+    out.mkdir()
+    tu.export_shipped(tmp_path / "user.json", out)
+    written = json.loads(config_mod.shipped_path(GPU, out).read_text())["entries"]
+    assert set(written) == {config_mod.shipped_key(sh, "bfloat16", op="moda-fa4")}
+    assert written[config_mod.shipped_key(sh, "bfloat16", op="moda-fa4")]["config"] == fa4_user.to_dict()
+
+
+def test_tune_command_op_errors(_isolated):
+    """--op: an unknown operator, moda-fa4 at L=0 or with tile groups only: one-line errors before
+    anything needs a GPU."""
+    from typer.testing import CliRunner
+
+    import re
+
+    from moda_bench.cli import app
+
+    def run(*args):
+        r = CliRunner().invoke(app, ["tune", *args])
+        return r.exit_code, re.sub(r"[\s│╭╮╰╯─]+", " ", r.output)   # the message, unwrapped from its box
+    code, text = run("--op", "flash")
+    assert code != 0 and "unknown operator 'flash'" in text
+    code, text = run("--op", "moda-fa4", "--L", "0")
+    assert code != 0 and "no depth launches at L=0" in text
+    code, text = run("--op", "moda-fa4", "--kernels", "fwd,bwd_q")
+    assert code != 0 and "tunes only fwd_depth, bwd_depth" in text

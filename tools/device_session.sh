@@ -26,6 +26,7 @@
 #               the L = 0 path's forward and backward at T = 16384 (TFLOP/s), the paper preset moda vs fa2
 #   tune        the RUNBOOK's retuning for this GPU (results in $RESULTS/$GPU/tuning), then the export
 #               into moda_bench/ops/moda/tuned (copied beside the cache)
+#   tune-fa4    moda-fa4's depth launches (needs FA4): T = 4096 and 16384, G = 2, L = 256, same cache
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -82,6 +83,13 @@ for s in "$@"; do
            stage tune-g timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary G --values 2,4,16,32 --budget 5 --out "$R/tune_G.csv"
            stage tune-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 128,256 --budget 5 --out "$R/tune_L.csv"
            stage tune-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
+           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+    tune-fa4) R=$RESULTS/$GPU/tuning; mkdir -p "$R"
+           TUNE="$MB tune --op moda-fa4 --kernels fwd_depth,bwd_depth --budget 8 --min-gain 3% --cache $R/tuning.json"
+           stage tune-fa4-t timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary T --values 4096,16384 --out "$R/tune_fa4_T.csv"
+           stage tune-fa4-g timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary G --values 2 --out "$R/tune_fa4_G.csv"
+           stage tune-fa4-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 256 --out "$R/tune_fa4_L.csv"
+           stage tune-fa4-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
            cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;

@@ -159,13 +159,14 @@ def _needs_flex(device: str) -> Optional[str]:
 # providers
 # ---------------------------------------------------------------------------------------------
 
-def _moda_config(point, L: int, dtype, chunk: Optional[int]):
-    """Config for moda_attention: tuned/default via resolve_config, block_m (and the backward's
-    q-major block, which chunks the depth pass of dq) pinned to `chunk` when given."""
+def _moda_config(point, L: int, dtype, chunk: Optional[int], op: str = "moda"):
+    """Config for moda_attention (op "moda") or moda_fa4 ("moda-fa4"): tuned/default via
+    resolve_config, block_m (and the backward's q-major block, which chunks the depth pass of dq)
+    pinned to `chunk` when given."""
     from moda_bench.ops.moda import MoDAShape, check_config, resolve_config
 
     shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=L)
-    cfg = resolve_config(shape, dtype)
+    cfg = resolve_config(shape, dtype, op=op)
     if chunk is not None and (cfg.block_m, cfg.bwd_q_block_m) != (chunk, chunk):
         cfg = cfg.replace(block_m=chunk, bwd_q_block_m=chunk, depth_sub=0)  # depth_sub re-derived for C
     try:
@@ -301,7 +302,7 @@ def _fa4(inputs, point, chunk):
 def _moda_fa4(inputs, point, chunk):
     from moda_bench.ops.moda import fa4, kernel
     q = inputs["q"]
-    cfg = _moda_config(point, point.L, q.dtype, chunk)
+    cfg = _moda_config(point, point.L, q.dtype, chunk, op="moda-fa4")
     eta = kernel.depth_utilization(point.T, point.G, cfg.depth_block_m, point.L, cfg.replace(fwd_depth="split")) \
         if point.L else math.nan
     kw = depth_kw(point, point.L)

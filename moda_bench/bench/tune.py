@@ -106,16 +106,19 @@ def entry_row(p, dtype, entry: dict, *, key="", meta=None, tuned_fields="") -> d
 
 
 def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms: float, rep_ms: float, seed: int,
-               attention: Callable, min_gain: Optional[float] = None, on_plan=None, on_done=None):
+               attention: Callable, min_gain: Optional[float] = None, on_plan=None, on_done=None,
+               op: str = "moda"):
     """Tune `shape` on the current CUDA device (moda_bench.tuning.tune_shape with the device
-    timer); on_plan / on_done report progress. Returns the TuneResult."""
+    timer running `attention`, the operator `op`); on_plan / on_done report progress. Returns the
+    TuneResult."""
     import torch
 
     from moda_bench import tuning
     timer = tuning.CudaTimer(shape, dtype, device=f"cuda:{torch.cuda.current_device()}", warmup_ms=warmup_ms,
                              rep_ms=rep_ms, seed=seed, attention=attention)
     return tuning.tune_shape(shape, dtype, timer, kernels=kernels, budget=budget, seed=seed, on_plan=on_plan,
-                             on_done=on_done, min_gain=tuning.DEFAULT_MIN_GAIN if min_gain is None else min_gain)
+                             on_done=on_done, min_gain=tuning.DEFAULT_MIN_GAIN if min_gain is None else min_gain,
+                             op=op)
 
 
 def write_summary(rows: list[dict], out: Path) -> None:

@@ -77,10 +77,10 @@ def _show_cache(path) -> None:
     cache = tuning.load(path)
     p, entries = cache.path, cache.entries()
     table = Table(title=f"tuning cache {p} ({len(entries)} entries)")
-    cols = ("gpu", "triton", "dtype", "d", "G", "L", "T<=", "default ms", "tuned ms", "speedup", "ratio 95% CI",
-            "decision", "wall s", "date")
+    cols = ("op", "gpu", "triton", "dtype", "d", "G", "L", "T<=", "default ms", "tuned ms", "speedup",
+            "ratio 95% CI", "decision", "wall s", "date")
     for col in cols:
-        table.add_column(col, justify="left" if col in ("gpu", "triton", "dtype", "decision", "date") else "right")
+        table.add_column(col, justify="left" if col in ("op", "gpu", "triton", "dtype", "decision", "date") else "right")
 
     def num(e, f, fmt):
         v = e.get(f)
@@ -89,7 +89,8 @@ def _show_cache(path) -> None:
     for key, e in sorted(entries.items()):
         if not isinstance(e, dict):
             continue
-        table.add_row(*(str(e.get(f, "?")) for f in ("gpu", "triton_version", "dtype", "d", "G", "L", "T_bucket")),
+        table.add_row(str(e.get("op", "moda")),
+                      *(str(e.get(f, "?")) for f in ("gpu", "triton_version", "dtype", "d", "G", "L", "T_bucket")),
                       num(e, "default_ms", ".4g"), num(e, "tuned_ms", ".4g"), num(e, "speedup", ".3f"),
                       _ci(e), str(e.get("decision") or "-"), num(e, "tuning_wall_s", ".1f"),
                       str(e.get("date", "?"))[:10])
@@ -148,6 +149,9 @@ def tune_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the candidate sample and the inputs.")] = 0,
     device: Annotated[Optional[int], typer.Option("--device", help="CUDA device index.")] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the tuning cache and exit.")] = False,
+    op: Annotated[str, typer.Option(
+        "--op", help="Operator to tune: moda (the Triton kernel) or moda-fa4 (its depth launches beside FA4; "
+        "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply).")] = "moda",
 ) -> None:
     """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:
@@ -165,6 +169,20 @@ def tune_command(
     if bad or not kernel_list:
         raise typer.BadParameter(f"unknown kernel(s) {bad or kernels!r}; choose from {', '.join(tuning.KERNELS)}",
                                  param_hint="--kernels")
+    from moda_bench.ops.moda.config import OPS
+    if op not in OPS:
+        raise typer.BadParameter(f"unknown operator {op!r}; choose from {', '.join(OPS)}", param_hint="--op")
+    if op != "moda":  # its sequence part is FA4: only the depth launches read the config
+        dropped = [k for k in kernel_list if k not in tuning.DEPTH_GROUPS]
+        kernel_list = [k for k in kernel_list if k in tuning.DEPTH_GROUPS]
+        if not kernel_list:
+            raise typer.BadParameter(f"{op} tunes only {', '.join(tuning.DEPTH_GROUPS)} (its sequence part is FA4)",
+                                     param_hint="--kernels")
+        if dropped:
+            console.print(f"[dim]{op}: tuning {', '.join(kernel_list)} only (its sequence part is FA4; "
+                          f"{', '.join(dropped)} do not apply)[/]")
+        if L == 0:
+            raise typer.BadParameter(f"{op} has no depth launches at L=0: nothing to tune", param_hint="--L")
     if dtype not in DTYPES:
         raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(DTYPES)}", param_hint="--dtype")
     if vary and preset:
@@ -198,11 +216,18 @@ def tune_command(
         from moda_bench.ops.moda import MoDAConfig, default_config, moda_attention
     except ImportError as exc:
         _fail(f"the MoDA kernel cannot be imported: {exc}")
+    attention = moda_attention
+    if op == "moda-fa4":
+        from moda_bench.ops.moda import fa4
+        why = fa4.fa4_unavailable(torch.device("cuda", torch.cuda.current_device()))
+        if why:
+            _fail(f"moda-fa4 cannot run here: {why}", 2)
+        attention = fa4.moda_fa4
 
     from moda_bench.schema import run_metadata
     cache_path = tuning.resolve_cache_path(cache)
-    groups = group_by_key(points, lambda p: tuning.cache_key(point_shape(p), dtype))
-    console.print(f"tuning {len(groups)} shape(s) ({len(points)} point(s)) on {tuning.current_gpu_name()}, "
+    groups = group_by_key(points, lambda p: tuning.cache_key(point_shape(p), dtype, op=op))
+    console.print(f"tuning {op}: {len(groups)} shape(s) ({len(points)} point(s)) on {tuning.current_gpu_name()}, "
                   f"kernels {', '.join(kernel_list)}, budget {budget}/kernel, min gain {gain:.1%}; cache {cache_path}")
     existing = tuning.load(cache_path).entries()
     meta = run_metadata(device)
@@ -223,7 +248,7 @@ def tune_command(
             shown.append(changes + " (cached)")
             continue
         try:
-            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, moda_attention, gain)
+            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, gain, op)
         except Exception as exc:  # OOM on the inputs, the default config failing, ...
             failures += 1
             msg = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -267,7 +292,7 @@ def tune_command(
         raise typer.Exit(1)
 
 
-def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, min_gain):
+def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, min_gain, op="moda"):
     """Tune one shape with a rich progress bar (one bar per kernel)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -287,4 +312,4 @@ def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, att
             progress.update(state["task"], advance=1, best=best)
 
         return tune_point(shape, dtype, kernel_list, budget=budget, warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed,
-                          attention=attention, min_gain=min_gain, on_plan=on_plan, on_done=on_done)
+                          attention=attention, min_gain=min_gain, on_plan=on_plan, on_done=on_done, op=op)

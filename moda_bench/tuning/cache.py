@@ -47,8 +47,8 @@ import triton
 
 from moda_bench import schema
 from moda_bench.ops.moda.config import (ENV_NO_TUNING, MoDAConfig, config_source, current_device_index,
-                                        current_gpu_name, default_config, dtype_name, set_config_source, set_shipped,
-                                        shipped_enabled, t_bucket)
+                                        current_gpu_name, default_config, dtype_name, op_prefix, set_config_source,
+                                        set_shipped, shipped_enabled, t_bucket)
 from moda_bench.ops.moda.validate import MoDAShape
 from moda_bench.tuning.space import config_problems
 
@@ -64,11 +64,14 @@ __all__ = ["ENV_CACHE", "ENV_NO_TUNING", "SCHEMA_VERSION", "RECHECK_S", "DECISIO
 
 # ----------------------------------------------------------------------------- keys and paths
 
-def cache_key(shape: MoDAShape, dtype, *, gpu: Optional[str] = None, triton_version: Optional[str] = None) -> str:
-    """'<gpu>|triton <ver>|<dtype>|d<d>|G<G>|L<L>|T<=<2^k>' (T bucketed to a power of two)."""
+def cache_key(shape: MoDAShape, dtype, *, gpu: Optional[str] = None, triton_version: Optional[str] = None,
+              op: str = "moda") -> str:
+    """'[<op>|]<gpu>|triton <ver>|<dtype>|d<d>|G<G>|L<L>|T<=<2^k>' (T bucketed to a power of two;
+    the operator prefix for ops other than moda, `config.OPS`)."""
     gpu = current_gpu_name() if gpu is None else gpu
     ver = triton.__version__ if triton_version is None else triton_version
-    return f"{gpu}|triton {ver}|{dtype_name(dtype)}|d{shape.d}|G{shape.G}|L{shape.L}|T<={t_bucket(shape.T)}"
+    return (f"{op_prefix(op)}{gpu}|triton {ver}|{dtype_name(dtype)}|d{shape.d}|G{shape.G}|L{shape.L}"
+            f"|T<={t_bucket(shape.T)}")
 
 
 def default_cache_path() -> Path:
@@ -171,6 +174,7 @@ def cache_entry(result, gpu: Optional[str] = None, triton_version: Optional[str]
     s = result.shape
     cand = result.candidate
     return {
+        "op": getattr(result, "op", "moda"),
         "gpu": gpu or current_gpu_name(), "triton_version": triton_version or triton.__version__,
         "dtype": result.dtype, "d": s.d, "G": s.G, "L": s.L, "T_bucket": t_bucket(s.T),
         "tuned_shape": {"B": s.B, "T": s.T, "Hq": s.Hq, "Hk": s.Hk, "d": s.d, "L": s.L},
@@ -189,7 +193,7 @@ def cache_entry(result, gpu: Optional[str] = None, triton_version: Optional[str]
 def save_result(result, path=None) -> tuple[str, Path]:
     """Persist one `tuner.TuneResult` under its cache key, merged into the cache file (re-read
     just before writing) atomically; returns (key, path)."""
-    key = cache_key(result.shape, result.dtype)
+    key = cache_key(result.shape, result.dtype, op=getattr(result, "op", "moda"))
     p = resolve_cache_path(path)
     entries = _read(p)
     entries[key] = cache_entry(result)
@@ -264,13 +268,14 @@ class TuningCache:
         """Look at the file (and $MODA_BENCH_TUNING_CACHE) again at the next `stamp()`."""
         self._last_check = -math.inf
 
-    def config(self, shape: MoDAShape, dtype) -> Optional[MoDAConfig]:
+    def config(self, shape: MoDAShape, dtype, op: str = "moda") -> Optional[MoDAConfig]:
+        """The entry's config for (shape, dtype) of operator `op` on the current GPU, or None."""
         entries = self.entries()
         if not entries:
             return None
-        memo = (shape, dtype, current_device_index())
+        memo = (shape, dtype, current_device_index(), op)
         if memo not in self._configs:
-            key = cache_key(shape, dtype)
+            key = cache_key(shape, dtype, op=op)
             entry = entries.get(key)
             self._configs[memo] = entry_config(entry, shape.G, key) if isinstance(entry, dict) else None
         return self._configs[memo]

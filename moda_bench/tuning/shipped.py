@@ -20,8 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from moda_bench.ops.moda.config import (SHIPPED_SCHEMA_VERSION, MoDAConfig, read_shipped, shipped_path,
-                                        triton_minor)
+from moda_bench.ops.moda.config import (SHIPPED_SCHEMA_VERSION, MoDAConfig, op_prefix, read_shipped,
+                                        shipped_path, triton_minor)
 from moda_bench.tuning.cache import atomic_write_json, read_entries
 from moda_bench.tuning.space import config_problems
 
@@ -30,9 +30,10 @@ KEPT_FIELDS = ("default_ms", "tuned_ms", "candidate_ms", "speedup", "ratio", "ra
 
 
 def shipped_key_of(entry: dict) -> str:
-    """The shipped key of a tuning-cache entry (from its recorded fields)."""
-    return (f"triton {triton_minor(entry['triton_version'])}|{entry['dtype']}|d{entry['d']}|G{entry['G']}"
-            f"|L{entry['L']}|T<={entry['T_bucket']}")
+    """The shipped key of a tuning-cache entry (from its recorded fields; entries from before the
+    `op` field are moda's)."""
+    return (f"{op_prefix(entry.get('op', 'moda'))}triton {triton_minor(entry['triton_version'])}|{entry['dtype']}"
+            f"|d{entry['d']}|G{entry['G']}|L{entry['L']}|T<={entry['T_bucket']}")
 
 
 def _usable(entry) -> Optional[str]:

@@ -272,6 +272,7 @@ class TuneResult:
     ratio_hi: float = float("nan")
     min_gain: float = DEFAULT_MIN_GAIN
     compare_rounds: int = 0
+    op: str = "moda"  # the operator tuned (config.OPS): its cache and shipped keys
 
     @property
     def speedup(self) -> float:
@@ -280,14 +281,15 @@ class TuneResult:
 
 def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] = KERNELS,
                budget: int = DEFAULT_BUDGET, smem_limit: Optional[int] = None, seed: int = 0,
-               min_gain: float = DEFAULT_MIN_GAIN,
+               min_gain: float = DEFAULT_MIN_GAIN, op: str = "moda",
                on_plan: Optional[Callable[[str, int, dict], None]] = None,
                on_done: Optional[Callable[[MoDAConfig, Optional[float], Optional[str]], None]] = None) -> TuneResult:
     """Tune `kernels` one after another (fwd and fwd_depth timed on 'fwd', the others on
     'bwd'; the depth groups are skipped when L = 0), then compare the winner with the default
     config on fwd+bwd in interleaved rounds (`timer.compare`). The winner is kept (decision
     'tuned') only if the 95% upper bound of its time ratio to the default is below 1 - min_gain;
-    otherwise the default is recorded (decision 'default', speedup 1).
+    otherwise the default is recorded (decision 'default', speedup 1). `op` (config.OPS) names
+    the operator the timer runs, recorded in the result for its cache key.
     """
     t0 = time.perf_counter()
     dtype = dtype_name(dtype)
@@ -302,7 +304,7 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
                          smem_limit=smem_limit, seed=seed, on_plan=on_plan, on_done=on_done)
         results[kernel] = ks
         cfg = ks.best
-    done = dict(kernels=results, notes=notes, min_gain=min_gain)
+    done = dict(kernels=results, notes=notes, min_gain=min_gain, op=op)
     if cfg == default:
         default_ms = timer.time(default, "fwdbwd", final=True)
         notes.append("the search found nothing faster than the default config")

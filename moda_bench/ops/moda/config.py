@@ -271,10 +271,24 @@ _shipped_tables: dict[str, dict] = {}  # GPU name -> {shipped key: entry}
 _shipped_on = True
 
 
-def shipped_key(shape: MoDAShape, dtype, triton_version: Optional[str] = None) -> str:
-    """'triton <major.minor>|<dtype>|d<d>|G<G>|L<L>|T<=<2^k>': the key inside a GPU's shipped file."""
-    return (f"triton {triton_minor(triton_version)}|{dtype_name(dtype)}|d{shape.d}|G{shape.G}|L{shape.L}"
-            f"|T<={t_bucket(shape.T)}")
+# The operators with tuned configs of their own: `moda_attention` ("moda", keys as they always
+# were) and `moda_fa4` ("moda-fa4": only its depth launches read the config; its keys start with
+# "moda-fa4|", and without an entry of its own it takes what "moda" would).
+OPS = ("moda", "moda-fa4")
+
+
+def op_prefix(op: str) -> str:
+    """The key prefix of an operator's tuned configs: '' for moda, '<op>|' for the others."""
+    if op not in OPS:
+        raise ValueError(f"unknown operator {op!r} for tuned configs; choose from {', '.join(OPS)}")
+    return "" if op == "moda" else f"{op}|"
+
+
+def shipped_key(shape: MoDAShape, dtype, triton_version: Optional[str] = None, op: str = "moda") -> str:
+    """'[<op>|]triton <major.minor>|<dtype>|d<d>|G<G>|L<L>|T<=<2^k>': the key inside a GPU's
+    shipped file."""
+    return (f"{op_prefix(op)}triton {triton_minor(triton_version)}|{dtype_name(dtype)}|d{shape.d}|G{shape.G}"
+            f"|L{shape.L}|T<={t_bucket(shape.T)}")
 
 
 def shipped_path(gpu: str, directory=None) -> Path:
@@ -306,14 +320,14 @@ def read_shipped(path, gpu: Optional[str] = None) -> dict:
     return data["entries"]
 
 
-def shipped_config(shape: MoDAShape, dtype, gpu: Optional[str] = None) -> Optional[MoDAConfig]:
-    """The shipped config of (shape, dtype) on `gpu` (default: the current GPU), or None. The
-    GPU's file is read once; an entry that no longer validates is ignored with a warning."""
+def shipped_config(shape: MoDAShape, dtype, gpu: Optional[str] = None, op: str = "moda") -> Optional[MoDAConfig]:
+    """The shipped config of (shape, dtype) for operator `op` on `gpu` (default: the current GPU),
+    or None. The GPU's file is read once; an entry that no longer validates is ignored with a warning."""
     gpu = current_gpu_name() if gpu is None else gpu
     table = _shipped_tables.get(gpu)
     if table is None:
         table = _shipped_tables[gpu] = read_shipped(shipped_path(gpu), gpu)
-    key = shipped_key(shape, dtype)
+    key = shipped_key(shape, dtype, op=op)
     entry = table.get(key)
     if not isinstance(entry, dict):
         return None
@@ -395,11 +409,36 @@ def _base_config(shape: MoDAShape, dtype, key) -> MoDAConfig:
     return cfg
 
 
-def resolve_config(shape: MoDAShape, dtype, config: Optional[MoDAConfig] = None) -> MoDAConfig:
+def _op_config(shape: MoDAShape, dtype, op: str) -> Optional[MoDAConfig]:
+    """An operator's own tuned config (op other than "moda"): the installed source's entry for
+    it (a source with an op-aware `config(shape, dtype, op=)`, as the tuning cache has), else
+    this GPU's shipped one; None where neither has one. The shipped answer is memoised."""
+    src = _source
+    if src is not None and callable(getattr(src, "config", None)):
+        try:
+            cfg = src.config(shape, dtype, op=op)
+        except TypeError:  # a source that knows only moda's configs
+            cfg = None
+        if cfg is not None:
+            return cfg
+    key = (shape, dtype, current_device_index(), op)
+    if key not in _base_memo:
+        on = _shipped_on and os.environ.get(ENV_NO_TUNING, "0") in ("", "0")
+        if len(_base_memo) >= _MEMO_MAX:
+            _base_memo.clear()
+        _base_memo[key] = shipped_config(shape, dtype, op=op) if on else None
+    return _base_memo[key]
+
+
+def resolve_config(shape: MoDAShape, dtype, config: Optional[MoDAConfig] = None, op: str = "moda") -> MoDAConfig:
     """Explicit config, else the installed source's answer, else this GPU's shipped config, else
-    the heuristic default (memoised per shape, dtype and device; see the module docstring)."""
+    the heuristic default (memoised per shape, dtype and device; see the module docstring). An
+    operator other than "moda" (`OPS`) first looks for its own entries (`_op_config`), then
+    answers as for "moda"."""
     if config is not None:
         return config
+    if op != "moda":
+        return _op_config(shape, dtype, op) or resolve_config(shape, dtype)
     global _memo_stamp
     key = (shape, dtype, current_device_index())
     src = _source

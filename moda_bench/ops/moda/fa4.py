@@ -317,7 +317,8 @@ def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
     (B,T,L,Hk,d) or None (L = 0: causal GQA, FA4 alone). Returns out (B,T,Hq,d) in q's dtype,
     and lse (B,T,Hq) float32 (natural log) when return_lse. FA4 takes fp16/bf16 only (ValueError
     for float32). `config` sets the depth launches' tiles and placement (module docstring);
-    without it, `resolve_config` answers as for `moda_attention`. `backend` replaces FA4 for
+    without it, `resolve_config(op="moda-fa4")`: its own tuned entries (`moda-bench tune --op
+    moda-fa4`), else what `moda_attention` would run. `backend` replaces FA4 for
     the sequence half (tests: `TORCH_BACKEND`, which also takes float32 and CPU tensors under
     TRITON_INTERPRET=1). Gradients flow to all five inputs, unless depth_grad=False: then
     k_depth, v_depth are constants (detached; .grad stays None, no dk_depth / dv_depth computed
@@ -333,7 +334,7 @@ def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
         _require_fa4(q.device)
     if shape.L == 0:
         k_depth = v_depth = None
-    cfg = resolve_config(shape, q.dtype, config)
+    cfg = resolve_config(shape, q.dtype, config, op="moda-fa4")
     check_config(cfg, shape.G)
     scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
     q, k, v, k_depth, v_depth = (None if t is None else t.contiguous() for t in (q, k, v, k_depth, v_depth))
