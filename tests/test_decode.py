@@ -403,6 +403,45 @@ def test_gpu_real_sizes_bf16(B, Tq, G, L, d, paged, ragged):
     print(f"rel err auto={e_auto:.2e} one-split={e_one:.2e}")
 
 
+TMA_CASES = [(1, 8, 0, 32, None, 1), (2, 1, 1, 32, [45, 30], 3), (4, 4, 3, 64, [44, 13], 2), (2, 8, 3, 128, None, 5)]
+
+
+@pytest.mark.parametrize("Tq,G,L,d,lens,S", TMA_CASES, ids=[f"Tq{c[0]}-G{c[1]}-L{c[2]}-d{c[3]}-S{c[5]}"
+                                                           f"{'-ragged' if c[4] else ''}" for c in TMA_CASES])
+def test_tma_tiles(monkeypatch, Tq, G, L, d, lens, S):
+    """DecodeConfig(tma=True): a dense cache's tiles through tensor descriptors, at odd Tk (45:
+    the last tile runs past the cache), ragged lengths whose unused rows hold NaN (the masked tile
+    must not let them in), Tq > 1, L = 0/1/3, one and several splits; a paged cache ignores it."""
+    import moda_bench.ops.decode.kernel as kmod
+    made = []
+    real = kmod._descriptors
+    monkeypatch.setattr(kmod, "_descriptors", lambda *a: made.append(1) or real(*a))
+    kw = make_inputs(2, Tq, G * 2, 2, d, L, 45, seed=Tq + G + L + d, lens=lens)
+    if lens:
+        for b, n in enumerate(lens):
+            kw["k_cache"][b, n:] = float("nan")
+            kw["v_cache"][b, n:] = float("nan")
+    cfg = DecodeConfig(block_n=16, block_l=16, tma=True)
+    check(kw, num_splits=S, config=cfg)
+    assert made and all(x is not None for x in real(kw["k_cache"], kw["v_cache"], 16))
+    paged = make_inputs(2, Tq, G * 2, 2, d, L, 45, seed=1, page_size=16)
+    made.clear()
+    check(paged, num_splits=S, config=cfg)
+    assert not made   # pointer loads: no descriptors for a paged cache
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Tq,ragged", [(1, 1, False), (8, 4, True)], ids=["B1-Tq1", "B8-Tq4-ragged"])
+def test_gpu_tma_bf16(B, Tq, ragged):
+    """tma=True on the GPU (TMA bulk copies on Hopper) at Tk = 32768 + 7, Hk = 8, G = 8, L = 64,
+    bf16, auto splits and one split, against the fp64 reference."""
+    Tk = 32775
+    lens = [Tk - 1000 * b for b in range(B)] if ragged else None
+    kw = make_inputs(B, Tq, 64, 8, 64, 64, Tk, torch.bfloat16, seed=B + Tq, lens=lens)
+    cfg = DecodeConfig(tma=True)
+    print(f"rel err auto={check(kw, config=cfg):.2e} one-split={check(kw, num_splits=1, config=cfg):.2e}")
+
+
 def _peer_inputs(Tq, dtype=torch.bfloat16):
     return make_inputs(2, Tq, 64, 8, 128, 0, 4097, dtype, seed=30 + Tq)
 

@@ -26,6 +26,8 @@
 #               the L = 0 path's forward and backward at T = 16384 (TFLOP/s), the paper preset moda vs fa2
 #   tune        the RUNBOOK's retuning for this GPU (results in $RESULTS/$GPU/tuning), then the export
 #               into moda_bench/ops/moda/tuned (copied beside the cache)
+#   decode-tma  the decode kernel's tensor-descriptor (TMA) loads: GPU tests, then a tile grid with
+#               and without them at B=1/T=32K, 8x2K, 32x8K, 128x2K (tools/decode_probe.py)
 #   tune-fa4    moda-fa4's depth launches (needs FA4): T = 4096 and 16384, G = 2, L = 256, same cache
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
@@ -84,6 +86,10 @@ for s in "$@"; do
            stage tune-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 128,256 --budget 5 --out "$R/tune_L.csv"
            stage tune-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
            cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+    decode-tma) stage decode-tma-tests timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "tma"
+           G="--block-n 64,128 --warps 2,4 --stages 2,3,4 --tma 0,1"
+           stage decode-tma-grid bash -c "python3 tools/decode_probe.py $G --points 1x32768 --splits 16,33,66 --budget-s 110;
+             python3 tools/decode_probe.py $G --points 8x2048,32x8192,128x2048 --budget-s 150" ;;
     tune-fa4) R=$RESULTS/$GPU/tuning; mkdir -p "$R"
            TUNE="$MB tune --op moda-fa4 --kernels fwd_depth,bwd_depth --budget 8 --min-gain 3% --cache $R/tuning.json"
            stage tune-fa4-t timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary T --values 4096,16384 --out "$R/tune_fa4_T.csv"

@@ -44,7 +44,9 @@ class DecodeConfig:
     16 KiB in bf16); num_warps, num_stages: of the split kernel (num_stages tiles in flight;
     `default_config` changes them per GPU where measured); block_l: depth entries per tile;
     max_rows: rows of one program (Tq*G beyond it are cut into row blocks, each reading the
-    cache again); combine_warps: of the combine kernel; combine_block_s: splits merged per step (None: up to 4096 // d)."""
+    cache again); combine_warps: of the combine kernel; combine_block_s: splits merged per step
+    (None: up to 4096 // d). tma: read a dense cache's tiles through tensor descriptors (TMA on Hopper; paged caches and
+    layouts a descriptor cannot take keep pointer loads)."""
 
     block_n: int | None = None
     num_warps: int = 4
@@ -53,6 +55,7 @@ class DecodeConfig:
     max_rows: int = 64
     combine_warps: int = 4
     combine_block_s: int | None = None
+    tma: bool = False
 
     def resolved(self, d: int) -> "DecodeConfig":
         """The config with its automatic fields filled in for head dim d, checked."""
@@ -162,6 +165,21 @@ def _last_dim_contiguous(t):
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
+def _descriptors(k, v, block_n: int):
+    """Tensor descriptors of the dense caches (B, Tk, Hk, d), block (1, block_n, 1, d); (None, None)
+    where this Triton has none or a cache's strides are not 16-byte multiples (TMA's rule)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None, None
+    for t in (k, v):
+        if any((st * t.element_size()) % 16 for st in t.stride()[:-1]) or t.data_ptr() % 16:
+            return None, None
+    d = k.shape[-1]
+    return (TensorDescriptor.from_tensor(k, block_shape=[1, block_n, 1, d]),
+            TensorDescriptor.from_tensor(v, block_shape=[1, block_n, 1, d]))
+
+
 def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShape, cfg: DecodeConfig, S: int):
     B, Tq, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
@@ -186,14 +204,15 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
     bt = block_table if block_table is not None else q
     sbt = block_table.stride(0) if block_table is not None else 0
     prec = dot_precision(q.dtype)
+    kdesc, vdesc = _descriptors(k, v, cfg.block_n) if cfg.tma and not shape.paged else (None, None)
     decode_split_kernel[(B * Hk, n_rb * S)](
-        q, k, v, kd, vd, sl, bt, dst, lse,
+        q, k, v, kd, vd, sl, bt, dst, lse, kdesc if kdesc is not None else k, vdesc if vdesc is not None else v,
         scale * LOG2E, Tq, shape.Tk, L, G, Hk, R, S, n_rb, shape.num_blocks,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *dstr, sbt, out.stride(0), out.stride(1), out.stride(2),
         ROWS=rows, BLOCK_N=cfg.block_n, BLOCK_L=block_l, HEAD_DIM=d, PAGE_SIZE=max(shape.page_size, 1),
         PAGED=shape.paged, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0, DIRECT=direct, PREC=prec,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        TMA=kdesc is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if direct:
         return
     block_s = cfg.combine_block_s or max(1, min(next_pow2(S), 4096 // d))

@@ -13,6 +13,9 @@ With S > 1 it writes a normalised fp32 partial (o, lse in log2 units) to the par
 splits whose span is empty (ragged sequences) write nothing. With S = 1 (DIRECT) it writes
 the output itself.
 
+With TMA (a dense cache, `DecodeConfig.tma`) the cache tiles are read through tensor
+descriptors (TMA bulk copies on Hopper) instead of pointer loads.
+
 `decode_combine_kernel`: one program per output row (b, i, h): merges the used splits of its
 row by log-sum-exp (which splits were used, it recomputes from n_b as the split kernel did).
 
@@ -106,6 +109,24 @@ def _seq_tile(q, acc, m_i, l_i, kbase, vbase, BT, bt_row, start, hi, last, n_pag
 
 
 @triton.jit
+def _seq_tile_tma(q, acc, m_i, l_i, KDESC, VDESC, b, j, start, hi, last, qk_scale,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+    """`_seq_tile` of a dense cache through tensor descriptors (TMA bulk copies on Hopper): the
+    K and V tiles of keys start .. start + BLOCK_N of (sequence b, KV head j). Rows past the
+    cache's end come as zeros; rows in [hi, Tk) are loaded (whatever they hold), so MASKED tiles
+    mask their scores and zero their values."""
+    kn = start + tl.arange(0, BLOCK_N)
+    k = tl.reshape(KDESC.load([b, start, j, 0]), [BLOCK_N, HEAD_DIM])
+    s = mm(q, tl.trans(k), PREC) * qk_scale
+    v = tl.reshape(VDESC.load([b, start, j, 0]), [BLOCK_N, HEAD_DIM])
+    if MASKED:
+        in_range = kn < hi
+        s = tl.where(in_range[None, :] & (kn[None, :] <= last[:, None]), s, float("-inf"))
+        v = tl.where(in_range[:, None], v, 0.0)
+    return _online(s, acc, m_i, l_i, v, PREC)
+
+
+@triton.jit
 def _depth_tile(q, acc, m_i, l_i, KD, VD, dbase, f0, tok_row, Tq, L, sdt, sdl, qk_scale,
                 BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr):
     """Depth columns f0 .. f0+BLOCK_L of the flat (Tq*L) depth axis: column f is entry f % L of
@@ -124,17 +145,19 @@ def _depth_tile(q, acc, m_i, l_i, KD, VD, dbase, f0, tok_row, Tq, L, sdt, sdl, q
 
 @triton.jit(do_not_specialize=["Tk", "n_pages"])
 def decode_split_kernel(
-    Q, K, V, KD, VD, SEQLENS, BT, O, LSE,
+    Q, K, V, KD, VD, SEQLENS, BT, O, LSE, KDESC, VDESC,
     qk_scale, Tq, Tk, L, G, Hk, R, S, n_rb, n_pages,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sbt, sob, sot, soh,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_DEPTH: tl.constexpr,
-    DIRECT: tl.constexpr, PREC: tl.constexpr,
+    DIRECT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     """Grid (B*Hk, n_rb*S). Dense cache: K/V strides (skb, skt, skh) over (b, t, head); paged:
     (page, slot, head) with block table BT (row stride sbt). DIRECT: O is the output
     (B, Tq, Hq, d) with strides (sob, sot, soh); else O is the fp32 partial buffer
-    (B*Hk, S, R, d) and LSE (B*Hk, S, R), both contiguous."""
+    (B*Hk, S, R, d) and LSE (B*Hk, S, R), both contiguous. TMA (dense caches only): the cache
+    tiles come through the tensor descriptors KDESC, VDESC over (B, Tk, Hk, d) with block
+    (1, BLOCK_N, 1, d) instead of pointer loads (else KDESC, VDESC are unused)."""
     bh = tl.program_id(0)
     pid1 = tl.program_id(1)
     rb = pid1 % n_rb
@@ -176,12 +199,20 @@ def decode_split_kernel(
     # keys below n - Tq + 1 are seen by every row: whole tiles of them run unmasked
     n_full = tl.maximum(tl.minimum(hi, n - Tq + 1) - lo, 0) // BLOCK_N
     mid = lo + n_full * BLOCK_N
-    for start in range(lo, mid, BLOCK_N):
-        acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, kbase, vbase, BT, bt_row, start, hi, last, n_pages,
-                                  skb, skt, svb, svt, qk_scale, BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, False, PREC)
-    for start in range(mid, hi, BLOCK_N):
-        acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, kbase, vbase, BT, bt_row, start, hi, last, n_pages,
-                                  skb, skt, svb, svt, qk_scale, BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, PREC)
+    if TMA:
+        for start in range(lo, mid, BLOCK_N):
+            acc, m_i, l_i = _seq_tile_tma(q, acc, m_i, l_i, KDESC, VDESC, b, j, start, hi, last, qk_scale,
+                                          BLOCK_N, HEAD_DIM, False, PREC)
+        for start in range(mid, hi, BLOCK_N):
+            acc, m_i, l_i = _seq_tile_tma(q, acc, m_i, l_i, KDESC, VDESC, b, j, start, hi, last, qk_scale,
+                                          BLOCK_N, HEAD_DIM, True, PREC)
+    else:
+        for start in range(lo, mid, BLOCK_N):
+            acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, kbase, vbase, BT, bt_row, start, hi, last, n_pages,
+                                      skb, skt, svb, svt, qk_scale, BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, False, PREC)
+        for start in range(mid, hi, BLOCK_N):
+            acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, kbase, vbase, BT, bt_row, start, hi, last, n_pages,
+                                      skb, skt, svb, svt, qk_scale, BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, PREC)
 
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
