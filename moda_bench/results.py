@@ -163,12 +163,12 @@ def read_tuning(paths, *, warn: Warn = default_warn):
     frames = []
     for path, display in find_csvs(paths):
         try:
-            text = path.read_text()
-            first = next(csv.reader(io.StringIO(text.split("\n", 1)[0])), [])
+            with open(path, newline="") as fh:   # the header alone decides; only summaries are read whole
+                first = next(csv.reader([fh.readline()]), [])
             if not all(c in first for c in schema.TUNE_REQUIRED):
                 continue  # not a tuning summary: read_results' business
-            header, rows = _split_rows(text, display, warn)
-        except (ResultsError, UnicodeDecodeError, csv.Error):
+            header, rows = _split_rows(path.read_text(), display, warn)
+        except (OSError, ResultsError, UnicodeDecodeError, csv.Error):
             continue
         if not rows:
             continue

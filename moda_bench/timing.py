@@ -100,11 +100,14 @@ def max_rel_err(out, ref, chunk: int = 1 << 24) -> float:
     """||out - ref|| / ||ref|| in float64 (NaN if out has non-finite values), `chunk` elements
     at a time for same-shaped tensors: a multi-GB gradient (depth K/V at L=256) never gets a
     float64 copy of itself (a 16 GiB one ran the tuner out of an H100's memory)."""
-    o, r = (out.reshape(-1), ref.reshape(-1)) if out.shape == ref.shape else (out.double(), ref.double())
-    step = chunk if out.shape == ref.shape else max(o.numel(), r.numel(), 1)
+    if out.shape != ref.shape:   # broadcast against each other: in one piece
+        pieces = [(out, ref)]
+    else:
+        o, r = out.reshape(-1), ref.reshape(-1)
+        pieces = ((o[i:i + chunk], r[i:i + chunk]) for i in range(0, max(o.numel(), 1), chunk))
     num = den = 0.0
-    for i in range(0, max(o.numel(), 1), step):
-        oc, rc = (o[i:i + step].double(), r[i:i + step].double()) if out.shape == ref.shape else (o, r)
+    for oc, rc in pieces:
+        oc, rc = oc.double(), rc.double()
         if not bool(oc.isfinite().all()):
             return float("nan")
         num, den = num + float((oc - rc).square().sum()), den + float(rc.square().sum())

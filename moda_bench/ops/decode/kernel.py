@@ -45,8 +45,8 @@ class DecodeConfig:
     `default_config` changes them per GPU where measured); block_l: depth entries per tile;
     max_rows: rows of one program (Tq*G beyond it are cut into row blocks, each reading the
     cache again); combine_warps: of the combine kernel; combine_block_s: splits merged per step
-    (None: up to 4096 // d). tma: read a dense cache's tiles through tensor descriptors (TMA on Hopper; paged caches and
-    layouts a descriptor cannot take keep pointer loads)."""
+    (None: up to 4096 // d). tma: read a dense cache's tiles through tensor descriptors (TMA on
+    Hopper; paged caches and layouts a descriptor cannot take keep pointer loads)."""
 
     block_n: int | None = None
     num_warps: int = 4
@@ -88,7 +88,7 @@ GPU_TILES: tuple = (("H100", {"num_warps": 2, "num_stages": 2}, 0),
                     ("H200", {"num_warps": 2, "num_stages": 2}, 1024))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)
 def _gpu_config(name: str, heads: int = 0) -> DecodeConfig:
     for key, fields, min_heads in GPU_TILES:
         if key in name and heads >= min_heads:
@@ -236,10 +236,9 @@ def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlen
     token i sits at position n_b - Tq + i and sees positions 0 .. n_b - Tq + i of KV head h // G.
     scale: default 1/sqrt(d). num_splits: the split-KV factor S (None: `choose_num_splits`; 1:
     no split, one launch). config: tile settings (`DecodeConfig`; None: `default_config` of q's
-    device and B*Hk). check_values: read
-    cache_seqlens / block_table to check their values: None (default) only when they are CPU
-    tensors (no device sync); on the GPU unchecked bad values give NaN rows, never a stray
-    read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
+    device and B*Hk). check_values: read cache_seqlens / block_table to check their values:
+    None (default) only when they are CPU tensors (no device sync); on the GPU unchecked bad
+    values give NaN rows, never a stray read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
     """
     shape = check_decode_inputs(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, need_cuda=True,
                                 check_values=check_values)

@@ -396,11 +396,16 @@ def config_source() -> Optional[ConfigSource]:
     return _source
 
 
+def _shipped_wanted() -> bool:
+    """Whether resolution consults the shipped configs: `set_shipped` on and MODA_BENCH_NO_TUNING unset."""
+    return _shipped_on and os.environ.get(ENV_NO_TUNING, "0") in ("", "0")
+
+
 def _base_config(shape: MoDAShape, dtype, key) -> MoDAConfig:
     """Steps 3 and 4 of `resolve_config`, memoised."""
     cfg = _base_memo.get(key)
     if cfg is None:
-        if _shipped_on and os.environ.get(ENV_NO_TUNING, "0") in ("", "0"):
+        if _shipped_wanted():
             cfg = shipped_config(shape, dtype)
         cfg = cfg or default_config(shape, dtype)
         if len(_base_memo) >= _MEMO_MAX:
@@ -414,19 +419,15 @@ def _op_config(shape: MoDAShape, dtype, op: str) -> Optional[MoDAConfig]:
     it (a source with an op-aware `config(shape, dtype, op=)`, as the tuning cache has), else
     this GPU's shipped one; None where neither has one. The shipped answer is memoised."""
     src = _source
-    if src is not None and callable(getattr(src, "config", None)):
-        try:
-            cfg = src.config(shape, dtype, op=op)
-        except TypeError:  # a source that knows only moda's configs
-            cfg = None
+    if src is not None and callable(getattr(src, "config", None)):   # plain-function sources know only moda
+        cfg = src.config(shape, dtype, op=op)
         if cfg is not None:
             return cfg
     key = (shape, dtype, current_device_index(), op)
     if key not in _base_memo:
-        on = _shipped_on and os.environ.get(ENV_NO_TUNING, "0") in ("", "0")
         if len(_base_memo) >= _MEMO_MAX:
             _base_memo.clear()
-        _base_memo[key] = shipped_config(shape, dtype, op=op) if on else None
+        _base_memo[key] = shipped_config(shape, dtype, op=op) if _shipped_wanted() else None
     return _base_memo[key]
 
 

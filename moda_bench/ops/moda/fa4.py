@@ -208,7 +208,7 @@ def _merge(o, lse_ht, od, lsed) -> None:
     B, T, Hq, d = o.shape
     n_rows = B * T * Hq
     fa4_merge_kernel[(cdiv(n_rows, MERGE_BLOCK),)](o, lse_ht, od, lsed, n_rows, T, Hq, HEAD_DIM=d,
-                                                        BLOCK=MERGE_BLOCK)
+                                                   BLOCK=MERGE_BLOCK)
 
 
 # ------------------------------------------------------------------ side stream

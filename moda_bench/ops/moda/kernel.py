@@ -26,8 +26,9 @@ Design (group-aware, then batched depth tiles):
 * Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
   comes from a small preprocessing kernel, or, where the query-major pass runs first (L = 0 and
   the "fused" depth placement, the default up to T = 2048), from that pass itself, which stores
-  it for the key-major pass (one launch fewer where launches cost the most). The depth part (its dq share, dk_depth, dv_depth; a
-  depth entry is read only by the rows of its own position, so no atomics) runs fused in the
+  it for the key-major pass (one launch fewer where launches cost the most). The depth part
+  (its dq share, dk_depth, dv_depth; a depth entry is read only by the rows of its own
+  position, so no atomics) runs fused in the
   query-major pass, as its own launch ("split"), as extra programs of the key-major grid
   ("overlap"), or (`bwd_depth="stream"`, default for long T) as its own launch on a second CUDA stream,
   concurrent with the key-major pass, so its memory traffic overlaps the dk/dv compute; the
