@@ -131,14 +131,15 @@ def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
 
 
 def test_depth_groups_cover_every_placement_and_keep_unused_fields():
-    from moda_bench.ops.moda.config import DEPTH_MODES
+    from moda_bench.ops.moda.config import DEPTH_MODES, FWD_DEPTH_MODES
     sh = shape(T=4096, G=2, L=64)
     base = default_config(sh)
     for kernel, unused in (("fwd_depth", tu.UNUSED_BY_PLACEMENT["fwd_depth"]),
                            ("bwd_depth", tu.UNUSED_BY_PLACEMENT["bwd_depth"])):
+        modes = FWD_DEPTH_MODES if kernel == "fwd_depth" else DEPTH_MODES  # the forward adds "tma"
         place = tu.KERNEL_FIELDS[kernel][0]
         space = tu.search_space(sh, kernel, base)
-        assert {getattr(c, place) for c in space} == set(DEPTH_MODES)
+        assert {getattr(c, place) for c in space} == set(modes)
         for c in space:
             for f in unused.get(getattr(c, place), ()):
                 assert getattr(c, f) == getattr(base, f), (kernel, getattr(c, place), f)
@@ -148,8 +149,8 @@ def test_depth_groups_cover_every_placement_and_keep_unused_fields():
         # first round: the base, then one candidate per other placement with the base's other fields
         cands, _ = tu.candidate_configs(sh, kernel, base, budget=8)
         n_lead = len(tu.neighbours(base, cands[1:], kernel, only=place))
-        assert n_lead >= len(DEPTH_MODES) - 1
-        assert cands[0] == base and {getattr(c, place) for c in cands[:1 + n_lead]} == set(DEPTH_MODES)
+        assert n_lead >= len(modes) - 1
+        assert cands[0] == base and {getattr(c, place) for c in cands[:1 + n_lead]} == set(modes)
         for c in cands[1:1 + n_lead]:  # only the placement and fields one of the two ignores differ
             ignored = set(unused.get(getattr(c, place), ())) | set(unused.get(getattr(base, place), ()))
             assert all(getattr(c, f) == getattr(base, f) for f in tu.KERNEL_FIELDS[kernel][1:] if f not in ignored)

@@ -1,5 +1,7 @@
 """Route A prototype (issue 20): a Triton MoDA forward whose depth tiles go through the same
 program as the sequence loop, loaded with TMA tensor descriptors. Forward only (out, lse).
+The kernel now lives in the package (`moda_bench/ops/moda/kernel_fwd_tma.py`, what
+`fwd_depth="tma"` runs); this script keeps its variants and the benchmark.
 
     moda_fused_fwd(q, k, v, k_depth, v_depth, scale=None, **variant) -> (out, lse)
 
@@ -48,189 +50,13 @@ import traceback
 
 import torch
 import triton
-import triton.language as tl
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from moda_bench.ops.moda.triton_utils import dot_precision, mm  # noqa: E402
+from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry as tma_geometry  # noqa: E402
+from moda_bench.ops.moda.kernel_fwd_tma import moda_fwd_tma  # noqa: E402
 from moda_bench.ops.moda.validate import check_inputs  # noqa: E402
-
-LOG2E = 1.4426950408889634
-NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": padding rows stay finite
-
-
-# ----------------------------------------------------------------------------- kernel
-@triton.jit
-def _dot_acc(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b with fp32 accumulation ("upcast": the interpreter's bf16 dot workaround)."""
-    if PREC == "upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=PREC)
-
-
-@triton.jit
-def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, USE_DESC: tl.constexpr, MASK: tl.constexpr,
-              PREC: tl.constexpr):
-    """Fold the BLOCK_N sequence keys from start_n into (acc, m_i, l_i); MASK: causal mask."""
-    kn = start_n + tl.arange(0, BLOCK_N)
-    if USE_DESC:
-        k = kdesc.load([b * T + start_n, j * HEAD_DIM])
-        v = vdesc.load([b * T + start_n, j * HEAD_DIM])
-    else:
-        offs_d = tl.arange(0, HEAD_DIM)
-        ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + ptr, mask=(kn < T)[:, None], other=0.0)
-        v = tl.load(V + ptr, mask=(kn < T)[:, None], other=0.0)
-    qk = mm(q, tl.trans(k), PREC)
-    if MASK:
-        qk = tl.where(kn[None, :] <= t[:, None], qk * qk_scale, NEG)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = _dot_acc(p.to(v.dtype), v, acc, PREC)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
-                 GP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, S: tl.constexpr,
-                 BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
-    """Fold the L depth keys of each row's own position into (acc, m_i, l_i), BL per step."""
-    P: tl.constexpr = BLOCK_M // GP
-    NB: tl.constexpr = P // S
-    R: tl.constexpr = S * GP
-    C: tl.constexpr = S * BL  # columns of one sub-tile per step
-    q3 = tl.reshape(q, (NB, R, HEAD_DIM))
-    rr = tl.arange(0, R)[None, :, None]
-    cc = tl.arange(0, C)[None, None, :]
-    same_pos = (rr // GP) == (cc // BL)  # [1, R, C]: column c belongs to row rr's position
-    offs_p = tl.arange(0, P)
-    offs_l = tl.arange(0, BL)
-    offs_d = tl.arange(0, HEAD_DIM)
-    for l0 in tl.range(0, L, BL, num_stages=DEPTH_STAGES):
-        if USE_DESC:
-            kd = kddesc.load([b * T + t0, l0, j * HEAD_DIM])  # [P, BL, d]
-        else:
-            pos = t0 + offs_p
-            ll = l0 + offs_l
-            ptr = ((((b * T + pos).to(tl.int64) * L)[:, None, None] + ll[None, :, None]) * Hk + j) * HEAD_DIM \
-                + offs_d[None, None, :]
-            ok = (pos < T)[:, None, None] & (ll < L)[None, :, None]
-            kd = tl.load(KD + ptr, mask=ok, other=0.0)
-        kd3 = tl.reshape(kd, (NB, C, HEAD_DIM))
-        s3 = mm(q3, tl.trans(kd3, 0, 2, 1), PREC) * qk_scale  # [NB, R, C]
-        own = same_pos & ((l0 + cc % BL) < L)
-        s3 = tl.where(own, s3, NEG)
-        s = tl.reshape(s3, (BLOCK_M, C))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if USE_DESC:
-            vd = vddesc.load([b * T + t0, l0, j * HEAD_DIM])
-        else:
-            vd = tl.load(VD + ptr, mask=ok, other=0.0)
-        vd3 = tl.reshape(vd, (NB, C, HEAD_DIM))
-        p3 = tl.reshape(p.to(vd3.dtype), (NB, R, C))
-        pv = tl.reshape(mm(p3, vd3, PREC), (BLOCK_M, HEAD_DIM))
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _tile(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale, T, L, G, Hk, Hq,
-          GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, S: tl.constexpr,
-          BL: tl.constexpr, USE_DESC: tl.constexpr, WS: tl.constexpr, DEPTH_FIRST: tl.constexpr,
-          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
-    """One block of BLOCK_M folded rows of (batch b, KV head j): both phases, then the epilogue."""
-    P: tl.constexpr = BLOCK_M // GP
-    t0 = pid_m * P
-    rows = tl.arange(0, BLOCK_M)
-    t = t0 + rows // GP
-    g = rows % GP
-    row_ok = (t < T) & (g < G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    qrow = (b * T + t).to(tl.int64) * Hq + j * G + g  # flat (b, t, h) row of q / out / lse
-    if USE_DESC:
-        q = tl.reshape(qdesc.load([b, t0, j * G, 0]), (BLOCK_M, HEAD_DIM))
-    else:
-        q = tl.load(Q + qrow[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], NEG, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if DEPTH_FIRST:
-        acc, m_i, l_i = _depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
-                                     GP, BLOCK_M, HEAD_DIM, S, BL, USE_DESC, PREC, DEPTH_STAGES)
-    n_full = (t0 // BLOCK_N) * BLOCK_N  # keys below every row's position: no mask
-    t_end = tl.minimum(t0 + P, T)
-    for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS):
-        acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
-                                  BLOCK_N, HEAD_DIM, USE_DESC, False, PREC)
-    for start_n in range(n_full, t_end, BLOCK_N):
-        acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
-                                  BLOCK_N, HEAD_DIM, USE_DESC, True, PREC)
-    if not DEPTH_FIRST:
-        acc, m_i, l_i = _depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
-                                     GP, BLOCK_M, HEAD_DIM, S, BL, USE_DESC, PREC, DEPTH_STAGES)
-    acc = acc / l_i[:, None]
-    lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634
-    tl.store(O + qrow[:, None] * HEAD_DIM + offs_d[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(LSE + qrow, lse, mask=row_ok)
-
-
-@triton.jit(do_not_specialize=["T", "L", "n_mblocks", "n_tiles"])
-def moda_fused_fwd_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, Hq, n_mblocks, n_tiles,
-                          GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, USE_DESC: tl.constexpr,
-                          WS: tl.constexpr, DEPTH_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
-                          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
-    """All inputs contiguous. LD = max(L, 1) sizes the depth descriptors (KD/VD alias K/V when
-    L = 0; the depth loop then runs no step). Grid: (n_mblocks, B*Hk), or (programs,) when
-    PERSISTENT; row blocks are visited heaviest (last) first."""
-    P: tl.constexpr = BLOCK_M // GP
-    qdesc = None
-    kdesc = None
-    vdesc = None
-    kddesc = None
-    vddesc = None
-    if USE_DESC:
-        qdesc = tl.make_tensor_descriptor(Q, shape=[B, T, Hq, HEAD_DIM],
-                                          strides=[T.to(tl.int64) * Hq * HEAD_DIM, Hq * HEAD_DIM, HEAD_DIM, 1],
-                                          block_shape=[1, P, GP, HEAD_DIM])
-        kdesc = tl.make_tensor_descriptor(K, shape=[B * T, Hk * HEAD_DIM], strides=[Hk * HEAD_DIM, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-        vdesc = tl.make_tensor_descriptor(V, shape=[B * T, Hk * HEAD_DIM], strides=[Hk * HEAD_DIM, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-        kddesc = tl.make_tensor_descriptor(KD, shape=[B * T, LD, Hk * HEAD_DIM],
-                                           strides=[LD * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                           block_shape=[P, BL, HEAD_DIM])
-        vddesc = tl.make_tensor_descriptor(VD, shape=[B * T, LD, Hk * HEAD_DIM],
-                                           strides=[LD * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                           block_shape=[P, BL, HEAD_DIM])
-    if PERSISTENT:
-        n_bh = B * Hk
-        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-            pid_m = n_mblocks - 1 - tile // n_bh
-            bh = tile % n_bh
-            _tile(pid_m, bh // Hk, bh % Hk, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale,
-                  T, L, G, Hk, Hq, GP, BLOCK_M, BLOCK_N, HEAD_DIM, S, BL, USE_DESC, WS, DEPTH_FIRST, PREC,
-                  DEPTH_STAGES)
-    else:
-        pid_m = n_mblocks - 1 - tl.program_id(0)
-        bh = tl.program_id(1)
-        _tile(pid_m, bh // Hk, bh % Hk, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale,
-              T, L, G, Hk, Hq, GP, BLOCK_M, BLOCK_N, HEAD_DIM, S, BL, USE_DESC, WS, DEPTH_FIRST, PREC,
-              DEPTH_STAGES)
-
 
 # ----------------------------------------------------------------------------- launcher
 DEFAULT_VARIANT = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, use_desc=True, ws=False,
@@ -258,77 +84,32 @@ RUN_DEFAULT = ["d128x128w8s3", "d128x64w8s3", "d128x128w8s2", "d128x64w4s3", "d6
                "d128x64w4s3-ws"]
 QUICK = ["d128x128w8s3", "d128x64w8s3", "d64x64w4s3", "d128x128w8s3-dst3", "d128x128w8s3-ws"]
 
-_ALLOCATOR_SET = False
-
-
-def _set_allocator(device) -> None:
-    """Device-side tensor descriptors need a global scratch allocator (once per process)."""
-    global _ALLOCATOR_SET
-    if _ALLOCATOR_SET:
-        return
-
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(alloc)
-    _ALLOCATOR_SET = True
-
-
-def _num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
 def depth_geometry(G: int, block_m: int, depth_rows: int = 256):
-    """(GP, P, S, BL) of a program of block_m rows: S positions per depth sub-tile (R = S*GP >= 16
-    rows, the smallest tensor-core tile), BL depth entries per step (a power of two, S*BL >= 16
-    columns, P*BL about depth_rows, at most 64). Independent of L (a step past L is masked), so
-    one compiled kernel serves every L."""
-    gp = triton.next_power_of_2(G)
-    if block_m < 16 or block_m % gp or block_m & (block_m - 1):
-        raise ValueError(f"block_m={block_m} must be a power of two >= 16 and a multiple of GP={gp} (G={G})")
-    P = block_m // gp
-    S = min(P, max(1, 16 // gp))
-    bl = max(triton.cdiv(16, S), min(64, max(1, depth_rows // P)))
-    return gp, P, S, bl
+    """(GP, P, S, BL) of a program of block_m rows with about depth_rows depth rows (P*BL) a step."""
+    gp, P, S, _ = tma_geometry(G, block_m)
+    return gp, P, S, max(triton.cdiv(16, S), min(64, max(1, depth_rows // P)))
 
 
 def moda_fused_fwd(q, k, v, k_depth=None, v_depth=None, scale=None, **variant):
-    """MoDA forward (route A prototype): returns (out (B,T,Hq,d), lse (B,T,Hq) float32).
-    `variant` overrides DEFAULT_VARIANT (block_m, block_n, num_warps, num_stages, use_desc, ws,
-    persistent, depth_first, depth_stages, depth_rows)."""
+    """MoDA forward through the package's descriptor kernel (`kernel_fwd_tma.moda_fwd_tma`):
+    returns (out (B,T,Hq,d), lse (B,T,Hq) float32). `variant` overrides DEFAULT_VARIANT
+    (block_m, block_n, num_warps, num_stages, use_desc, ws, persistent, depth_first,
+    depth_stages, depth_rows)."""
     cfg = dict(DEFAULT_VARIANT, **variant)
     unknown = set(variant) - set(DEFAULT_VARIANT)
     if unknown:
         raise ValueError(f"unknown variant options {sorted(unknown)}")
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
-    B, T, Hq, d = q.shape
-    Hk, G, L = shape.Hk, shape.G, shape.L
-    if L == 0:
-        k_depth = v_depth = None
+    d, L = q.shape[-1], shape.L
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    kd = k_depth.contiguous() if L else k
-    vd = v_depth.contiguous() if L else v
-    gp, P, S, bl = depth_geometry(G, cfg["block_m"], cfg["depth_rows"])
-    o = torch.empty_like(q)
-    lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
-    n_m = triton.cdiv(T, P)
-    n_tiles = n_m * B * Hk
-    if cfg["use_desc"]:
-        _set_allocator(q.device)
-    if cfg["persistent"]:
-        grid = (min(n_tiles, _num_sms(q.device)),)
-    else:
-        grid = (n_m, B * Hk)
-    moda_fused_fwd_kernel[grid](
-        q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles,
-        GP=gp, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], HEAD_DIM=d, S=S, BL=bl,
-        USE_DESC=bool(cfg["use_desc"]), WS=bool(cfg["ws"]), DEPTH_FIRST=bool(cfg["depth_first"]),
-        PERSISTENT=bool(cfg["persistent"]), PREC=dot_precision(q.dtype), DEPTH_STAGES=cfg["depth_stages"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return o, lse
+    _, _, S, bl = depth_geometry(shape.G, cfg["block_m"], cfg["depth_rows"])
+    kd = k_depth.contiguous() if L else None
+    vd = v_depth.contiguous() if L else None
+    return moda_fwd_tma(q.contiguous(), k.contiguous(), v.contiguous(), kd, vd, scale, shape.G,
+                        block_m=cfg["block_m"], block_n=cfg["block_n"], num_warps=cfg["num_warps"],
+                        num_stages=cfg["num_stages"], block_l=S * bl, depth_stages=cfg["depth_stages"],
+                        use_desc=cfg["use_desc"], ws=cfg["ws"], persistent=cfg["persistent"],
+                        depth_first=cfg["depth_first"])
 
 
 # ----------------------------------------------------------------------------- benchmark

@@ -2,7 +2,8 @@
 and the pruning that drops configs before anything compiles.
 
 Search spaces (one group of MoDAConfig fields each, tuned one after another in this order):
-  fwd_depth where the forward's depth phase runs (fwd_depth: split / stream / fused / overlap)
+  fwd_depth where the forward's depth phase runs (fwd_depth: split / stream / fused / overlap /
+          tma, the descriptor-load kernel)
           and, for the depth-only launch of split/stream, depth_block_m x depth_warps (x
           depth_after, the launch order of "stream"); timed on the forward pass. Skipped
           when L = 0;
@@ -36,7 +37,8 @@ from typing import Iterable, Optional
 
 
 from moda_bench.ops.launch import next_pow2
-from moda_bench.ops.moda.config import DEPTH_MODES, MoDAConfig, auto_depth_sub, check_config, dtype_name, group_pad
+from moda_bench.ops.moda.config import (DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub, check_config,
+                                        dtype_name, group_pad)
 from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -68,7 +70,8 @@ KERNEL_FIELDS = {
 # Fields each placement leaves unused (they stay at the base's value in the search space).
 UNUSED_BY_PLACEMENT = {
     "fwd_depth": {"split": ("depth_after",), "fused": ("depth_block_m", "depth_warps", "depth_after"),
-                  "overlap": ("depth_block_m", "depth_warps", "depth_after")},
+                  "overlap": ("depth_block_m", "depth_warps", "depth_after"),
+                  "tma": ("depth_block_m", "depth_warps", "depth_after")},
     "bwd_depth": {"split": ("bwd_depth_after",), "fused": ("bwd_depth_block_m", "bwd_depth_warps", "bwd_depth_after"),
                   "overlap": ("bwd_depth_warps", "bwd_depth_after")},
 }
@@ -249,7 +252,7 @@ def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list
     if kernel == "bwd_depth":
         values.update(bwd_block_l=DEPTH_BLOCKS, bwd_depth_stages=BWD_DEPTH_STAGES)
     out = []
-    for mode in DEPTH_MODES:
+    for mode in (FWD_DEPTH_MODES if kernel == "fwd_depth" else DEPTH_MODES):
         unused = UNUSED_BY_PLACEMENT[kernel].get(mode, ())
         axes = [(n, (getattr(base, n),) if n in unused else values[n]) for n in names[1:]]
         for combo in itertools.product(*(v for _, v in axes)):

@@ -39,8 +39,10 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 
 # Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth); the order is the
-# tuner's candidate order.
+# tuner's candidate order. The forward has one more: "tma", the descriptor-load kernel
+# (`kernel_fwd_tma`), sequence and depth in one program like "fused".
 DEPTH_MODES = ("split", "stream", "fused", "overlap")
+FWD_DEPTH_MODES = DEPTH_MODES + ("tma",)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,43 @@ def auto_depth_sub(G: int, block_m: int) -> int:
 FUSED_DEPTH_MAX_T = 2048
 
 
+def tma_default(shape: MoDAShape, dtype=None) -> bool:
+    """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer current GPU,
+    a Triton with device-side tensor descriptors, d <= 64 and 16-bit inputs (what was measured:
+    H100, T = 16384, G = 8, L = 64, d = 64 bf16: 480 TFLOP/s at L = 0 against 437 for the pointer
+    kernel, docs/FUSED_PROTOTYPES.md)."""
+    if shape.d > 64 or dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
+        return False
+    idx = current_device_index()
+    if idx < 0 or not hasattr(triton.language, "make_tensor_descriptor"):
+        return False
+    return _capability(idx) >= 9
+
+
+_capabilities: dict[int, int] = {}
+
+
+def _capability(idx: int) -> int:
+    """Major compute capability of CUDA device idx (memoised)."""
+    if idx not in _capabilities:
+        _capabilities[idx] = torch.cuda.get_device_capability(idx)[0]
+    return _capabilities[idx]
+
+
+# The descriptor forward's tiles ("tma"): 128 rows x 64 keys, 8 warps, 3 stages, about 256 depth
+# rows a depth step (the fastest of the prototype's variants on the H100 at T = 16384).
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3
+
+
+def tma_block_l(G: int, block_m: int) -> int:
+    """Depth columns per step of the descriptor forward: S positions x BL entries each, with
+    P*BL about 256 rows (P = block_m // GP positions; BL at most 64; S*BL >= 16)."""
+    gp = group_pad(G)
+    P = max(1, block_m // gp)
+    S = max(1, min(P, 16 // gp))
+    return S * max(cdiv(16, S), min(64, max(1, 256 // P)))
+
+
 def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     """Heuristic used when no tuned entry exists."""
     gp = group_pad(shape.G)
@@ -153,6 +192,10 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
         cfg = cfg.replace(fwd_depth="fused", bwd_depth="fused")
     if shape.d > 64:
         cfg = cfg.replace(num_stages=2, bwd_q_stages=2, bwd_kv_stages=2, bwd_q_block_n=32, bwd_kv_block_m=32)
+    if tma_default(shape, dtype):
+        tbm = max(TMA_BLOCK_M, gp)
+        cfg = cfg.replace(fwd_depth="tma", block_m=tbm, block_n=TMA_BLOCK_N, num_warps=TMA_WARPS,
+                          num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm))
     return cfg
 
 
@@ -207,9 +250,16 @@ def _check(cfg: MoDAConfig, G: int) -> None:
         v = getattr(cfg, name)
         if v < 16 or v & (v - 1):
             raise ValueError(f"config {name}={v} must be a power of two >= 16")
-    for name in ("fwd_depth", "bwd_depth"):
-        if getattr(cfg, name) not in DEPTH_MODES:
-            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be one of {DEPTH_MODES}")
+    if cfg.fwd_depth not in FWD_DEPTH_MODES:
+        raise ValueError(f"config fwd_depth={cfg.fwd_depth!r} must be one of {FWD_DEPTH_MODES}")
+    if cfg.bwd_depth not in DEPTH_MODES:
+        raise ValueError(f"config bwd_depth={cfg.bwd_depth!r} must be one of {DEPTH_MODES}")
+    if cfg.fwd_depth == "tma":
+        s = fused_depth_sub(cfg, G, cfg.block_m)
+        bl = cfg.block_l // s
+        if cfg.block_l % s or bl & (bl - 1):
+            raise ValueError(f"config block_l={cfg.block_l} must be a power-of-two multiple of the depth sub-tile's "
+                             f"{s} positions for fwd_depth='tma' (G={G}, block_m={cfg.block_m})")
 
 
 # ----------------------------------------------------------------------------- device, names, buckets

@@ -22,7 +22,10 @@ Design (group-aware, then batched depth tiles):
   config.FUSED_DEPTH_MAX_T), a depth-only launch
   first whose normalised partial (o_d, lse_d) the sequence kernel loads as its starting state
   (m, l, acc) = (lse_d, 1, o_d), so the sequence loop is the L = 0 kernel's; or "overlap",
-  depth-only programs inside the sequence grid and a log-sum-exp merge of the two partials.
+  depth-only programs inside the sequence grid and a log-sum-exp merge of the two partials;
+  or "tma" (the default on Hopper at d <= 64, 16-bit inputs, and then at L = 0 too), the
+  fused placement as its own kernel with every tile loaded through a tensor descriptor
+  (`kernel_fwd_tma`).
 * Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
   comes from a small preprocessing kernel, or, where the query-major pass runs first (L = 0 and
   the "fused" depth placement, the default up to T = 2048), from that pass itself, which stores
@@ -53,6 +56,7 @@ from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda
                                             moda_bwd_q_kernel)
 from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
                                             moda_merge_kernel)
+from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, moda_fwd_tma
 from moda_bench.ops.moda.triton_utils import dot_precision
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
@@ -124,6 +128,9 @@ def depth_utilization(T: int, G: int, C: int, L: int, config: MoDAConfig | None 
     if L == 0:
         return float("nan")
     cfg = config or MoDAConfig(block_m=max(C, group_pad(G)), fwd_depth="fused")
+    if cfg.fwd_depth == "tma":  # S positions x block_l // S entries a step, cdiv(L, that) steps
+        S = fused_depth_sub(cfg, G, cfg.block_m)
+        return (S * G * L) / (S * group_pad(G) * cdiv(L, cfg.block_l // S) * cfg.block_l)
     if cfg.fwd_depth == "fused":
         S = fused_depth_sub(cfg, G, cfg.block_m)
     else:  # rows of a depth-only program, as `moda_fwd` launches them
@@ -139,6 +146,13 @@ def _strides(q, k, v, kd, o, lse):
             o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
 
 
+def tma_usable(q, k, v, kd, vd, L: int) -> bool:
+    """Whether the descriptor forward can take these tensors: this Triton builds descriptors and
+    every tensor it reads is contiguous (the caller's `.contiguous()`) and 16-byte aligned."""
+    ts = (q, k, v) + ((kd, vd) if L > 0 else ())
+    return descriptors_available() and all(t.is_contiguous() for t in ts) and aligned(*ts)
+
+
 def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False):
     """The forward's launches for `cfg`: returns (o, lse). depth_only (fwd_depth "split" only, for
     timing the depth kernel alone, tools/depth_probe.py) stops after the depth-only launch and
@@ -146,6 +160,13 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
+    if cfg.fwd_depth == "tma" and not depth_only:
+        if tma_usable(q, k, v, kd, vd, L):
+            return moda_fwd_tma(q, k, v, kd if L > 0 else None, vd if L > 0 else None, scale, G,
+                                block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
+                                num_stages=cfg.num_stages, depth_sub=cfg.depth_sub, block_l=cfg.block_l,
+                                depth_stages=cfg.depth_stages)
+        cfg = cfg.replace(fwd_depth="fused")  # same arithmetic, pointer loads
     o = torch.empty_like(q)
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
     mode = cfg.fwd_depth if L > 0 else "none"

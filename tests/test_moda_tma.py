@@ -1,0 +1,125 @@
+"""`moda_attention` with the descriptor-load forward (`fwd_depth="tma"`, kernel_fwd_tma) against
+the fp64 reference: out, lse and all five gradients (the backward is the pointer kernels',
+reading the tma forward's o and lse), at odd T (not a multiple of any block), G in {1, 2, 3, 8,
+16}, L in {0, 1, odd, more than one depth step}, B = 2; the fallback to the pointer "fused"
+placement where descriptors cannot be used; the default's choice and the config check.
+
+CPU: the Triton interpreter runs the device-side descriptors (conftest sets TRITON_INTERPRET=1).
+Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).
+"""
+import pytest
+import torch
+
+from helpers import check_against_reference, random_inputs, rel_err
+from moda_bench.ops.moda import MoDAConfig, depth_utilization, moda_attention
+from moda_bench.ops.moda import config as config_mod
+from moda_bench.ops.moda import kernel as kernel_mod
+from moda_bench.ops.moda.validate import MoDAShape
+
+
+def _moda_lse(*args, **kw):
+    return moda_attention(*args, return_lse=True, **kw)
+
+
+def _tma(**kw):
+    return MoDAConfig(fwd_depth="tma", **kw)
+
+
+# (B, T, G, L, d, config): small tiles so that several row blocks, key tiles and depth steps run
+CASES = [
+    (2, 37, 8, 5, 32, _tma(block_m=32, block_n=16, block_l=16)),      # L=5 < BL=8: one masked step
+    (2, 45, 8, 19, 32, _tma(block_m=32, block_n=16, block_l=16)),     # L=19: 3 steps of 8, the last masked
+    (1, 33, 1, 3, 32, _tma(block_m=32, block_n=16, block_l=32)),      # G=1: 16 positions a sub-tile
+    (2, 29, 3, 1, 32, _tma(block_m=16, block_n=16, block_l=16)),      # G=3: padded rows, L=1
+    (1, 50, 16, 0, 32, _tma(block_m=32, block_n=32)),                 # L=0 through the tma kernel
+    (2, 7, 2, 1, 32, _tma(block_m=16, block_n=16, block_l=16)),       # T shorter than a block
+    (1, 40, 16, 7, 32, _tma(block_m=16, block_n=16, block_l=16)),     # one position a block
+    (1, 21, 4, 9, 64, _tma(block_m=32, block_n=16, block_l=16, depth_stages=1)),
+]
+
+
+@pytest.mark.parametrize("B,T,G,L,d,cfg", CASES, ids=[f"T{c[1]}-G{c[2]}-L{c[3]}-d{c[4]}-{i}"
+                                                      for i, c in enumerate(CASES)])
+def test_tma_forward_and_gradients_fp32(B, T, G, L, d, cfg):
+    check_against_reference(_moda_lse, B, T, G * 2, 2, d, L, torch.float32, seed=T + G + L, config=cfg)
+
+
+def test_tma_default_tiles_bf16():
+    """The default tma tiles (128 rows x 64 keys, auto depth step) on a bf16 problem shorter than
+    one row block."""
+    cfg = _tma(block_m=128, block_n=64, num_warps=8, block_l=config_mod.tma_block_l(8, 128))
+    check_against_reference(_moda_lse, 1, 19, 8, 1, 64, 6, torch.bfloat16, seed=3, config=cfg)
+
+
+def test_tma_runs_the_descriptor_kernel(monkeypatch):
+    """fwd_depth="tma" launches kernel_fwd_tma and nothing of kernel_fwd; unaligned or
+    descriptor-less cases fall back to the pointer "fused" placement with the same answer."""
+    calls = []
+    real = kernel_mod.moda_fwd_tma
+    monkeypatch.setattr(kernel_mod, "moda_fwd_tma", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q, k, v, kd, vd, _ = random_inputs(1, 23, 4, 2, 32, 3, torch.float32)
+    cfg = _tma(block_m=16, block_n=16, block_l=16)
+    out = moda_attention(q, k, v, kd, vd, config=cfg)
+    assert calls == [1]
+    monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+    fallback = moda_attention(q, k, v, kd, vd, config=cfg)
+    assert calls == [1]
+    assert rel_err(fallback, out) < 1e-5
+    monkeypatch.setattr(kernel_mod, "aligned", lambda *t: True)
+    monkeypatch.setattr(kernel_mod, "descriptors_available", lambda: False)
+    assert rel_err(moda_attention(q, k, v, kd, vd, config=cfg), out) < 1e-5
+    assert calls == [1]
+
+
+def test_tma_config_check():
+    with pytest.raises(ValueError, match="block_l"):  # 24 columns: not S x a power of two
+        moda_attention(*random_inputs(1, 8, 16, 2, 32, 2, torch.float32)[:5],
+                       config=_tma(block_m=32, block_l=24))
+    with pytest.raises(ValueError, match="bwd_depth='tma'"):  # the backward has no such placement
+        moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5],
+                       config=MoDAConfig(bwd_depth="tma"))
+
+
+def test_tma_default_choice(monkeypatch):
+    """The heuristic picks "tma" only where tma_default says so (Hopper, d <= 64, 16-bit), with
+    the descriptor tiles; off a GPU it keeps the pointer placements."""
+    shape = MoDAShape(B=1, T=4096, Hq=64, Hk=8, d=64, L=64)
+    assert config_mod.default_config(shape, torch.bfloat16).fwd_depth != "tma"  # no CUDA here
+    monkeypatch.setattr(config_mod, "tma_default", lambda s, dt=None: True)
+    cfg = config_mod.default_config(shape, torch.bfloat16)
+    assert (cfg.fwd_depth, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == ("tma", 128, 64, 8, 3)
+    assert cfg.block_l == 32  # G=8: 2 positions x 16 entries a step, 16 positions x 16 = 256 rows
+    config_mod.check_config(cfg, 8)
+    assert config_mod.tma_block_l(1, 128) == 32 and config_mod.tma_block_l(16, 128) == 32
+    assert config_mod.tma_block_l(2, 64) == 64
+    monkeypatch.undo()
+    monkeypatch.setattr(config_mod, "current_device_index", lambda: 0)
+    monkeypatch.setattr(config_mod, "_capability", lambda idx: 9)
+    assert config_mod.tma_default(shape, torch.bfloat16)
+    assert not config_mod.tma_default(MoDAShape(B=1, T=64, Hq=8, Hk=1, d=128, L=4), torch.bfloat16)
+    assert not config_mod.tma_default(shape, torch.float32)
+    monkeypatch.setattr(config_mod, "_capability", lambda idx: 8)
+    assert not config_mod.tma_default(shape, torch.bfloat16)
+
+
+def test_tma_depth_utilization():
+    """S positions x BL = block_l // S entries a step: at G=8, L=64, block_l=32 the batched tile
+    computes 2x the useful logits (utilisation 1/2), as the pointer kernel does; an L that is not
+    a multiple of BL pays its last step in full."""
+    cfg = _tma(block_m=128, block_n=64, block_l=32)
+    assert depth_utilization(4096, 8, 128, 64, cfg) == pytest.approx(0.5)
+    assert depth_utilization(4096, 8, 128, 20, cfg) == pytest.approx(0.5 * 20 / 32)
+
+
+# ------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,G,L", [(1000, 8, 64), (4099, 2, 256), (777, 1, 0), (333, 16, 1)])
+def test_gpu_tma_bf16(T, G, L):
+    """The tma forward's default tiles at realistic odd sizes, out and gradients against an fp32
+    reference (the backward runs on its o, lse)."""
+    cfg = config_mod.default_config(MoDAShape(B=1, T=T, Hq=8 * G, Hk=8, d=64, L=L), torch.bfloat16)
+    cfg = cfg.replace(fwd_depth="tma", block_m=max(128, config_mod.group_pad(G)), block_n=64, num_warps=8,
+                      num_stages=3, block_l=config_mod.tma_block_l(G, max(128, config_mod.group_pad(G))))
+    errs = check_against_reference(_moda_lse, 1, T, 8 * G, 8, 64, L, torch.bfloat16, ref_dtype=torch.float32,
+                                   config=cfg)
+    print(f"tma T={T} G={G} L={L} rel errors: " + ", ".join(f"{k}={v:.2e}" for k, v in errs.items()))
