@@ -44,6 +44,32 @@ def test_tma_forward_and_gradients_fp32(B, T, G, L, d, cfg):
     check_against_reference(_moda_lse, B, T, G * 2, 2, d, L, torch.float32, seed=T + G + L, config=cfg)
 
 
+# the backward's descriptor loads (bwd_tma): G=3 and G=6 put the next KV head's query heads in a
+# q/do box's padding rows (they must add nothing), bwd_kv_block_m=16 < GP=32 keeps pointer loads
+BWD_CASES = [
+    (2, 37, 3, 5, _tma(block_m=16, block_n=16, block_l=16, bwd_tma=True, bwd_q_block_m=16, bwd_q_block_n=16,
+                       bwd_kv_block_m=16, bwd_kv_block_n=16, bwd_depth="fused")),
+    (1, 45, 8, 0, MoDAConfig(bwd_tma=True, bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16)),
+    (2, 29, 1, 7, MoDAConfig(bwd_tma=True, bwd_q_block_m=16, bwd_q_block_n=32, bwd_kv_block_m=16, bwd_kv_block_n=32,
+                             bwd_depth="stream")),
+    (1, 33, 6, 3, MoDAConfig(bwd_tma=True, block_m=32, bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32,
+                             bwd_kv_block_n=16, bwd_depth="split")),
+    (1, 21, 32, 2, MoDAConfig(bwd_tma=True, block_m=32, bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=16,
+                              bwd_kv_block_n=16, bwd_depth="overlap")),
+]
+
+
+@pytest.mark.parametrize("B,T,G,L,cfg", BWD_CASES, ids=[f"T{c[1]}-G{c[2]}-L{c[3]}-{i}" for i, c in
+                                                       enumerate(BWD_CASES)])
+def test_bwd_tma_gradients_fp32(B, T, G, L, cfg):
+    check_against_reference(_moda_lse, B, T, G * 2, 2, 32, L, torch.float32, seed=T + 3 * G + L, config=cfg)
+
+
+def test_bwd_tma_bf16():
+    cfg = MoDAConfig(bwd_tma=True, bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16)
+    check_against_reference(_moda_lse, 1, 41, 8, 2, 64, 5, torch.bfloat16, seed=5, config=cfg)
+
+
 def test_tma_default_tiles_bf16():
     """The default tma tiles (128 rows x 64 keys, auto depth step) on a bf16 problem shorter than
     one row block."""
@@ -124,3 +150,35 @@ def test_gpu_tma_bf16(T, G, L):
     errs = check_against_reference(_moda_lse, 1, T, 8 * G, 8, 64, L, torch.bfloat16, ref_dtype=torch.float32,
                                    config=cfg)
     print(f"tma T={T} G={G} L={L} rel errors: " + ", ".join(f"{k}={v:.2e}" for k, v in errs.items()))
+
+
+def test_bwd_tma_launches_with_descriptors(monkeypatch):
+    """bwd_tma=True launches both backward passes with DESC=True where they can take it (the
+    key-major pass only when bwd_kv_block_m is a multiple of GP), and False without it."""
+    seen = []
+
+    class Spy:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid):
+            launch = self.fn[grid]
+            return lambda *a, **k: seen.append((self.name, k.get("DESC"))) or launch(*a, **k)
+
+    monkeypatch.setattr(kernel_mod, "moda_bwd_q_kernel", Spy("q", kernel_mod.moda_bwd_q_kernel))
+    monkeypatch.setattr(kernel_mod, "moda_bwd_kv_kernel", Spy("kv", kernel_mod.moda_bwd_kv_kernel))
+    q, k, v, _, _, _ = random_inputs(1, 19, 8, 2, 32, 0, torch.float32)
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    for cfg, want in ((MoDAConfig(bwd_tma=True, bwd_kv_block_m=32), [("q", True), ("kv", True)]),
+                      (MoDAConfig(bwd_tma=True, bwd_kv_block_m=16, bwd_q_block_m=16), [("q", True), ("kv", True)]),
+                      (MoDAConfig(bwd_tma=False), [("q", False), ("kv", False)])):
+        seen.clear()
+        moda_attention(q, k, v, config=cfg).sum().backward()
+        assert seen == want, (cfg, seen)
+    seen.clear()
+    q2, k2, v2, _, _, _ = random_inputs(1, 19, 64, 2, 32, 0, torch.float32)  # G=32: bwd_kv_block_m=16 < GP
+    q2.requires_grad_(True)
+    moda_attention(q2, k2, v2, config=MoDAConfig(bwd_tma=True, bwd_kv_block_m=16, bwd_q_block_m=32,
+                                                  block_m=32)).sum().backward()
+    assert seen == [("q", True), ("kv", False)]

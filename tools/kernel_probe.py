@@ -59,6 +59,14 @@ VARIANTS = {
     "f128n128": dict(block_m=128, block_n=128, num_warps=8, num_stages=3),
     "kv128w8": dict(bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=3),
     "q128w8": dict(bwd_q_block_m=128, bwd_q_block_n=64, bwd_q_warps=8, bwd_q_stages=3),
+    # the backward's descriptor loads (bwd_tma) alone and with wider tiles
+    "btma": dict(bwd_tma=True),
+    "btma-kv128": dict(bwd_tma=True, bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=3),
+    "btma-kv128s2": dict(bwd_tma=True, bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=2),
+    "btma-q128": dict(bwd_tma=True, bwd_q_block_m=128, bwd_q_block_n=64, bwd_q_warps=8, bwd_q_stages=3),
+    "btma-both": dict(bwd_tma=True, bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=3,
+                      bwd_q_block_m=128, bwd_q_block_n=64, bwd_q_warps=8, bwd_q_stages=3),
+    "kv128s2": dict(bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=2),
 }
 
 

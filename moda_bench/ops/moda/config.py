@@ -84,6 +84,9 @@ class MoDAConfig:
               stages, the fused q-major pass).
     reverse   visit query blocks heaviest-first (last causal block first) in the forward and
               the q-major pass.
+    bwd_tma   the backward's sequence tiles through tensor descriptors (TMA on Hopper): the
+              sequence K/V tiles of the q-major pass, the q/do tiles of the key-major pass
+              (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
     """
 
     block_m: int = 64
@@ -112,6 +115,7 @@ class MoDAConfig:
     bwd_block_l: int = 64
     bwd_depth_stages: int = 2
     reverse: bool = False
+    bwd_tma: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,6 +178,10 @@ def _capability(idx: int) -> int:
 TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3
 
 
+# Whether the Hopper default also runs the backward's sequence tiles through descriptors.
+BWD_TMA_DEFAULT = False
+
+
 def tma_block_l(G: int, block_m: int) -> int:
     """Depth columns per step of the descriptor forward: S positions x BL entries each, with
     P*BL about 256 rows (P = block_m // GP positions; BL at most 64; S*BL >= 16)."""
@@ -196,7 +204,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     if tma_default(shape, dtype):
         tbm = max(TMA_BLOCK_M, gp)
         cfg = cfg.replace(fwd_depth="tma", block_m=tbm, block_n=TMA_BLOCK_N, num_warps=TMA_WARPS,
-                          num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm))
+                          num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm), bwd_tma=BWD_TMA_DEFAULT)
     return cfg
 
 

@@ -56,7 +56,7 @@ from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda
                                             moda_bwd_q_kernel)
 from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
                                             moda_merge_kernel)
-from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, moda_fwd_tma
+from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma
 from moda_bench.ops.moda.triton_utils import dot_precision
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
@@ -249,6 +249,14 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     st = _strides(q, k, v, kd_, do, lse)
     prec = dot_precision(q.dtype)
     args = (scale * LOG2E, scale, T, L, G, Hk)
+    # descriptor loads of the sequence tiles: k, v for the q-major pass, q, do for the key-major one
+    q_desc = kv_desc = False
+    if cfg.bwd_tma and descriptors_available():
+        q_desc = all(t.is_contiguous() for t in (k, v)) and aligned(k, v)
+        kv_desc = (cfg.bwd_kv_block_m % gp == 0 and all(t.is_contiguous() for t in (q, do))
+                   and q.stride() == do.stride() and aligned(q, do))
+        if q_desc or kv_desc:
+            ensure_allocator()
 
     def kv_launch(KV, DEPTH, **meta):
         n_kv = cdiv(T, cfg.bwd_kv_block_n) if KV else 0
@@ -256,18 +264,18 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
         n_d = cdiv(T * gp, dbm) if DEPTH else 0
         grid = (n_kv + n_d, B * Hk) if KV else (B * Hk * n_d,)
         moda_bwd_kv_kernel[grid](
-            q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, *st,
+            q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, B, *st,
             GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV, DEPTH=DEPTH,
             DBLOCK_M=dbm, S=depth_only_sub(cfg, G, dbm), BLOCK_L=cfg.bwd_block_l, PREC=prec,
-            DEPTH_STAGES=cfg.bwd_depth_stages, DEPTH_GRAD=depth_grad or not DEPTH, **meta)
+            DEPTH_STAGES=cfg.bwd_depth_stages, DEPTH_GRAD=depth_grad or not DEPTH, DESC=kv_desc and KV, **meta)
 
     def q_launch(MODE):
         S = fused_depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1
         moda_bwd_q_kernel[(cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
-            q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, o, *args, *st,
+            q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, o, *args, B, *st,
             GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE, S=S,
             BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, REVERSE=cfg.reverse,
-            DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED, DELTA_INLINE=inline, num_warps=cfg.bwd_q_warps,
+            DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED, DELTA_INLINE=inline, DESC=q_desc, num_warps=cfg.bwd_q_warps,
             num_stages=cfg.bwd_q_stages)
 
     # DEPTH_GRAD is pinned True where a launch has no depth work, so those share one compiled variant

@@ -34,17 +34,29 @@ def moda_bwd_delta_kernel(O, DO, DELTA, n_rows, HEAD_DIM: tl.constexpr, BLOCK: t
 
 @triton.jit
 def _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh, slb, slt, slh,
-              GP: tl.constexpr, HEAD_DIM: tl.constexpr, O, DELTA_INLINE: tl.constexpr):
+              GP: tl.constexpr, HEAD_DIM: tl.constexpr, O, DELTA_INLINE: tl.constexpr,
+              qdesc=None, dodesc=None, r0=0, DESC: tl.constexpr = False):
     """Folded rows r = t*GP + g of KV head j: (q, do, lse * log2(e), delta, t, row_ok); padding
     rows (g >= G or t >= T) load zeros, so they add nothing to any gradient. DELTA_INLINE: delta
     = rowsum(o * do) is computed here from O (do's strides) and stored to DELTA for the passes
-    that run after this one, instead of being loaded (no preprocessing launch)."""
+    that run after this one, instead of being loaded (no preprocessing launch). DESC: q and do
+    come through tensor descriptors ([1, P, GP, d] boxes of (B, T, Hq, d); rows = r0 + arange,
+    r0 a multiple of GP); a box's heads past G belong to the next KV head, so padding
+    rows are zeroed after the load."""
     offs_d = tl.arange(0, HEAD_DIM)
     t = rows // GP
     g = rows % GP
     row_ok = (t < T) & (g < G)
-    q = tl.load(row_ptrs(Q, b, j, rows, offs_d, G, sqb, sqt, sqh, GP), mask=row_ok[:, None], other=0.0)
-    do = tl.load(row_ptrs(DO, b, j, rows, offs_d, G, sob, sot, soh, GP), mask=row_ok[:, None], other=0.0)
+    if DESC:
+        BM: tl.constexpr = rows.shape[0]
+        t0 = r0 // GP
+        q = tl.reshape(qdesc.load([b, t0, j * G, 0]), (BM, HEAD_DIM))
+        do = tl.reshape(dodesc.load([b, t0, j * G, 0]), (BM, HEAD_DIM))
+        q = tl.where(row_ok[:, None], q, 0.0).to(q.dtype)
+        do = tl.where(row_ok[:, None], do, 0.0).to(do.dtype)
+    else:
+        q = tl.load(row_ptrs(Q, b, j, rows, offs_d, G, sqb, sqt, sqh, GP), mask=row_ok[:, None], other=0.0)
+        do = tl.load(row_ptrs(DO, b, j, rows, offs_d, G, sob, sot, soh, GP), mask=row_ok[:, None], other=0.0)
     lrow = b * slb + t * slt + (j * G + g) * slh
     lse2 = tl.load(LSE + lrow, mask=row_ok, other=0.0) * 1.4426950408889634
     if DELTA_INLINE:
@@ -58,11 +70,17 @@ def _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
 
 @triton.jit
 def _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
-                    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, MASK: tl.constexpr):
-    """dq contribution (unscaled) of one tile of BLOCK_N sequence keys."""
+                    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, MASK: tl.constexpr,
+                    kdesc=None, vdesc=None, b=0, j=0, DESC: tl.constexpr = False):
+    """dq contribution (unscaled) of one tile of BLOCK_N sequence keys. DESC: the tile comes as
+    [BLOCK_N, d] boxes of the (B*T, Hk*d) views (keys past T belong to the next sequence or are
+    zero-filled: masked on the diagonal tiles, the only ones that reach them)."""
     offs_d = tl.arange(0, HEAD_DIM)
     kn = start_n + tl.arange(0, BLOCK_N)
-    if MASK:
+    if DESC:
+        kT = tl.trans(kdesc.load([b * T + start_n, j * HEAD_DIM]))
+        vT = tl.trans(vdesc.load([b * T + start_n, j * HEAD_DIM]))
+    elif MASK:
         kmask = kn < T
         kT = tl.load(kbase + kn[None, :] * skt + offs_d[:, None], mask=kmask[None, :], other=0.0)
         vT = tl.load(vbase + kn[None, :] * svt + offs_d[:, None], mask=kmask[None, :], other=0.0)
@@ -116,7 +134,8 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
                    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    SEQ: tl.constexpr, DEPTH: tl.constexpr, ADD: tl.constexpr, S: tl.constexpr,
                    BLOCK_L: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
-                   DEPTH_GRAD: tl.constexpr, O, DELTA_INLINE: tl.constexpr):
+                   DEPTH_GRAD: tl.constexpr, O, DELTA_INLINE: tl.constexpr,
+                   kdesc=None, vdesc=None, DESC: tl.constexpr = False):
     """Query-major work of one block of BLOCK_M folded rows: dq from the sequence keys (SEQ)
     and/or from the depth keys plus (DEPTH_GRAD) dk_depth, dv_depth (DEPTH). ADD adds the
     partial dq already in DQ (written by a depth-only program) to this one's. DELTA_INLINE:
@@ -132,10 +151,10 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
         kbase, vbase, n_full, t_end = key_span(K, V, b, j, skb, skh, svb, svh, t_lo, T, P, BLOCK_N)
         for start_n in range(0, n_full, BLOCK_N):
             dq += _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
-                                  BLOCK_N, HEAD_DIM, PREC, False)
+                                  BLOCK_N, HEAD_DIM, PREC, False, kdesc, vdesc, b, j, DESC)
         for start_n in range(n_full, t_end, BLOCK_N):
             dq += _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
-                                  BLOCK_N, HEAD_DIM, PREC, True)
+                                  BLOCK_N, HEAD_DIM, PREC, True, kdesc, vdesc, b, j, DESC)
     if DEPTH:
         dq = _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, b * sdb + j * sdh, t_lo, T, L, sdt, sdl,
                               qk_scale, sm_scale, P // S, S, S * GP, GP, BLOCK_M, BLOCK_L, HEAD_DIM, PREC,
@@ -153,21 +172,31 @@ BWDQ_FUSED = 1  # sequence and depth keys, depth gradients written here
 BWDQ_ADD = 2    # sequence keys, plus the depth dq partial already in DQ
 
 
-@triton.jit(do_not_specialize=["T", "L"])
+@triton.jit(do_not_specialize=["T", "L", "B"])
 def moda_bwd_q_kernel(
     Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, O,
-    qk_scale, sm_scale, T, L, G, Hk,
+    qk_scale, sm_scale, T, L, G, Hk, B,
     # strides (the layout every launch shares): q, k, v, depth k/v, do/o, lse/delta
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
     DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr, DEPTH_GRAD: tl.constexpr, DELTA_INLINE: tl.constexpr,
+    DESC: tl.constexpr = False,
 ):
     """Query-major pass (MODE: one of BWDQ_*). DO/DQ share q's strides (sqb...), LSE/DELTA
     share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of strides (sdb...).
     DEPTH_GRAD (BWDQ_FUSED only): write dk_depth, dv_depth; False skips them (detached depth).
     DELTA_INLINE: compute delta = rowsum(o * do) from O (do's strides) and store it to DELTA for
-    the key-major pass launched after this one; else DELTA holds it already (O unused)."""
+    the key-major pass launched after this one; else DELTA holds it already (O unused).
+    DESC: the sequence K/V tiles come through tensor descriptors ([BLOCK_N, d] boxes of the
+    contiguous (B*T, Hk*d) views; TMA on Hopper)."""
+    kdesc = None
+    vdesc = None
+    if DESC:
+        kdesc = tl.make_tensor_descriptor(K, shape=[B * T, Hk * HEAD_DIM], strides=[Hk * HEAD_DIM, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+        vdesc = tl.make_tensor_descriptor(V, shape=[B * T, Hk * HEAD_DIM], strides=[Hk * HEAD_DIM, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
     pid0 = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
@@ -175,18 +204,19 @@ def moda_bwd_q_kernel(
                    qk_scale, sm_scale, T, L, G,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
                    GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES,
-                   DEPTH_GRAD, O, DELTA_INLINE)
+                   DEPTH_GRAD, O, DELTA_INLINE, kdesc, vdesc, DESC)
 
 
 @triton.jit
 def _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
                  sqb, sqt, sqh, sob, sot, soh, slb, slt, slh,
                  GP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr,
-                 MASK: tl.constexpr):
-    """(dk (unscaled), dv) contributions of BLOCK_M folded query rows starting at r0."""
+                 MASK: tl.constexpr, qdesc=None, dodesc=None, DESC: tl.constexpr = False):
+    """(dk (unscaled), dv) contributions of BLOCK_M folded query rows starting at r0 (DESC: q, do
+    through descriptors, see `_bwd_rows`)."""
     rows = r0 + tl.arange(0, BLOCK_M)
     q, do, lse2, delta, t, row_ok = _bwd_rows(Q, DO, LSE, DELTA, b, j, rows, T, G, sqb, sqt, sqh, sob, sot, soh,
-                                              slb, slt, slh, GP, HEAD_DIM, DO, False)
+                                              slb, slt, slh, GP, HEAD_DIM, DO, False, qdesc, dodesc, r0, DESC)
     kq = mm(k, tl.trans(q), PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
     pT = tl.math.exp2(kq - lse2[None, :])
     if MASK:
@@ -202,8 +232,9 @@ def _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
 def _bwd_kv_program(pid_n, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
                     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    PREC: tl.constexpr):
-    """dk, dv of BLOCK_N keys, looping over the folded query rows that see them."""
+                    PREC: tl.constexpr, qdesc=None, dodesc=None, DESC: tl.constexpr = False):
+    """dk, dv of BLOCK_N keys, looping over the folded query rows that see them (DESC: their q, do
+    through descriptors; BLOCK_M is then a multiple of GP)."""
     offs_d = tl.arange(0, HEAD_DIM)
     n0 = pid_n * BLOCK_N
     kn = n0 + tl.arange(0, BLOCK_N)
@@ -217,13 +248,15 @@ def _bwd_kv_program(pid_n, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_s
     r_end = T * GP
     for r0 in range(n0 * GP, r_diag_end, BLOCK_M):
         dk_i, dv_i = _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
-                                  sqb, sqt, sqh, sob, sot, soh, slb, slt, slh, GP, BLOCK_M, HEAD_DIM, PREC, True)
+                                  sqb, sqt, sqh, sob, sot, soh, slb, slt, slh, GP, BLOCK_M, HEAD_DIM, PREC, True,
+                                  qdesc, dodesc, DESC)
         dk += dk_i
         dv += dv_i
     r_un = n0 * GP + tl.cdiv(r_diag_end - n0 * GP, BLOCK_M) * BLOCK_M
     for r0 in range(r_un, r_end, BLOCK_M):
         dk_i, dv_i = _bwd_kv_step(k, v, kn, r0, Q, DO, LSE, DELTA, b, j, T, G, qk_scale,
-                                  sqb, sqt, sqh, sob, sot, soh, slb, slt, slh, GP, BLOCK_M, HEAD_DIM, PREC, False)
+                                  sqb, sqt, sqh, sob, sot, soh, slb, slt, slh, GP, BLOCK_M, HEAD_DIM, PREC, False,
+                                  qdesc, dodesc, DESC)
         dk += dk_i
         dv += dv_i
     tl.store(DK + b * skb + kn[:, None] * skt + j * skh + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
@@ -232,21 +265,32 @@ def _bwd_kv_program(pid_n, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_s
              mask=kmask[:, None])
 
 
-@triton.jit(do_not_specialize=["T", "L", "n_kv", "n_bh"])
+@triton.jit(do_not_specialize=["T", "L", "n_kv", "n_bh", "B"])
 def moda_bwd_kv_kernel(
     Q, K, V, KD, VD, DO, LSE, DELTA, DK, DV, DQ, DKD, DVD,
-    qk_scale, sm_scale, T, L, G, Hk, n_kv, n_bh,
+    qk_scale, sm_scale, T, L, G, Hk, n_kv, n_bh, B,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
     sdb, sdt, sdl, sdh,
     sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV: tl.constexpr, DEPTH: tl.constexpr, DBLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr,
-    PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr,
+    PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DESC: tl.constexpr = False,
 ):
     """Key-major pass. With KV, programs [0, n_kv) compute dk, dv (DK/DV share k's strides);
     with DEPTH the remaining programs each take DBLOCK_M folded rows and write their depth dq
     partial to DQ and, with DEPTH_GRAD, dk_depth, dv_depth (so the depth traffic overlaps the
-    dk/dv compute)."""
+    dk/dv compute). DESC (KV programs): q and do come through tensor descriptors ([1, P, GP, d]
+    boxes of the contiguous (B, T, Hq, d) tensors; BLOCK_M a multiple of GP)."""
+    qdesc = None
+    dodesc = None
+    if DESC:
+        Hq = G * Hk
+        qdesc = tl.make_tensor_descriptor(Q, shape=[B, T, Hq, HEAD_DIM],
+                                          strides=[T.to(tl.int64) * Hq * HEAD_DIM, Hq * HEAD_DIM, HEAD_DIM, 1],
+                                          block_shape=[1, BLOCK_M // GP, GP, HEAD_DIM])
+        dodesc = tl.make_tensor_descriptor(DO, shape=[B, T, Hq, HEAD_DIM],
+                                           strides=[T.to(tl.int64) * Hq * HEAD_DIM, Hq * HEAD_DIM, HEAD_DIM, 1],
+                                           block_shape=[1, BLOCK_M // GP, GP, HEAD_DIM])
     if KV:
         pid0 = tl.program_id(0)
         pid_bh = tl.program_id(1)
@@ -259,7 +303,7 @@ def moda_bwd_kv_kernel(
         if pid0 < n_kv:
             _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
                             sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
-                            GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC)
+                            GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC, qdesc, dodesc, DESC)
         else:
             _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                            T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
@@ -268,7 +312,7 @@ def moda_bwd_kv_kernel(
     elif KV:
         _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
-                        GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC)
+                        GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC, qdesc, dodesc, DESC)
     else:
         _bwd_q_program(pid0, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                        T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
