@@ -22,6 +22,9 @@
 #   dattn-ab    dattn (mix and FA4 as one autograd node) against dattn-composed, 1.5B heads, T = 16K
 #   dattn-tests GPU-marked Depth-Attention tests (FA4 as the sequence attention when installed)
 #   moda-tests  GPU-marked tests of the MoDA kernel (forward, gradients, detached depth) after a kernel edit
+#   tma-tests   GPU-marked tests of the descriptor forward and moda_attention, then tools/bwd_tma_check.py
+#   paper-moda  the paper preset, moda against fa2 only (issue 21's rows)
+#   tune-rows   retune the rows issue 21 names (G=2, L=256, T=4096) into $RESULTS/$GPU/tuning-tma, then export
 #   launch-tax  issue 21's rows: T = 1024 and 4096 under eager and graph timers (moda, fa2, fa2-triton),
 #               the L = 0 path's forward and backward at T = 16384 (TFLOP/s), the paper preset moda vs fa2
 #   tune        the RUNBOOK's retuning for this GPU (results in $RESULTS/$GPU/tuning), then the export
