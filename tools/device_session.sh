@@ -76,7 +76,17 @@ for s in "$@"; do
     dattn-1.5b-short) stage dattn-1.5b-short timeout "${STAGE_TIMEOUT:-580}" $MB sweep --preset depth-attention --only 'dattn-1.5B-T4096,dattn-1.5B-T2048' $REQ --max-time "$MAX_TIME" --out "$RESULTS/$GPU/depth-attention-1.5B-short" ;;
     dattn-ab) stage dattn-ab timeout "${STAGE_TIMEOUT:-580}" $MB sweep --vary S --values 1,2,4 --T 16384 --G 4 --Hk 6 --timer graph,eager --providers dattn,dattn-composed,fa4 --require fa4 --max-time "$MAX_TIME" --out "$RESULTS/$GPU/dattn-chained-ab" ;;
     dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py tests/test_dattn_chained.py ;;
-    moda-tests) stage moda-tests timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_moda.py tests/test_depth_grad.py -k "not fa4" ;;
+    moda-tests) stage moda-tests timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_moda.py tests/test_moda_tma.py tests/test_depth_grad.py -k "not fa4" ;;
+    tma-tests) stage tma-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moda.py tests/test_moda_tma.py
+           stage bwd-tma-check timeout 200 python3 tools/bwd_tma_check.py ;;
+    paper-moda) stage paper-moda $MB sweep --preset paper --providers moda,fa2 --max-time 5 --out "$RESULTS/$GPU/paper-moda" ;;
+    tune-rows) R=$RESULTS/$GPU/tuning-tma; mkdir -p "$R"
+           TUNE="$MB tune --kernels fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv --min-gain 3% --cache $R/tuning.json --budget 6"
+           stage tune-rows-g timeout 200 $TUNE --vary G --values 2 --out "$R/tune_G.csv"
+           stage tune-rows-l timeout 200 $TUNE --vary L --values 256 --out "$R/tune_L.csv"
+           stage tune-rows-t timeout 170 $TUNE --vary T --values 4096 --out "$R/tune_T.csv"
+           stage tune-rows-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
+           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
     launch-tax) R=$RESULTS/$GPU/launch-tax
            stage short-t $MB sweep --vary T --values 1024,4096 --timer eager,graph --providers moda,fa2,fa2-triton --max-time "$MAX_TIME" --out "$R/short-t"
            stage l0-fwd $MB sweep --vary T --values 16384 --L 0 --pass fwd --providers fa2-triton,fa2,cudnn --max-time "$MAX_TIME" --out "$R/l0-fwd"
