@@ -208,3 +208,15 @@ def test_gpu_fa4_attention_vs_sdpa(T, G):
     assert out.shape == q.shape and out.dtype == q.dtype
     errs = [rel_err(out, ref)] + [rel_err(a, b) for a, b in zip(grads, ref_grads)]
     assert max(errs) < 1e-2, errs
+
+
+def test_merge_route_under_the_tma_default(monkeypatch):
+    """moda's Hopper default (fwd_depth="tma", block_l per position) given to moda_fa4: correct, and
+    its depth-only launch runs with the pointer kernels' own block_l, not the tma one."""
+    from moda_bench.ops.moda import fa4 as fa4_mod
+    seen = []
+    real = fa4_mod.moda_fwd
+    monkeypatch.setattr(fa4_mod, "moda_fwd", lambda *a, **k: seen.append(a[7]) or real(*a, **k))
+    cfg = MoDAConfig(fwd_depth="tma", block_m=128, block_n=64, num_warps=8, block_l=32)
+    check_against_reference(_torch_route, 1, 37, 8, 1, 32, 70, torch.float32, seed=11, tol=1e-4, config=cfg)
+    assert seen and all(c.fwd_depth == "split" and c.block_l == 64 for c in seen)

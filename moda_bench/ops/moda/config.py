@@ -194,11 +194,16 @@ def tma_block_l(G: int, block_m: int) -> int:
     return S * max(cdiv(16, S), min(64, max(1, 256 // P)))
 
 
+def pointer_block_l(L: int) -> int:
+    """The default depth columns per step of the pointer kernels (fused, split, stream, overlap)."""
+    return min(64, max(16, next_pow2(max(L, 1))))
+
+
 def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     """Heuristic used when no tuned entry exists."""
     gp = group_pad(shape.G)
     bm = max(64, gp)
-    bl = min(64, max(16, next_pow2(max(shape.L, 1))))
+    bl = pointer_block_l(shape.L)
     cfg = MoDAConfig(block_m=bm, bwd_q_block_m=max(64, gp), block_l=bl, bwd_block_l=bl)
     if shape.T <= FUSED_DEPTH_MAX_T:
         cfg = cfg.replace(fwd_depth="fused", bwd_depth="fused")

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv
-from moda_bench.ops.moda.config import MoDAConfig, check_config, resolve_config
+from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
@@ -252,6 +252,8 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
         o, lse_ht = backend.fwd(q, k, v, scale)
         return o, lse_ht, lse_ht.transpose(1, 2)
     depth_cfg = cfg.replace(fwd_depth="split")
+    if cfg.fwd_depth == "tma":  # moda's descriptor forward: its block_l is per position; keep the depth
+        depth_cfg = depth_cfg.replace(block_l=pointer_block_l(shape.L))  # launch's own default
     (o, lse_ht), (od, lsed) = _beside(
         q.device, lambda: backend.fwd(q, k, v, scale),
         lambda: moda_fwd(q, k, v, kd, vd, scale, shape, depth_cfg, depth_only=True),
