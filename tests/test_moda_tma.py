@@ -124,6 +124,7 @@ def test_tma_default_choice(monkeypatch):
     assert config_mod.tma_default(shape, torch.bfloat16)
     assert not config_mod.tma_default(MoDAShape(B=1, T=64, Hq=8, Hk=1, d=128, L=4), torch.bfloat16)
     assert not config_mod.tma_default(shape, torch.float32)
+    assert not config_mod.tma_default(MoDAShape(B=1, T=2048, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)  # short T
     assert not config_mod.tma_default(MoDAShape(B=1, T=4096, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)  # G=32
     monkeypatch.setattr(config_mod, "_capability", lambda idx: 8)
     assert not config_mod.tma_default(shape, torch.bfloat16)

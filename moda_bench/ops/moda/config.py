@@ -154,8 +154,11 @@ def tma_default(shape: MoDAShape, dtype=None) -> bool:
     a Triton with device-side tensor descriptors, d <= 64 and 16-bit inputs (what was measured:
     H100, T = 16384, G = 8, L = 64, d = 64 bf16: 480 TFLOP/s at L = 0 against 437 for the pointer
     kernel, docs/FUSED_PROTOTYPES.md; the paper preset's rows G = 2..16 improved by 4-7%), and
-    G <= 16 (G = 32 ran 1.022x FA2 with it against 0.983-0.988 in earlier runs without it)."""
-    if shape.d > 64 or shape.G > 16 or dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
+    G <= 16 (G = 32 ran 1.022x FA2 with it against 0.983-0.988 in earlier runs without it), and
+    T > FUSED_DEPTH_MAX_T (at T = 1024 the L = 0 path under the graph timer went from 1.090x to
+    1.141x FA2 with it, and moda eager from 1.843x to 1.903x; results/h100/before-short-t,
+    tma-short-t)."""
+    if shape.d > 64 or shape.G > 16 or shape.T <= FUSED_DEPTH_MAX_T or dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
         return False
     idx = current_device_index()
     if idx < 0 or not hasattr(triton.language, "make_tensor_descriptor"):

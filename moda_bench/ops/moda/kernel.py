@@ -23,7 +23,8 @@ Design (group-aware, then batched depth tiles):
   first whose normalised partial (o_d, lse_d) the sequence kernel loads as its starting state
   (m, l, acc) = (lse_d, 1, o_d), so the sequence loop is the L = 0 kernel's; or "overlap",
   depth-only programs inside the sequence grid and a log-sum-exp merge of the two partials;
-  or "tma" (the default on Hopper at d <= 64, 16-bit inputs, and then at L = 0 too), the
+  or "tma" (the default on Hopper at T > 2048, G <= 16, d <= 64, 16-bit inputs, and then at L = 0
+  too), the
   fused placement as its own kernel with every tile loaded through a tensor descriptor
   (`kernel_fwd_tma`).
 * Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
