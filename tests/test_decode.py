@@ -442,6 +442,55 @@ def test_gpu_tma_bf16(B, Tq, ragged):
     print(f"rel err auto={check(kw, config=cfg):.2e} one-split={check(kw, num_splits=1, config=cfg):.2e}")
 
 
+# (Tq, G, L, d, lens, S, tma): ragged lengths where later splits of a sequence are empty
+FUSED_CASES = [(1, 8, 0, 32, None, 3, False), (2, 1, 1, 32, [53, 9], 4, False), (4, 4, 5, 32, [40, 17], 3, False),
+               (1, 8, 64, 16, [53, 1], 5, False), (2, 4, 3, 128, None, 2, False), (4, 8, 1, 32, [31, 50], 3, True)]
+
+
+@pytest.mark.parametrize("Tq,G,L,d,lens,S,tma", FUSED_CASES, ids=[f"Tq{c[0]}-G{c[1]}-L{c[2]}-d{c[3]}-S{c[5]}"
+                                                                 f"{'-ragged' if c[4] else ''}{'-tma' if c[6] else ''}"
+                                                                 for c in FUSED_CASES])
+def test_fused_combine(monkeypatch, Tq, G, L, d, lens, S, tma):
+    """DecodeConfig(fused_combine=True): the last split program of each row block merges the
+    partials (under the interpreter programs run one after another, so the last-arrival path runs);
+    equal to the two-launch path, within tolerance of fp64, the combine kernel never launched, and
+    the counters back at 0 (a second call gives the same answer)."""
+    import moda_bench.ops.decode.kernel as kmod
+    kw = make_inputs(2, Tq, G * 2, 2, d, L, 53, seed=Tq + G + L + d + S, lens=lens)
+    two = moda_decode(**kw, num_splits=S, config=DecodeConfig(block_n=16, block_l=16, tma=tma))
+    launches = []
+
+    class NoCombine:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            raise AssertionError("the combine kernel ran")
+
+    monkeypatch.setattr(kmod, "decode_combine_kernel", NoCombine())
+    cfg = DecodeConfig(block_n=16, block_l=16, tma=tma, fused_combine=True, max_rows=16)
+    check(kw, num_splits=S, config=cfg)
+    first = moda_decode(**kw, num_splits=S, config=cfg)
+    again = moda_decode(**kw, num_splits=S, config=cfg)
+    assert not launches
+    assert rel_err(first, two) < 1e-5 and torch.equal(first, again)
+    assert all(int(buf.abs().sum()) == 0 for buf in kmod._COUNTERS.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Tq,ragged", [(1, 1, False), (8, 4, True)], ids=["B1-Tq1", "B8-Tq4-ragged"])
+def test_gpu_fused_combine_bf16(B, Tq, ragged):
+    """fused_combine=True on the GPU (programs really race for the counter) at Tk = 32768 + 7,
+    Hk = 8, G = 8, L = 64, bf16, auto splits, against the fp64 reference and the two-launch path,
+    several calls in a row."""
+    Tk = 32775
+    lens = [Tk - 1000 * b for b in range(B)] if ragged else None
+    kw = make_inputs(B, Tq, 64, 8, 64, 64, Tk, torch.bfloat16, seed=B + Tq, lens=lens)
+    cfg = DecodeConfig(fused_combine=True)
+    check(kw, config=cfg)
+    two = moda_decode(**kw)
+    for _ in range(5):
+        assert rel_err(moda_decode(**kw, config=cfg), two) < 1e-2
+
+
 def _peer_inputs(Tq, dtype=torch.bfloat16):
     return make_inputs(2, Tq, 64, 8, 128, 0, 4097, dtype, seed=30 + Tq)
 

@@ -9,7 +9,9 @@ One call is at most two launches:
    `config.max_rows` rows are cut into row blocks), so the cache is read once per KV head. The
    last split also takes the new tokens' depth entries. Each writes an fp32 partial (o, lse).
 2. `decode_combine_kernel`, grid (B*Tq*Hq,): merges a row's partials by log-sum-exp into the
-   output (one softmax over cache and depth in the end).
+   output (one softmax over cache and depth in the end). With `DecodeConfig(fused_combine=True)`
+   this launch is not made: the last split program of each row block merges its rows' partials
+   (an arrival counter per row block), so the call is one launch.
 With S = 1 the split kernel writes the output directly and there is no second launch.
 
 Host work per call: the input checks (shapes, dtypes; values only where reading them costs no
@@ -46,7 +48,9 @@ class DecodeConfig:
     max_rows: rows of one program (Tq*G beyond it are cut into row blocks, each reading the
     cache again); combine_warps: of the combine kernel; combine_block_s: splits merged per step
     (None: up to 4096 // d). tma: read a dense cache's tiles through tensor descriptors (TMA on
-    Hopper; paged caches and layouts a descriptor cannot take keep pointer loads)."""
+    Hopper; paged caches and layouts a descriptor cannot take keep pointer loads).
+    fused_combine: with S > 1, the last split program of each row block merges the partials
+    itself (an int32 arrival counter per row block, `_counters`), so one call is one launch."""
 
     block_n: int | None = None
     num_warps: int = 4
@@ -56,6 +60,7 @@ class DecodeConfig:
     combine_warps: int = 4
     combine_block_s: int | None = None
     tma: bool = False
+    fused_combine: bool = False
 
     def resolved(self, d: int) -> "DecodeConfig":
         """The config with its automatic fields filled in for head dim d, checked."""
@@ -180,6 +185,21 @@ def _descriptors(k, v, block_n: int):
             TensorDescriptor.from_tensor(v, block_shape=[1, block_n, 1, d]))
 
 
+_COUNTERS: dict = {}  # (device, stream) -> zeroed int32 arrival counters of the fused combine
+
+
+def _counters(device, n: int):
+    """At least n zeroed int32 counters for the fused combine, kept per (device, current stream):
+    the kernel puts each counter back to 0, so the buffer is reused without a reset; two calls in
+    flight on different streams get different buffers. Capture-safe: a graph replays the same
+    buffer and leaves it zero."""
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
+    return buf
+
+
 def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShape, cfg: DecodeConfig, S: int):
     B, Tq, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
@@ -205,15 +225,18 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
     sbt = block_table.stride(0) if block_table is not None else 0
     prec = dot_precision(q.dtype)
     kdesc, vdesc = _descriptors(k, v, cfg.block_n) if cfg.tma and not shape.paged else (None, None)
+    fused = cfg.fused_combine and not direct
+    cnt = _counters(q.device, B * Hk * n_rb) if fused else lse
     decode_split_kernel[(B * Hk, n_rb * S)](
         q, k, v, kd, vd, sl, bt, dst, lse, kdesc if kdesc is not None else k, vdesc if vdesc is not None else v,
+        out, cnt,
         scale * LOG2E, Tq, shape.Tk, L, G, Hk, R, S, n_rb, shape.num_blocks,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *dstr, sbt, out.stride(0), out.stride(1), out.stride(2),
         ROWS=rows, BLOCK_N=cfg.block_n, BLOCK_L=block_l, HEAD_DIM=d, PAGE_SIZE=max(shape.page_size, 1),
         PAGED=shape.paged, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0, DIRECT=direct, PREC=prec,
-        TMA=kdesc is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if direct:
+        TMA=kdesc is not None, FUSED_COMBINE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if direct or fused:
         return
     block_s = cfg.combine_block_s or max(1, min(next_pow2(S), 4096 // d))
     decode_combine_kernel[(B * Hk * R,)](

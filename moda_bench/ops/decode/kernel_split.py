@@ -18,6 +18,8 @@ descriptors (TMA bulk copies on Hopper) instead of pointer loads.
 
 `decode_combine_kernel`: one program per output row (b, i, h): merges the used splits of its
 row by log-sum-exp (which splits were used, it recomputes from n_b as the split kernel did).
+With FUSED_COMBINE the split kernel does that merge itself, in the last program of each row
+block to finish (an arrival counter per row block), and the combine launch is not made.
 
 Bad values that were not checked on the host (the GPU path skips the device sync) never read
 out of bounds: a sequence with n_b outside [Tq, Tk] reads nothing and gets NaN rows, a key
@@ -143,21 +145,58 @@ def _depth_tile(q, acc, m_i, l_i, KD, VD, dbase, f0, tok_row, Tq, L, sdt, sdl, q
     return _online(s, acc, m_i, l_i, vd, PREC)
 
 
+@triton.jit
+def _merge_rows(PO, PLSE, OUT, bh, b64, rows, row_ok, tok_row, head, n_used, bad, S, R, sob, sot, soh,
+                HEAD_DIM: tl.constexpr, HAS_DEPTH: tl.constexpr):
+    """The last-arriving split program of a row block ("fused combine"): merge, for its rows, the
+    partials (o, lse) its block's splits wrote, by log-sum-exp, into the output. Which splits
+    were used is recomputed as in `decode_combine_kernel`. Loads bypass L1 (.cg): the partials
+    were written by other programs, made visible by their release / this one's acquire."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    m = tl.full(rows.shape, NEG, tl.float32)
+    l = tl.zeros(rows.shape, tl.float32)
+    acc = tl.zeros([rows.shape[0], HEAD_DIM], tl.float32)
+    for sid in range(0, S):
+        ok = (rows * 0 + sid) < n_used  # vector form (see the store of the partials)
+        if HAS_DEPTH:
+            ok = ok | ((rows * 0 + sid) == S - 1)
+        ok = ok & row_ok
+        prow = (bh.to(tl.int64) * S + sid) * R + rows
+        lse = tl.load(PLSE + prow, mask=ok, other=NEG, cache_modifier=".cg")
+        o = tl.load(PO + prow[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+        m_new = tl.maximum(m, lse)
+        alpha = tl.math.exp2(m - m_new)
+        w = tl.where(ok, tl.math.exp2(lse - m_new), 0.0)
+        acc = acc * alpha[:, None] + w[:, None] * o
+        l = l * alpha + w
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    out = tl.where(bad, float("nan"), out)
+    tl.store(OUT + b64 * sob + tok_row[:, None] * sot + head[:, None] * soh + offs_d[None, :],
+             out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+
+
 @triton.jit(do_not_specialize=["Tk", "n_pages"])
 def decode_split_kernel(
-    Q, K, V, KD, VD, SEQLENS, BT, O, LSE, KDESC, VDESC,
+    Q, K, V, KD, VD, SEQLENS, BT, O, LSE, KDESC, VDESC, OUT, CNT,
     qk_scale, Tq, Tk, L, G, Hk, R, S, n_rb, n_pages,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sbt, sob, sot, soh,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_DEPTH: tl.constexpr,
-    DIRECT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    DIRECT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, FUSED_COMBINE: tl.constexpr = False,
 ):
     """Grid (B*Hk, n_rb*S). Dense cache: K/V strides (skb, skt, skh) over (b, t, head); paged:
     (page, slot, head) with block table BT (row stride sbt). DIRECT: O is the output
     (B, Tq, Hq, d) with strides (sob, sot, soh); else O is the fp32 partial buffer
     (B*Hk, S, R, d) and LSE (B*Hk, S, R), both contiguous. TMA (dense caches only): the cache
     tiles come through the tensor descriptors KDESC, VDESC over (B, Tk, Hk, d) with block
-    (1, BLOCK_N, 1, d) instead of pointer loads (else KDESC, VDESC are unused)."""
+    (1, BLOCK_N, 1, d) instead of pointer loads (else KDESC, VDESC are unused).
+    FUSED_COMBINE (not DIRECT): after writing its partial, every program adds 1 to its row
+    block's int32 counter in CNT (B*Hk*n_rb, zero on entry; acq_rel, gpu scope); the one that
+    finds S - 1 there is the last of the block's S programs (empty splits arrive too): it merges
+    the block's partials into OUT (the output, strides sob, sot, soh; `_merge_rows`) and puts
+    the counter back to 0, so the buffer needs no reset between calls. Else OUT, CNT are unused."""
     bh = tl.program_id(0)
     pid1 = tl.program_id(1)
     rb = pid1 % n_rb
@@ -230,6 +269,13 @@ def decode_split_kernel(
         prow = (bh.to(tl.int64) * S + sid) * R + rows
         tl.store(O + prow[:, None] * HEAD_DIM + offs_d[None, :], o, mask=(row_ok & used)[:, None])
         tl.store(LSE + prow, tl.where(seen, m_i + tl.math.log2(l_safe), NEG), mask=row_ok & used)
+        if FUSED_COMBINE:
+            cidx = bh * n_rb + rb
+            arrived = tl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
+            if arrived == S - 1:
+                _merge_rows(O, LSE, OUT, bh, b64, rows, row_ok, tok_row, head, tl.cdiv(n, span), bad, S, R,
+                            sob, sot, soh, HEAD_DIM, HAS_DEPTH)
+                tl.atomic_xchg(CNT + cidx, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["Tk"])
