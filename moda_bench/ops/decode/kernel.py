@@ -50,7 +50,10 @@ class DecodeConfig:
     (None: up to 4096 // d). tma: read a dense cache's tiles through tensor descriptors (TMA on
     Hopper; paged caches and layouts a descriptor cannot take keep pointer loads).
     fused_combine: with S > 1, the last split program of each row block merges the partials
-    itself (an int32 arrival counter per row block, `_counters`), so one call is one launch."""
+    itself (an int32 arrival counter per row block, `_counters`), so one call is one launch.
+    Off by default: on an H100 (results/h100/session-logs-4/call14-*) it was slower at B=1,
+    T=32K (best 44.8 us against 41.8: the last program merges all S partials alone, and more
+    splits make that tail longer) and 0-2% faster at B=8 and 32."""
 
     block_n: int | None = None
     num_warps: int = 4
