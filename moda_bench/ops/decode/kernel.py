@@ -11,13 +11,16 @@ One call is at most two launches:
 2. `decode_combine_kernel`, grid (B*Tq*Hq,): merges a row's partials by log-sum-exp into the
    output (one softmax over cache and depth in the end). With `DecodeConfig(fused_combine=True)`
    this launch is not made: the last split program of each row block merges its rows' partials
-   (an arrival counter per row block), so the call is one launch.
+   (an int32 arrival counter per row block: a program that stored its partial adds 1, acq_rel
+   at gpu scope; the one that sees S - 1 runs the combine's `merge_row` over its rows and puts
+   the counter back to 0), so the call is one launch.
 With S = 1 the split kernel writes the output directly and there is no second launch.
 
 Host work per call: the input checks (shapes, dtypes; values only where reading them costs no
 device sync, see `check_decode_inputs`), two small allocations (partials), the launches. The
 grid comes from the cache capacity Tk, never from cache_seqlens' values: programs whose span
-lies past n_b load nothing and store nothing.
+lies past n_b load nothing and store nothing (under the fused combine they still arrive at
+their counter, once, and the merge skips their partials as the combine kernel does).
 """
 from __future__ import annotations
 
@@ -50,10 +53,12 @@ class DecodeConfig:
     (None: up to 4096 // d). tma: read a dense cache's tiles through tensor descriptors (TMA on
     Hopper; paged caches and layouts a descriptor cannot take keep pointer loads).
     fused_combine: with S > 1, the last split program of each row block merges the partials
-    itself (an int32 arrival counter per row block, `_counters`), so one call is one launch.
-    Off by default: on an H100 (results/h100/session-logs-4/call14-*) it was slower at B=1,
-    T=32K (best 44.8 us against 41.8: the last program merges all S partials alone, and more
-    splits make that tail longer) and 0-2% faster at B=8 and 32."""
+    itself (an int32 arrival counter per row block, `_counters`; the merge is the combine
+    kernel's `merge_row`, row by row, combine_block_s splits a step), so one call is one launch.
+    Off by default: on an H100 (results/h100/session-logs-4/call14-*) a first version (its own
+    merge, the block's rows at once, one split a step) was slower at B=1, T=32K (best 44.8 us
+    against 41.8: the last program merges all S partials alone, and more splits make that tail
+    longer) and 0-2% faster at B=8 and 32; the shared merge is not yet measured."""
 
     block_n: int | None = None
     num_warps: int = 4
@@ -188,18 +193,22 @@ def _descriptors(k, v, block_n: int):
             TensorDescriptor.from_tensor(v, block_shape=[1, block_n, 1, d]))
 
 
-_COUNTERS: dict = {}  # (device, stream) -> zeroed int32 arrival counters of the fused combine
+_COUNTERS: dict = {}  # (device, stream, size) -> int32 arrival counters of the fused combine, all 0 between calls
 
 
 def _counters(device, n: int):
-    """At least n zeroed int32 counters for the fused combine, kept per (device, current stream):
-    the kernel puts each counter back to 0, so the buffer is reused without a reset; two calls in
-    flight on different streams get different buffers. Capture-safe: a graph replays the same
-    buffer and leaves it zero."""
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    """n int32 arrival counters for the fused combine (one per (sequence, KV head, row block)),
+    allocated zeroed once and cached per (device, current stream, n). The kernel puts each
+    counter back to 0 (its last-arriving program), so the buffer is reused without a memset.
+    Two calls in flight at once must not share a buffer, so the key holds the current stream:
+    calls on different streams get different buffers, calls on one stream run one after
+    another. Capture-safe under CUDA graphs: the graph keeps this persistent buffer (never freed
+    or replaced: a larger call gets its own entry) and every replay leaves it zero; graphs
+    captured on one stream share it, so replay them on one stream, not concurrently."""
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0, n)
     buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
+    if buf is None:
+        buf = _COUNTERS[key] = torch.zeros(n, device=device, dtype=torch.int32)
     return buf
 
 
@@ -229,6 +238,7 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
     prec = dot_precision(q.dtype)
     kdesc, vdesc = _descriptors(k, v, cfg.block_n) if cfg.tma and not shape.paged else (None, None)
     fused = cfg.fused_combine and not direct
+    block_s = cfg.combine_block_s or max(1, min(next_pow2(S), 4096 // d))
     cnt = _counters(q.device, B * Hk * n_rb) if fused else lse
     decode_split_kernel[(B * Hk, n_rb * S)](
         q, k, v, kd, vd, sl, bt, dst, lse, kdesc if kdesc is not None else k, vdesc if vdesc is not None else v,
@@ -238,10 +248,10 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
         v.stride(0), v.stride(1), v.stride(2), *dstr, sbt, out.stride(0), out.stride(1), out.stride(2),
         ROWS=rows, BLOCK_N=cfg.block_n, BLOCK_L=block_l, HEAD_DIM=d, PAGE_SIZE=max(shape.page_size, 1),
         PAGED=shape.paged, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0, DIRECT=direct, PREC=prec,
-        TMA=kdesc is not None, FUSED_COMBINE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        TMA=kdesc is not None, FUSED_COMBINE=fused, COMBINE_BLOCK_S=block_s if fused else 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if direct or fused:
         return
-    block_s = cfg.combine_block_s or max(1, min(next_pow2(S), 4096 // d))
     decode_combine_kernel[(B * Hk * R,)](
         dst, lse, out, sl, Tq, shape.Tk, G, Hk, R, S, out.stride(0), out.stride(1), out.stride(2),
         BLOCK_N=cfg.block_n, BLOCK_S=block_s, HEAD_DIM=d, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0,

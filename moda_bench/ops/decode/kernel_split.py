@@ -19,7 +19,8 @@ descriptors (TMA bulk copies on Hopper) instead of pointer loads.
 `decode_combine_kernel`: one program per output row (b, i, h): merges the used splits of its
 row by log-sum-exp (which splits were used, it recomputes from n_b as the split kernel did).
 With FUSED_COMBINE the split kernel does that merge itself, in the last program of each row
-block to finish (an arrival counter per row block), and the combine launch is not made.
+block to finish (an arrival counter per row block), and the combine launch is not made. Both
+run the same merge, `merge_row`.
 
 Bad values that were not checked on the host (the GPU path skips the device sync) never read
 out of bounds: a sequence with n_b outside [Tq, Tk] reads nothing and gets NaN rows, a key
@@ -146,35 +147,38 @@ def _depth_tile(q, acc, m_i, l_i, KD, VD, dbase, f0, tok_row, Tq, L, sdt, sdl, q
 
 
 @triton.jit
-def _merge_rows(PO, PLSE, OUT, bh, b64, rows, row_ok, tok_row, head, n_used, bad, S, R, sob, sot, soh,
-                HEAD_DIM: tl.constexpr, HAS_DEPTH: tl.constexpr):
-    """The last-arriving split program of a row block ("fused combine"): merge, for its rows, the
-    partials (o, lse) its block's splits wrote, by log-sum-exp, into the output. Which splits
-    were used is recomputed as in `decode_combine_kernel`. Loads bypass L1 (.cg): the partials
-    were written by other programs, made visible by their release / this one's acquire."""
+def merge_row(PO, PLSE, OUT, part, out_off, n_used, bad, S, R, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+              HAS_DEPTH: tl.constexpr):
+    """The log-sum-exp merge of one output row, shared by `decode_combine_kernel` (one row per
+    program) and the fused combine of `decode_split_kernel` (its last-arriving program, row by
+    row): the partials (o, lse) of split s sit at row part + s*R of PO (x HEAD_DIM) and PLSE.
+    Only splits s < n_used (those whose span covers keys) and, with depth, the last one (it took
+    the depth entries) were written; the others are masked out (weight 0, never loaded), BLOCK_S
+    splits a step. The row goes to OUT + out_off, NaN where `bad`. The loads bypass L1 (.cg):
+    under the fused combine the partials were written by other programs (made visible by their
+    release and this program's acquire at the arrival counter); here they are read once anyway."""
     offs_d = tl.arange(0, HEAD_DIM)
-    m = tl.full(rows.shape, NEG, tl.float32)
-    l = tl.zeros(rows.shape, tl.float32)
-    acc = tl.zeros([rows.shape[0], HEAD_DIM], tl.float32)
-    for sid in range(0, S):
-        ok = (rows * 0 + sid) < n_used  # vector form (see the store of the partials)
+    m = tl.full([BLOCK_S], NEG, tl.float32)  # running max, the same in every lane
+    l = tl.zeros([BLOCK_S], tl.float32)  # running sums per lane
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        sid = s0 + tl.arange(0, BLOCK_S)
+        ok = sid < n_used
         if HAS_DEPTH:
-            ok = ok | ((rows * 0 + sid) == S - 1)
-        ok = ok & row_ok
-        prow = (bh.to(tl.int64) * S + sid) * R + rows
-        lse = tl.load(PLSE + prow, mask=ok, other=NEG, cache_modifier=".cg")
-        o = tl.load(PO + prow[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
-                    cache_modifier=".cg")
-        m_new = tl.maximum(m, lse)
+            ok = ok | (sid == S - 1)
+        ok = ok & (sid < S)
+        lse = tl.load(PLSE + part + sid * R, mask=ok, other=NEG, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(lse, 0))
         alpha = tl.math.exp2(m - m_new)
         w = tl.where(ok, tl.math.exp2(lse - m_new), 0.0)
-        acc = acc * alpha[:, None] + w[:, None] * o
+        o = tl.load(PO + (part + sid * R)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+        acc = acc * tl.max(alpha, 0) + tl.sum(w[:, None] * o, 0)
         l = l * alpha + w
         m = m_new
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    out = acc / tl.sum(l, 0)
     out = tl.where(bad, float("nan"), out)
-    tl.store(OUT + b64 * sob + tok_row[:, None] * sot + head[:, None] * soh + offs_d[None, :],
-             out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(OUT + out_off + offs_d, out.to(OUT.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["Tk", "n_pages"])
@@ -185,6 +189,7 @@ def decode_split_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_DEPTH: tl.constexpr,
     DIRECT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, FUSED_COMBINE: tl.constexpr = False,
+    COMBINE_BLOCK_S: tl.constexpr = 1,
 ):
     """Grid (B*Hk, n_rb*S). Dense cache: K/V strides (skb, skt, skh) over (b, t, head); paged:
     (page, slot, head) with block table BT (row stride sbt). DIRECT: O is the output
@@ -192,11 +197,13 @@ def decode_split_kernel(
     (B*Hk, S, R, d) and LSE (B*Hk, S, R), both contiguous. TMA (dense caches only): the cache
     tiles come through the tensor descriptors KDESC, VDESC over (B, Tk, Hk, d) with block
     (1, BLOCK_N, 1, d) instead of pointer loads (else KDESC, VDESC are unused).
-    FUSED_COMBINE (not DIRECT): after writing its partial, every program adds 1 to its row
-    block's int32 counter in CNT (B*Hk*n_rb, zero on entry; acq_rel, gpu scope); the one that
-    finds S - 1 there is the last of the block's S programs (empty splits arrive too): it merges
-    the block's partials into OUT (the output, strides sob, sot, soh; `_merge_rows`) and puts
-    the counter back to 0, so the buffer needs no reset between calls. Else OUT, CNT are unused."""
+    FUSED_COMBINE (not DIRECT): after writing its partial (a CTA barrier after the stores),
+    every program adds 1 to its row block's int32 counter in CNT (B*Hk*n_rb, zero on entry;
+    acq_rel, gpu scope); the one that finds S - 1 there is the last of the block's S programs
+    (empty splits, which store nothing, arrive too): it merges the block's rows one by one into
+    OUT (the output, strides sob, sot, soh) with `merge_row`, the combine kernel's code,
+    COMBINE_BLOCK_S splits a step, and puts the counter back to 0, so the buffer needs no reset
+    between calls. Else OUT, CNT, COMBINE_BLOCK_S are unused."""
     bh = tl.program_id(0)
     pid1 = tl.program_id(1)
     rb = pid1 % n_rb
@@ -270,11 +277,20 @@ def decode_split_kernel(
         tl.store(O + prow[:, None] * HEAD_DIM + offs_d[None, :], o, mask=(row_ok & used)[:, None])
         tl.store(LSE + prow, tl.where(seen, m_i + tl.math.log2(l_safe), NEG), mask=row_ok & used)
         if FUSED_COMBINE:
+            # every thread's partial stores come before the barrier, the barrier before the one
+            # thread's release (Triton runs a scalar atomic in thread 0 alone): cumulativity makes
+            # the whole tile visible to the program that acquires the last arrival
+            tl.debug_barrier()
             cidx = bh * n_rb + rb
             arrived = tl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
-            if arrived == S - 1:
-                _merge_rows(O, LSE, OUT, bh, b64, rows, row_ok, tok_row, head, tl.cdiv(n, span), bad, S, R,
-                            sob, sot, soh, HEAD_DIM, HAS_DEPTH)
+            if arrived == S - 1:  # the others' partials are all written: merge this row block
+                n_used = tl.cdiv(n, span)
+                for r in range(rb * ROWS, tl.minimum(rb * ROWS + ROWS, R)):
+                    merge_row(O, LSE, OUT, bh.to(tl.int64) * S * R + r,
+                              b64 * sob + (r // G) * sot + (j * G + r % G) * soh, n_used, bad, S, R,
+                              COMBINE_BLOCK_S, HEAD_DIM, HAS_DEPTH)
+                # no later access of this launch reads the counter: relaxed suffices (the next
+                # launch on the stream starts after this one's writes)
                 tl.atomic_xchg(CNT + cidx, 0, sem="relaxed", scope="gpu")
 
 
@@ -293,27 +309,7 @@ def decode_combine_kernel(
     j = bh % Hk
     n, bad = seq_len(SEQLENS, b, Tq, Tk, HAS_SEQLENS)
     n_used = tl.cdiv(n, split_span(n, S, BLOCK_N))
-    offs_d = tl.arange(0, HEAD_DIM)
-    base = bh.to(tl.int64) * S * R + r
-    m = tl.full([BLOCK_S], NEG, tl.float32)  # running max, the same in every lane
-    l = tl.zeros([BLOCK_S], tl.float32)  # running sums per lane
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        sid = s0 + tl.arange(0, BLOCK_S)
-        ok = sid < n_used
-        if HAS_DEPTH:
-            ok = ok | (sid == S - 1)
-        ok = ok & (sid < S)
-        lse = tl.load(PLSE + base + sid * R, mask=ok, other=NEG)
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        alpha = tl.math.exp2(m - m_new)
-        w = tl.where(ok, tl.math.exp2(lse - m_new), 0.0)
-        o = tl.load(PO + (base + sid * R)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
-        acc = acc * tl.max(alpha, 0) + tl.sum(w[:, None] * o, 0)
-        l = l * alpha + w
-        m = m_new
-    out = acc / tl.sum(l, 0)
-    out = tl.where(bad, float("nan"), out)
     i = r // G
     head = j * G + r % G
-    tl.store(O + b.to(tl.int64) * sob + i * sot + head * soh + offs_d, out.to(O.dtype.element_ty))
+    merge_row(PO, PLSE, O, bh.to(tl.int64) * S * R + r, b.to(tl.int64) * sob + i * sot + head * soh, n_used, bad,
+              S, R, BLOCK_S, HEAD_DIM, HAS_DEPTH)
