@@ -58,7 +58,10 @@ class DecodeConfig:
     Off by default: on an H100 (results/h100/session-logs-4/call14-*) a first version (its own
     merge, the block's rows at once, one split a step) was slower at B=1, T=32K (best 44.8 us
     against 41.8: the last program merges all S partials alone, and more splits make that tail
-    longer) and 0-2% faster at B=8 and 32; the shared merge is not yet measured."""
+    longer) and 0-2% faster at B=8 and 32. The shared merge (row by row: cross-warp reductions
+    per row, in series) is slower still on the H100 (tools/decode_probe.py, bn=128 w=4, stages
+    2/3, splits 16/33/66): B=1 T=32K best 48.7 us against 42.1 for two launches, B=8 T=8K 70.9
+    against 66.8; merging the block's rows at once would want `merge_row` over a row vector."""
 
     block_n: int | None = None
     num_warps: int = 4
