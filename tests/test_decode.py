@@ -5,6 +5,7 @@ odd Tk, ragged cache_seqlens, Tq in {1, 2, 4}, L in {0, 1, 64}, G in {1, 4, 8, 1
 {1, 2, 3, auto}, dense and paged caches, with small key tiles (block_n=16) so that the loops,
 the split spans and the causal tail tiles all run. Tolerances: ||out - ref|| / ||ref|| below
 helpers.TOLERANCE (fp32 1e-4, fp16 5e-3, bf16 2e-2). GPU-marked tests run real sizes on CUDA.
+The fused combine (`DecodeConfig(fused_combine=True)`) has its tests in tests/test_decode_fused.py.
 """
 import math
 from dataclasses import replace
@@ -440,70 +441,6 @@ def test_gpu_tma_bf16(B, Tq, ragged):
     kw = make_inputs(B, Tq, 64, 8, 64, 64, Tk, torch.bfloat16, seed=B + Tq, lens=lens)
     cfg = DecodeConfig(tma=True)
     print(f"rel err auto={check(kw, config=cfg):.2e} one-split={check(kw, num_splits=1, config=cfg):.2e}")
-
-
-# (Tq, G, L, d, lens, S, tma): ragged lengths where later splits of a sequence are empty (n = 9
-# at S = 4: span 16, splits 1-3 hold no key; n = 1 at S = 5), R = Tq*G beyond max_rows = 16 (two
-# row blocks, one counter each)
-FUSED_CASES = [(1, 8, 0, 64, None, 3, False), (2, 1, 1, 64, [53, 9], 4, False), (4, 4, 5, 64, [40, 17], 3, False),
-               (1, 8, 5, 64, [53, 1], 5, False), (2, 4, 0, 128, [20, 53], 2, False), (4, 8, 1, 64, [31, 50], 3, True),
-               (2, 8, 5, 64, [50, 7], 4, True)]
-
-
-@pytest.mark.parametrize("Tq,G,L,d,lens,S,tma", FUSED_CASES, ids=[f"Tq{c[0]}-G{c[1]}-L{c[2]}-d{c[3]}-S{c[5]}"
-                                                                 f"{'-ragged' if c[4] else ''}{'-tma' if c[6] else ''}"
-                                                                 for c in FUSED_CASES])
-def test_fused_combine(monkeypatch, Tq, G, L, d, lens, S, tma):
-    """DecodeConfig(fused_combine=True): the last split program of each row block merges the
-    partials (under the interpreter programs run one after another, so the last-arrival path runs);
-    equal to the two-launch path (the same `merge_row`), within tolerance of fp64 at odd Tk = 53,
-    the combine kernel never launched, and the counters back at 0 (a second call in a row gives
-    the same answer)."""
-    import moda_bench.ops.decode.kernel as kmod
-    kw = make_inputs(2, Tq, G * 2, 2, d, L, 53, seed=Tq + G + L + d + S, lens=lens)
-    base = DecodeConfig(block_n=16, block_l=16, tma=tma, max_rows=16)
-    two = moda_decode(**kw, num_splits=S, config=base)
-    launches = []
-
-    class NoCombine:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            raise AssertionError("the combine kernel ran")
-
-    monkeypatch.setattr(kmod, "decode_combine_kernel", NoCombine())
-    cfg = replace(base, fused_combine=True)
-    check(kw, num_splits=S, config=cfg)
-    again = moda_decode(**kw, num_splits=S, config=cfg)
-    assert not launches
-    assert torch.equal(again, two)
-    assert kmod._COUNTERS and all(int(buf.abs().sum()) == 0 for buf in kmod._COUNTERS.values())
-
-
-def test_fused_combine_one_split_unchanged(monkeypatch):
-    """With S = 1 the split kernel writes the output itself: fused_combine changes nothing (no
-    counters, no combine launch)."""
-    import moda_bench.ops.decode.kernel as kmod
-    kw = make_inputs(2, 2, 8, 2, 64, 1, 53, seed=7, lens=[53, 20])
-    plain = moda_decode(**kw, num_splits=1, config=SMALL)
-    monkeypatch.setattr(kmod, "_COUNTERS", {})
-    fused = moda_decode(**kw, num_splits=1, config=replace(SMALL, fused_combine=True))
-    assert torch.equal(fused, plain) and not kmod._COUNTERS
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,Tq,ragged", [(1, 1, False), (8, 4, True)], ids=["B1-Tq1", "B8-Tq4-ragged"])
-def test_gpu_fused_combine_bf16(B, Tq, ragged):
-    """fused_combine=True on the GPU (programs really race for the counter) at Tk = 32768 + 7,
-    Hk = 8, G = 8, L = 64, bf16, auto splits, against the fp64 reference and the two-launch path,
-    several calls in a row."""
-    Tk = 32775
-    lens = [Tk - 1000 * b for b in range(B)] if ragged else None
-    kw = make_inputs(B, Tq, 64, 8, 64, 64, Tk, torch.bfloat16, seed=B + Tq, lens=lens)
-    cfg = DecodeConfig(fused_combine=True)
-    check(kw, config=cfg)
-    two = moda_decode(**kw)
-    for _ in range(5):
-        assert rel_err(moda_decode(**kw, config=cfg), two) < 1e-2
 
 
 def _peer_inputs(Tq, dtype=torch.bfloat16):

@@ -11,13 +11,16 @@ One call is at most two launches:
 2. `decode_combine_kernel`, grid (B*Tq*Hq,): merges a row's partials by log-sum-exp into the
    output (one softmax over cache and depth in the end). With `DecodeConfig(fused_combine=True)`
    this launch is not made: the last split program of each row block merges its rows' partials
-   (an int32 arrival counter per row block: a program that stored its partial adds 1, acq_rel
-   at gpu scope; the one that sees S - 1 runs the combine's `merge_row` over its rows and puts
-   the counter back to 0), so the call is one launch.
+   (an int32 arrival counter per row block: every program adds 1 after storing its partial,
+   acq_rel at gpu scope; the one that sees S - 1 runs the combine's `merge_row` over its rows
+   and puts the counter back to 0), so the call is one launch. The counters are
+   a persistent buffer, zeroed once and cached per (device, stream, size) (`_counters`: what
+   streams and CUDA graphs may share one).
 With S = 1 the split kernel writes the output directly and there is no second launch.
 
 Host work per call: the input checks (shapes, dtypes; values only where reading them costs no
-device sync, see `check_decode_inputs`), two small allocations (partials), the launches. The
+device sync, see `check_decode_inputs`), two small allocations (partials), the launches (the
+fused combine's counters are allocated by the first call of their size only). The
 grid comes from the cache capacity Tk, never from cache_seqlens' values: programs whose span
 lies past n_b load nothing and store nothing (under the fused combine they still arrive at
 their counter, once, and the merge skips their partials as the combine kernel does).
@@ -61,7 +64,14 @@ class DecodeConfig:
     longer) and 0-2% faster at B=8 and 32. The shared merge (row by row: cross-warp reductions
     per row, in series) is slower still on the H100 (tools/decode_probe.py, bn=128 w=4, stages
     2/3, splits 16/33/66): B=1 T=32K best 48.7 us against 42.1 for two launches, B=8 T=8K 70.9
-    against 66.8; merging the block's rows at once would want `merge_row` over a row vector."""
+    against 66.8. A two-pass merge of the block's rows at once (lse of all splits, then o tiles
+    [splits, rows, d] with their final weights; not kept) was slower again
+    (results/h100/session-logs-4/call16-decode-fc-block-merge.txt): B=1 T=32K best 56.7 us
+    against 42.2, B=8 T=8K 67.2 against 66.0 at 4 splits, 94.4 against 70.0 at 33; its extra
+    time grew by ~0.45 us a split alike at 4 and 8 splits a step (2 and 4 warps), not
+    understood (no profile taken). In all those runs the first graph capture of a counter size
+    in a process allocated its counters inside the graph (a zero-fill node before the kernel at
+    every replay of that graph); now a capture takes a buffer an eager call made."""
 
     block_n: int | None = None
     num_warps: int = 4
@@ -196,22 +206,42 @@ def _descriptors(k, v, block_n: int):
             TensorDescriptor.from_tensor(v, block_shape=[1, block_n, 1, d]))
 
 
-_COUNTERS: dict = {}  # (device, stream, size) -> int32 arrival counters of the fused combine, all 0 between calls
+_COUNTERS: dict = {}  # (device, stream id or "graph", n) -> int32 counters of the fused combine, 0 between calls
+
+
+def _stream_state(device) -> tuple:
+    """(the current stream's id on device, whether it is capturing a CUDA graph); (0, False) off CUDA."""
+    if device.type != "cuda":
+        return 0, False
+    return torch.cuda.current_stream(device).cuda_stream, torch.cuda.is_current_stream_capturing()
 
 
 def _counters(device, n: int):
     """n int32 arrival counters for the fused combine (one per (sequence, KV head, row block)),
-    allocated zeroed once and cached per (device, current stream, n). The kernel puts each
-    counter back to 0 (its last-arriving program), so the buffer is reused without a memset.
-    Two calls in flight at once must not share a buffer, so the key holds the current stream:
-    calls on different streams get different buffers, calls on one stream run one after
-    another. Capture-safe under CUDA graphs: the graph keeps this persistent buffer (never freed
-    or replaced: a larger call gets its own entry) and every replay leaves it zero; graphs
-    captured on one stream share it, so replay them on one stream, not concurrently."""
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0, n)
-    buf = _COUNTERS.get(key)
+    all 0 on entry. The kernel puts each counter back to 0 (its last-arriving program), so a
+    buffer is reused without a memset: a call allocates nothing once its buffer exists.
+
+    Eager calls: a buffer per (device, current stream, n), made zeroed by the first call. Two
+    calls in flight at once must not share one, hence the stream in the key: calls on one
+    stream run one after another, calls on different streams get different buffers.
+    CUDA graphs: a capture takes the (device, "graph", n) buffer, made zeroed (outside any
+    capture) by the first eager call of that n on any stream, so the usual warm-up before a
+    capture (the graph timer's, on a side stream, while torch.cuda.graph captures on a stream of
+    its own) leaves the graph one kernel and no memset; replays leave it zero. Graphs of one n
+    share it: replay them one after another (one stream), not concurrently; they never share it
+    with an eager call. A capture with no eager call of its n before gets a fresh buffer zeroed
+    inside the graph (a fill node before the kernel, correct at every replay), not cached:
+    a buffer whose zeroing was only captured is 0 only after its graph's first replay."""
+    stream, capturing = _stream_state(device)
+    dev = str(device)
+    if capturing:
+        buf = _COUNTERS.get((dev, "graph", n))
+        return buf if buf is not None else torch.zeros(n, device=device, dtype=torch.int32)
+    buf = _COUNTERS.get((dev, stream, n))
     if buf is None:
-        buf = _COUNTERS[key] = torch.zeros(n, device=device, dtype=torch.int32)
+        buf = _COUNTERS[(dev, stream, n)] = torch.zeros(n, device=device, dtype=torch.int32)
+        if (dev, "graph", n) not in _COUNTERS:
+            _COUNTERS[(dev, "graph", n)] = torch.zeros(n, device=device, dtype=torch.int32)
     return buf
 
 
