@@ -1,0 +1,599 @@
+"""Issue 21 prototype: a Hopper-oriented Triton backward of MoDA, tensor-descriptor (TMA) loads of
+q, k, v, do and the depth tiles. Owns its kernels, variants, correctness grid and timing (of the
+package it uses validate.check_inputs and the fp64 moda_reference); CPU tests in
+tests/test_bwd_tma_proto.py. q, o, do (B,T,Hq,d); k, v (B,T,Hk,d); depth (B,T,L,Hk,d) or None
+(then dkd = dvd = None); lse (B,T,Hq) float32, natural log:
+
+    moda_tma_bwd(q, k, v, o, lse, do, k_depth=None, v_depth=None, scale=None, **variant) -> (dq, dk, dv, dkd, dvd)
+
+Group-aware rows: for KV head j, r = t*GP + g (GP = next_pow2(G)); BM rows = P = BM/GP positions,
+so a K/V tile serves the G heads at once; exp2, scale folded in. Passes:
+* `_rows_kernel` (own launch: the atomic variant has no dQ pass): lse2 = lse*log2(e), delta =
+  rowsum(o*do), folded, (B*Hk, RP) fp32; padding rows (g >= G, t >= T) get lse2 = +inf.
+* `_kv_kernel` dK/dV: a program per (BN keys, batch*KV head), tile 0 (heaviest) first, K/V loaded
+  once; BM rows a step from its first position to T, cdiv(BN, P) masked diagonal steps, then the
+  unmasked loop. Transposed products, no register transpose: qkT = k q^T, dv += pT do,
+  dpT = v do^T, dk += dsT q. `atomic` (5 products instead of 4 + 3): dqT = k^T dsT [d, BM] is
+  TMA-reduced (`desc.atomic_add`; pointers, interpreter: tl.atomic_add) into an fp32 buffer
+  (B*Hk*d, RP), transposed so that no tl.trans of a wgmma result is needed (Triton 3.4-3.7
+  miscompile that on Hopper); `_rows_kernel` (POST) scales it into dq.
+* `_dq_kernel` dQ: a program per (BM rows, batch*KV head), last block first, q/do loaded once;
+  unmasked key tiles, then the diagonal ones; dq += ds k. L > 0: then the depth part (the forward
+  prototype's sub-tiles: S positions, R = S*GP >= 16 rows against their own S*BL columns, BL
+  entries a step, P*BL ~ depth_rows; mma.sync products as in the package's kernel_bwd): its dq
+  share, and dk_depth, dv_depth of its positions by TMA store (an entry is read by the G rows of
+  its position only: no atomics). Atomic variant: it runs depth-only first into the fp32 buffer.
+* Boxes: q, do [1, P, GP, d] of (B,T,Hq,d); k, v [BN, d] of (B*T, Hk*d); depth [1, P, BL, d] of
+  (B,T,L,Hk*d). use_desc=False: masked pointer loads.
+Variants: kv<BN>x<BM> keys per program x rows per step, dq<BM>x<BN> rows per program x keys per
+step, w warps, s stages (3 unless named), "p-" pointers, "at-" atomic dq. The GPU run prints the
+correctness grid, backward-alone timings (each kernel's regs/spills/smem) next to FA4, SDPA
+flash (FA2) and the package kernel, and one line `BWD TMA: ...`; never exits non-zero; with OUT
+set, rows are appended to $OUT/bwd_tma.csv:
+
+    PYTHONPATH=$PWD python3 tools/bwd_tma_triton.py --quick    # T=16384, L 0/64, 5 variants, ~2 min
+    PYTHONPATH=$PWD python3 tools/bwd_tma_triton.py            # T=16384,4096,32768, all variants
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+import triton.language as tl
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from moda_bench.ops.moda.validate import check_inputs  # noqa: E402
+
+LOG2E = 1.4426950408889634
+INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"  # the CPU interpreter (read by Triton at import too)
+
+
+# ----------------------------------------------------------------------------- kernels
+@triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b, fp32 accumulation; "upcast": the interpreter's bf16 tl.dot workaround (exact)."""
+    if PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
+    return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
+                                     block_shape=[1, P, GP, D])
+
+
+@triton.jit
+def _depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
+    return tl.make_tensor_descriptor(X, shape=[B, T, LD, Hk * D], strides=[T.to(tl.int64) * LD * Hk * D,
+                                     LD * Hk * D, Hk * D, 1], block_shape=[1, P, BL, D])
+
+
+@triton.jit
+def _rows_ptr(b, j, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
+    """Offsets [BM, D] of folded rows r into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
+    t, g = r // GP, r % GP
+    ptr = ((b * T + t).to(tl.int64) * Hq + j * G + g)[:, None] * D + tl.arange(0, D)[None, :]
+    return ptr, ((t < T) & (g < G))[:, None]
+
+
+@triton.jit
+def _rows_tile(X, xdesc, b, j, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+               USE_DESC: tl.constexpr):
+    """[BM, D] tile of q or do from position t0 of (b, KV head j); padding rows: junk, lse2 = +inf."""
+    if USE_DESC:
+        return tl.reshape(xdesc.load([b, t0, j * G, 0]), (BM, D))
+    else:
+        ptr, ok = _rows_ptr(b, j, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
+        return tl.load(X + ptr, mask=ok, other=0.0)
+
+
+@triton.jit
+def _keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr):
+    """[BN, D] tile of k or v from key n0 (keys past T: the next batch's or zeros, always masked)."""
+    if USE_DESC:
+        return xdesc.load([b * T + n0, j * D])
+    else:
+        kn = n0 + tl.arange(0, BN)
+        ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
+        return tl.load(X + ptr, mask=(kn < T)[:, None], other=0.0)
+
+
+@triton.jit(do_not_specialize=["T", "G", "Hk"])
+def _rows_kernel(O, DO, LSE, LSE2, DELTA, DQA, sm_scale, T, G, Hk, RP, GP: tl.constexpr, BLK: tl.constexpr,
+                 D: tl.constexpr, POST: tl.constexpr):
+    """Folded rows r of (b, j). Before the passes: LSE2 = lse*log2(e) (+inf on padding rows), DELTA =
+    rowsum(o*do). POST (atomic variant): O = dq = scale * the fp32 transposed buffer DQA."""
+    bh, r = tl.program_id(0), tl.program_id(1) * BLK + tl.arange(0, BLK)
+    ptr, ok = _rows_ptr(bh // Hk, bh % Hk, r, T, G, G * Hk, GP, D)
+    if POST:
+        a = tl.load(DQA + (bh * D + tl.arange(0, D)).to(tl.int64)[None, :] * RP + r[:, None], mask=ok, other=0.0)
+        tl.store(O + ptr, (a * sm_scale).to(O.dtype.element_ty), mask=ok)
+    else:
+        o = tl.load(O + ptr, mask=ok, other=0.0).to(tl.float32)
+        do = tl.load(DO + ptr, mask=ok, other=0.0).to(tl.float32)
+        ok1 = (r // GP < T) & (r % GP < G)
+        lse = tl.load(LSE + ((bh // Hk) * T + r // GP).to(tl.int64) * (G * Hk) + (bh % Hk) * G + r % GP, mask=ok1)
+        tl.store(LSE2 + bh * RP + r, tl.where(ok1, lse * 1.4426950408889634, float("inf")))
+        tl.store(DELTA + bh * RP + r, tl.sum(o * do, 1))
+
+
+@triton.jit
+def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, DQA, dqdesc, b, j, bh, T, G, Hk, RP,
+             qk_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
+             USE_DESC: tl.constexpr, ATOMIC: tl.constexpr, TMA_REDUCE: tl.constexpr, PREC: tl.constexpr):
+    """dk, dv (+ the atomic dq share) of the key tile from the BM folded rows at position t0."""
+    q, do = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
+        _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    r = t0 * GP + tl.arange(0, BM)
+    lse2, delta = tl.load(LSE2 + bh * RP + r), tl.load(DELTA + bh * RP + r)
+    pT = tl.math.exp2(_dot(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
+    if MASK:
+        pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
+    dv = _dot(pT.to(do.dtype), do, dv, PREC)
+    dsT = (pT * (_dot(v, tl.trans(do), None, PREC) - delta[None, :])).to(q.dtype)
+    dk = _dot(dsT, q, dk, PREC)
+    if ATOMIC:
+        dqT = _dot(tl.trans(k), dsT, None, PREC)  # [D, BM]: the transposed buffer takes it as it is
+        if TMA_REDUCE:
+            dqdesc.atomic_add([bh * D, t0 * GP], dqT)
+        else:
+            tl.atomic_add(DQA + (bh * D + tl.arange(0, D)).to(tl.int64)[:, None] * RP + r[None, :], dqT,
+                          sem="relaxed")
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["B", "T", "G", "Hk"])
+def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, qk_scale, sm_scale, B, T, G, Hk, RP,
+               GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, ATOMIC: tl.constexpr,
+               USE_DESC: tl.constexpr, TMA_REDUCE: tl.constexpr, PREC: tl.constexpr):
+    """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN))."""
+    P: tl.constexpr = BM // GP
+    NDIAG: tl.constexpr = (BN + P - 1) // P
+    bh, n0 = tl.program_id(0), tl.program_id(1) * BN
+    b, j = bh // Hk, bh % Hk
+    qdesc, dodesc, kdesc, vdesc, dqdesc = None, None, None, None, None
+    if USE_DESC:
+        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
+        kdesc = tl.make_tensor_descriptor(K, [B * T, Hk * D], [Hk * D, 1], [BN, D])
+        vdesc = tl.make_tensor_descriptor(V, [B * T, Hk * D], [Hk * D, 1], [BN, D])
+    if TMA_REDUCE:
+        dqdesc = tl.make_tensor_descriptor(DQA, shape=[B * Hk * D, RP], strides=[RP, 1], block_shape=[D, BM])
+    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    kn = n0 + tl.arange(0, BN)
+    dk, dv = tl.zeros([BN, D], tl.float32), tl.zeros([BN, D], tl.float32)
+    diag_end = tl.minimum(n0 + NDIAG * P, T)
+    for t0 in range(n0, diag_end, P):  # positions whose rows see only part of the tile
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, DQA, dqdesc, b, j, bh, T, G, Hk,
+                          RP, qk_scale, GP, BM, D, True, USE_DESC, ATOMIC, TMA_REDUCE, PREC)
+    for t0 in tl.range(diag_end, T, P):
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, DQA, dqdesc, b, j, bh, T, G, Hk,
+                          RP, qk_scale, GP, BM, D, False, USE_DESC, ATOMIC, TMA_REDUCE, PREC)
+    ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
+    tl.store(DK + ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=(kn < T)[:, None])
+    tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
+
+
+@triton.jit
+def _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
+             D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr):
+    """dq (unscaled) += the share of the BN keys from n0."""
+    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    p = tl.math.exp2(_dot(q, tl.trans(k), None, PREC) * qk_scale - lse2[:, None])
+    if MASK:
+        p = tl.where((n0 + tl.arange(0, BN))[None, :] <= t[:, None], p, 0.0)
+    dp = _dot(do, tl.trans(v), None, PREC)
+    return _dot((p * (dp - delta[:, None])).to(k.dtype), k, dq, PREC)
+
+
+@triton.jit
+def _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
+                qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+                BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+    """dq + the depth share of one row block; stores dk_depth, dv_depth of its P positions."""
+    P: tl.constexpr = BM // GP
+    NB: tl.constexpr = P // S
+    R: tl.constexpr = S * GP
+    C: tl.constexpr = S * BL
+    q3, do3 = tl.reshape(q, (NB, R, D)), tl.reshape(do, (NB, R, D))
+    lse3, delta3 = tl.reshape(lse2, (NB, R, 1)), tl.reshape(delta, (NB, R, 1))
+    cc = tl.arange(0, C)[None, None, :]
+    same_pos = (tl.arange(0, R)[None, :, None] // GP) == (cc // BL)
+    pos = t0 + tl.arange(0, P)
+    for l0 in tl.range(0, L, BL, num_stages=DEPTH_STAGES):
+        if USE_DESC:
+            kd = tl.reshape(kddesc.load([b, t0, l0, j * D]), (NB, C, D))
+            vd = tl.reshape(vddesc.load([b, t0, l0, j * D]), (NB, C, D))
+        else:
+            ll = l0 + tl.arange(0, BL)
+            ptr = ((((b * T + pos).to(tl.int64) * L)[:, None, None] + ll[None, :, None]) * Hk + j) * D \
+                + tl.arange(0, D)[None, None, :]
+            ok = (pos < T)[:, None, None] & (ll < L)[None, :, None]
+            kd = tl.reshape(tl.load(KD + ptr, mask=ok, other=0.0), (NB, C, D))
+            vd = tl.reshape(tl.load(VD + ptr, mask=ok, other=0.0), (NB, C, D))
+        own = same_pos & ((l0 + cc % BL) < L)
+        p3 = tl.where(own, tl.math.exp2(_dot(q3, tl.trans(kd, 0, 2, 1), None, PREC) * qk_scale - lse3), 0.0)
+        ds3 = p3 * (_dot(do3, tl.trans(vd, 0, 2, 1), None, PREC) - delta3)
+        dq += tl.reshape(_dot(ds3.to(kd.dtype), kd, None, PREC), (BM, D))
+        # 3-D (mma.sync) products; these transposes are the package's GPU-tested kernel_bwd form
+        dvd = _dot(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, None, PREC).to(kd.dtype)
+        dkd = (_dot(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, None, PREC) * sm_scale).to(kd.dtype)
+        if USE_DESC:
+            dkddesc.store([b, t0, l0, j * D], tl.reshape(dkd, (1, P, BL, D)))
+            dvddesc.store([b, t0, l0, j * D], tl.reshape(dvd, (1, P, BL, D)))
+        else:
+            tl.store(DKD + ptr, tl.reshape(dkd, (P, BL, D)), mask=ok)
+            tl.store(DVD + ptr, tl.reshape(dvd, (P, BL, D)), mask=ok)
+    return dq
+
+
+@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m"])
+def _dq_kernel(Q, K, V, KD, VD, DO, LSE2, DELTA, DQ, DQA, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP, n_m,
+               GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+               BL: tl.constexpr, SEQ: tl.constexpr, DEPTH: tl.constexpr, ACC_OUT: tl.constexpr,
+               USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+    """Query-major pass: dq of BM folded rows from the sequence keys (SEQ) and the depth keys,
+    with dk_depth, dv_depth (DEPTH). ACC_OUT: the unscaled dq goes to the fp32 transposed buffer
+    DQA (the atomic variant's depth launch). Grid (B*Hk, n_m), last row block first."""
+    P: tl.constexpr = BM // GP
+    bh, t0 = tl.program_id(0), (n_m - 1 - tl.program_id(1)) * P
+    b, j = bh // Hk, bh % Hk
+    qdesc, dodesc, kdesc, vdesc, kddesc, vddesc, dkddesc, dvddesc = None, None, None, None, None, None, None, None
+    if USE_DESC:
+        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
+        if SEQ:
+            kdesc = tl.make_tensor_descriptor(K, [B * T, Hk * D], [Hk * D, 1], [BN, D])
+            vdesc = tl.make_tensor_descriptor(V, [B * T, Hk * D], [Hk * D, 1], [BN, D])
+        if DEPTH:
+            kddesc = _depth_desc(KD, B, T, LD, Hk, P, BL, D)
+            vddesc = _depth_desc(VD, B, T, LD, Hk, P, BL, D)
+            dkddesc = _depth_desc(DKD, B, T, LD, Hk, P, BL, D)
+            dvddesc = _depth_desc(DVD, B, T, LD, Hk, P, BL, D)
+    q, do = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
+        _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    r = t0 * GP + tl.arange(0, BM)
+    lse2, delta = tl.load(LSE2 + bh * RP + r), tl.load(DELTA + bh * RP + r)
+    dq = tl.zeros([BM, D], tl.float32)
+    if SEQ:
+        n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
+        for n0 in tl.range(0, n_full, BN):
+            dq = _dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                          False, USE_DESC, PREC)
+        for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
+            dq = _dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                          True, USE_DESC, PREC)
+    if DEPTH:
+        dq = _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
+                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES)
+    if ACC_OUT:
+        tl.store(DQA + (bh * D + tl.arange(0, D)).to(tl.int64)[None, :] * RP + r[:, None], dq)
+    else:
+        ptr, ok = _rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+        tl.store(DQ + ptr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
+
+
+# ----------------------------------------------------------------------------- launcher
+DEFAULT_VARIANT = dict(kv_bn=128, kv_bm=64, kv_warps=8, kv_stages=3, dq_bm=128, dq_bn=64, dq_warps=8, dq_stages=3,
+                       use_desc=True, atomic=False, depth_stages=2, depth_rows=256)
+_W4 = dict(kv_bn=64, kv_bm=64, kv_warps=4)  # 4-warp kv tiles: 2 CTAs per SM
+_DQ4 = dict(dq_bm=64, dq_warps=4, depth_rows=128)  # 4-warp dq tiles: 3 CTAs per SM at L = 0
+VARIANTS = {
+    "kv128x64w8-dq128x64w8": {},
+    "kv64x64w4-dq128x64w8": dict(_W4),
+    "kv64x64w4-dq64x64w4": dict(_W4, **_DQ4),
+    "kv128x64w8-dq64x64w4": dict(_DQ4),
+    "kv64x128w4-dq128x64w8": dict(kv_bn=64, kv_bm=128, kv_warps=4),
+    "kv128x128w8s2-dq128x64w8": dict(kv_bm=128, kv_stages=2),
+    "kv128x64w8-dq128x128w8s2": dict(dq_bn=128, dq_stages=2),
+    "kv128x64w8-dq128x64w8-dst3": dict(depth_stages=3),
+    "at-kv128x64w8": dict(atomic=True),
+    "at-kv64x64w4": dict(_W4, atomic=True, **_DQ4),
+    "at-kv128x128w8s2": dict(atomic=True, kv_bm=128, kv_stages=2),
+    "p-kv128x64w8-dq128x64w8": dict(use_desc=False),
+    "p-at-kv128x64w8": dict(use_desc=False, atomic=True),
+}
+QUICK = ["kv128x64w8-dq128x64w8", "kv64x64w4-dq64x64w4", "at-kv128x64w8", "at-kv64x64w4", "p-kv128x64w8-dq128x64w8"]
+STATS: dict = {}  # kernel name -> "regs/spills/smem" of its latest launch (GPU only)
+
+
+def depth_geometry(G: int, bm: int, L: int, depth_rows: int = 256):
+    """(GP, P, S, BL) of a dQ program of bm rows: S positions a depth sub-tile (S*GP >= 16 rows or
+    the block), BL entries a position a step (P*BL ~ depth_rows, <= 64 and next_pow2(L), S*BL >= 16)."""
+    gp = 1 << max(0, G - 1).bit_length()
+    P = max(1, bm // gp)  # (bm < GP is refused by the caller)
+    S = min(P, max(1, 16 // gp))
+    return gp, P, S, max(-(-16 // S), min(64, 1 << max(0, L - 1).bit_length(), max(1, depth_rows // P)))
+
+
+def _launch(kernel, grid, *args, **meta):
+    ck = kernel[grid](*args, **meta)
+    if not INTERP:  # the compiled kernel's resources, for the timing rows
+        STATS[kernel.__name__] = f"{getattr(ck, 'n_regs', '?')}r/{getattr(ck, 'n_spills', '?')}sp/" \
+            f"{getattr(getattr(ck, 'metadata', None), 'shared', 0) // 1024}KB"
+
+
+def moda_tma_bwd(q, k, v, o, lse, do, k_depth=None, v_depth=None, scale=None, **variant):
+    """MoDA backward (module docstring): (dq, dk, dv, dkd, dvd); `variant` overrides DEFAULT_VARIANT."""
+    if set(variant) - set(DEFAULT_VARIANT):
+        raise ValueError(f"unknown variant options {sorted(set(variant) - set(DEFAULT_VARIANT))}")
+    cfg = dict(DEFAULT_VARIANT, **variant)
+    shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
+    (B, T, Hq, d), Hk, G, L = q.shape, shape.Hk, shape.G, shape.L
+    for name, x, want in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, (B, T, Hq))):
+        if not isinstance(x, torch.Tensor) or x.shape != want or (name == "lse" and x.dtype != torch.float32):
+            raise ValueError(f"{name} must be a {'float32 ' if name == 'lse' else ''}tensor of shape {tuple(want)}, "
+                             f"got {(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    gp, P, S, BL = depth_geometry(G, cfg["dq_bm"], L, cfg["depth_rows"])
+    for name in ("kv_bn", "kv_bm", "dq_bm", "dq_bn"):
+        x = cfg[name]
+        if x < 16 or x > 256 or x & (x - 1) or (name.endswith("_bm") and x % gp):
+            raise ValueError(f"{name}={x} must be a power of two in [16, 256]"
+                             + (f" and a multiple of GP={gp} (G={G})" if name.endswith("_bm") else ""))
+    q, k, v, o, do, lse = (x.contiguous() for x in (q, k, v, o, do, lse))
+    kd, vd = (k_depth.contiguous(), v_depth.contiguous()) if L else (k, v)  # dummies at L = 0
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    RP = -(-(T * gp + 256) // 128) * 128  # row pitch of the folded buffers: covers every row step
+    lse2, delta = (torch.empty((B * Hk, RP), device=q.device, dtype=torch.float32) for _ in range(2))
+    _launch(_rows_kernel, (B * Hk, RP // 128), o, do, lse, lse2, delta, lse2, scale, T, G, Hk, RP, GP=gp, BLK=128,
+            D=d, POST=False)
+    use_desc, atomic = bool(cfg["use_desc"]), bool(cfg["atomic"])
+    if use_desc and not INTERP:  # device-side descriptors need a scratch allocator
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if L else (None, None)
+    prec = "upcast" if INTERP else ("ieee" if q.dtype == torch.float32 else "tf32")
+    dqa = torch.empty((B * Hk * d, RP) if atomic else (1, 16), device=q.device, dtype=torch.float32)
+    n_m = -(-T // P)
+    if not atomic or L:  # the atomic variant's depth launch writes every row of dqa (no zeroing)
+        _launch(_dq_kernel, (B * Hk, n_m), q, k, v, kd, vd, do, lse2, delta, dq, dqa, dkd if L else dk,
+                dvd if L else dv, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, RP, n_m, GP=gp, BM=cfg["dq_bm"],
+                BN=cfg["dq_bn"], D=d, S=S, BL=BL, SEQ=not atomic, DEPTH=L > 0, ACC_OUT=atomic, USE_DESC=use_desc,
+                PREC=prec, DEPTH_STAGES=cfg["depth_stages"], num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
+    else:
+        dqa.zero_()
+    _launch(_kv_kernel, (B * Hk, -(-T // cfg["kv_bn"])), q, k, v, do, lse2, delta, dk, dv, dqa, scale * LOG2E,
+            scale, B, T, G, Hk, RP, GP=gp, BM=cfg["kv_bm"], BN=cfg["kv_bn"], D=d, ATOMIC=atomic, USE_DESC=use_desc,
+            TMA_REDUCE=atomic and use_desc and not INTERP, PREC=prec, num_warps=cfg["kv_warps"],
+            num_stages=cfg["kv_stages"])
+    if atomic:
+        _launch(_rows_kernel, (B * Hk, RP // 128), dq, dq, lse, lse2, delta, dqa, scale, T, G, Hk, RP, GP=gp, BLK=128,
+                D=d, POST=True)
+    return dq, dk, dv, dkd, dvd
+
+
+# ----------------------------------------------------------------------------- checks
+GRAD_NAMES = ("dq", "dk", "dv", "dkd", "dvd")
+FULL_GRID = ([(1000, G, L, 64, torch.bfloat16) for G in (1, 2, 8, 16) for L in (0, 1, 64)]
+             + [(1000, 8, 64, 128, torch.bfloat16), (333, 3, 5, 64, torch.bfloat16),
+                (333, 8, 64, 64, torch.float32), (333, 2, 0, 64, torch.float32)])
+SHORT_GRID = [(1000, 8, 0, 64, torch.bfloat16), (1000, 8, 64, 64, torch.bfloat16), (333, 3, 5, 64, torch.bfloat16)]
+
+
+def one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:240]}"
+
+
+def rel_err(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30)) if torch.isfinite(a).all() else float("inf")
+
+
+def random_inputs(B, T, Hq, Hk, d, L, dtype, device, seed=0):
+    """q, k, v, kd, vd (None at L = 0), do: standard normal, generated on the device."""
+    g = torch.Generator(device=torch.device(device)).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g, device=device, dtype=torch.float32).to(dtype)  # noqa: E731
+    q, k, v = rnd(B, T, Hq, d), rnd(B, T, Hk, d), rnd(B, T, Hk, d)
+    kd, vd = (rnd(B, T, L, Hk, d), rnd(B, T, L, Hk, d)) if L else (None, None)
+    return q, k, v, kd, vd, rnd(B, T, Hq, d)
+
+
+def check_case(variant, B, T, G, Hk, d, L, dtype, device, seed=0, scale=None) -> dict:
+    """{gradient: ||got - ref|| / ||ref||} of moda_tma_bwd(**variant) against fp64 autograd of
+    moda_reference; o and lse (the kernel's inputs) are the reference forward's."""
+    from moda_bench.ops.moda.reference import moda_reference
+    q, k, v, kd, vd, do = random_inputs(B, T, G * Hk, Hk, d, L, dtype, device, seed)
+    ins = [x.detach().double().requires_grad_(True) for x in (q, k, v, kd, vd) if x is not None]
+    out, lse = moda_reference(*ins[:3], *(ins[3:] or (None, None)), scale=scale, return_lse=True,
+                              out_dtype=torch.float64)
+    ref = torch.autograd.grad(out, ins, do.double())
+    got = moda_tma_bwd(q, k, v, out.detach().to(dtype), lse, do, kd, vd, scale=scale, **variant)
+    return {n: rel_err(a, r) for n, a, r in zip(GRAD_NAMES, got, ref)}
+
+
+class Rows:
+    """Result rows, appended to a CSV (when given) one by one, so a crash loses nothing."""
+    FIELDS = ["section", "name", "T", "G", "Hk", "d", "L", "dtype", "status", "ms", "p20", "p80", "tflops", "x_fa4",
+              "x_current", "max_err"] + [f"err_{n}" for n in GRAD_NAMES] + ["note"]
+
+    def __init__(self, path=None):
+        self.rows, self.path = [], path
+        if path and not os.path.exists(path):
+            with open(path, "w", newline="") as fh:
+                csv.DictWriter(fh, fieldnames=self.FIELDS).writeheader()
+
+    def add(self, **kw):
+        self.rows.append({f: kw.get(f, "") for f in self.FIELDS})
+        if self.path:
+            with open(self.path, "a", newline="") as fh:
+                csv.DictWriter(fh, fieldnames=self.FIELDS).writerow(
+                    {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in self.rows[-1].items()})
+
+
+def correctness(rows: Rows, names, args, device) -> dict:
+    """FULL_GRID on the first variant (all with --full-check), SHORT_GRID (the timed shape's odd twins,
+    a padded G) on the others: {variant: timeable} (nothing wrong, no error at d = 64 bf16)."""
+    ok = {}
+    for vi, name in enumerate(names):
+        ok[name] = True
+        for (T, G, L, d, dtype) in (FULL_GRID if vi == 0 or args.full_check else SHORT_GRID):
+            var, tol, dn, t0 = dict(VARIANTS[name]), 2e-2, str(dtype)[6:], time.time()
+            if dtype == torch.float32:  # twice the bytes a tile: 2 stages; ieee products
+                var, tol = dict(var, kv_stages=2, dq_stages=2), 1e-3
+            head = f"  check {name:28s} T={T:4d} G={G:2d} L={L:2d} d={d:3d} {dn:8s}:"
+            base = dict(section="check", name=name, T=T, G=G, Hk=2, d=d, L=L, dtype=dn)
+            try:
+                errs = check_case(var, 2, T, G, 2, d, L, dtype, device, seed=T + G + L + d)
+                status = "ok" if max(errs.values()) < tol else "wrong"
+                rows.add(status=status, max_err=max(errs.values()), note=f"{time.time() - t0:.1f}s incl. compile",
+                         **base, **{f"err_{n}": e for n, e in errs.items()})
+                print(f"{head} " + " ".join(f"{n} {e:.1e}" for n, e in errs.items())
+                      + f"  {status} ({time.time() - t0:.1f}s)", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a variant's compile failure is a result
+                status = "error"
+                rows.add(status=status, note=one_line(exc), **base)
+                print(f"{head} FAILED {one_line(exc)}", flush=True)
+                if args.verbose:
+                    traceback.print_exc()
+            if status == "wrong" or (status == "error" and d == 64 and dtype == torch.bfloat16):
+                ok[name] = False
+    return ok
+
+
+# ----------------------------------------------------------------------------- timing
+def bwd_flops(B, T, Hq, d, L) -> float:
+    return 2.5 * 4.0 * B * Hq * d * (T * (T + 1) / 2 + T * L)  # 2.5 x the forward's (the FA2/FA3 convention)
+
+
+def _autograd_bwd(fwd, ins, do):
+    """A closure running only the backward of out = fwd(*ins) (graph retained)."""
+    ins = [x.detach().requires_grad_(True) for x in ins]
+    out = fwd(*ins)
+    return lambda: torch.autograd.grad(out, ins, do, retain_graph=True)
+
+
+def _fa4(q, k, v, do):
+    from moda_bench.ops.moda.fa4 import fa4_unavailable
+    if fa4_unavailable() is not None:
+        raise RuntimeError(f"skipped: {fa4_unavailable()}")
+    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+    o4, lse4 = _flash_attn_fwd(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=True, return_lse=True)[:2]
+    return lambda: _flash_attn_bwd(q, k, v, o4, do, lse4, softmax_scale=q.shape[-1] ** -0.5, causal=True)
+
+
+def _sdpa(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
+
+
+def timing(rows: Rows, names, ok: dict, args, device):
+    """Backward alone, bf16, B=1, Hk=8 at each (T, L): FA4 and SDPA flash (L = 0), the package
+    kernel (autograd backward, default config), each variant that passed its checks (do_bench:
+    median of CUDA-event timed calls after warm-up; the note has its kernels' regs/spills/smem)."""
+    from triton.testing import do_bench
+
+    from moda_bench.ops.moda import moda_attention
+    G, Hk, d, fa4_ms = args.G, 8, args.d, {}
+    for T in args.T:
+        for L in args.L:
+            q, k, v, kd, vd, do = random_inputs(1, T, G * Hk, Hk, d, L, torch.bfloat16, device, seed=T + L)
+            ins = [x for x in (q, k, v, kd, vd) if x is not None]
+            try:
+                o, lse, onote = *moda_attention(*ins, return_lse=True), ""
+            except Exception as exc:  # noqa: BLE001 - stand-ins (o random, lse ~ log(t + 1 + L)) keep it meaningful
+                o, onote = torch.randn_like(q), f"o, lse stand-ins ({one_line(exc)})"
+                lse = torch.log(torch.arange(1, T + 1, device=device) + L + 0.5)[None, :, None].expand(1, T, G * Hk)
+            print(f"\nT={T} G={G} Hk={Hk} d={d} L={L} bf16, backward alone (median of CUDA events):", flush=True)
+            provs = [("fa4", lambda: _fa4(q, k, v, do)), ("sdpa-flash (FA2)", lambda: _autograd_bwd(
+                _sdpa, (q, k, v), do))] if L == 0 else []
+            provs.append(("current moda_attention", lambda: _autograd_bwd(moda_attention, ins, do)))
+            provs += [(n, (lambda n=n: lambda: lambda: moda_tma_bwd(q, k, v, o, lse, do, kd, vd, **VARIANTS[n]))())
+                      for n in names if ok.get(n)]
+            cur_ms, base = None, dict(section="time", T=T, G=G, Hk=Hk, d=d, L=L, dtype="bfloat16")
+            for name, setup in provs:
+                t_start = time.time()
+                STATS.clear()
+                try:
+                    med, p20, p80 = do_bench(setup(), warmup=25, rep=100, quantiles=[.5, .2, .8])
+                except Exception as exc:  # noqa: BLE001
+                    skip = str(exc).startswith("skipped")
+                    rows.add(name=name, status="skipped" if skip else "error", note=one_line(exc), **base)
+                    print(f"  {name:30s} {'' if skip else 'FAILED '}{one_line(exc)}", flush=True)
+                    if args.verbose and not skip:
+                        traceback.print_exc()
+                    continue
+                fa4_ms[T] = med if name == "fa4" else fa4_ms.get(T)
+                cur_ms = med if name.startswith("current") else cur_ms
+                tf = bwd_flops(1, T, G * Hk, d, L) / (med * 1e-3) / 1e12
+                xf, xc = med / (fa4_ms.get(T) or float("nan")), med / (cur_ms or float("nan"))
+                res = " ".join(f"{kn.strip('_').replace('_kernel', '')} {st}" for kn, st in STATS.items()
+                               if kn in ("_kv_kernel", "_dq_kernel"))
+                rows.add(name=name, status="ok", ms=med, p20=p20, p80=p80, tflops=tf, x_fa4=xf, x_current=xc,
+                         note=f"{time.time() - t_start:.1f}s incl. compile; {res} {onote}".strip(), **base)
+                print(f"  {name:30s} {med:8.3f} ms ({p20:.3f}-{p80:.3f}) {tf:6.1f} TFLOP/s  x{xf:5.3f} FA4(L=0) "
+                      f" x{xc:5.3f} current  {res}", flush=True)
+            del q, k, v, kd, vd, do, o, lse, ins, provs
+            torch.cuda.empty_cache()
+
+
+def verdict(rows: Rows, t_all: float) -> str:
+    parts = []
+    for L in sorted({r["L"] for r in rows.rows if r["section"] == "time"}):
+        ours = [r for r in rows.rows if r["section"] == "time" and r["status"] == "ok" and r["T"] == 16384
+                and r["L"] == L and r["name"] in VARIANTS]
+        if ours:
+            b = min(ours, key=lambda r: r["ms"])
+            parts.append(f"L={L} best {b['name']} {b['ms']:.3f} ms {b['tflops']:.0f} TFLOP/s x{b['x_fa4']:.3f} FA4 "
+                         f"x{b['x_current']:.3f} current"
+                         + (f" (target 400: {'met' if b['tflops'] >= 400 else 'not met'})" if L == 0 else ""))
+    return (f"BWD TMA: ran at T=16384, {'; '.join(parts)}" if parts else "BWD TMA: no variant timed at T=16384") \
+        + f" ({time.time() - t_all:.0f} s in all)"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--T", default="16384,4096,32768", help="timing sequence lengths (B=1, Hk=8)")
+    ap.add_argument("--L", default="0,64", help="timing depth lengths")
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--variants", default="all", help=f"'all' or a comma list of {','.join(VARIANTS)}")
+    ap.add_argument("--quick", action="store_true", help=f"T=16384 only, variants {','.join(QUICK)}")
+    ap.add_argument("--full-check", action="store_true", help="the full grid on every variant")
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="full tracebacks")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.T, args.variants = "16384", ",".join(QUICK)
+    names = list(VARIANTS) if args.variants == "all" else [n for n in args.variants.split(",") if n]
+    if any(n not in VARIANTS for n in names):
+        print(f"BWD TMA: not run: unknown variants {[n for n in names if n not in VARIANTS]}; known: {list(VARIANTS)}")
+        return 0
+    args.T, args.L = ([int(x) for x in a.split(",") if x] for a in (args.T, args.L))
+    if not torch.cuda.is_available():
+        print("BWD TMA: not run: no CUDA device (the CPU interpreter path is tested by tests/test_bwd_tma_proto.py)")
+        return 0
+    print(f"{torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))}), "
+          f"torch {torch.__version__}, triton {triton.__version__}")
+    path = os.path.join(os.environ["OUT"], "bwd_tma.csv") if os.environ.get("OUT") else None
+    rows, t_all = Rows(path), time.time()
+    try:
+        print("correctness vs fp64 autograd of moda_reference (B=2, Hk=2; ||err||/||ref|| per gradient):")
+        ok = correctness(rows, names, args, "cuda")
+        if not args.no_time:
+            timing(rows, names, ok, args, "cuda")
+    except Exception as exc:  # noqa: BLE001 - report, never exit non-zero
+        print(f"aborted: {one_line(exc)}")
+        traceback.print_exc()
+    if path:
+        print(f"rows appended to {path}")
+    print(verdict(rows, t_all))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
