@@ -288,26 +288,35 @@ def _dq_kernel(Q, K, V, KD, VD, DO, LSE2, DELTA, DQ, DQA, DKD, DVD, qk_scale, sm
 
 # ----------------------------------------------------------------------------- launcher
 DEFAULT_VARIANT = dict(kv_bn=128, kv_bm=64, kv_warps=8, kv_stages=3, dq_bm=128, dq_bn=64, dq_warps=8, dq_stages=3,
-                       use_desc=True, atomic=False, depth_stages=2, depth_rows=256)
+                       use_desc=True, atomic=False, depth_stages=2, depth_rows=256, kv_maxnreg=None, dq_maxnreg=None)
 _W4 = dict(kv_bn=64, kv_bm=64, kv_warps=4)  # 4-warp kv tiles: 2 CTAs per SM
 _DQ4 = dict(dq_bm=64, dq_warps=4, depth_rows=128)  # 4-warp dq tiles: 3 CTAs per SM at L = 0
 VARIANTS = {
-    "kv128x64w8-dq128x64w8": {},
+    "kv128x64w8-dq128x64w8": {},  # first H100 run (T=16K): dropped kv128x128s2, dq128x128s2, dst3, p-at
     "kv64x64w4-dq128x64w8": dict(_W4),
     "kv64x64w4-dq64x64w4": dict(_W4, **_DQ4),
     "kv128x64w8-dq64x64w4": dict(_DQ4),
     "kv64x128w4-dq128x64w8": dict(kv_bn=64, kv_bm=128, kv_warps=4),
-    "kv128x128w8s2-dq128x64w8": dict(kv_bm=128, kv_stages=2),
-    "kv128x64w8-dq128x128w8s2": dict(dq_bn=128, dq_stages=2),
-    "kv128x64w8-dq128x64w8-dst3": dict(depth_stages=3),
     "at-kv128x64w8": dict(atomic=True),
     "at-kv64x64w4": dict(_W4, atomic=True, **_DQ4),
-    "at-kv128x128w8s2": dict(atomic=True, kv_bm=128, kv_stages=2),
     "p-kv128x64w8-dq128x64w8": dict(use_desc=False),
-    "p-at-kv128x64w8": dict(use_desc=False, atomic=True),
+    # around the first GPU run's best (kv64x64w4-dq64x64w4: 2+ CTAs an SM in both passes)
+    "kv64x64w4s2-dq64x64w4s2": dict(_W4, kv_stages=2, dq_stages=2, **_DQ4),
+    "kv64x64w4s4-dq64x64w4s4": dict(_W4, kv_stages=4, dq_stages=4, **_DQ4),
+    "kv64x32w4-dq64x64w4": dict(_W4, kv_bm=32, **_DQ4),
+    "kv32x64w4-dq64x64w4": dict(_W4, kv_bn=32, **_DQ4),
+    "kv64x64w4-dq64x32w4": dict(_W4, dq_bn=32, **_DQ4),
+    "kv64x64w4-dq64x128w4": dict(_W4, dq_bn=128, **_DQ4),
+    "kv64x64w4-dq32x64w4": dict(_W4, dq_bm=32, dq_warps=4, depth_rows=128),
+    "kv64x64w4-dq64x64w4-dr64": dict(_W4, **dict(_DQ4, depth_rows=64)),
+    "kv64x64w4-dq64x64w4-dr256": dict(_W4, **dict(_DQ4, depth_rows=256)),
+    "kv64x64w4-dq64x64w4-dst3": dict(_W4, depth_stages=3, **_DQ4),
+    "kv64x64w4r168-dq64x64w4": dict(_W4, kv_maxnreg=168, **_DQ4),  # 3 CTAs an SM by registers
+    "kv64x64w4r168-dq64x64w4r168": dict(_W4, kv_maxnreg=168, dq_maxnreg=168, **_DQ4),
 }
 QUICK = ["kv128x64w8-dq128x64w8", "kv64x64w4-dq64x64w4", "at-kv128x64w8", "at-kv64x64w4", "p-kv128x64w8-dq128x64w8"]
 STATS: dict = {}  # kernel name -> "regs/spills/smem" of its latest launch (GPU only)
+PASS_EVENTS: list | None = None  # set to a list: each launch appends (kernel name, start event, end event)
 
 
 def depth_geometry(G: int, bm: int, L: int, depth_rows: int = 256):
@@ -319,8 +328,16 @@ def depth_geometry(G: int, bm: int, L: int, depth_rows: int = 256):
     return gp, P, S, max(-(-16 // S), min(64, 1 << max(0, L - 1).bit_length(), max(1, depth_rows // P)))
 
 
-def _launch(kernel, grid, *args, **meta):
+def _launch(kernel, grid, *args, maxnreg=None, **meta):
+    if maxnreg and not INTERP:
+        meta["maxnreg"] = maxnreg
+    if PASS_EVENTS is not None:
+        ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        ev[0].record()
     ck = kernel[grid](*args, **meta)
+    if PASS_EVENTS is not None:
+        ev[1].record()
+        PASS_EVENTS.append((kernel.__name__.strip("_").replace("_kernel", ""), *ev))
     if not INTERP:  # the compiled kernel's resources, for the timing rows
         STATS[kernel.__name__] = f"{getattr(ck, 'n_regs', '?')}r/{getattr(ck, 'n_spills', '?')}sp/" \
             f"{getattr(getattr(ck, 'metadata', None), 'shared', 0) // 1024}KB"
@@ -362,13 +379,14 @@ def moda_tma_bwd(q, k, v, o, lse, do, k_depth=None, v_depth=None, scale=None, **
         _launch(_dq_kernel, (B * Hk, n_m), q, k, v, kd, vd, do, lse2, delta, dq, dqa, dkd if L else dk,
                 dvd if L else dv, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, RP, n_m, GP=gp, BM=cfg["dq_bm"],
                 BN=cfg["dq_bn"], D=d, S=S, BL=BL, SEQ=not atomic, DEPTH=L > 0, ACC_OUT=atomic, USE_DESC=use_desc,
-                PREC=prec, DEPTH_STAGES=cfg["depth_stages"], num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"])
+                PREC=prec, DEPTH_STAGES=cfg["depth_stages"], num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"],
+                maxnreg=cfg["dq_maxnreg"])
     else:
         dqa.zero_()
     _launch(_kv_kernel, (B * Hk, -(-T // cfg["kv_bn"])), q, k, v, do, lse2, delta, dk, dv, dqa, scale * LOG2E,
             scale, B, T, G, Hk, RP, GP=gp, BM=cfg["kv_bm"], BN=cfg["kv_bn"], D=d, ATOMIC=atomic, USE_DESC=use_desc,
             TMA_REDUCE=atomic and use_desc and not INTERP, PREC=prec, num_warps=cfg["kv_warps"],
-            num_stages=cfg["kv_stages"])
+            num_stages=cfg["kv_stages"], maxnreg=cfg["kv_maxnreg"])
     if atomic:
         _launch(_rows_kernel, (B * Hk, RP // 128), dq, dq, lse, lse2, delta, dqa, scale, T, G, Hk, RP, GP=gp, BLK=128,
                 D=d, POST=True)
@@ -491,6 +509,20 @@ def _sdpa(q, k, v):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
 
 
+def pass_split(variant, *ins, reps=5) -> str:
+    """Each launch's median CUDA-event time over `reps` calls: "rows 0.05 dq 6.1 kv 8.9 ms"."""
+    global PASS_EVENTS
+    per = {}
+    for _ in range(reps):
+        PASS_EVENTS = []
+        moda_tma_bwd(*ins, **variant)
+        torch.cuda.synchronize()
+        for i, (n, a, b) in enumerate(PASS_EVENTS):
+            per.setdefault(f"{n}{i}" if n == "rows" else n, []).append(a.elapsed_time(b))
+    PASS_EVENTS = None
+    return " ".join(f"{n.rstrip('0123456789')} {sorted(ms)[len(ms) // 2]:.3f}" for n, ms in per.items()) + " ms"
+
+
 def timing(rows: Rows, names, ok: dict, args, device):
     """Backward alone, bf16, B=1, Hk=8 at each (T, L): FA4 and SDPA flash (L = 0), the package
     kernel (autograd backward, default config), each variant that passed its checks (do_bench:
@@ -527,12 +559,13 @@ def timing(rows: Rows, names, ok: dict, args, device):
                     if args.verbose and not skip:
                         traceback.print_exc()
                     continue
+                res = (pass_split(VARIANTS[name], q, k, v, o, lse, do, kd, vd) + "; ") if name in VARIANTS else ""
                 fa4_ms[T] = med if name == "fa4" else fa4_ms.get(T)
                 cur_ms = med if name.startswith("current") else cur_ms
                 tf = bwd_flops(1, T, G * Hk, d, L) / (med * 1e-3) / 1e12
                 xf, xc = med / (fa4_ms.get(T) or float("nan")), med / (cur_ms or float("nan"))
-                res = " ".join(f"{kn.strip('_').replace('_kernel', '')} {st}" for kn, st in STATS.items()
-                               if kn in ("_kv_kernel", "_dq_kernel"))
+                res += " ".join(f"{kn.strip('_').replace('_kernel', '')} {st}" for kn, st in STATS.items()
+                                if kn in ("_kv_kernel", "_dq_kernel"))
                 rows.add(name=name, status="ok", ms=med, p20=p20, p80=p80, tflops=tf, x_fa4=xf, x_current=xc,
                          note=f"{time.time() - t_start:.1f}s incl. compile; {res} {onote}".strip(), **base)
                 print(f"  {name:30s} {med:8.3f} ms ({p20:.3f}-{p80:.3f}) {tf:6.1f} TFLOP/s  x{xf:5.3f} FA4(L=0) "
@@ -565,6 +598,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"T=16384 only, variants {','.join(QUICK)}")
     ap.add_argument("--full-check", action="store_true", help="the full grid on every variant")
     ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--no-check", action="store_true", help="time without the checks (an earlier run made them)")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks")
     args = ap.parse_args(argv)
     if args.quick:
@@ -583,7 +617,7 @@ def main(argv=None) -> int:
     rows, t_all = Rows(path), time.time()
     try:
         print("correctness vs fp64 autograd of moda_reference (B=2, Hk=2; ||err||/||ref|| per gradient):")
-        ok = correctness(rows, names, args, "cuda")
+        ok = {n: True for n in names} if args.no_check else correctness(rows, names, args, "cuda")
         if not args.no_time:
             timing(rows, names, ok, args, "cuda")
     except Exception as exc:  # noqa: BLE001 - report, never exit non-zero
