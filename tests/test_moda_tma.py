@@ -101,9 +101,9 @@ def test_tma_config_check():
     with pytest.raises(ValueError, match="block_l"):  # 24 columns: not S x a power of two
         moda_attention(*random_inputs(1, 8, 16, 2, 32, 2, torch.float32)[:5],
                        config=_tma(block_m=32, block_l=24))
-    with pytest.raises(ValueError, match="bwd_depth='tma'"):  # the backward has no such placement
+    with pytest.raises(ValueError, match="fwd_depth='nope'"):
         moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5],
-                       config=MoDAConfig(bwd_depth="tma"))
+                       config=MoDAConfig(fwd_depth="nope"))
 
 
 def test_tma_default_choice(monkeypatch):

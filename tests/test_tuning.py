@@ -131,12 +131,13 @@ def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
 
 
 def test_depth_groups_cover_every_placement_and_keep_unused_fields():
-    from moda_bench.ops.moda.config import DEPTH_MODES, FWD_DEPTH_MODES
+    from moda_bench.ops.moda.config import BWD_DEPTH_MODES, FWD_DEPTH_MODES
     sh = shape(T=4096, G=2, L=64)
     base = default_config(sh)
     for kernel, unused in (("fwd_depth", tu.UNUSED_BY_PLACEMENT["fwd_depth"]),
                            ("bwd_depth", tu.UNUSED_BY_PLACEMENT["bwd_depth"])):
-        modes = FWD_DEPTH_MODES if kernel == "fwd_depth" else DEPTH_MODES  # the forward adds "tma"
+        modes = FWD_DEPTH_MODES if kernel == "fwd_depth" else BWD_DEPTH_MODES  # both add "tma"
+        assert "tma" in modes
         place = tu.KERNEL_FIELDS[kernel][0]
         space = tu.search_space(sh, kernel, base)
         assert {getattr(c, place) for c in space} == set(modes)
@@ -635,3 +636,16 @@ def test_default_placement_is_fused_for_short_sequences_only():
     # only the placement differs; both are valid kernel configs
     assert short == long_.replace(fwd_depth="fused", bwd_depth="fused")
     assert tu.config_problems(short, 8) == [] and tu.config_problems(long_, 8) == []
+
+
+def test_tma_backward_tile_groups_try_the_register_cap():
+    from moda_bench.tuning import space as space_mod
+    """With a "tma" backward base the bwd_q / bwd_kv groups also try maxnreg 0 and 168; with a
+    pointer backward they keep the base's value (the pointer kernels do not read it)."""
+    sh = shape(T=4096, G=8, L=64)
+    tma = default_config(sh).replace(bwd_depth="tma", bwd_block_l=32)
+    for kernel, field in (("bwd_q", "bwd_q_maxnreg"), ("bwd_kv", "bwd_kv_maxnreg")):
+        assert {getattr(c, field) for c in tu.search_space(sh, kernel, tma)} == set(space_mod.MAXNREG)
+        assert {getattr(c, field) for c in tu.search_space(sh, kernel, default_config(sh))} == {0}
+    assert tu.config_problems(tma.replace(bwd_kv_maxnreg=168), 8) == []
+    assert tu.config_problems(tma.replace(bwd_kv_maxnreg=-1), 8)

@@ -32,6 +32,8 @@
 #   decode-tma  the decode kernel's tensor-descriptor (TMA) loads: GPU tests, then a tile grid with
 #               and without them at B=1/T=32K, 8x2K, 32x8K, 128x2K (tools/decode_probe.py)
 #   tune-fa4    moda-fa4's depth launches (needs FA4): T = 4096 and 16384, G = 2, L = 256, same cache
+#   bwd-tma     the folded "tma" backward: GPU tests of the MoDA kernel, then tools/kernel_probe.py
+#               (fwd+bwd, the default against the pointer backward it replaced and its knobs)
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -110,6 +112,13 @@ for s in "$@"; do
            stage tune-fa4-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 256 --out "$R/tune_fa4_L.csv"
            stage tune-fa4-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
            cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+    bwd-tma) stage bwd-tma-tests timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_moda_bwd_tma.py tests/test_moda.py tests/test_moda_tma.py tests/test_depth_grad.py -k "not fa4"
+           R=$RESULTS/$GPU/bwd-tma-probe; mkdir -p "$R"; KP="timeout 150 python3 tools/kernel_probe.py --passes fwdbwd"
+           stage bwd-tma-probe bash -c "$KP --T 4096,16384 --G 8 --L 64 --variants default,oldbwd,q0,kv0,qn128,bbl64,bds3 --l0-variants default,oldbwd --out $R/g8.csv;
+             $KP --T 16384 --G 2 --L 64 --variants default,oldbwd,q0,qn128,bbl64 --l0-variants none --out $R/g2.csv;
+             $KP --T 16384 --G 8 --L 256 --variants default,oldbwd,q0,qn128,bbl64 --l0-variants none --out $R/l256.csv;
+             $KP --T 1024,2048 --G 8 --L 64 --variants default,oldbwd --l0-variants default,oldbwd --out $R/short.csv;
+             $KP --T 16384 --G 32 --L 64 --variants default,oldbwd --l0-variants none --out $R/g32.csv" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac

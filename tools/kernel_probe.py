@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from moda_bench.ops.moda import MoDAConfig, moda_attention
 from moda_bench.ops.moda.validate import MoDAShape
-from moda_bench.ops.moda.config import default_config
+from moda_bench.ops.moda.config import FUSED_DEPTH_MAX_T, default_config, pointer_block_l
 from moda_bench.timing import make_inputs, make_pass_fn, measure, grad_inputs
 
 VARIANTS = {
@@ -67,6 +67,15 @@ VARIANTS = {
     "btma-both": dict(bwd_tma=True, bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=3,
                       bwd_q_block_m=128, bwd_q_block_n=64, bwd_q_warps=8, bwd_q_stages=3),
     "kv128s2": dict(bwd_kv_block_m=64, bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_stages=2),
+    # the folded "tma" backward (kernel_bwd_tma, the Hopper default): "oldbwd" is the pointer
+    # backward the default ran before it (fused up to T = 2048, else stream; set per T below)
+    "oldbwd": dict(bwd_q_maxnreg=0, bwd_kv_maxnreg=0),
+    "q0": dict(bwd_q_maxnreg=0),
+    "kv0": dict(bwd_kv_maxnreg=0),
+    "qn128": dict(bwd_q_block_n=128, bwd_q_maxnreg=0),
+    "bbl64": dict(bwd_block_l=64),
+    "bds3": dict(bwd_depth_stages=3),
+    "kvn128w8": dict(bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_maxnreg=0),
 }
 
 
@@ -103,6 +112,9 @@ def main():
             for vname in a.variants.split(","):
                 kw = dict(VARIANTS[vname])
                 cfg = default_config(shape).replace(**kw) if kw else default_config(shape)
+                if vname == "oldbwd":
+                    cfg = cfg.replace(bwd_depth="fused" if T <= FUSED_DEPTH_MAX_T else "stream",
+                                      bwd_block_l=pointer_block_l(L))
                 if kw.get("depth_sub") == -1:
                     cfg = cfg.replace(depth_sub=cfg.block_m // 8, bwd_q_block_m=cfg.block_m)
                 provs.append((f"moda[{vname}]", (lambda c: lambda: moda_attention(ins["q"], ins["k"], ins["v"],

@@ -7,16 +7,19 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           and, for the depth-only launch of split/stream, depth_block_m x depth_warps (x
           depth_after, the launch order of "stream"); timed on the forward pass. Skipped
           when L = 0;
-  bwd_depth the same for the backward's depth part: bwd_depth x bwd_depth_block_m x
+  bwd_depth the same for the backward's depth part (bwd_depth: the four, and tma, the folded-row
+          passes of kernel_bwd_tma): bwd_depth x bwd_depth_block_m x
           bwd_depth_warps x bwd_block_l x bwd_depth_stages x bwd_depth_after (fields a
           placement does not use stay at the base's values); timed on the backward pass.
           Skipped when L = 0;
   fwd     block_m (chunk C, rows) x block_n x num_warps x num_stages x depth_sub x block_l,
           timed on the forward pass (no grad), backward fields at their defaults;
-  bwd_q   dq / depth-grad pass: bwd_q_block_m x bwd_q_block_n x bwd_q_warps x bwd_q_stages,
-          timed on the backward pass with the forward winner fixed;
-  bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages,
-          timed on the backward pass with the fwd and bwd_q winners fixed.
+  bwd_q   dq / depth-grad pass: bwd_q_block_m x bwd_q_block_n x bwd_q_warps x bwd_q_stages
+          (x bwd_q_maxnreg 0 / 168 when the base's backward is "tma"), timed on the backward
+          pass with the forward winner fixed;
+  bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
+          bwd_kv_maxnreg likewise), timed on the backward pass with the fwd and bwd_q winners
+          fixed.
 The two depth groups start with one candidate per placement (the base's other fields), since
 the placement decides most of what the depth part costs; the tile groups start with a seeded
 random sample (`candidate_configs`).
@@ -37,8 +40,8 @@ from typing import Iterable, Optional
 
 
 from moda_bench.ops.launch import next_pow2
-from moda_bench.ops.moda.config import (DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub, check_config,
-                                        dtype_name, group_pad)
+from moda_bench.ops.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
+                                        check_config, dtype_name, group_pad)
 from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -56,12 +59,14 @@ STAGES = (1, 2, 3, 4)
 DEPTH_BLOCKS = (16, 32, 64)
 DEPTH_WARPS = (2, 4, 8)  # the depth-only launches are memory-bound: fewer warps can pay
 BWD_DEPTH_STAGES = (1, 2)
+MAXNREG = (0, 168)  # registers per thread of a "tma" backward pass (0: the compiler's choice)
+ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg")  # integer fields where 0 means "auto"
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {
     "fwd": ("block_m", "block_n", "num_warps", "num_stages", "depth_sub", "block_l"),
-    "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages"),
-    "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages"),
+    "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages", "bwd_q_maxnreg"),
+    "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages", "bwd_kv_maxnreg"),
     # depth groups: placement first, then the fields of the depth-only launch
     "fwd_depth": ("fwd_depth", "depth_block_m", "depth_warps", "depth_after"),
     "bwd_depth": ("bwd_depth", "bwd_depth_block_m", "bwd_depth_warps", "bwd_block_l", "bwd_depth_stages",
@@ -73,7 +78,8 @@ UNUSED_BY_PLACEMENT = {
                   "overlap": ("depth_block_m", "depth_warps", "depth_after"),
                   "tma": ("depth_block_m", "depth_warps", "depth_after")},
     "bwd_depth": {"split": ("bwd_depth_after",), "fused": ("bwd_depth_block_m", "bwd_depth_warps", "bwd_depth_after"),
-                  "overlap": ("bwd_depth_warps", "bwd_depth_after")},
+                  "overlap": ("bwd_depth_warps", "bwd_depth_after"),
+                  "tma": ("bwd_depth_block_m", "bwd_depth_warps", "bwd_depth_after")},
 }
 
 
@@ -169,7 +175,7 @@ def config_problems(cfg: MoDAConfig, G: int) -> list[str]:
     """
     bad = [f"{f.name}={getattr(cfg, f.name)!r} is not a positive integer" for f in fields(cfg)
            if f.type in (int, "int")
-           and (type(getattr(cfg, f.name)) is not int or getattr(cfg, f.name) < (0 if f.name == "depth_sub" else 1))]
+           and (type(getattr(cfg, f.name)) is not int or getattr(cfg, f.name) < (0 if f.name in ZERO_OK else 1))]
     bad += [f"{f.name}={getattr(cfg, f.name)!r} is not a bool" for f in fields(cfg)
             if f.type in (bool, "bool") and type(getattr(cfg, f.name)) is not bool]
     bad += [f"{name}={getattr(cfg, name)} is not 1..16 warps" for name in ("num_warps", "bwd_q_warps", "bwd_kv_warps",
@@ -252,7 +258,7 @@ def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list
     if kernel == "bwd_depth":
         values.update(bwd_block_l=DEPTH_BLOCKS, bwd_depth_stages=BWD_DEPTH_STAGES)
     out = []
-    for mode in (FWD_DEPTH_MODES if kernel == "fwd_depth" else DEPTH_MODES):
+    for mode in (FWD_DEPTH_MODES if kernel == "fwd_depth" else BWD_DEPTH_MODES):
         unused = UNUSED_BY_PLACEMENT[kernel].get(mode, ())
         axes = [(n, (getattr(base, n),) if n in unused else values[n]) for n in names[1:]]
         for combo in itertools.product(*(v for _, v in axes)):
@@ -293,7 +299,8 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
                                            bwd_q_block_m=max(base.bwd_q_block_m, m)))
     elif kernel in ("bwd_q", "bwd_kv"):
         names = KERNEL_FIELDS[kernel]
-        for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES):
+        regs = MAXNREG if base.bwd_depth == "tma" else (getattr(base, names[4]),)
+        for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs):
             out.append(base.replace(**dict(zip(names, vals))))
     else:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

@@ -39,10 +39,12 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 
 # Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth); the order is the
-# tuner's candidate order. The forward has one more: "tma", the descriptor-load kernel
-# (`kernel_fwd_tma`), sequence and depth in one program like "fused".
+# tuner's candidate order. Each pass has one more: "tma", the descriptor-load kernels
+# (`kernel_fwd_tma`, sequence and depth in one program like "fused"; `kernel_bwd_tma`, the
+# folded-row backward with the depth part in its query-major pass).
 DEPTH_MODES = ("split", "stream", "fused", "overlap")
 FWD_DEPTH_MODES = DEPTH_MODES + ("tma",)
+BWD_DEPTH_MODES = DEPTH_MODES + ("tma",)
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,14 @@ class MoDAConfig:
               "fused" (in the q-major pass), "split" (a depth-only launch), "overlap"
               (depth-only programs in the kv-major pass's grid, so the depth bytes stream
               while dk/dv compute), "stream" (a depth-only launch on a second CUDA stream,
-              concurrent with the dk/dv pass).
+              concurrent with the dk/dv pass), "tma" (`kernel_bwd_tma`, the default on Hopper:
+              the query-major pass first, which also stores each row's lse and delta in flat
+              buffers, the depth part fused in it; then the key-major pass, heaviest key tiles
+              first; descriptor loads where usable, else pointers; at L = 0 too). It reads the
+              bwd_q_*, bwd_kv_*, bwd_block_l (depth columns a step of a sub-tile, 0 = auto) and
+              bwd_depth_stages fields.
+    bwd_q_maxnreg, bwd_kv_maxnreg  "tma" backward: registers per thread of that pass (0 = the
+              compiler's choice); 168 at 4 warps fits three programs an SM.
     depth_after, bwd_depth_after  "stream" only: launch the depth-only kernel after the
               sequence kernel instead of before it. The sequence kernel's programs then take
               their resident slots first and the small depth programs fill what is left on
@@ -116,6 +125,8 @@ class MoDAConfig:
     bwd_depth_stages: int = 2
     reverse: bool = False
     bwd_tma: bool = False
+    bwd_q_maxnreg: int = 0
+    bwd_kv_maxnreg: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,15 +197,34 @@ TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3
 # 20.4 ms with pointer loads, 23.6 ms with bwd_tma (24.4-25.0 with wider key-major tiles); the
 # gradients are bit-identical. It stays a config field for the tuner and other GPUs.
 BWD_TMA_DEFAULT = False
+# Registers per thread of the "tma" backward's passes at 4 warps by default (d <= 64; the
+# query-major pass only at L > 0). H100, T=16384, G=8, backward alone: L=0 14.8 -> 14.1 ms,
+# L=64 17.0 -> 15.4 ms with both passes at 168 (tools/bwd_tma_triton.py, results/h100/session-logs-5).
+BWD_TMA_MAXNREG = 168
 
 
-def tma_block_l(G: int, block_m: int) -> int:
-    """Depth columns per step of the descriptor forward: S positions x BL entries each, with
-    P*BL about 256 rows (P = block_m // GP positions; BL at most 64; S*BL >= 16)."""
+def tma_block_l(G: int, block_m: int, rows: int = 256) -> int:
+    """Depth columns per step of the descriptor kernels: S positions x BL entries each, with
+    P*BL about `rows` depth rows (P = block_m // GP positions; BL at most 64; S*BL >= 16). The
+    forward takes 256, the backward's query-major pass 128 (its fastest on the H100, T=16384,
+    G=8, L=64: 128 rows 17.0 ms, 64 rows 17.2, 256 rows 17.4; tools/bwd_tma_triton.py)."""
     gp = group_pad(G)
     P = max(1, block_m // gp)
     S = max(1, min(P, 16 // gp))
-    return S * max(cdiv(16, S), min(64, max(1, 256 // P)))
+    return S * max(cdiv(16, S), min(64, max(1, rows // P)))
+
+
+def bwd_tma_default(shape: MoDAShape, dtype=None) -> bool:
+    """Whether the heuristic default runs the backward as "tma" (`kernel_bwd_tma`): a Hopper-or-
+    newer current GPU with device-side tensor descriptors, 16-bit inputs, d <= 64 (what was
+    measured; H100, backward alone against the pointer passes: T=16384 G=8 L=0 14.1 vs 19.2 ms,
+    L=64 15.4 vs 19.8, L=256 19.9 vs 25.5, G=2 5.1 vs 6.1, T=4096 L=64 1.39 vs 1.71)."""
+    if shape.d > 64 or dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
+        return False
+    idx = current_device_index()
+    if idx < 0 or not hasattr(triton.language, "make_tensor_descriptor"):
+        return False
+    return _capability(idx) >= 9
 
 
 def pointer_block_l(L: int) -> int:
@@ -216,6 +246,12 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
         tbm = max(TMA_BLOCK_M, gp)
         cfg = cfg.replace(fwd_depth="tma", block_m=tbm, block_n=TMA_BLOCK_N, num_warps=TMA_WARPS,
                           num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm), bwd_tma=BWD_TMA_DEFAULT)
+    if bwd_tma_default(shape, dtype):
+        reg = BWD_TMA_MAXNREG if shape.d <= 64 else 0
+        cfg = cfg.replace(bwd_depth="tma", bwd_q_block_m=max(64, gp), bwd_q_block_n=64, bwd_q_warps=4, bwd_q_stages=3,
+                          bwd_kv_block_m=max(64, gp), bwd_kv_block_n=64, bwd_kv_warps=4, bwd_kv_stages=3,
+                          bwd_block_l=tma_block_l(shape.G, max(64, gp), rows=128), bwd_depth_stages=2,
+                          bwd_kv_maxnreg=reg, bwd_q_maxnreg=reg if shape.L else 0)
     return cfg
 
 
@@ -272,8 +308,19 @@ def _check(cfg: MoDAConfig, G: int) -> None:
             raise ValueError(f"config {name}={v} must be a power of two >= 16")
     if cfg.fwd_depth not in FWD_DEPTH_MODES:
         raise ValueError(f"config fwd_depth={cfg.fwd_depth!r} must be one of {FWD_DEPTH_MODES}")
-    if cfg.bwd_depth not in DEPTH_MODES:
-        raise ValueError(f"config bwd_depth={cfg.bwd_depth!r} must be one of {DEPTH_MODES}")
+    if cfg.bwd_depth not in BWD_DEPTH_MODES:
+        raise ValueError(f"config bwd_depth={cfg.bwd_depth!r} must be one of {BWD_DEPTH_MODES}")
+    for name in ("bwd_q_maxnreg", "bwd_kv_maxnreg"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < 0 or (v and not 24 <= v <= 255):
+            raise ValueError(f"config {name}={v} must be 0 (the compiler's choice) or 24..255 registers")
+    if cfg.bwd_depth == "tma":
+        s = auto_depth_sub(G, cfg.bwd_q_block_m)
+        bl = cfg.bwd_block_l // s
+        if cfg.bwd_block_l % s or bl & (bl - 1) or cfg.bwd_kv_block_m % gp:
+            raise ValueError(f"config bwd_block_l={cfg.bwd_block_l} must be a power-of-two multiple of the depth "
+                             f"sub-tile's {s} positions and bwd_kv_block_m={cfg.bwd_kv_block_m} a multiple of "
+                             f"GP={gp} for bwd_depth='tma' (G={G}, bwd_q_block_m={cfg.bwd_q_block_m})")
     if cfg.fwd_depth == "tma":
         s = fused_depth_sub(cfg, G, cfg.block_m)
         bl = cfg.block_l // s

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv
-from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, resolve_config
+from moda_bench.ops.moda.config import FUSED_DEPTH_MAX_T, MoDAConfig, check_config, pointer_block_l, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
@@ -267,6 +267,10 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
         dq, dk, dv = backend.bwd(q, k, v, o, do, lse_ht, scale)
         return dq, dk, dv, None, None
     depth_cfg = cfg.replace(bwd_depth="split")
+    side = cfg.bwd_depth == "stream"
+    if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels' default
+        depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L))  # (block_l, placement as before it)
+        side = shape.T > FUSED_DEPTH_MAX_T
 
     def depth():
         delta = torch.empty_like(lse_th)
@@ -277,7 +281,7 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
         return dq_d, dkd, dvd
 
     (dq, dk, dv), (dq_d, dkd, dvd) = _beside(q.device, lambda: backend.bwd(q, k, v, o, do, lse_ht, scale), depth,
-                                             cfg.bwd_depth == "stream", cfg.bwd_depth_after)
+                                             side, cfg.bwd_depth_after)
     dq.add_(dq_d)
     return dq, dk, dv, dkd, dvd
 

@@ -27,7 +27,11 @@ Design (group-aware, then batched depth tiles):
   too), the
   fused placement as its own kernel with every tile loaded through a tensor descriptor
   (`kernel_fwd_tma`).
-* Backward: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
+* Backward, "tma" (the default on Hopper; `kernel_bwd_tma`): the query-major pass first (dq, the
+  depth part, and each row's lse and delta stored in flat buffers), then the key-major pass
+  (dk, dv), heaviest key tiles first; descriptor loads where usable, else pointers; at L = 0
+  too. A caller's own delta or a depth-only launch (moda-fa4) takes the pointer passes below.
+* Backward, pointer passes: a query-major pass computes dq and a key-major pass dk, dv; delta = rowsum(o * do)
   comes from a small preprocessing kernel, or, where the query-major pass runs first (L = 0 and
   the "fused" depth placement, the default up to T = 2048), from that pass itself, which stores
   it for the key-major pass (one launch fewer where launches cost the most). The depth part
@@ -51,12 +55,13 @@ import math
 import torch
 
 from moda_bench.ops.launch import cdiv
-from moda_bench.ops.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
-                                        resolve_config)
+from moda_bench.ops.moda.config import (FUSED_DEPTH_MAX_T, MoDAConfig, check_config, depth_only_sub, fused_depth_sub,
+                                        group_pad, pointer_block_l, resolve_config)
 from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
                                             moda_bwd_q_kernel)
 from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
                                             moda_merge_kernel)
+from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
 from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma
 from moda_bench.ops.moda.triton_utils import dot_precision
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
@@ -225,6 +230,17 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
     do = do.contiguous()
+    if cfg.bwd_depth == "tma" and not depth_only and delta is None:
+        o = o.contiguous()
+        return moda_bwd_tma(do, q, k, v, kd if L > 0 else None, vd if L > 0 else None, o, lse.contiguous(), scale, G,
+                            q_block_m=cfg.bwd_q_block_m, q_block_n=cfg.bwd_q_block_n, q_warps=cfg.bwd_q_warps,
+                            q_stages=cfg.bwd_q_stages, q_maxnreg=cfg.bwd_q_maxnreg, kv_block_m=cfg.bwd_kv_block_m,
+                            kv_block_n=cfg.bwd_kv_block_n, kv_warps=cfg.bwd_kv_warps, kv_stages=cfg.bwd_kv_stages,
+                            kv_maxnreg=cfg.bwd_kv_maxnreg, block_l=cfg.bwd_block_l,
+                            depth_stages=cfg.bwd_depth_stages, use_desc=tma_usable(q, k, v, kd, vd, L)
+                            and aligned(o, do) and o.is_contiguous(), depth_grad=depth_grad)
+    if cfg.bwd_depth == "tma":  # a caller's delta or a depth-only launch: the pointer passes
+        cfg = cfg.replace(bwd_depth="fused" if T <= FUSED_DEPTH_MAX_T else "stream", bwd_block_l=pointer_block_l(L))
     n_rows = B * T * Hq
     mode = cfg.bwd_depth if L > 0 else "none"
     # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)

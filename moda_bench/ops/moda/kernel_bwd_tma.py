@@ -1,0 +1,333 @@
+"""The folded-row backward of the fused MoDA kernel (`MoDAConfig.bwd_depth = "tma"`): two passes
+over group-folded rows with per-row softmax statistics in flat buffers, every tile loaded through
+a device-side tensor descriptor (TMA on Hopper) or, where descriptors are unusable, through masked
+pointers (USE_DESC=False, the same arithmetic). Launched by `kernel.moda_bwd` (through
+`moda_bwd_tma`); `tools/bwd_tma_triton.py` times its variants (issue 21).
+
+q, o, do (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0), all
+contiguous; lse (B,T,Hq) float32, natural log. Returns (dq, dk, dv, dk_depth, dv_depth); the depth
+gradients are None at L = 0 or with depth_grad=False (detached depth: their products and stores
+are compiled out, the depth part still adds its share of dq).
+
+Design:
+* Rows: for KV head j the G query heads are folded into the row axis, r = t*GP + g (GP =
+  next_pow2(G); rows g >= G are padding). BM rows are P = BM/GP whole positions, loaded as one
+  [1, P, GP, d] box of the (B,T,Hq,d) tensor, so a K/V tile serves the G heads at once. exp2
+  with the scale folded in.
+* Query-major pass first (`_dq_kernel`, a program per (BM rows, batch*KV head), the last row
+  blocks first): it computes its rows' lse2 = lse*log2(e) (+inf on padding rows, so that their
+  probabilities are exactly 0 everywhere) and delta = rowsum(o*do) and stores them in flat
+  (B*Hk, T*GP) fp32 buffers for the key-major pass (no preprocessing launch); then dq over the
+  key tiles wholly below its first position (unmasked) and the diagonal ones; then the depth
+  part: the P positions in NB = P/S sub-tiles of S positions (R = S*GP >= 16 rows, one tensor-
+  core tile) against their own S*BL depth columns a step, a batched product, with dk_depth,
+  dv_depth of the block's positions stored by descriptor (a depth entry is read by the G rows
+  of its own position only: no atomics).
+* Key-major pass (`_kv_kernel`, a program per (BN keys, batch*KV head), grid (B*Hk, n_tiles):
+  the heaviest tiles of every head first, then the lighter ones, which balances the causal
+  triangle): K/V loaded once, BM rows a step from the tile's first position: cdiv(BN, P) masked
+  diagonal steps, then the unmasked loop. Transposed products (qk^T = k q^T, dv += p^T do,
+  dp^T = v do^T, dk += ds^T q), no register transpose of an accumulator.
+* Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's
+  choice); 168 at 4 warps lets three programs share an SM (measured on the H100: the dk/dv pass
+  at T=16384, G=8, d=64 from 9.8 to 8.7 ms, tools/bwd_tma_triton.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator
+from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _mma(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b, fp32 accumulation ("upcast": the interpreter's bf16 dot workaround, exact)."""
+    if PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
+    return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
+                                     block_shape=[1, P, GP, D])
+
+
+@triton.jit
+def _keys_desc(X, B, T, Hk, BN: tl.constexpr, D: tl.constexpr):
+    return tl.make_tensor_descriptor(X, shape=[B * T, Hk * D], strides=[Hk * D, 1], block_shape=[BN, D])
+
+
+@triton.jit
+def _depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
+    return tl.make_tensor_descriptor(X, shape=[B, T, LD, Hk * D], strides=[T.to(tl.int64) * LD * Hk * D,
+                                     LD * Hk * D, Hk * D, 1], block_shape=[1, P, BL, D])
+
+
+@triton.jit
+def _rows_ptr(b, j, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
+    """Offsets [BM, D] of folded rows r into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
+    t = r // GP
+    g = r % GP
+    ptr = ((b * T + t).to(tl.int64) * Hq + j * G + g)[:, None] * D + tl.arange(0, D)[None, :]
+    return ptr, ((t < T) & (g < G))[:, None]
+
+
+@triton.jit
+def _rows_tile(X, xdesc, b, j, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+               USE_DESC: tl.constexpr):
+    """[BM, D] tile of q or do from position t0 of (b, KV head j). Padding rows hold the next
+    head's values (descriptor) or zeros (pointers): their lse2 = +inf makes them contribute 0."""
+    if USE_DESC:
+        return tl.reshape(xdesc.load([b, t0, j * G, 0]), (BM, D))
+    else:
+        ptr, ok = _rows_ptr(b, j, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
+        return tl.load(X + ptr, mask=ok, other=0.0)
+
+
+@triton.jit
+def _keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr):
+    """[BN, D] tile of k or v from key n0 (keys past T: the next sequence's or zeros, always masked)."""
+    if USE_DESC:
+        return xdesc.load([b * T + n0, j * D])
+    else:
+        kn = n0 + tl.arange(0, BN)
+        ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
+        return tl.load(X + ptr, mask=(kn < T)[:, None], other=0.0)
+
+
+@triton.jit
+def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP, qk_scale,
+             GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr,
+             PREC: tl.constexpr):
+    """dk, dv of the key tile += the share of the BM folded rows from position t0."""
+    q = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    do = _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    r = t0 * GP + tl.arange(0, BM)
+    lse2 = tl.load(LSE2 + bh * RP + r, mask=r < RP, other=float("inf"))
+    delta = tl.load(DELTA + bh * RP + r, mask=r < RP, other=0.0)
+    pT = tl.math.exp2(_mma(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
+    if MASK:
+        pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
+    dv = _mma(pT.to(do.dtype), do, dv, PREC)
+    dsT = (pT * (_mma(v, tl.trans(do), None, PREC) - delta[None, :])).to(q.dtype)
+    dk = _mma(dsT, q, dk, PREC)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["B", "T", "G", "Hk", "RP"])
+def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk, RP,
+               GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr,
+               PREC: tl.constexpr):
+    """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN))."""
+    P: tl.constexpr = BM // GP
+    NDIAG: tl.constexpr = (BN + P - 1) // P
+    bh = tl.program_id(0)
+    n0 = tl.program_id(1) * BN
+    b = bh // Hk
+    j = bh % Hk
+    qdesc = None
+    dodesc = None
+    kdesc = None
+    vdesc = None
+    if USE_DESC:
+        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
+        kdesc = _keys_desc(K, B, T, Hk, BN, D)
+        vdesc = _keys_desc(V, B, T, Hk, BN, D)
+    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    kn = n0 + tl.arange(0, BN)
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    diag_end = tl.minimum(n0 + NDIAG * P, T)
+    for t0 in range(n0, diag_end, P):  # positions whose rows see only part of the tile
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
+                          qk_scale, GP, BM, D, True, USE_DESC, PREC)
+    for t0 in tl.range(diag_end, T, P):
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
+                          qk_scale, GP, BM, D, False, USE_DESC, PREC)
+    ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
+    tl.store(DK + ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=(kn < T)[:, None])
+    tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
+
+
+@triton.jit
+def _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
+             D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr):
+    """dq (unscaled) += the share of the BN sequence keys from n0."""
+    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    p = tl.math.exp2(_mma(q, tl.trans(k), None, PREC) * qk_scale - lse2[:, None])
+    if MASK:
+        p = tl.where((n0 + tl.arange(0, BN))[None, :] <= t[:, None], p, 0.0)
+    dp = _mma(do, tl.trans(v), None, PREC)
+    return _mma((p * (dp - delta[:, None])).to(k.dtype), k, dq, PREC)
+
+
+@triton.jit
+def _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
+                qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+                BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
+                DEPTH_GRAD: tl.constexpr):
+    """dq += the depth share of one row block; with DEPTH_GRAD, dk_depth and dv_depth of its P
+    positions are stored (nothing is written to DKD, DVD without it)."""
+    P: tl.constexpr = BM // GP
+    NB: tl.constexpr = P // S
+    R: tl.constexpr = S * GP
+    C: tl.constexpr = S * BL
+    q3 = tl.reshape(q, (NB, R, D))
+    do3 = tl.reshape(do, (NB, R, D))
+    lse3 = tl.reshape(lse2, (NB, R, 1))
+    delta3 = tl.reshape(delta, (NB, R, 1))
+    cc = tl.arange(0, C)[None, None, :]
+    same_pos = (tl.arange(0, R)[None, :, None] // GP) == (cc // BL)
+    pos = t0 + tl.arange(0, P)
+    for l0 in tl.range(0, L, BL, num_stages=DEPTH_STAGES):
+        ll = l0 + tl.arange(0, BL)
+        ptr = ((((b * T + pos).to(tl.int64) * L)[:, None, None] + ll[None, :, None]) * Hk + j) * D \
+            + tl.arange(0, D)[None, None, :]
+        ok = (pos < T)[:, None, None] & (ll < L)[None, :, None]
+        if USE_DESC:
+            kd = tl.reshape(kddesc.load([b, t0, l0, j * D]), (NB, C, D))
+            vd = tl.reshape(vddesc.load([b, t0, l0, j * D]), (NB, C, D))
+        else:
+            kd = tl.reshape(tl.load(KD + ptr, mask=ok, other=0.0), (NB, C, D))
+            vd = tl.reshape(tl.load(VD + ptr, mask=ok, other=0.0), (NB, C, D))
+        own = same_pos & ((l0 + cc % BL) < L)
+        p3 = tl.where(own, tl.math.exp2(mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale - lse3), 0.0)
+        ds3 = p3 * (mm(do3, tl.trans(vd, 0, 2, 1), PREC) - delta3)
+        dq += tl.reshape(mm(ds3.to(kd.dtype), kd, PREC), (BM, D))
+        if DEPTH_GRAD:  # batched (mma.sync) products: these operand transposes are GPU-tested
+            dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC).to(kd.dtype)
+            dkd = (mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale).to(kd.dtype)
+            if USE_DESC:
+                dkddesc.store([b, t0, l0, j * D], tl.reshape(dkd, (1, P, BL, D)))
+                dvddesc.store([b, t0, l0, j * D], tl.reshape(dvd, (1, P, BL, D)))
+            else:
+                tl.store(DKD + ptr, tl.reshape(dkd, (P, BL, D)), mask=ok)
+                tl.store(DVD + ptr, tl.reshape(dvd, (P, BL, D)), mask=ok)
+    return dq
+
+
+@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "RP", "n_m"])
+def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
+               n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+               BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr,
+               PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+    """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
+    sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
+    n_m), the last row block first."""
+    P: tl.constexpr = BM // GP
+    bh = tl.program_id(0)
+    t0 = (n_m - 1 - tl.program_id(1)) * P
+    b = bh // Hk
+    j = bh % Hk
+    qdesc = None
+    dodesc = None
+    kdesc = None
+    vdesc = None
+    kddesc = None
+    vddesc = None
+    dkddesc = None
+    dvddesc = None
+    if USE_DESC:
+        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
+        kdesc = _keys_desc(K, B, T, Hk, BN, D)
+        vdesc = _keys_desc(V, B, T, Hk, BN, D)
+        if DEPTH:
+            kddesc = _depth_desc(KD, B, T, LD, Hk, P, BL, D)
+            vddesc = _depth_desc(VD, B, T, LD, Hk, P, BL, D)
+            if DEPTH_GRAD:
+                dkddesc = _depth_desc(DKD, B, T, LD, Hk, P, BL, D)
+                dvddesc = _depth_desc(DVD, B, T, LD, Hk, P, BL, D)
+    q = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    do = _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    r = t0 * GP + tl.arange(0, BM)
+    t = r // GP
+    optr, ok = _rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+    row_ok = (t < T) & (r % GP < G)
+    lse = tl.load(LSE + ((b * T + t).to(tl.int64) * (G * Hk) + j * G + r % GP), mask=row_ok, other=0.0)
+    lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))
+    o = tl.load(O + optr, mask=ok, other=0.0).to(tl.float32)
+    delta = tl.sum(o * tl.where(ok, do.to(tl.float32), 0.0), 1)
+    tl.store(LSE2 + bh * RP + r, lse2, mask=r < RP)
+    tl.store(DELTA + bh * RP + r, delta, mask=r < RP)
+    dq = tl.zeros([BM, D], tl.float32)
+    n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
+    for n0 in tl.range(0, n_full, BN):
+        dq = _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                      False, USE_DESC, PREC)
+    for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
+        dq = _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                      True, USE_DESC, PREC)
+    if DEPTH:
+        dq = _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
+                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
+    tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
+
+
+def _meta(warps: int, stages: int, maxnreg: int) -> dict:
+    meta = dict(num_warps=warps, num_stages=stages)
+    if maxnreg and not interpreting():
+        meta["maxnreg"] = maxnreg
+    return meta
+
+
+def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
+    """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
+    block_l 0: about 128 depth rows a step), BL at most next_pow2(L) unless a 16-column tile
+    needs more."""
+    gp, P, S, bl = depth_geometry(G, block_m, 0, block_l) if block_l else \
+        depth_geometry(G, block_m, 0, S_BL_128(G, block_m))
+    return gp, P, S, max(cdiv(16, S), min(bl, next_pow2(max(L, 1))))
+
+
+def S_BL_128(G: int, block_m: int) -> int:  # noqa: N802 - the auto columns (S*BL) for ~128 depth rows a step
+    gp = next_pow2(G)
+    P = max(1, block_m // gp)
+    S = max(1, min(P, 16 // gp))
+    return S * max(cdiv(16, S), min(64, max(1, 128 // P)))
+
+
+def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
+                 q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
+                 kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
+                 use_desc: bool = True, depth_grad: bool = True):
+    """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
+    vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
+    checks shapes. Row blocks smaller than GP are widened to GP."""
+    B, T, Hq, d = q.shape
+    Hk = k.shape[2]
+    L = 0 if kd is None else kd.shape[2]
+    gp = next_pow2(G)
+    q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
+    _, P, S, bl = bwd_depth_geometry(G, q_block_m, L, block_l)
+    depth_grad = bool(depth_grad) and L > 0
+    RP = T * gp
+    lse2 = torch.empty((B * Hk, RP), device=q.device, dtype=torch.float32)
+    delta = torch.empty_like(lse2)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if depth_grad else (None, None)
+    kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
+    dkd_, dvd_ = (dkd, dvd) if depth_grad else (kd_, vd_)  # never written without depth_grad
+    if use_desc:
+        ensure_allocator()
+    prec = dot_precision(q.dtype)
+    n_m = cdiv(T, q_block_m // gp)
+    _dq_kernel[(B * Hk, n_m)](
+        q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk,
+        RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, D=d, S=S, BL=bl, DEPTH=L > 0, DEPTH_GRAD=depth_grad,
+        USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, **_meta(q_warps, q_stages, q_maxnreg))
+    _kv_kernel[(B * Hk, cdiv(T, kv_block_n))](
+        q, k, v, do, lse2, delta, dk, dv, scale * LOG2E, scale, B, T, G, Hk, RP, GP=gp, BM=kv_block_m, BN=kv_block_n,
+        D=d, USE_DESC=bool(use_desc), PREC=prec, **_meta(kv_warps, kv_stages, kv_maxnreg))
+    return dq, dk, dv, dkd, dvd

@@ -1,0 +1,179 @@
+"""`moda_attention` with the folded-row backward (`bwd_depth="tma"`, kernel_bwd_tma) against the
+fp64 reference: out, lse and all five gradients at odd T (not a multiple of any block), G in
+{1, 2, 3, 8, 16, 32} (3 and 6: a q/do box's padding rows hold the next KV head's rows), L in
+{0, 1, odd, more than one depth step}, B = 2, d 32/64, fp32 and bf16; descriptor and pointer
+loads (same answer); detached depth (no depth gradients, the other three bitwise unchanged);
+the pointer fallback where a caller passes delta or asks for the depth part alone; the default's
+choice; the config check; moda-fa4's depth launch under the new default.
+
+CPU: the Triton interpreter runs the device-side descriptors (conftest sets TRITON_INTERPRET=1).
+Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).
+"""
+import pytest
+import torch
+
+from helpers import check_against_reference, random_inputs, rel_err
+from moda_bench.ops.moda import MoDAConfig, moda_attention
+from moda_bench.ops.moda import config as config_mod
+from moda_bench.ops.moda import kernel as kernel_mod
+from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
+from moda_bench.ops.moda.validate import MoDAShape
+
+
+def _moda_lse(*args, **kw):
+    return moda_attention(*args, return_lse=True, **kw)
+
+
+def _bt(**kw):
+    """A "tma" backward with small tiles: several row blocks, key tiles, diagonal and depth steps."""
+    base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
+                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2)
+    return MoDAConfig(**dict(base, **kw))
+
+
+# (B, T, G, L, d, config)
+CASES = [
+    (2, 37, 8, 5, 32, _bt()),                                          # L=5 < BL=8: one masked depth step
+    (2, 45, 8, 19, 32, _bt()),                                         # L=19: 3 depth steps, the last masked
+    (1, 33, 1, 3, 32, _bt(bwd_block_l=32)),                            # G=1: 16 positions a sub-tile
+    (2, 29, 3, 1, 32, _bt(bwd_q_block_m=16, bwd_kv_block_m=16)),       # G=3: padding rows; L=1
+    (1, 50, 16, 0, 32, _bt()),                                         # L=0 through the folded passes
+    (2, 7, 2, 1, 32, _bt(bwd_q_block_m=16, bwd_kv_block_m=16)),        # T shorter than a block
+    (1, 40, 16, 7, 32, _bt(bwd_q_block_m=16, bwd_kv_block_m=64, bwd_kv_block_n=32)),  # widened to GP rows
+    (1, 21, 6, 9, 64, _bt(bwd_q_block_m=64, bwd_kv_block_m=16, bwd_depth_stages=1)),  # kv rows widened to GP=8
+    (1, 19, 32, 2, 32, _bt(bwd_q_block_m=32, bwd_kv_block_m=32)),      # G=32: one position a block
+    (2, 53, 2, 0, 32, _bt(bwd_kv_block_n=64, bwd_q_block_n=32, bwd_kv_maxnreg=168)),  # maxnreg: a GPU-only hint
+]
+
+
+@pytest.mark.parametrize("B,T,G,L,d,cfg", CASES, ids=[f"T{c[1]}-G{c[2]}-L{c[3]}-d{c[4]}-{i}"
+                                                      for i, c in enumerate(CASES)])
+def test_bwd_tma_gradients_fp32(B, T, G, L, d, cfg):
+    check_against_reference(_moda_lse, B, T, G * 2, 2, d, L, torch.float32, seed=T + G + L, config=cfg)
+
+
+def test_bwd_tma_bf16_default_tiles():
+    """The Hopper default's tiles (64 x 64, 4 warps, 128 depth rows a step) on bf16 inputs."""
+    cfg = MoDAConfig(bwd_depth="tma", bwd_block_l=config_mod.tma_block_l(8, 64, rows=128))
+    assert cfg.bwd_block_l == 32
+    check_against_reference(_moda_lse, 1, 77, 8, 1, 64, 6, torch.bfloat16, seed=3, config=cfg)
+
+
+def _grads(cfg, inputs, do, depth_grad=True):
+    ins = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = moda_attention(*ins, config=cfg, depth_grad=depth_grad)
+    out.backward(do)
+    return out, [x.grad for x in ins]
+
+
+def test_bwd_tma_descriptors_and_pointers_agree(monkeypatch):
+    """The descriptor kernel runs where usable; unaligned inputs or no descriptors take the
+    pointer loads of the same kernels (same arithmetic): equal to rounding."""
+    calls = []
+    real = kernel_mod.moda_bwd_tma
+    monkeypatch.setattr(kernel_mod, "moda_bwd_tma", lambda *a, **k: calls.append(k["use_desc"]) or real(*a, **k))
+    q, k, v, kd, vd, do = random_inputs(2, 31, 8, 2, 32, 3, torch.float32, seed=4)
+    cfg = _bt()
+    _, g_desc = _grads(cfg, (q, k, v, kd, vd), do)
+    monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+    _, g_ptr = _grads(cfg, (q, k, v, kd, vd), do)
+    assert calls == [True, False]
+    for a, b in zip(g_desc, g_ptr):
+        assert rel_err(a, b) < 1e-5
+
+
+def test_bwd_tma_detached_depth():
+    """depth_grad=False: no depth gradients, and dq, dk, dv bitwise those of depth_grad=True."""
+    q, k, v, kd, vd, do = random_inputs(1, 35, 8, 2, 32, 5, torch.float32, seed=9)
+    on_out, on = _grads(_bt(), (q, k, v, kd, vd), do)
+    off_out, off = _grads(_bt(), (q, k, v, kd, vd), do, depth_grad=False)
+    assert torch.equal(on_out, off_out)
+    assert off[3] is None and off[4] is None and on[3] is not None
+    for a, b in zip(on[:3], off[:3]):
+        assert torch.equal(a, b)
+
+
+def test_bwd_tma_caller_delta_takes_the_pointer_passes():
+    """moda_bwd with a caller's delta, or depth-only (moda-fa4's launch), under a "tma" config
+    runs the pointer kernels: the same gradients as the folded passes."""
+    q, k, v, kd, vd, do = random_inputs(1, 29, 4, 2, 32, 3, torch.float32, seed=2)
+    shape = MoDAShape(B=1, T=29, Hq=4, Hk=2, d=32, L=3)
+    cfg = _bt()
+    scale = 32 ** -0.5
+    o, lse = moda_fwd(q, k, v, kd, vd, scale, shape, cfg)
+    folded = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg)
+    delta = (o.float() * do.float()).sum(-1)
+    pointer = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, delta=delta)
+    for a, b in zip(folded, pointer):
+        assert rel_err(a, b) < 1e-5
+    dq_d, _, _, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_only=True, delta=delta)
+    assert rel_err(dkd, folded[3]) < 1e-5 and rel_err(dvd, folded[4]) < 1e-5
+
+
+def test_bwd_tma_config_check():
+    x = random_inputs(1, 8, 16, 2, 32, 2, torch.float32)[:5]
+    with pytest.raises(ValueError, match="bwd_block_l=24"):
+        moda_attention(*x, config=_bt(bwd_block_l=24))
+    with pytest.raises(ValueError, match="bwd_kv_maxnreg=8"):
+        moda_attention(*x, config=_bt(bwd_kv_maxnreg=8))
+    with pytest.raises(ValueError, match="bwd_depth='nope'"):
+        moda_attention(*x, config=MoDAConfig(bwd_depth="nope"))
+
+
+def test_bwd_tma_default_choice(monkeypatch):
+    """The heuristic runs the backward as "tma" only where bwd_tma_default says so (Hopper,
+    d <= 64, 16-bit; any T and G), with 64 x 64 tiles at 4 warps, 168 registers in the key-major
+    pass and, at L > 0, in the query-major pass; off a GPU it keeps the pointer placements."""
+    shape = MoDAShape(B=1, T=1024, Hq=64, Hk=8, d=64, L=64)
+    assert config_mod.default_config(shape, torch.bfloat16).bwd_depth != "tma"  # no CUDA here
+    monkeypatch.setattr(config_mod, "current_device_index", lambda: 0)
+    monkeypatch.setattr(config_mod, "_capability", lambda idx: 9)
+    cfg = config_mod.default_config(shape, torch.bfloat16)
+    assert (cfg.bwd_depth, cfg.bwd_q_block_m, cfg.bwd_kv_block_m, cfg.bwd_kv_block_n, cfg.bwd_kv_warps) == \
+        ("tma", 64, 64, 64, 4)
+    assert (cfg.bwd_kv_maxnreg, cfg.bwd_q_maxnreg, cfg.bwd_block_l) == (168, 168, 32)
+    config_mod.check_config(cfg, 8)
+    l0 = config_mod.default_config(MoDAShape(B=1, T=1024, Hq=64, Hk=8, d=64, L=0), torch.bfloat16)
+    assert l0.bwd_depth == "tma" and l0.bwd_q_maxnreg == 0
+    g32 = config_mod.default_config(MoDAShape(B=1, T=4096, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)
+    assert (g32.bwd_q_block_m, g32.bwd_kv_block_m) == (64, 64)
+    config_mod.check_config(g32, 32)
+    assert not config_mod.bwd_tma_default(MoDAShape(B=1, T=64, Hq=8, Hk=1, d=128, L=4), torch.bfloat16)
+    assert not config_mod.bwd_tma_default(shape, torch.float32)
+    monkeypatch.setattr(config_mod, "_capability", lambda idx: 8)
+    assert not config_mod.bwd_tma_default(shape, torch.bfloat16)
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+@pytest.mark.parametrize("T,side", [(4096, True), (2048, False)])
+def test_moda_fa4_depth_launch_under_the_tma_backward(monkeypatch, T, side):
+    """moda-fa4 under a "tma" backward: its depth-only launch keeps the pointer kernels' block_l
+    and the placement the pointer default had (a side stream above FUSED_DEPTH_MAX_T)."""
+    from moda_bench.ops.moda import fa4 as fa4_mod
+    q, k, v, kd, vd, do = random_inputs(1, 8, 4, 2, 32, 3, torch.float32)
+    seen = {}
+
+    def fake_bwd(*a, **kw):
+        seen["cfg"] = a[10]
+        return torch.zeros_like(q), None, None, kd, vd
+
+    def fake_beside(dev, main, depth, on_side, after):
+        seen["side"] = on_side
+        return main(), depth()
+
+    class Backend:
+        @staticmethod
+        def bwd(*a):
+            return torch.zeros_like(q), k, v
+
+    monkeypatch.setattr(fa4_mod, "moda_bwd", fake_bwd)
+    monkeypatch.setattr(fa4_mod, "_beside", fake_beside)
+    monkeypatch.setattr(fa4_mod, "moda_bwd_delta_kernel", _NoLaunch())
+    shape = MoDAShape(B=1, T=T, Hq=4, Hk=2, d=32, L=3)
+    fa4_mod._backward(do, q, k, v, kd, vd, q, None, torch.zeros(1, 8, 4), 1.0, shape, _bt(), Backend)
+    assert seen["side"] is side
+    assert seen["cfg"].bwd_depth == "split" and seen["cfg"].bwd_block_l == config_mod.pointer_block_l(3)
