@@ -115,7 +115,7 @@ for s in "$@"; do
     bwd-tma) stage bwd-tma-tests timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_moda_bwd_tma.py tests/test_moda.py tests/test_moda_tma.py tests/test_depth_grad.py -k "not fa4"
            R=$RESULTS/$GPU/bwd-tma-probe; mkdir -p "$R"; KP="timeout 150 python3 tools/kernel_probe.py --passes fwdbwd"
            stage bwd-tma-probe bash -c "$KP --T 4096,16384 --G 8 --L 64 --variants default,oldbwd,q0,kv0,qn128,bbl64,bds3 --l0-variants default,oldbwd --out $R/g8.csv;
-             $KP --T 16384 --G 2 --L 64 --variants default,oldbwd,q0,qn128,bbl64 --l0-variants none --out $R/g2.csv;
+             $KP --T 4096,16384 --G 2 --L 64 --variants default,oldbwd,q0,qn128,bbl64,g2fwd --l0-variants none --out $R/g2.csv;
              $KP --T 16384 --G 8 --L 256 --variants default,oldbwd,q0,qn128,bbl64 --l0-variants none --out $R/l256.csv;
              $KP --T 1024,2048 --G 8 --L 64 --variants default,oldbwd --l0-variants default,oldbwd --out $R/short.csv;
              $KP --T 16384 --G 32 --L 64 --variants default,oldbwd --l0-variants none --out $R/g32.csv" ;;

@@ -75,6 +75,7 @@ VARIANTS = {
     "qn128": dict(bwd_q_block_n=128, bwd_q_maxnreg=0),
     "bbl64": dict(bwd_block_l=64),
     "bds3": dict(bwd_depth_stages=3),
+    "g2fwd": dict(block_m=64, block_n=64, num_warps=4, num_stages=3, block_l=64),  # the shipped H100 G=2 forward
     "kvn128w8": dict(bwd_kv_block_n=128, bwd_kv_warps=8, bwd_kv_maxnreg=0),
 }
 
