@@ -125,7 +125,8 @@ def test_bwd_tma_default_choice(monkeypatch):
     d <= 64, 16-bit; any T and G), with 64 x 64 tiles at 4 warps, 168 registers in the key-major
     pass and, at L > 0, in the query-major pass; off a GPU it keeps the pointer placements."""
     shape = MoDAShape(B=1, T=1024, Hq=64, Hk=8, d=64, L=64)
-    assert config_mod.default_config(shape, torch.bfloat16).bwd_depth != "tma"  # no CUDA here
+    monkeypatch.setattr(config_mod, "current_device_index", lambda: -1)
+    assert config_mod.default_config(shape, torch.bfloat16).bwd_depth != "tma"  # no CUDA
     monkeypatch.setattr(config_mod, "current_device_index", lambda: 0)
     monkeypatch.setattr(config_mod, "_capability", lambda idx: 9)
     cfg = config_mod.default_config(shape, torch.bfloat16)

@@ -523,6 +523,17 @@ def pass_split(variant, *ins, reps=5) -> str:
     return " ".join(f"{n.rstrip('0123456789')} {sorted(ms)[len(ms) // 2]:.3f}" for n, ms in per.items()) + " ms"
 
 
+def _package(q, k, v, o, lse, do, kd, vd, variant):
+    """The package's kernel_bwd_tma with a variant's tiles (the same launch the default makes)."""
+    from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
+    c = dict(DEFAULT_VARIANT, **variant)
+    return moda_bwd_tma(do, q, k, v, kd, vd, o, lse, q.shape[-1] ** -0.5, q.shape[2] // k.shape[2],
+                        q_block_m=c["dq_bm"], q_block_n=c["dq_bn"], q_warps=c["dq_warps"], q_stages=c["dq_stages"],
+                        q_maxnreg=c["dq_maxnreg"] or 0, kv_block_m=c["kv_bm"], kv_block_n=c["kv_bn"],
+                        kv_warps=c["kv_warps"], kv_stages=c["kv_stages"], kv_maxnreg=c["kv_maxnreg"] or 0,
+                        depth_stages=c["depth_stages"], use_desc=c["use_desc"])
+
+
 def timing(rows: Rows, names, ok: dict, args, device):
     """Backward alone, bf16, B=1, Hk=8 at each (T, L): FA4 and SDPA flash (L = 0), the package
     kernel (autograd backward, default config), each variant that passed its checks (do_bench:
@@ -544,6 +555,8 @@ def timing(rows: Rows, names, ok: dict, args, device):
             provs = [("fa4", lambda: _fa4(q, k, v, do)), ("sdpa-flash (FA2)", lambda: _autograd_bwd(
                 _sdpa, (q, k, v), do))] if L == 0 else []
             provs.append(("current moda_attention", lambda: _autograd_bwd(moda_attention, ins, do)))
+            provs += [(f"pkg {n}", (lambda n=n: lambda: lambda: _package(q, k, v, o, lse, do, kd, vd, VARIANTS[n]))())
+                      for n in args.package if ok.get(n, True)]
             provs += [(n, (lambda n=n: lambda: lambda: moda_tma_bwd(q, k, v, o, lse, do, kd, vd, **VARIANTS[n]))())
                       for n in names if ok.get(n)]
             cur_ms, base = None, dict(section="time", T=T, G=G, Hk=Hk, d=d, L=L, dtype="bfloat16")
@@ -599,6 +612,7 @@ def main(argv=None) -> int:
     ap.add_argument("--full-check", action="store_true", help="the full grid on every variant")
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--no-check", action="store_true", help="time without the checks (an earlier run made them)")
+    ap.add_argument("--package", default="", help="variants also timed through the package's kernel_bwd_tma")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks")
     args = ap.parse_args(argv)
     if args.quick:
@@ -608,6 +622,7 @@ def main(argv=None) -> int:
         print(f"BWD TMA: not run: unknown variants {[n for n in names if n not in VARIANTS]}; known: {list(VARIANTS)}")
         return 0
     args.T, args.L = ([int(x) for x in a.split(",") if x] for a in (args.T, args.L))
+    args.package = [n for n in args.package.split(",") if n in VARIANTS]
     if not torch.cuda.is_available():
         print("BWD TMA: not run: no CUDA device (the CPU interpreter path is tested by tests/test_bwd_tma_proto.py)")
         return 0

@@ -112,7 +112,8 @@ for s in "$@"; do
            stage tune-fa4-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 256 --out "$R/tune_fa4_L.csv"
            stage tune-fa4-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
            cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
-    bwd-tma) stage bwd-tma-tests timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_moda_bwd_tma.py tests/test_moda.py tests/test_moda_tma.py tests/test_depth_grad.py -k "not fa4"
+    bwd-tma) stage bwd-tma-tests bash -c 'timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_moda_bwd_tma.py -k "not fa4";
+             timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moda.py tests/test_moda_tma.py tests/test_depth_grad.py -k "not fa4"' 
            R=$RESULTS/$GPU/bwd-tma-probe; mkdir -p "$R"; KP="timeout 150 python3 tools/kernel_probe.py --passes fwdbwd"
            stage bwd-tma-probe bash -c "$KP --T 4096,16384 --G 8 --L 64 --variants default,oldbwd,q0,kv0,qn128,bbl64,bds3 --l0-variants default,oldbwd --out $R/g8.csv;
              $KP --T 4096,16384 --G 2 --L 64 --variants default,oldbwd,q0,qn128,bbl64,g2fwd --l0-variants none --out $R/g2.csv;
