@@ -200,7 +200,8 @@ BWD_TMA_DEFAULT = False
 # Registers per thread of the "tma" backward's passes at 4 warps by default (d <= 64; the
 # query-major pass only at L > 0). H100, T=16384, G=8, backward alone: L=0 14.8 -> 14.1 ms,
 # L=64 17.0 -> 15.4 ms with both passes at 168 (tools/bwd_tma_triton.py, results/h100/session-logs-5).
-BWD_TMA_MAXNREG = 168
+# Only above T = 4096: at T = 4096 the cap cost 7-9% (L=0 1.017 -> 1.111 ms, L=64 1.453 -> 1.552).
+BWD_TMA_MAXNREG, BWD_TMA_MAXNREG_MIN_T = 168, 4096
 
 
 def tma_block_l(G: int, block_m: int, rows: int = 256) -> int:
@@ -247,7 +248,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
         cfg = cfg.replace(fwd_depth="tma", block_m=tbm, block_n=TMA_BLOCK_N, num_warps=TMA_WARPS,
                           num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm), bwd_tma=BWD_TMA_DEFAULT)
     if bwd_tma_default(shape, dtype):
-        reg = BWD_TMA_MAXNREG if shape.d <= 64 else 0
+        reg = BWD_TMA_MAXNREG if shape.d <= 64 and shape.T > BWD_TMA_MAXNREG_MIN_T else 0
         cfg = cfg.replace(bwd_depth="tma", bwd_q_block_m=max(64, gp), bwd_q_block_n=64, bwd_q_warps=4, bwd_q_stages=3,
                           bwd_kv_block_m=max(64, gp), bwd_kv_block_n=64, bwd_kv_warps=4, bwd_kv_stages=3,
                           bwd_block_l=tma_block_l(shape.G, max(64, gp), rows=128), bwd_depth_stages=2,

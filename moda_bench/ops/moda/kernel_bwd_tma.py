@@ -17,7 +17,9 @@ Design:
 * Query-major pass first (`_dq_kernel`, a program per (BM rows, batch*KV head), the last row
   blocks first): it computes its rows' lse2 = lse*log2(e) (+inf on padding rows, so that their
   probabilities are exactly 0 everywhere) and delta = rowsum(o*do) and stores them in flat
-  (B*Hk, T*GP) fp32 buffers for the key-major pass (no preprocessing launch); then dq over the
+  (B*Hk, RP) fp32 buffers for the key-major pass (no preprocessing launch; the last block also
+  fills the rows after it that the key-major pass's last steps read, so that pass loads them
+  unmasked: RP = rows of the dq blocks + kv_block_m); then dq over the
   key tiles wholly below its first position (unmasked) and the diagonal ones; then the depth
   part: the P positions in NB = P/S sub-tiles of S positions (R = S*GP >= 16 rows, one tensor-
   core tile) against their own S*BL depth columns a step, a batched product, with dk_depth,
@@ -111,8 +113,8 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, 
     q = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     do = _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
-    lse2 = tl.load(LSE2 + bh * RP + r, mask=r < RP, other=float("inf"))
-    delta = tl.load(DELTA + bh * RP + r, mask=r < RP, other=0.0)
+    lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
+    delta = tl.load(DELTA + bh * RP + r)
     pT = tl.math.exp2(_mma(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
     if MASK:
         pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
@@ -122,7 +124,7 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, 
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["B", "T", "G", "Hk", "RP"])
+@triton.jit(do_not_specialize=["B", "T", "G", "Hk"])
 def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk, RP,
                GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr,
                PREC: tl.constexpr):
@@ -217,9 +219,10 @@ def _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddes
     return dq
 
 
-@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "RP", "n_m"])
+@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m"])
 def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
-               n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+               n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
+               S: tl.constexpr,
                BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr,
                PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
@@ -259,8 +262,12 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))
     o = tl.load(O + optr, mask=ok, other=0.0).to(tl.float32)
     delta = tl.sum(o * tl.where(ok, do.to(tl.float32), 0.0), 1)
-    tl.store(LSE2 + bh * RP + r, lse2, mask=r < RP)
-    tl.store(DELTA + bh * RP + r, delta, mask=r < RP)
+    tl.store(LSE2 + bh * RP + r, lse2)
+    tl.store(DELTA + bh * RP + r, delta)
+    if tl.program_id(1) == 0:  # the last block: the TAIL rows after it, read by the key-major pass's last steps
+        rt = n_m * BM + tl.arange(0, TAIL)
+        tl.store(LSE2 + bh * RP + rt, tl.full([TAIL], float("inf"), tl.float32))
+        tl.store(DELTA + bh * RP + rt, tl.zeros([TAIL], tl.float32))
     dq = tl.zeros([BM, D], tl.float32)
     n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
     for n0 in tl.range(0, n_full, BN):
@@ -312,7 +319,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
     _, P, S, bl = bwd_depth_geometry(G, q_block_m, L, block_l)
     depth_grad = bool(depth_grad) and L > 0
-    RP = T * gp
+    n_m = cdiv(T, q_block_m // gp)
+    RP = n_m * q_block_m + kv_block_m  # a multiple of 16: the kernels know the rows' alignment
     lse2 = torch.empty((B * Hk, RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -322,11 +330,10 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     if use_desc:
         ensure_allocator()
     prec = dot_precision(q.dtype)
-    n_m = cdiv(T, q_block_m // gp)
     _dq_kernel[(B * Hk, n_m)](
         q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk,
-        RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, D=d, S=S, BL=bl, DEPTH=L > 0, DEPTH_GRAD=depth_grad,
-        USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, **_meta(q_warps, q_stages, q_maxnreg))
+        RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl, DEPTH=L > 0,
+        DEPTH_GRAD=depth_grad,        USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, **_meta(q_warps, q_stages, q_maxnreg))
     _kv_kernel[(B * Hk, cdiv(T, kv_block_n))](
         q, k, v, do, lse2, delta, dk, dv, scale * LOG2E, scale, B, T, G, Hk, RP, GP=gp, BM=kv_block_m, BN=kv_block_n,
         D=d, USE_DESC=bool(use_desc), PREC=prec, **_meta(kv_warps, kv_stages, kv_maxnreg))
