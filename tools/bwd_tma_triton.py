@@ -1,38 +1,20 @@
-"""Issue 21 prototype: a Hopper-oriented Triton backward of MoDA, tensor-descriptor (TMA) loads of
-q, k, v, do and the depth tiles. Owns its kernels, variants, correctness grid and timing (of the
-package it uses validate.check_inputs and the fp64 moda_reference); CPU tests in
-tests/test_bwd_tma_proto.py. q, o, do (B,T,Hq,d); k, v (B,T,Hk,d); depth (B,T,L,Hk,d) or None
-(then dkd = dvd = None); lse (B,T,Hq) float32, natural log:
+"""Issue 21 prototype of the folded-row Triton backward of MoDA, with its variants, correctness grid
+and timing; its design became the package's `kernel_bwd_tma` (read that docstring for the passes).
+Besides the package's form it keeps an atomic-dQ variant ("at-": dq^T = k^T ds^T reduced by TMA
+into a transposed fp32 buffer, no dQ pass; slower on the H100) and a separate row-statistics
+launch (`_rows_kernel`). CPU tests: tests/test_bwd_tma_proto.py.
 
     moda_tma_bwd(q, k, v, o, lse, do, k_depth=None, v_depth=None, scale=None, **variant) -> (dq, dk, dv, dkd, dvd)
 
-Group-aware rows: for KV head j, r = t*GP + g (GP = next_pow2(G)); BM rows = P = BM/GP positions,
-so a K/V tile serves the G heads at once; exp2, scale folded in. Passes:
-* `_rows_kernel` (own launch: the atomic variant has no dQ pass): lse2 = lse*log2(e), delta =
-  rowsum(o*do), folded, (B*Hk, RP) fp32; padding rows (g >= G, t >= T) get lse2 = +inf.
-* `_kv_kernel` dK/dV: a program per (BN keys, batch*KV head), tile 0 (heaviest) first, K/V loaded
-  once; BM rows a step from its first position to T, cdiv(BN, P) masked diagonal steps, then the
-  unmasked loop. Transposed products, no register transpose: qkT = k q^T, dv += pT do,
-  dpT = v do^T, dk += dsT q. `atomic` (5 products instead of 4 + 3): dqT = k^T dsT [d, BM] is
-  TMA-reduced (`desc.atomic_add`; pointers, interpreter: tl.atomic_add) into an fp32 buffer
-  (B*Hk*d, RP), transposed so that no tl.trans of a wgmma result is needed (Triton 3.4-3.7
-  miscompile that on Hopper); `_rows_kernel` (POST) scales it into dq.
-* `_dq_kernel` dQ: a program per (BM rows, batch*KV head), last block first, q/do loaded once;
-  unmasked key tiles, then the diagonal ones; dq += ds k. L > 0: then the depth part (the forward
-  prototype's sub-tiles: S positions, R = S*GP >= 16 rows against their own S*BL columns, BL
-  entries a step, P*BL ~ depth_rows; mma.sync products as in the package's kernel_bwd): its dq
-  share, and dk_depth, dv_depth of its positions by TMA store (an entry is read by the G rows of
-  its position only: no atomics). Atomic variant: it runs depth-only first into the fp32 buffer.
-* Boxes: q, do [1, P, GP, d] of (B,T,Hq,d); k, v [BN, d] of (B*T, Hk*d); depth [1, P, BL, d] of
-  (B,T,L,Hk*d). use_desc=False: masked pointer loads.
-Variants: kv<BN>x<BM> keys per program x rows per step, dq<BM>x<BN> rows per program x keys per
-step, w warps, s stages (3 unless named), "p-" pointers, "at-" atomic dq. The GPU run prints the
-correctness grid, backward-alone timings (each kernel's regs/spills/smem) next to FA4, SDPA
-flash (FA2) and the package kernel, and one line `BWD TMA: ...`; never exits non-zero; with OUT
-set, rows are appended to $OUT/bwd_tma.csv:
+Variants: kv<BN>x<BM> keys per program x rows per step, dq<BM>x<BN>, w warps, s stages (3 unless
+named), r<N> registers per thread, "p-" pointer loads, "at-" atomic dq. A GPU run prints the
+correctness grid (fp64 autograd of moda_reference), backward-alone timings with each pass's time
+and regs/spills/smem, next to FA4, SDPA flash, the package default and (--package) the package's
+kernel with the same tiles; one line `BWD TMA: ...`; never exits non-zero; rows go to
+$OUT/bwd_tma.csv when OUT is set:
 
     PYTHONPATH=$PWD python3 tools/bwd_tma_triton.py --quick    # T=16384, L 0/64, 5 variants, ~2 min
-    PYTHONPATH=$PWD python3 tools/bwd_tma_triton.py            # T=16384,4096,32768, all variants
+    PYTHONPATH=$PWD python3 tools/bwd_tma_triton.py --no-check --variants V --package V --T 16384,4096
 """
 from __future__ import annotations
 
@@ -295,19 +277,14 @@ VARIANTS = {
     "kv128x64w8-dq128x64w8": {},  # first H100 run (T=16K): dropped kv128x128s2, dq128x128s2, dst3, p-at
     "kv64x64w4-dq128x64w8": dict(_W4),
     "kv64x64w4-dq64x64w4": dict(_W4, **_DQ4),
-    "kv128x64w8-dq64x64w4": dict(_DQ4),
-    "kv64x128w4-dq128x64w8": dict(kv_bn=64, kv_bm=128, kv_warps=4),
     "at-kv128x64w8": dict(atomic=True),
     "at-kv64x64w4": dict(_W4, atomic=True, **_DQ4),
     "p-kv128x64w8-dq128x64w8": dict(use_desc=False),
-    # around the first GPU run's best (kv64x64w4-dq64x64w4: 2+ CTAs an SM in both passes)
-    "kv64x64w4s2-dq64x64w4s2": dict(_W4, kv_stages=2, dq_stages=2, **_DQ4),
-    "kv64x64w4s4-dq64x64w4s4": dict(_W4, kv_stages=4, dq_stages=4, **_DQ4),
+    # around the first GPU run's best (kv64x64w4-dq64x64w4: 2+ CTAs an SM in both passes); dropped after
+    # the second (all slower): kv128x64-dq64, kv64x128-dq128, 2 or 4 stages, kv32, dq32 rows
     "kv64x32w4-dq64x64w4": dict(_W4, kv_bm=32, **_DQ4),
-    "kv32x64w4-dq64x64w4": dict(_W4, kv_bn=32, **_DQ4),
     "kv64x64w4-dq64x32w4": dict(_W4, dq_bn=32, **_DQ4),
     "kv64x64w4-dq64x128w4": dict(_W4, dq_bn=128, **_DQ4),
-    "kv64x64w4-dq32x64w4": dict(_W4, dq_bm=32, dq_warps=4, depth_rows=128),
     "kv64x64w4-dq64x64w4-dr64": dict(_W4, **dict(_DQ4, depth_rows=64)),
     "kv64x64w4-dq64x64w4-dr256": dict(_W4, **dict(_DQ4, depth_rows=256)),
     "kv64x64w4-dq64x64w4-dst3": dict(_W4, depth_stages=3, **_DQ4),
@@ -486,121 +463,6 @@ def bwd_flops(B, T, Hq, d, L) -> float:
     return 2.5 * 4.0 * B * Hq * d * (T * (T + 1) / 2 + T * L)  # 2.5 x the forward's (the FA2/FA3 convention)
 
 
-def _autograd_bwd(fwd, ins, do):
-    """A closure running only the backward of out = fwd(*ins) (graph retained)."""
-    ins = [x.detach().requires_grad_(True) for x in ins]
-    out = fwd(*ins)
-    return lambda: torch.autograd.grad(out, ins, do, retain_graph=True)
-
-
-def _fa4(q, k, v, do):
-    from moda_bench.ops.moda.fa4 import fa4_unavailable
-    if fa4_unavailable() is not None:
-        raise RuntimeError(f"skipped: {fa4_unavailable()}")
-    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
-    o4, lse4 = _flash_attn_fwd(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=True, return_lse=True)[:2]
-    return lambda: _flash_attn_bwd(q, k, v, o4, do, lse4, softmax_scale=q.shape[-1] ** -0.5, causal=True)
-
-
-def _sdpa(q, k, v):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
-
-
-def pass_split(variant, *ins, reps=5) -> str:
-    """Each launch's median CUDA-event time over `reps` calls: "rows 0.05 dq 6.1 kv 8.9 ms"."""
-    global PASS_EVENTS
-    per = {}
-    for _ in range(reps):
-        PASS_EVENTS = []
-        moda_tma_bwd(*ins, **variant)
-        torch.cuda.synchronize()
-        for i, (n, a, b) in enumerate(PASS_EVENTS):
-            per.setdefault(f"{n}{i}" if n == "rows" else n, []).append(a.elapsed_time(b))
-    PASS_EVENTS = None
-    return " ".join(f"{n.rstrip('0123456789')} {sorted(ms)[len(ms) // 2]:.3f}" for n, ms in per.items()) + " ms"
-
-
-def _package(q, k, v, o, lse, do, kd, vd, variant):
-    """The package's kernel_bwd_tma with a variant's tiles (the same launch the default makes)."""
-    from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
-    c = dict(DEFAULT_VARIANT, **variant)
-    return moda_bwd_tma(do, q, k, v, kd, vd, o, lse, q.shape[-1] ** -0.5, q.shape[2] // k.shape[2],
-                        q_block_m=c["dq_bm"], q_block_n=c["dq_bn"], q_warps=c["dq_warps"], q_stages=c["dq_stages"],
-                        q_maxnreg=c["dq_maxnreg"] or 0, kv_block_m=c["kv_bm"], kv_block_n=c["kv_bn"],
-                        kv_warps=c["kv_warps"], kv_stages=c["kv_stages"], kv_maxnreg=c["kv_maxnreg"] or 0,
-                        depth_stages=c["depth_stages"], use_desc=c["use_desc"])
-
-
-def timing(rows: Rows, names, ok: dict, args, device):
-    """Backward alone, bf16, B=1, Hk=8 at each (T, L): FA4 and SDPA flash (L = 0), the package
-    kernel (autograd backward, default config), each variant that passed its checks (do_bench:
-    median of CUDA-event timed calls after warm-up; the note has its kernels' regs/spills/smem)."""
-    from triton.testing import do_bench
-
-    from moda_bench.ops.moda import moda_attention
-    G, Hk, d, fa4_ms = args.G, 8, args.d, {}
-    for T in args.T:
-        for L in args.L:
-            q, k, v, kd, vd, do = random_inputs(1, T, G * Hk, Hk, d, L, torch.bfloat16, device, seed=T + L)
-            ins = [x for x in (q, k, v, kd, vd) if x is not None]
-            try:
-                o, lse, onote = *moda_attention(*ins, return_lse=True), ""
-            except Exception as exc:  # noqa: BLE001 - stand-ins (o random, lse ~ log(t + 1 + L)) keep it meaningful
-                o, onote = torch.randn_like(q), f"o, lse stand-ins ({one_line(exc)})"
-                lse = torch.log(torch.arange(1, T + 1, device=device) + L + 0.5)[None, :, None].expand(1, T, G * Hk)
-            print(f"\nT={T} G={G} Hk={Hk} d={d} L={L} bf16, backward alone (median of CUDA events):", flush=True)
-            provs = [("fa4", lambda: _fa4(q, k, v, do)), ("sdpa-flash (FA2)", lambda: _autograd_bwd(
-                _sdpa, (q, k, v), do))] if L == 0 else []
-            provs.append(("current moda_attention", lambda: _autograd_bwd(moda_attention, ins, do)))
-            provs += [(f"pkg {n}", (lambda n=n: lambda: lambda: _package(q, k, v, o, lse, do, kd, vd, VARIANTS[n]))())
-                      for n in args.package if ok.get(n, True)]
-            provs += [(n, (lambda n=n: lambda: lambda: moda_tma_bwd(q, k, v, o, lse, do, kd, vd, **VARIANTS[n]))())
-                      for n in names if ok.get(n)]
-            cur_ms, base = None, dict(section="time", T=T, G=G, Hk=Hk, d=d, L=L, dtype="bfloat16")
-            for name, setup in provs:
-                t_start = time.time()
-                STATS.clear()
-                try:
-                    med, p20, p80 = do_bench(setup(), warmup=25, rep=100, quantiles=[.5, .2, .8])
-                except Exception as exc:  # noqa: BLE001
-                    skip = str(exc).startswith("skipped")
-                    rows.add(name=name, status="skipped" if skip else "error", note=one_line(exc), **base)
-                    print(f"  {name:30s} {'' if skip else 'FAILED '}{one_line(exc)}", flush=True)
-                    if args.verbose and not skip:
-                        traceback.print_exc()
-                    continue
-                res = (pass_split(VARIANTS[name], q, k, v, o, lse, do, kd, vd) + "; ") if name in VARIANTS else ""
-                fa4_ms[T] = med if name == "fa4" else fa4_ms.get(T)
-                cur_ms = med if name.startswith("current") else cur_ms
-                tf = bwd_flops(1, T, G * Hk, d, L) / (med * 1e-3) / 1e12
-                xf, xc = med / (fa4_ms.get(T) or float("nan")), med / (cur_ms or float("nan"))
-                res += " ".join(f"{kn.strip('_').replace('_kernel', '')} {st}" for kn, st in STATS.items()
-                                if kn in ("_kv_kernel", "_dq_kernel"))
-                rows.add(name=name, status="ok", ms=med, p20=p20, p80=p80, tflops=tf, x_fa4=xf, x_current=xc,
-                         note=f"{time.time() - t_start:.1f}s incl. compile; {res} {onote}".strip(), **base)
-                print(f"  {name:30s} {med:8.3f} ms ({p20:.3f}-{p80:.3f}) {tf:6.1f} TFLOP/s  x{xf:5.3f} FA4(L=0) "
-                      f" x{xc:5.3f} current  {res}", flush=True)
-            del q, k, v, kd, vd, do, o, lse, ins, provs
-            torch.cuda.empty_cache()
-
-
-def verdict(rows: Rows, t_all: float) -> str:
-    parts = []
-    for L in sorted({r["L"] for r in rows.rows if r["section"] == "time"}):
-        ours = [r for r in rows.rows if r["section"] == "time" and r["status"] == "ok" and r["T"] == 16384
-                and r["L"] == L and r["name"] in VARIANTS]
-        if ours:
-            b = min(ours, key=lambda r: r["ms"])
-            parts.append(f"L={L} best {b['name']} {b['ms']:.3f} ms {b['tflops']:.0f} TFLOP/s x{b['x_fa4']:.3f} FA4 "
-                         f"x{b['x_current']:.3f} current"
-                         + (f" (target 400: {'met' if b['tflops'] >= 400 else 'not met'})" if L == 0 else ""))
-    return (f"BWD TMA: ran at T=16384, {'; '.join(parts)}" if parts else "BWD TMA: no variant timed at T=16384") \
-        + f" ({time.time() - t_all:.0f} s in all)"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", default="16384,4096,32768", help="timing sequence lengths (B=1, Hk=8)")
@@ -634,12 +496,14 @@ def main(argv=None) -> int:
         print("correctness vs fp64 autograd of moda_reference (B=2, Hk=2; ||err||/||ref|| per gradient):")
         ok = {n: True for n in names} if args.no_check else correctness(rows, names, args, "cuda")
         if not args.no_time:
+            from bwd_tma_timing import timing  # tools/ is on sys.path (this file's folder)
             timing(rows, names, ok, args, "cuda")
     except Exception as exc:  # noqa: BLE001 - report, never exit non-zero
         print(f"aborted: {one_line(exc)}")
         traceback.print_exc()
     if path:
         print(f"rows appended to {path}")
+    from bwd_tma_timing import verdict
     print(verdict(rows, t_all))
     return 0
 
