@@ -290,6 +290,10 @@ VARIANTS = {
     "kv64x64w4-dq64x64w4-dst3": dict(_W4, depth_stages=3, **_DQ4),
     "kv64x64w4r168-dq64x64w4": dict(_W4, kv_maxnreg=168, **_DQ4),  # 3 CTAs an SM by registers
     "kv64x64w4r168-dq64x64w4r168": dict(_W4, kv_maxnreg=168, dq_maxnreg=168, **_DQ4),
+    "kv64x64w4r160-dq64x64w4": dict(_W4, kv_maxnreg=160, **_DQ4),
+    "kv64x32w4r128-dq64x64w4": dict(_W4, kv_bm=32, kv_maxnreg=128, **_DQ4),  # 4 programs an SM
+    "kv128x64w8r128-dq64x64w4": dict(kv_maxnreg=128, **_DQ4),  # 2 programs of 8 warps
+    "kv64x64w4r168s2-dq64x64w4": dict(_W4, kv_maxnreg=168, kv_stages=2, **_DQ4),
 }
 QUICK = ["kv128x64w8-dq128x64w8", "kv64x64w4-dq64x64w4", "at-kv128x64w8", "at-kv64x64w4", "p-kv128x64w8-dq128x64w8"]
 STATS: dict = {}  # kernel name -> "regs/spills/smem" of its latest launch (GPU only)
