@@ -110,7 +110,8 @@ def test_tma_default_choice(monkeypatch):
     """The heuristic picks "tma" only where tma_default says so (Hopper, d <= 64, 16-bit), with
     the descriptor tiles; off a GPU it keeps the pointer placements."""
     shape = MoDAShape(B=1, T=4096, Hq=64, Hk=8, d=64, L=64)
-    assert config_mod.default_config(shape, torch.bfloat16).fwd_depth != "tma"  # no CUDA here
+    monkeypatch.setattr(config_mod, "current_device_index", lambda: -1)
+    assert config_mod.default_config(shape, torch.bfloat16).fwd_depth != "tma"  # no CUDA
     monkeypatch.setattr(config_mod, "tma_default", lambda s, dt=None: True)
     cfg = config_mod.default_config(shape, torch.bfloat16)
     assert (cfg.fwd_depth, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == ("tma", 128, 64, 8, 3)
