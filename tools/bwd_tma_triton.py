@@ -33,6 +33,9 @@ import triton.language as tl
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from moda_bench.ops.moda.kernel_bwd_tma import (depth_desc, depth_part, dq_step, keys_tile, rows_desc,  # noqa: E402
+                                                rows_ptr, rows_tile)
+from moda_bench.ops.moda.triton_utils import mm_acc  # noqa: E402
 from moda_bench.ops.moda.validate import check_inputs  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -40,64 +43,13 @@ INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"  # the CPU interpreter (
 
 
 # ----------------------------------------------------------------------------- kernels
-@triton.jit
-def _dot(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b, fp32 accumulation; "upcast": the interpreter's bf16 tl.dot workaround (exact)."""
-    if PREC == "upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=PREC)
-
-
-@triton.jit
-def _rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
-    return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
-                                     block_shape=[1, P, GP, D])
-
-
-@triton.jit
-def _depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
-    return tl.make_tensor_descriptor(X, shape=[B, T, LD, Hk * D], strides=[T.to(tl.int64) * LD * Hk * D,
-                                     LD * Hk * D, Hk * D, 1], block_shape=[1, P, BL, D])
-
-
-@triton.jit
-def _rows_ptr(b, j, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
-    """Offsets [BM, D] of folded rows r into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
-    t, g = r // GP, r % GP
-    ptr = ((b * T + t).to(tl.int64) * Hq + j * G + g)[:, None] * D + tl.arange(0, D)[None, :]
-    return ptr, ((t < T) & (g < G))[:, None]
-
-
-@triton.jit
-def _rows_tile(X, xdesc, b, j, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-               USE_DESC: tl.constexpr):
-    """[BM, D] tile of q or do from position t0 of (b, KV head j); padding rows: junk, lse2 = +inf."""
-    if USE_DESC:
-        return tl.reshape(xdesc.load([b, t0, j * G, 0]), (BM, D))
-    else:
-        ptr, ok = _rows_ptr(b, j, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
-        return tl.load(X + ptr, mask=ok, other=0.0)
-
-
-@triton.jit
-def _keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr):
-    """[BN, D] tile of k or v from key n0 (keys past T: the next batch's or zeros, always masked)."""
-    if USE_DESC:
-        return xdesc.load([b * T + n0, j * D])
-    else:
-        kn = n0 + tl.arange(0, BN)
-        ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
-        return tl.load(X + ptr, mask=(kn < T)[:, None], other=0.0)
-
-
 @triton.jit(do_not_specialize=["T", "G", "Hk"])
 def _rows_kernel(O, DO, LSE, LSE2, DELTA, DQA, sm_scale, T, G, Hk, RP, GP: tl.constexpr, BLK: tl.constexpr,
                  D: tl.constexpr, POST: tl.constexpr):
     """Folded rows r of (b, j). Before the passes: LSE2 = lse*log2(e) (+inf on padding rows), DELTA =
     rowsum(o*do). POST (atomic variant): O = dq = scale * the fp32 transposed buffer DQA."""
     bh, r = tl.program_id(0), tl.program_id(1) * BLK + tl.arange(0, BLK)
-    ptr, ok = _rows_ptr(bh // Hk, bh % Hk, r, T, G, G * Hk, GP, D)
+    ptr, ok = rows_ptr(bh // Hk, bh % Hk, r, T, G, G * Hk, GP, D)
     if POST:
         a = tl.load(DQA + (bh * D + tl.arange(0, D)).to(tl.int64)[None, :] * RP + r[:, None], mask=ok, other=0.0)
         tl.store(O + ptr, (a * sm_scale).to(O.dtype.element_ty), mask=ok)
@@ -115,18 +67,18 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, DQA, dqdes
              qk_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
              USE_DESC: tl.constexpr, ATOMIC: tl.constexpr, TMA_REDUCE: tl.constexpr, PREC: tl.constexpr):
     """dk, dv (+ the atomic dq share) of the key tile from the BM folded rows at position t0."""
-    q, do = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
-        _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    q, do = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
+        rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     lse2, delta = tl.load(LSE2 + bh * RP + r), tl.load(DELTA + bh * RP + r)
-    pT = tl.math.exp2(_dot(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
+    pT = tl.math.exp2(mm_acc(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
     if MASK:
         pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
-    dv = _dot(pT.to(do.dtype), do, dv, PREC)
-    dsT = (pT * (_dot(v, tl.trans(do), None, PREC) - delta[None, :])).to(q.dtype)
-    dk = _dot(dsT, q, dk, PREC)
+    dv = mm_acc(pT.to(do.dtype), do, dv, PREC)
+    dsT = (pT * (mm_acc(v, tl.trans(do), None, PREC) - delta[None, :])).to(q.dtype)
+    dk = mm_acc(dsT, q, dk, PREC)
     if ATOMIC:
-        dqT = _dot(tl.trans(k), dsT, None, PREC)  # [D, BM]: the transposed buffer takes it as it is
+        dqT = mm_acc(tl.trans(k), dsT, None, PREC)  # [D, BM]: the transposed buffer takes it as it is
         if TMA_REDUCE:
             dqdesc.atomic_add([bh * D, t0 * GP], dqT)
         else:
@@ -146,14 +98,14 @@ def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, qk_scale, sm_scale, B, T, 
     b, j = bh // Hk, bh % Hk
     qdesc, dodesc, kdesc, vdesc, dqdesc = None, None, None, None, None
     if USE_DESC:
-        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
-        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
+        qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
         kdesc = tl.make_tensor_descriptor(K, [B * T, Hk * D], [Hk * D, 1], [BN, D])
         vdesc = tl.make_tensor_descriptor(V, [B * T, Hk * D], [Hk * D, 1], [BN, D])
     if TMA_REDUCE:
         dqdesc = tl.make_tensor_descriptor(DQA, shape=[B * Hk * D, RP], strides=[RP, 1], block_shape=[D, BM])
-    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    v = keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
     kn = n0 + tl.arange(0, BN)
     dk, dv = tl.zeros([BN, D], tl.float32), tl.zeros([BN, D], tl.float32)
     diag_end = tl.minimum(n0 + NDIAG * P, T)
@@ -166,60 +118,6 @@ def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, qk_scale, sm_scale, B, T, 
     ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
     tl.store(DK + ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=(kn < T)[:, None])
     tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
-
-
-@triton.jit
-def _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
-             D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr):
-    """dq (unscaled) += the share of the BN keys from n0."""
-    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    p = tl.math.exp2(_dot(q, tl.trans(k), None, PREC) * qk_scale - lse2[:, None])
-    if MASK:
-        p = tl.where((n0 + tl.arange(0, BN))[None, :] <= t[:, None], p, 0.0)
-    dp = _dot(do, tl.trans(v), None, PREC)
-    return _dot((p * (dp - delta[:, None])).to(k.dtype), k, dq, PREC)
-
-
-@triton.jit
-def _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
-                qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
-                BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
-    """dq + the depth share of one row block; stores dk_depth, dv_depth of its P positions."""
-    P: tl.constexpr = BM // GP
-    NB: tl.constexpr = P // S
-    R: tl.constexpr = S * GP
-    C: tl.constexpr = S * BL
-    q3, do3 = tl.reshape(q, (NB, R, D)), tl.reshape(do, (NB, R, D))
-    lse3, delta3 = tl.reshape(lse2, (NB, R, 1)), tl.reshape(delta, (NB, R, 1))
-    cc = tl.arange(0, C)[None, None, :]
-    same_pos = (tl.arange(0, R)[None, :, None] // GP) == (cc // BL)
-    pos = t0 + tl.arange(0, P)
-    for l0 in tl.range(0, L, BL, num_stages=DEPTH_STAGES):
-        if USE_DESC:
-            kd = tl.reshape(kddesc.load([b, t0, l0, j * D]), (NB, C, D))
-            vd = tl.reshape(vddesc.load([b, t0, l0, j * D]), (NB, C, D))
-        else:
-            ll = l0 + tl.arange(0, BL)
-            ptr = ((((b * T + pos).to(tl.int64) * L)[:, None, None] + ll[None, :, None]) * Hk + j) * D \
-                + tl.arange(0, D)[None, None, :]
-            ok = (pos < T)[:, None, None] & (ll < L)[None, :, None]
-            kd = tl.reshape(tl.load(KD + ptr, mask=ok, other=0.0), (NB, C, D))
-            vd = tl.reshape(tl.load(VD + ptr, mask=ok, other=0.0), (NB, C, D))
-        own = same_pos & ((l0 + cc % BL) < L)
-        p3 = tl.where(own, tl.math.exp2(_dot(q3, tl.trans(kd, 0, 2, 1), None, PREC) * qk_scale - lse3), 0.0)
-        ds3 = p3 * (_dot(do3, tl.trans(vd, 0, 2, 1), None, PREC) - delta3)
-        dq += tl.reshape(_dot(ds3.to(kd.dtype), kd, None, PREC), (BM, D))
-        # 3-D (mma.sync) products; these transposes are the package's GPU-tested kernel_bwd form
-        dvd = _dot(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, None, PREC).to(kd.dtype)
-        dkd = (_dot(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, None, PREC) * sm_scale).to(kd.dtype)
-        if USE_DESC:
-            dkddesc.store([b, t0, l0, j * D], tl.reshape(dkd, (1, P, BL, D)))
-            dvddesc.store([b, t0, l0, j * D], tl.reshape(dvd, (1, P, BL, D)))
-        else:
-            tl.store(DKD + ptr, tl.reshape(dkd, (P, BL, D)), mask=ok)
-            tl.store(DVD + ptr, tl.reshape(dvd, (P, BL, D)), mask=ok)
-    return dq
 
 
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m"])
@@ -235,36 +133,36 @@ def _dq_kernel(Q, K, V, KD, VD, DO, LSE2, DELTA, DQ, DQA, DKD, DVD, qk_scale, sm
     b, j = bh // Hk, bh % Hk
     qdesc, dodesc, kdesc, vdesc, kddesc, vddesc, dkddesc, dvddesc = None, None, None, None, None, None, None, None
     if USE_DESC:
-        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
-        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
+        qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
         if SEQ:
             kdesc = tl.make_tensor_descriptor(K, [B * T, Hk * D], [Hk * D, 1], [BN, D])
             vdesc = tl.make_tensor_descriptor(V, [B * T, Hk * D], [Hk * D, 1], [BN, D])
         if DEPTH:
-            kddesc = _depth_desc(KD, B, T, LD, Hk, P, BL, D)
-            vddesc = _depth_desc(VD, B, T, LD, Hk, P, BL, D)
-            dkddesc = _depth_desc(DKD, B, T, LD, Hk, P, BL, D)
-            dvddesc = _depth_desc(DVD, B, T, LD, Hk, P, BL, D)
-    q, do = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
-        _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+            kddesc = depth_desc(KD, B, T, LD, Hk, P, BL, D)
+            vddesc = depth_desc(VD, B, T, LD, Hk, P, BL, D)
+            dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
+            dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
+    q, do = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
+        rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     lse2, delta = tl.load(LSE2 + bh * RP + r), tl.load(DELTA + bh * RP + r)
     dq = tl.zeros([BM, D], tl.float32)
     if SEQ:
         n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
         for n0 in tl.range(0, n_full, BN):
-            dq = _dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                          False, USE_DESC, PREC)
+            dq = dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                         False, USE_DESC, PREC)
         for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
-            dq = _dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                          True, USE_DESC, PREC)
+            dq = dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                         True, USE_DESC, PREC)
     if DEPTH:
-        dq = _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
-                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES)
+        dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
+                        Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, True)
     if ACC_OUT:
         tl.store(DQA + (bh * D + tl.arange(0, D)).to(tl.int64)[None, :] * RP + r[:, None], dq)
     else:
-        ptr, ok = _rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+        ptr, ok = rows_ptr(b, j, r, T, G, G * Hk, GP, D)
         tl.store(DQ + ptr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 

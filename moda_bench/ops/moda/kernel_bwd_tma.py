@@ -33,6 +33,8 @@ Design:
 * Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's
   choice); 168 at 4 warps lets three programs share an SM (measured on the H100: the dk/dv pass
   at T=16384, G=8, d=64 from 9.8 to 8.7 ms, tools/bwd_tma_triton.py).
+The tile helpers (rows_desc ... depth_part) are public: the prototype tool builds its own
+variants (an atomic-dQ key-major pass) from them.
 """
 from __future__ import annotations
 
@@ -41,40 +43,32 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.moda.config import tma_block_l
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator
-from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm
+from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _mma(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b, fp32 accumulation ("upcast": the interpreter's bf16 dot workaround, exact)."""
-    if PREC == "upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=PREC)
-
-
-@triton.jit
-def _rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
+def rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
     return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
                                      block_shape=[1, P, GP, D])
 
 
 @triton.jit
-def _keys_desc(X, B, T, Hk, BN: tl.constexpr, D: tl.constexpr):
+def keys_desc(X, B, T, Hk, BN: tl.constexpr, D: tl.constexpr):
     return tl.make_tensor_descriptor(X, shape=[B * T, Hk * D], strides=[Hk * D, 1], block_shape=[BN, D])
 
 
 @triton.jit
-def _depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
+def depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
     return tl.make_tensor_descriptor(X, shape=[B, T, LD, Hk * D], strides=[T.to(tl.int64) * LD * Hk * D,
                                      LD * Hk * D, Hk * D, 1], block_shape=[1, P, BL, D])
 
 
 @triton.jit
-def _rows_ptr(b, j, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
+def rows_ptr(b, j, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
     """Offsets [BM, D] of folded rows r into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
     t = r // GP
     g = r % GP
@@ -83,19 +77,19 @@ def _rows_ptr(b, j, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _rows_tile(X, xdesc, b, j, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-               USE_DESC: tl.constexpr):
+def rows_tile(X, xdesc, b, j, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+              USE_DESC: tl.constexpr):
     """[BM, D] tile of q or do from position t0 of (b, KV head j). Padding rows hold the next
     head's values (descriptor) or zeros (pointers): their lse2 = +inf makes them contribute 0."""
     if USE_DESC:
         return tl.reshape(xdesc.load([b, t0, j * G, 0]), (BM, D))
     else:
-        ptr, ok = _rows_ptr(b, j, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
+        ptr, ok = rows_ptr(b, j, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
         return tl.load(X + ptr, mask=ok, other=0.0)
 
 
 @triton.jit
-def _keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr):
+def keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr):
     """[BN, D] tile of k or v from key n0 (keys past T: the next sequence's or zeros, always masked)."""
     if USE_DESC:
         return xdesc.load([b * T + n0, j * D])
@@ -110,17 +104,17 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, 
              GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr,
              PREC: tl.constexpr):
     """dk, dv of the key tile += the share of the BM folded rows from position t0."""
-    q = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    do = _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
     delta = tl.load(DELTA + bh * RP + r)
-    pT = tl.math.exp2(_mma(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
+    pT = tl.math.exp2(mm_acc(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
     if MASK:
         pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
-    dv = _mma(pT.to(do.dtype), do, dv, PREC)
-    dsT = (pT * (_mma(v, tl.trans(do), None, PREC) - delta[None, :])).to(q.dtype)
-    dk = _mma(dsT, q, dk, PREC)
+    dv = mm_acc(pT.to(do.dtype), do, dv, PREC)
+    dsT = (pT * (mm_acc(v, tl.trans(do), None, PREC) - delta[None, :])).to(q.dtype)
+    dk = mm_acc(dsT, q, dk, PREC)
     return dk, dv
 
 
@@ -140,12 +134,12 @@ def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk
     kdesc = None
     vdesc = None
     if USE_DESC:
-        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
-        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
-        kdesc = _keys_desc(K, B, T, Hk, BN, D)
-        vdesc = _keys_desc(V, B, T, Hk, BN, D)
-    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+        qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
+        kdesc = keys_desc(K, B, T, Hk, BN, D)
+        vdesc = keys_desc(V, B, T, Hk, BN, D)
+    k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    v = keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
     kn = n0 + tl.arange(0, BN)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
@@ -162,21 +156,21 @@ def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk
 
 
 @triton.jit
-def _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
-             D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr):
+def dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
+            D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr):
     """dq (unscaled) += the share of the BN sequence keys from n0."""
-    k = _keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    v = _keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    p = tl.math.exp2(_mma(q, tl.trans(k), None, PREC) * qk_scale - lse2[:, None])
+    k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    v = keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
+    p = tl.math.exp2(mm_acc(q, tl.trans(k), None, PREC) * qk_scale - lse2[:, None])
     if MASK:
         p = tl.where((n0 + tl.arange(0, BN))[None, :] <= t[:, None], p, 0.0)
-    dp = _mma(do, tl.trans(v), None, PREC)
-    return _mma((p * (dp - delta[:, None])).to(k.dtype), k, dq, PREC)
+    dp = mm_acc(do, tl.trans(v), None, PREC)
+    return mm_acc((p * (dp - delta[:, None])).to(k.dtype), k, dq, PREC)
 
 
 @triton.jit
-def _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
-                qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
+               qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
                 BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
                 DEPTH_GRAD: tl.constexpr):
     """dq += the depth share of one row block; with DEPTH_GRAD, dk_depth and dv_depth of its P
@@ -242,21 +236,21 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     dkddesc = None
     dvddesc = None
     if USE_DESC:
-        qdesc = _rows_desc(Q, B, T, G * Hk, P, GP, D)
-        dodesc = _rows_desc(DO, B, T, G * Hk, P, GP, D)
-        kdesc = _keys_desc(K, B, T, Hk, BN, D)
-        vdesc = _keys_desc(V, B, T, Hk, BN, D)
+        qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
+        dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
+        kdesc = keys_desc(K, B, T, Hk, BN, D)
+        vdesc = keys_desc(V, B, T, Hk, BN, D)
         if DEPTH:
-            kddesc = _depth_desc(KD, B, T, LD, Hk, P, BL, D)
-            vddesc = _depth_desc(VD, B, T, LD, Hk, P, BL, D)
+            kddesc = depth_desc(KD, B, T, LD, Hk, P, BL, D)
+            vddesc = depth_desc(VD, B, T, LD, Hk, P, BL, D)
             if DEPTH_GRAD:
-                dkddesc = _depth_desc(DKD, B, T, LD, Hk, P, BL, D)
-                dvddesc = _depth_desc(DVD, B, T, LD, Hk, P, BL, D)
-    q = _rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    do = _rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+                dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
+                dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
+    q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     t = r // GP
-    optr, ok = _rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+    optr, ok = rows_ptr(b, j, r, T, G, G * Hk, GP, D)
     row_ok = (t < T) & (r % GP < G)
     lse = tl.load(LSE + ((b * T + t).to(tl.int64) * (G * Hk) + j * G + r % GP), mask=row_ok, other=0.0)
     lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))
@@ -271,14 +265,14 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     dq = tl.zeros([BM, D], tl.float32)
     n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
     for n0 in tl.range(0, n_full, BN):
-        dq = _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                      False, USE_DESC, PREC)
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     False, USE_DESC, PREC)
     for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
-        dq = _dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                      True, USE_DESC, PREC)
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     True, USE_DESC, PREC)
     if DEPTH:
-        dq = _depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
-                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
+        dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
+                        Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
@@ -291,18 +285,10 @@ def _meta(warps: int, stages: int, maxnreg: int) -> dict:
 
 def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
     """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
-    block_l 0: about 128 depth rows a step), BL at most next_pow2(L) unless a 16-column tile
-    needs more."""
-    gp, P, S, bl = depth_geometry(G, block_m, 0, block_l) if block_l else \
-        depth_geometry(G, block_m, 0, S_BL_128(G, block_m))
+    block_l 0: about 128 depth rows a step, `config.tma_block_l`), BL at most next_pow2(L) unless a
+    16-column tile needs more."""
+    gp, P, S, bl = depth_geometry(G, block_m, 0, block_l or tma_block_l(G, block_m, rows=128))
     return gp, P, S, max(cdiv(16, S), min(bl, next_pow2(max(L, 1))))
-
-
-def S_BL_128(G: int, block_m: int) -> int:  # noqa: N802 - the auto columns (S*BL) for ~128 depth rows a step
-    gp = next_pow2(G)
-    P = max(1, block_m // gp)
-    S = max(1, min(P, 16 // gp))
-    return S * max(cdiv(16, S), min(64, max(1, 128 // P)))
 
 
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,

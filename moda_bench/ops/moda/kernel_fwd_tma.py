@@ -38,19 +38,10 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.moda.triton_utils import dot_precision, mm
+from moda_bench.ops.moda.triton_utils import dot_precision, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": padding rows stay finite
-
-
-@triton.jit
-def _dot_acc(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b with fp32 accumulation ("upcast": the interpreter's bf16 dot workaround)."""
-    if PREC == "upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=PREC)
 
 
 @triton.jit
@@ -78,7 +69,7 @@ def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    acc = _dot_acc(p.to(v.dtype), v, acc, PREC)
+    acc = mm_acc(p.to(v.dtype), v, acc, PREC)
     return acc, m_new, l_i
 
 

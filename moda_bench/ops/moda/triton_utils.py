@@ -2,7 +2,7 @@
 that the fused kernel's forward and backward passes share (folded rows `row_ptrs`, depth
 sub-tiles `depth_tile`, the causal key range of a block `key_span`).
 
-`dot_precision(dtype)` picks the `PREC` constexpr every kernel passes to `mm`:
+`dot_precision(dtype)` picks the `PREC` constexpr every kernel passes to `mm` / `mm_acc`:
 - "ieee" for float32 inputs (true fp32 products; tf32 would cost ~3e-4 relative error),
 - "tf32" (ignored by tl.dot for 16-bit inputs) for bf16/fp16,
 - "upcast" under TRITON_INTERPRET=1: the CPU interpreter of triton 3.9 returns garbage for
@@ -36,6 +36,15 @@ def mm(a, b, PREC: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def mm_acc(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b with fp32 accumulation into acc (None: a fresh accumulator); 2-D operands."""
+    if PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
 
 
 @triton.jit
