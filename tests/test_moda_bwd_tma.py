@@ -127,6 +127,9 @@ def test_bwd_tma_default_choice(monkeypatch):
     shape = MoDAShape(B=1, T=16384, Hq=64, Hk=8, d=64, L=64)
     monkeypatch.setattr(config_mod, "current_device_index", lambda: -1)
     assert config_mod.default_config(shape, torch.bfloat16).bwd_depth != "tma"  # no CUDA
+    for T in (2048, 4096):  # the fallback placement is the pointer default's
+        pointer = config_mod.default_config(MoDAShape(B=1, T=T, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
+        assert config_mod.pointer_bwd_depth(T) == pointer.bwd_depth
     monkeypatch.setattr(config_mod, "current_device_index", lambda: 0)
     monkeypatch.setattr(config_mod, "_capability", lambda idx: 9)
     cfg = config_mod.default_config(shape, torch.bfloat16)

@@ -169,12 +169,26 @@ def tma_default(shape: MoDAShape, dtype=None) -> bool:
     T > FUSED_DEPTH_MAX_T (at T = 1024 the L = 0 path under the graph timer went from 1.090x to
     1.141x FA2 with it, and moda eager from 1.843x to 1.903x; results/h100/before-short-t,
     tma-short-t)."""
-    if shape.d > 64 or shape.G > 16 or shape.T <= FUSED_DEPTH_MAX_T or dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
+    if shape.d > 64 or shape.G > 16 or shape.T <= FUSED_DEPTH_MAX_T:
+        return False
+    return _descriptor_gpu(dtype)
+
+
+def _descriptor_gpu(dtype=None) -> bool:
+    """16-bit inputs on a Hopper-or-newer current GPU, with a Triton that builds device-side
+    tensor descriptors: where the "tma" kernels can be the default."""
+    if dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
         return False
     idx = current_device_index()
     if idx < 0 or not hasattr(triton.language, "make_tensor_descriptor"):
         return False
     return _capability(idx) >= 9
+
+
+def pointer_bwd_depth(T: int) -> str:
+    """The backward placement of the pointer kernels' default at sequence length T: "fused" up to
+    FUSED_DEPTH_MAX_T, else "stream" (what a "tma" config falls back to where its kernels cannot run)."""
+    return "fused" if T <= FUSED_DEPTH_MAX_T else "stream"
 
 
 _capabilities: dict[int, int] = {}
@@ -220,12 +234,7 @@ def bwd_tma_default(shape: MoDAShape, dtype=None) -> bool:
     newer current GPU with device-side tensor descriptors, 16-bit inputs, d <= 64 (what was
     measured; H100, backward alone against the pointer passes: T=16384 G=8 L=0 14.1 vs 19.2 ms,
     L=64 15.4 vs 19.8, L=256 19.9 vs 25.5, G=2 5.1 vs 6.1, T=4096 L=64 1.39 vs 1.71)."""
-    if shape.d > 64 or dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
-        return False
-    idx = current_device_index()
-    if idx < 0 or not hasattr(triton.language, "make_tensor_descriptor"):
-        return False
-    return _capability(idx) >= 9
+    return shape.d <= 64 and _descriptor_gpu(dtype)
 
 
 def pointer_block_l(L: int) -> int:
@@ -248,7 +257,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
         cfg = cfg.replace(fwd_depth="tma", block_m=tbm, block_n=TMA_BLOCK_N, num_warps=TMA_WARPS,
                           num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm), bwd_tma=BWD_TMA_DEFAULT)
     if bwd_tma_default(shape, dtype):
-        reg = BWD_TMA_MAXNREG if shape.d <= 64 and shape.T > BWD_TMA_MAXNREG_MIN_T else 0
+        reg = BWD_TMA_MAXNREG if shape.T > BWD_TMA_MAXNREG_MIN_T else 0
         cfg = cfg.replace(bwd_depth="tma", bwd_q_block_m=max(64, gp), bwd_q_block_n=64, bwd_q_warps=4, bwd_q_stages=3,
                           bwd_kv_block_m=max(64, gp), bwd_kv_block_n=64, bwd_kv_warps=4, bwd_kv_stages=3,
                           bwd_block_l=tma_block_l(shape.G, max(64, gp), rows=128), bwd_depth_stages=2,

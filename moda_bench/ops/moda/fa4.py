@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv
-from moda_bench.ops.moda.config import FUSED_DEPTH_MAX_T, MoDAConfig, check_config, pointer_block_l, resolve_config
+from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, pointer_bwd_depth, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
@@ -270,7 +270,7 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
     side = cfg.bwd_depth == "stream"
     if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels' default
         depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L))  # (block_l, placement as before it)
-        side = shape.T > FUSED_DEPTH_MAX_T
+        side = pointer_bwd_depth(shape.T) == "stream"
 
     def depth():
         delta = torch.empty_like(lse_th)

@@ -55,8 +55,8 @@ import math
 import torch
 
 from moda_bench.ops.launch import cdiv
-from moda_bench.ops.moda.config import (FUSED_DEPTH_MAX_T, MoDAConfig, check_config, depth_only_sub, fused_depth_sub,
-                                        group_pad, pointer_block_l, resolve_config)
+from moda_bench.ops.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
+                                        pointer_block_l, pointer_bwd_depth, resolve_config)
 from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
                                             moda_bwd_q_kernel)
 from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
@@ -238,9 +238,9 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             kv_block_n=cfg.bwd_kv_block_n, kv_warps=cfg.bwd_kv_warps, kv_stages=cfg.bwd_kv_stages,
                             kv_maxnreg=cfg.bwd_kv_maxnreg, block_l=cfg.bwd_block_l,
                             depth_stages=cfg.bwd_depth_stages, use_desc=tma_usable(q, k, v, kd, vd, L)
-                            and aligned(o, do) and o.is_contiguous(), depth_grad=depth_grad)
+                            and aligned(o, do), depth_grad=depth_grad)
     if cfg.bwd_depth == "tma":  # a caller's delta or a depth-only launch: the pointer passes
-        cfg = cfg.replace(bwd_depth="fused" if T <= FUSED_DEPTH_MAX_T else "stream", bwd_block_l=pointer_block_l(L))
+        cfg = cfg.replace(bwd_depth=pointer_bwd_depth(T), bwd_block_l=pointer_block_l(L))
     n_rows = B * T * Hq
     mode = cfg.bwd_depth if L > 0 else "none"
     # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)

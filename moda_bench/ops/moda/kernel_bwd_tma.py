@@ -216,9 +216,8 @@ def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m"])
 def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
                n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
-               S: tl.constexpr,
-               BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr,
-               PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+               S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
+               USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
     n_m), the last row block first."""
@@ -319,7 +318,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     _dq_kernel[(B * Hk, n_m)](
         q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk,
         RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl, DEPTH=L > 0,
-        DEPTH_GRAD=depth_grad,        USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, **_meta(q_warps, q_stages, q_maxnreg))
+        DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages,
+        **_meta(q_warps, q_stages, q_maxnreg))
     _kv_kernel[(B * Hk, cdiv(T, kv_block_n))](
         q, k, v, do, lse2, delta, dk, dv, scale * LOG2E, scale, B, T, G, Hk, RP, GP=gp, BM=kv_block_m, BN=kv_block_n,
         D=d, USE_DESC=bool(use_desc), PREC=prec, **_meta(kv_warps, kv_stages, kv_maxnreg))
