@@ -80,6 +80,11 @@ class MoDAConfig:
               bwd_depth_stages fields.
     bwd_q_maxnreg, bwd_kv_maxnreg  "tma" backward: registers per thread of that pass (0 = the
               compiler's choice); 168 at 4 warps fits three programs an SM.
+    depth_ctas, bwd_depth_ctas  programs of the forward's / backward's depth-only launch (0 = one
+              per row block; n > 0: at most n persistent programs, so beside a sequence kernel
+              the depth part holds a fixed share of the GPU's slots for the whole pass).
+    side_priority  the side stream of "stream" (and moda-fa4's depth launches) at the device's
+              highest priority, so its programs are placed before the sequence kernel's.
     depth_after, bwd_depth_after  "stream" only: launch the depth-only kernel after the
               sequence kernel instead of before it. The sequence kernel's programs then take
               their resident slots first and the small depth programs fill what is left on
@@ -127,6 +132,9 @@ class MoDAConfig:
     bwd_tma: bool = False
     bwd_q_maxnreg: int = 0
     bwd_kv_maxnreg: int = 0
+    depth_ctas: int = 0
+    bwd_depth_ctas: int = 0
+    side_priority: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -320,6 +328,9 @@ def _check(cfg: MoDAConfig, G: int) -> None:
         raise ValueError(f"config fwd_depth={cfg.fwd_depth!r} must be one of {FWD_DEPTH_MODES}")
     if cfg.bwd_depth not in BWD_DEPTH_MODES:
         raise ValueError(f"config bwd_depth={cfg.bwd_depth!r} must be one of {BWD_DEPTH_MODES}")
+    for name in ("depth_ctas", "bwd_depth_ctas"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
+            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
     for name in ("bwd_q_maxnreg", "bwd_kv_maxnreg"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 0 or (v and not 24 <= v <= 255):

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, pointer_bwd_depth, resolve_config
-from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd, wants_depth_grad
+from moda_bench.ops.moda.kernel import Concurrent, moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
 from moda_bench.ops.moda.triton_utils import lse_merge
@@ -212,36 +212,28 @@ def _merge(o, lse_ht, od, lsed) -> None:
 
 
 # ------------------------------------------------------------------ side stream
-_SIDE_STREAMS: dict = {}
-
-
-def _beside(device, main_fn, side_fn, concurrent: bool, side_after: bool):
+def _beside(device, main_fn, side_fn, concurrent: bool, side_after: bool, high_priority: bool = False):
     """(main_fn(), side_fn()). With `concurrent` on CUDA, side_fn's launches go to a second
-    stream, ordered after the main stream's earlier work and concurrent with main_fn's (issued
-    after main_fn when side_after, else before); on return the main stream waits for them.
-    Otherwise both run in order on the current stream, side_fn first unless side_after."""
+    stream (`kernel.side_stream`, at the highest priority with `high_priority`), ordered after
+    the main stream's earlier work and concurrent with main_fn's (issued after main_fn when
+    side_after, else before); on return the main stream waits for them. Otherwise both run in
+    order on the current stream, side_fn first unless side_after."""
     if not concurrent or device.type != "cuda":
         if side_after:
             m = main_fn()
             return m, side_fn()
         s = side_fn()
         return main_fn(), s
-    side = _SIDE_STREAMS.get(device)
-    if side is None:
-        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    main = torch.cuda.current_stream(device)
-    ready = torch.cuda.Event()
-    ready.record(main)
+    conc = Concurrent(device, high_priority)
     m = main_fn() if side_after else None
-    side.wait_event(ready)
-    with torch.cuda.stream(side):
+    with conc:
         s = side_fn()
     if not side_after:
         m = main_fn()
-    main.wait_stream(side)
+    conc.join()
     for t in s:  # allocated on the side stream, used and freed on the main one
         if isinstance(t, torch.Tensor):
-            t.record_stream(main)
+            t.record_stream(conc.main)
     return m, s
 
 
@@ -257,7 +249,7 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
     (o, lse_ht), (od, lsed) = _beside(
         q.device, lambda: backend.fwd(q, k, v, scale),
         lambda: moda_fwd(q, k, v, kd, vd, scale, shape, depth_cfg, depth_only=True),
-        cfg.fwd_depth == "stream", cfg.depth_after)
+        cfg.fwd_depth == "stream", cfg.depth_after, cfg.side_priority)
     _merge(o, lse_ht, od, lsed)
     return o, lse_ht, lsed
 
@@ -281,7 +273,7 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
         return dq_d, dkd, dvd
 
     (dq, dk, dv), (dq_d, dkd, dvd) = _beside(q.device, lambda: backend.bwd(q, k, v, o, do, lse_ht, scale), depth,
-                                             side, cfg.bwd_depth_after)
+                                             side, cfg.bwd_depth_after, cfg.side_priority)
     dq.add_(dq_d)
     return dq, dk, dv, dkd, dvd
 

@@ -71,24 +71,35 @@ LOG2E = 1.4426950408889634
 _SIDE_STREAMS: dict = {}
 
 
-def _side_stream(device):
-    """A second CUDA stream per device for the depth kernels ("stream" placement); None off CUDA
-    (the interpreter), where the launches simply run in order."""
+def side_stream(device, high_priority: bool = False):
+    """A second CUDA stream per device (and priority) for the depth kernels (the "stream"
+    placement; moda-fa4's depth launches); None off CUDA (the interpreter), where the launches
+    simply run in order. high_priority: the device's highest stream priority, so the block
+    scheduler places the side kernel's pending programs before those of normal-priority
+    kernels already queued (a capped depth launch then gets its slots at once)."""
     if device.type != "cuda":
         return None
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[device]
+    key = (device, bool(high_priority))
+    if key not in _SIDE_STREAMS:
+        prio = torch.cuda.Stream.priority_range()[1] if high_priority else 0
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=prio)
+    return _SIDE_STREAMS[key]
 
 
-class _Concurrent:
+def depth_grid(n_items: int, ctas: int) -> int:
+    """Programs of a depth-only launch over n_items work items: one each, or at most `ctas`
+    persistent programs (config depth_ctas / bwd_depth_ctas; 0 = no cap)."""
+    return max(1, min(n_items, ctas)) if ctas > 0 else max(1, n_items)
+
+
+class Concurrent:
     """Context: launches inside run on the side stream, ordered after the main stream's work up
     to the creation of this object (not up to entering it: main-stream launches made in
     between run concurrently with the side launches); `join()` makes the main stream wait for
-    them."""
+    them. Off CUDA everything runs in order on the current stream."""
 
-    def __init__(self, device):
-        self.side = _side_stream(device)
+    def __init__(self, device, high_priority: bool = False):
+        self.side = side_stream(device, high_priority)
         self.main = torch.cuda.current_stream(device) if self.side is not None else None
         if self.side is not None:
             self.ready = torch.cuda.Event()
@@ -111,11 +122,11 @@ class _Concurrent:
             self.main.wait_stream(self.side)
 
 
-def _run_beside(device, main_launch, side_launch, side_after: bool) -> None:
+def _run_beside(device, main_launch, side_launch, side_after: bool, high_priority: bool = False) -> None:
     """The "stream" placement: side_launch() on the side stream concurrently with main_launch()
     on the main stream, side_launch issued after main_launch when side_after (else before);
     on return the main stream waits for both."""
-    conc = _Concurrent(device)
+    conc = Concurrent(device, high_priority)
     if side_after:
         main_launch()
     with conc:
@@ -195,17 +206,19 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the L=0 kernel
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
         dbm = cfg.depth_block_m
+        n_d = B * Hk * cdiv(T * gp, dbm)
         _run_beside(q.device,
                     lambda: launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta),
-                    lambda: launch((B * Hk * cdiv(T * gp, dbm),), od, lsed, 0, FWD_DEPTH,
+                    lambda: launch((depth_grid(n_d, cfg.depth_ctas),), od, lsed, n_d, FWD_DEPTH,
                                    depth_only_sub(cfg, G, dbm),
                                    **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1)),
-                    cfg.depth_after)
+                    cfg.depth_after, cfg.side_priority)
         n_rows = B * T * Hq
         moda_merge_kernel[(cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
     elif mode == "split":
         dbm = cfg.depth_block_m
-        launch((B * Hk * cdiv(T * gp, dbm),), o, lse, 0, FWD_DEPTH, depth_only_sub(cfg, G, dbm),
+        n_d = B * Hk * cdiv(T * gp, dbm)
+        launch((depth_grid(n_d, cfg.depth_ctas),), o, lse, n_d, FWD_DEPTH, depth_only_sub(cfg, G, dbm),
                **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1))
         if depth_only:
             return o, lse
@@ -276,10 +289,14 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
             ensure_allocator()
 
     def kv_launch(KV, DEPTH, **meta):
-        n_kv = cdiv(T, cfg.bwd_kv_block_n) if KV else 0
         dbm = cfg.bwd_depth_block_m
         n_d = cdiv(T * gp, dbm) if DEPTH else 0
-        grid = (n_kv + n_d, B * Hk) if KV else (B * Hk * n_d,)
+        if KV:
+            n_kv = cdiv(T, cfg.bwd_kv_block_n)
+            grid = (n_kv + n_d, B * Hk)
+        else:  # depth-only: n_kv carries the number of work items, the grid may be persistent
+            n_kv = B * Hk * n_d
+            grid = (depth_grid(n_kv, cfg.bwd_depth_ctas),)
         moda_bwd_kv_kernel[grid](
             q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, B, *st,
             GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV, DEPTH=DEPTH,
@@ -309,7 +326,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the dk/dv pass
         _run_beside(q.device, lambda: kv_launch(True, False, **kv_meta),
                     lambda: kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1),
-                    cfg.bwd_depth_after)
+                    cfg.bwd_depth_after, cfg.side_priority)
         q_launch(BWDQ_ADD)
     else:  # overlap: depth programs ride in the kv-major grid, the q-major pass adds their dq
         kv_launch(True, True, **kv_meta)

@@ -291,30 +291,30 @@ def moda_bwd_kv_kernel(
         dodesc = tl.make_tensor_descriptor(DO, shape=[B, T, Hq, HEAD_DIM],
                                            strides=[T.to(tl.int64) * Hq * HEAD_DIM, Hq * HEAD_DIM, HEAD_DIM, 1],
                                            block_shape=[1, BLOCK_M // GP, GP, HEAD_DIM])
-    if KV:
+    if not KV:  # depth-only launch: 1-D grid, (b, KV head) fastest, as in the forward's; n_kv is
+        # the number of work items here, and a grid smaller than that is persistent
+        for w in range(tl.program_id(0), n_kv, tl.num_programs(0)):
+            pid_bh = w % n_bh
+            _bwd_q_program(w // n_bh, pid_bh // Hk, pid_bh % Hk, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
+                           qk_scale, sm_scale, T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl,
+                           sdh, sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
+                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
+    else:
         pid0 = tl.program_id(0)
         pid_bh = tl.program_id(1)
-    else:  # depth-only launch: 1-D grid, (b, KV head) fastest, as in the forward's
-        pid0 = tl.program_id(0) // n_bh
-        pid_bh = tl.program_id(0) % n_bh
-    b = pid_bh // Hk
-    j = pid_bh % Hk
-    if KV and DEPTH:
-        if pid0 < n_kv:
+        b = pid_bh // Hk
+        j = pid_bh % Hk
+        if DEPTH:
+            if pid0 < n_kv:
+                _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
+                                sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
+                                GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC, qdesc, dodesc, DESC)
+            else:
+                _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
+                               T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                               sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
+                               False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
+        else:
             _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
                             sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
                             GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC, qdesc, dodesc, DESC)
-        else:
-            _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
-                           T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
-                           sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
-    elif KV:
-        _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
-                        sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,
-                        GP, BLOCK_M, BLOCK_N, HEAD_DIM, PREC, qdesc, dodesc, DESC)
-    else:
-        _bwd_q_program(pid0, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
-                       T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
-                       sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                       False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)

@@ -132,40 +132,42 @@ def moda_fwd_kernel(
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
     DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr,
 ):
-    """Grid (programs along rows, B*Hk); 1-D (B*Hk*programs) for FWD_DEPTH. MODE: one of FWD_*
-    above. OD/LSED share O/LSE's strides. REVERSE visits row blocks last-first (the causally
-    heaviest first)."""
-    if MODE == 4:  # depth-only launch, 1-D grid with (b, KV head) fastest: programs in flight
-        pid0 = tl.program_id(0) // n_bh  # read neighbouring heads of the same positions, whose
-        pid_bh = tl.program_id(0) % n_bh  # depth entries are contiguous in memory
-    else:
-        pid0 = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-    b = pid_bh // Hk
-    j = pid_bh % Hk
-    if MODE == 3:
-        if pid0 < n_seq:
-            pid_m = (n_seq - 1 - pid0) if REVERSE else pid0
-            _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
-                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
-                         sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
-                         True, False, False, S, BLOCK_L, PREC, DEPTH_STAGES)
-        else:
-            _fwd_program(pid0 - n_seq, b, j, Q, K, V, KD, VD, OD, LSED, qk_scale, T, L, G,
+    """Grid (programs along rows, B*Hk); 1-D for FWD_DEPTH: n_seq work items (B*Hk*row blocks),
+    one program each or fewer persistent programs. MODE: one of FWD_* above. OD/LSED share
+    O/LSE's strides. REVERSE visits row blocks last-first (the causally heaviest first)."""
+    if MODE == 4:  # depth-only launch, 1-D grid with (b, KV head) fastest: programs in flight read
+        # neighbouring heads of the same positions, whose depth entries are contiguous in memory.
+        # n_seq is the number of work items here; a grid smaller than that is persistent (each
+        # program strides through the items), so the launch holds at most that many slots.
+        for w in range(tl.program_id(0), n_seq, tl.num_programs(0)):
+            pid_bh = w % n_bh
+            _fwd_program(w // n_bh, pid_bh // Hk, pid_bh % Hk, Q, K, V, KD, VD, OD, LSED, qk_scale, T, L, G,
                          sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
                          sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
                          False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
-    elif MODE == 4:
-        _fwd_program(pid0, b, j, Q, K, V, KD, VD, OD, LSED, qk_scale, T, L, G,
-                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
-                     sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
-                     False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
     else:
-        pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
-        _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
-                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
-                     sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
-                     True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES)
+        pid0 = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // Hk
+        j = pid_bh % Hk
+        if MODE == 3:
+            if pid0 < n_seq:
+                pid_m = (n_seq - 1 - pid0) if REVERSE else pid0
+                _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
+                             sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                             sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             True, False, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+            else:
+                _fwd_program(pid0 - n_seq, b, j, Q, K, V, KD, VD, OD, LSED, qk_scale, T, L, G,
+                             sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                             sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES)
+        else:
+            pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
+            _fwd_program(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qk_scale, T, L, G,
+                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                         sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM,
+                         True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES)
 
 
 @triton.jit

@@ -1,0 +1,99 @@
+"""Capped, persistent depth-only launches (MoDAConfig.depth_ctas / bwd_depth_ctas) and the
+high-priority side stream (side_priority), against the fp64 reference.
+
+A capped launch runs at most n programs that stride through the depth work items, so a grid
+smaller than the items, of one program, and of more programs than items must all give the
+same result as one program per item. CPU: Triton interpreter, fp32, ||err|| / ||ref|| < 1e-4
+for out, lse and all five gradients (and with detached depth); both operators that run
+depth-only launches: `moda_attention` ("split" / "stream") and `moda_fa4` (plain-torch
+sequence backend). GPU (`-m gpu`): bf16 at odd T with real concurrency and FA4 where present.
+"""
+import pytest
+import torch
+
+from helpers import check_against_reference, random_inputs, rel_err
+from moda_bench.ops.moda import MoDAConfig, moda_attention, moda_reference
+from moda_bench.ops.moda.config import check_config
+from moda_bench.ops.moda.fa4 import TORCH_BACKEND, fa4_unavailable, moda_fa4
+from moda_bench.ops.moda.kernel import depth_grid
+
+SMALL = MoDAConfig(depth_block_m=16, bwd_depth_block_m=16, block_l=16, bwd_block_l=16)
+
+
+def _torch_route(*args, **kw):
+    return moda_fa4(*args, return_lse=True, backend=TORCH_BACKEND, **kw)
+
+
+def _moda(*args, **kw):
+    return moda_attention(*args, return_lse=True, **kw)
+
+
+def test_depth_grid():
+    assert depth_grid(100, 0) == 100
+    assert depth_grid(100, 7) == 7
+    assert depth_grid(5, 7) == 5
+    assert depth_grid(0, 0) == 1 and depth_grid(0, 3) == 1
+
+
+@pytest.mark.parametrize("fn", [_torch_route, _moda], ids=["moda_fa4", "moda_attention"])
+@pytest.mark.parametrize("T,G,L,ctas,bctas,mode", [
+    (37, 2, 5, 1, 1, "stream"),     # one program does every item
+    (37, 4, 3, 3, 2, "split"),      # items not a multiple of the grid
+    (23, 1, 1, 1000, 5, "stream"),  # more programs asked than items
+    (70, 8, 9, 4, 0, "stream"),     # forward capped, backward one program per item
+])
+def test_capped_depth_launches_fp32(fn, T, G, L, ctas, bctas, mode):
+    Hk = 2 if G < 4 else 1
+    cfg = SMALL.replace(fwd_depth=mode, bwd_depth=mode, depth_ctas=ctas, bwd_depth_ctas=bctas,
+                        side_priority=ctas % 2 == 1)
+    errs = check_against_reference(fn, 2, T, G * Hk, Hk, 32, L, torch.float32, seed=T + G + L, tol=1e-4, config=cfg)
+    assert {"dk_depth", "dv_depth"} <= set(errs)
+
+
+@pytest.mark.parametrize("fn", [_torch_route, _moda], ids=["moda_fa4", "moda_attention"])
+def test_capped_depth_launches_detached(fn):
+    """depth_grad=False with capped launches: out and dq/dk/dv vs the reference, no depth grads."""
+    cfg = SMALL.replace(fwd_depth="stream", bwd_depth="stream", depth_ctas=2, bwd_depth_ctas=3, side_priority=True)
+    q, k, v, kd, vd, do = random_inputs(1, 29, 4, 2, 32, 5, torch.float32, seed=4)
+    out, _ = fn(q, k, v, kd, vd, config=cfg, depth_grad=False)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = moda_reference(q, k, v, kd.detach(), vd.detach(), out_dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    assert rel_err(out, ref) < 1e-4
+    for g, r in zip(grads, ref_grads):
+        assert rel_err(g, r) < 1e-4
+    assert kd.grad is None and vd.grad is None
+
+
+def test_capped_launch_equals_uncapped_bitwise():
+    """The persistent loop changes which program computes an item, not how: the results match."""
+    q, k, v, kd, vd, do = random_inputs(1, 41, 8, 2, 32, 3, torch.float32, seed=9)
+    base = SMALL.replace(fwd_depth="split", bwd_depth="split")
+    outs = []
+    for cfg in (base, base.replace(depth_ctas=3, bwd_depth_ctas=2)):
+        o = moda_attention(q, k, v, kd, vd, config=cfg)
+        outs.append([o] + list(torch.autograd.grad(o, (q, k, v, kd, vd), do)))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("field,value", [("depth_ctas", -1), ("bwd_depth_ctas", 1.5)])
+def test_bad_cap_rejected(field, value):
+    with pytest.raises(ValueError, match=field):
+        check_config(MoDAConfig(**{field: value}), 2)
+
+
+FA4_REASON = fa4_unavailable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("use_fa4", [False, True], ids=["moda", "moda-fa4"])
+@pytest.mark.parametrize("T,G,L,ctas", [(1999, 8, 64, 16), (1023, 2, 1, 7), (777, 16, 256, 132)])
+def test_gpu_capped_overlap(use_fa4, T, G, L, ctas):
+    if use_fa4 and FA4_REASON is not None:
+        pytest.skip(f"FA4 unavailable: {FA4_REASON}")
+    cfg = MoDAConfig(fwd_depth="stream", bwd_depth="stream", depth_ctas=ctas, bwd_depth_ctas=ctas, side_priority=True)
+    fn = (lambda *a, **kw: moda_fa4(*a, return_lse=True, **kw)) if use_fa4 else _moda
+    check_against_reference(fn, 1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T + L, tol=1e-2,
+                            ref_dtype=torch.float32, config=cfg)
