@@ -97,3 +97,71 @@ def test_gpu_capped_overlap(use_fa4, T, G, L, ctas):
     fn = (lambda *a, **kw: moda_fa4(*a, return_lse=True, **kw)) if use_fa4 else _moda
     check_against_reference(fn, 1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T + L, tol=1e-2,
                             ref_dtype=torch.float32, config=cfg)
+
+
+# ----------------------------------------------------------------------------- "persist"
+PERSIST = [
+    (37, 2, 5, 3, 2, 64),    # odd T, L below a step, items not a multiple of the programs
+    (23, 1, 1, 1, 1, 32),    # G=1 (rows padded to 16), L=1, one program
+    (19, 8, 130, 2, 5, 32),  # L over one step (two steps of 128, the last masked)
+    (16, 16, 64, 50, 7, 16), # G=16 (no padding rows), more programs asked than the 32 items
+    (29, 3, 7, 4, 4, 64),    # G=3: rows of the next KV head inside the box are zeroed
+]
+
+
+@pytest.mark.parametrize("T,G,L,fp,bp,d", PERSIST, ids=[f"T{p[0]}-G{p[1]}-L{p[2]}" for p in PERSIST])
+def test_persist_placement_fp32(T, G, L, fp, bp, d):
+    """moda_fa4 with the streaming depth kernels: out, lse and all five gradients vs fp64."""
+    Hk = 2 if G < 8 else 1
+    cfg = MoDAConfig(fwd_depth="persist", bwd_depth="persist", depth_ctas=fp, bwd_depth_ctas=bp, side_priority=True)
+    errs = check_against_reference(_torch_route, 2, T, G * Hk, Hk, d, L, torch.float32, seed=T * 7 + L, tol=1e-4,
+                                   config=cfg)
+    assert {"dk_depth", "dv_depth"} <= set(errs)
+
+
+def test_persist_placement_bf16_and_detached():
+    q, k, v, kd, vd, do = random_inputs(1, 33, 8, 2, 64, 9, torch.bfloat16, seed=3)
+    cfg = MoDAConfig(fwd_depth="persist", bwd_depth="persist", depth_ctas=3, bwd_depth_ctas=3)
+    check_against_reference(_torch_route, 1, 33, 8, 2, 64, 9, torch.bfloat16, seed=3, config=cfg)
+    out, _ = _torch_route(q, k, v, kd, vd, config=cfg, depth_grad=False)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = moda_reference(q, k, v, kd.detach(), vd.detach(), out_dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    assert rel_err(out, ref) < 2e-2 and all(rel_err(g, r) < 2e-2 for g, r in zip(grads, ref_grads))
+    assert kd.grad is None and vd.grad is None
+
+
+def test_persist_is_moda_fa4_only():
+    q, k, v, kd, vd, _ = random_inputs(1, 8, 2, 1, 16, 2, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="persist"):
+        moda_attention(q, k, v, kd, vd, config=MoDAConfig(fwd_depth="persist"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("use_fa4", [False, True], ids=["torch-seq", "fa4-seq"])
+@pytest.mark.parametrize("T,G,L,n", [(1999, 8, 64, 16), (1023, 2, 1, 7), (777, 16, 256, 132), (501, 1, 130, 3)])
+def test_gpu_persist(use_fa4, T, G, L, n):
+    """The streaming depth kernels on the GPU, really concurrent with the sequence part, bf16."""
+    if use_fa4 and FA4_REASON is not None:
+        pytest.skip(f"FA4 unavailable: {FA4_REASON}")
+    cfg = MoDAConfig(fwd_depth="persist", bwd_depth="persist", depth_ctas=n, bwd_depth_ctas=n, side_priority=True)
+    kw = {} if use_fa4 else {"backend": TORCH_BACKEND}
+    fn = lambda *a, **k2: moda_fa4(*a, return_lse=True, **kw, **k2)  # noqa: E731
+    check_against_reference(fn, 1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T + L, tol=1e-2,
+                            ref_dtype=torch.float32, config=cfg)
+
+
+@pytest.mark.parametrize("G,L", [(8, 64), (3, 5), (1, 130)])
+def test_persist_item_shapes_agree(G, L):
+    """Items of one position (block_m=0) and of folded row blocks give the same partial and gradients."""
+    from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
+    q, k, v, kd, vd, do = random_inputs(2, 21, 2 * G, 2, 32, L, torch.float32, seed=G + L)
+    with torch.no_grad():
+        outs = [depth_fwd(q, kd, vd, 0.3, G, n, block_m=bm) for bm, n in ((0, 3), (32, 2))]
+        for a, b in zip(*outs):
+            assert rel_err(a, b) < 1e-5
+        od, lsed = outs[0]
+        grads = [depth_bwd(do, q, od, lsed, kd, vd, 0.3, G, n, block_m=bm) for bm, n in ((0, 5), (16, 1))]
+    for a, b in zip(*grads):
+        assert rel_err(a, b) < 1e-5

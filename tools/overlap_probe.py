@@ -17,7 +17,8 @@ Variants (`--variants`, separated by ';'): `default` (moda-fa4's resolved config
 bwd_depth_warps), bl (block_l and bwd_block_l), ds (bwd_depth_stages and depth_stages);
 a variant that names f or b runs the forward/backward depth part as "stream" (concurrent).
 `--depth-alone` also times the depth-only launches alone, capped at each `--ctas` value (their
-per-program rate); `--seq cudnn` (no FA4 needed) replaces moda-fa4 by a contention test: cuDNN
+per-program rate), of the kernels `--kernels` names: "persist" (`kernel_depth`, the streaming
+kernels) and "rowblock" (the row-block depth-only launches of `kernel_fwd`/`kernel_bwd`); `--seq cudnn` (no FA4 needed) replaces moda-fa4 by a contention test: cuDNN
 fwd+bwd at L=0 on the main stream and the capped depth launches on the side stream.
 
 Every number comes from `moda_bench.timing.time_interleaved` (interleaved rounds, L2 flushed,
@@ -40,6 +41,7 @@ import torch
 
 from moda_bench.ops.moda.config import MoDAConfig, resolve_config
 from moda_bench.ops.moda.kernel import Concurrent, moda_bwd, moda_fwd
+from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.ops.moda.validate import MoDAShape
 from moda_bench.timing import RoundRule, grad_inputs, make_inputs, make_pass_fn, time_interleaved
 
@@ -57,15 +59,18 @@ def parse_variant(text: str, base: MoDAConfig) -> MoDAConfig:
         k, v = item.split("=")
         for name in ALIASES.get(k.strip(), (k.strip(),)):
             kw[name] = bool(int(v)) if name in BOOL_FIELDS else (int(v) if v.strip().lstrip("-").isdigit() else v)
+    persist = kw.pop("P", 0)
     cfg = base.replace(**kw)
-    if "depth_ctas" in kw:
+    if persist:
+        return cfg.replace(fwd_depth="persist", bwd_depth="persist")
+    if "depth_ctas" in kw and "fwd_depth" not in kw:
         cfg = cfg.replace(fwd_depth="stream")
-    if "bwd_depth_ctas" in kw:
+    if "bwd_depth_ctas" in kw and "bwd_depth" not in kw:
         cfg = cfg.replace(bwd_depth="stream")
     return cfg
 
 
-def depth_launches(ins, shape, cfg, pass_):
+def depth_launches(ins, shape, cfg, pass_, pos=False):
     """The depth-only launches alone (what moda-fa4 runs beside FA4), on the current stream."""
     q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
     scale = 1.0 / math.sqrt(shape.d)
@@ -73,6 +78,16 @@ def depth_launches(ins, shape, cfg, pass_):
     do = torch.randn_like(q)
     lse = torch.zeros(shape.B, shape.T, shape.Hq, device=q.device, dtype=torch.float32)
     delta = torch.zeros_like(lse)
+    if cfg.fwd_depth == "persist":
+        def run():
+            if pass_ in ("fwd", "fwdbwd"):
+                depth_fwd(q, kd, vd, scale, shape.G, cfg.depth_ctas, block_m=0 if pos else cfg.depth_block_m,
+                          stages=0 if pos else cfg.depth_stages, num_warps=cfg.depth_warps)
+            if pass_ in ("bwd", "fwdbwd"):
+                depth_bwd(do, q, q, lse, kd, vd, scale, shape.G, cfg.bwd_depth_ctas,
+                          block_m=0 if pos else cfg.bwd_depth_block_m, stages=0 if pos else cfg.bwd_depth_stages,
+                          num_warps=cfg.bwd_depth_warps)
+        return run
 
     def run():
         if pass_ in ("fwd", "fwdbwd"):
@@ -107,6 +122,8 @@ def main() -> int:
     ap.add_argument("--seq", default="auto", help="fa4 | cudnn | auto (fa4 when importable)")
     ap.add_argument("--depth-alone", action="store_true")
     ap.add_argument("--ctas", default="8,16,32,66,132,0")
+    ap.add_argument("--kernels", default="persist", help="depth kernels timed alone: persist, rowblock")
+    ap.add_argument("--alone-variants", default="", help="';'-separated config changes for the kernels alone")
     ap.add_argument("--timer", default="eager")
     ap.add_argument("--max-time", type=float, default=12.0)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "overlap_probe.csv"))
@@ -155,9 +172,18 @@ def main() -> int:
                     fns[name] = both
             if a.depth_alone:
                 for n in (int(x) for x in a.ctas.split(",")):
-                    cfg = base.replace(depth_ctas=n, bwd_depth_ctas=n)
-                    name = f"depth-alone[ctas={n}]"
-                    fns[name], cfgs[name] = depth_launches(ins, shape, cfg, pass_), cfg
+                    for kind in a.kernels.split(","):
+                        for extra in a.alone_variants.split(";"):
+                            cfg = base.replace(depth_ctas=n, bwd_depth_ctas=n)
+                            pos = "pos" in extra.split(",")
+                            if extra and extra != "pos":
+                                cfg = parse_variant(",".join(x for x in extra.split(",") if x != "pos"), cfg)
+                            if kind == "persist":
+                                if n == 0:
+                                    continue
+                                cfg = cfg.replace(fwd_depth="persist", bwd_depth="persist")
+                            name = f"{kind}-alone[ctas={n}{',' + extra if extra else ''}]"
+                            fns[name], cfgs[name] = depth_launches(ins, shape, cfg, pass_, pos), cfg
             base_name = "fa4" if seq == "fa4" else "cudnn"
             t0 = time.time()
             try:
@@ -172,7 +198,8 @@ def main() -> int:
                 c = cfgs.get(name)
                 cdesc = "" if c is None else (f"fwd={c.fwd_depth} bwd={c.bwd_depth} f={c.depth_ctas} "
                                               f"b={c.bwd_depth_ctas} p={int(c.side_priority)} dbm={c.depth_block_m} "
-                                              f"dw={c.depth_warps}")
+                                              f"dw={c.depth_warps} ds={c.depth_stages}/{c.bwd_depth_stages} "
+                                              f"dbm={c.depth_block_m}/{c.bwd_depth_block_m}")
                 w.writerow([T, a.G, a.L, pass_, name, cdesc, f"{m.median_ms:.4f}", f"{m.p20_ms:.4f}",
                             f"{m.p80_ms:.4f}", f"{r:.4f}", f"{lo:.4f}", f"{hi:.4f}", res.stop_reason])
                 print(f"T={T:6d} {pass_:7s} {name:44s} {m.median_ms:8.3f} ms  x{r:.3f} [{lo:.3f}-{hi:.3f}]  {cdesc}",

@@ -39,12 +39,13 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 
 # Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth); the order is the
-# tuner's candidate order. Each pass has one more: "tma", the descriptor-load kernels
+# tuner's candidate order. Each pass has two more: "tma", the descriptor-load kernels
 # (`kernel_fwd_tma`, sequence and depth in one program like "fused"; `kernel_bwd_tma`, the
-# folded-row backward with the depth part in its query-major pass).
+# folded-row backward with the depth part in its query-major pass), and "persist", moda-fa4's
+# streaming depth kernels (`kernel_depth`) on depth_ctas programs beside the sequence kernel.
 DEPTH_MODES = ("split", "stream", "fused", "overlap")
-FWD_DEPTH_MODES = DEPTH_MODES + ("tma",)
-BWD_DEPTH_MODES = DEPTH_MODES + ("tma",)
+FWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
+BWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
 
 
 @dataclass(frozen=True)

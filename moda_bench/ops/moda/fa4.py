@@ -39,6 +39,7 @@ from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, pointer_bwd_depth, resolve_config
 from moda_bench.ops.moda.kernel import Concurrent, moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
+from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
 from moda_bench.ops.moda.triton_utils import lse_merge
 
@@ -202,6 +203,15 @@ def fa4_merge_kernel(O, LSE_HT, OD, LSED, n_rows, T, Hq, HEAD_DIM: tl.constexpr,
 
 
 MERGE_BLOCK = 64
+# Programs of the "persist" depth launches when the config leaves depth_ctas / bwd_depth_ctas at 0
+PERSIST_PROGRAMS = 16
+
+
+def persist_programs(ctas: int, device) -> int:
+    """The "persist" placement's program count: the config's cap, else PERSIST_PROGRAMS (4 off CUDA)."""
+    if ctas > 0:
+        return ctas
+    return PERSIST_PROGRAMS if device.type == "cuda" else 4
 
 
 def _merge(o, lse_ht, od, lsed) -> None:
@@ -243,6 +253,14 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
     if shape.L == 0:
         o, lse_ht = backend.fwd(q, k, v, scale)
         return o, lse_ht, lse_ht.transpose(1, 2)
+    if cfg.fwd_depth == "persist":  # the streaming depth kernel on its share of the SMs, beside the sequence
+        (o, lse_ht), (od, lsed) = _beside(
+            q.device, lambda: backend.fwd(q, k, v, scale),
+            lambda: depth_fwd(q, kd, vd, scale, shape.G, persist_programs(cfg.depth_ctas, q.device),
+                              block_m=cfg.depth_block_m, stages=cfg.depth_stages, num_warps=cfg.depth_warps),
+            True, cfg.depth_after, cfg.side_priority)
+        _merge(o, lse_ht, od, lsed)
+        return o, lse_ht, lsed
     depth_cfg = cfg.replace(fwd_depth="split")
     if cfg.fwd_depth == "tma":  # moda's descriptor forward: its block_l is per position; keep the depth
         depth_cfg = depth_cfg.replace(block_l=pointer_block_l(shape.L))  # launch's own default
@@ -258,6 +276,15 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
     if shape.L == 0:
         dq, dk, dv = backend.bwd(q, k, v, o, do, lse_ht, scale)
         return dq, dk, dv, None, None
+    if cfg.bwd_depth == "persist":
+        (dq, dk, dv), (dq_d, dkd, dvd) = _beside(
+            q.device, lambda: backend.bwd(q, k, v, o, do, lse_ht, scale),
+            lambda: depth_bwd(do, q, o, lse_th, kd, vd, scale, shape.G, persist_programs(cfg.bwd_depth_ctas, q.device),
+                              depth_grad=depth_grad, block_m=cfg.bwd_depth_block_m, stages=cfg.bwd_depth_stages,
+                              num_warps=cfg.bwd_depth_warps),
+            True, cfg.bwd_depth_after, cfg.side_priority)
+        dq.add_(dq_d)
+        return dq, dk, dv, dkd, dvd
     depth_cfg = cfg.replace(bwd_depth="split")
     side = cfg.bwd_depth == "stream"
     if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels' default

@@ -382,6 +382,9 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
     cfg = resolve_config(shape, q.dtype, config)
     check_config(cfg, shape.G)
+    if "persist" in (cfg.fwd_depth, cfg.bwd_depth):
+        raise ValueError("config placement 'persist' is moda_fa4's (a sequence kernel beside the streaming depth "
+                         "kernels); moda_attention takes split, stream, fused, overlap or tma")
     scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
     if shape.L == 0:
         k_depth = v_depth = None

@@ -74,7 +74,7 @@ def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_
 
 
 @triton.jit
-def _depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
+def depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
                  GP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, S: tl.constexpr,
                  BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
     """Fold the L depth keys of each row's own position into (acc, m_i, l_i), BL per step."""
@@ -142,7 +142,7 @@ def _tile(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vdd
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if DEPTH_FIRST:
-        acc, m_i, l_i = _depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
+        acc, m_i, l_i = depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
                                      GP, BLOCK_M, HEAD_DIM, S, BL, USE_DESC, PREC, DEPTH_STAGES)
     n_full = (t0 // BLOCK_N) * BLOCK_N  # keys below every row's position: no mask
     t_end = tl.minimum(t0 + P, T)
@@ -153,7 +153,7 @@ def _tile(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vdd
         acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
                                   BLOCK_N, HEAD_DIM, USE_DESC, True, PREC)
     if not DEPTH_FIRST:
-        acc, m_i, l_i = _depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
+        acc, m_i, l_i = depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
                                      GP, BLOCK_M, HEAD_DIM, S, BL, USE_DESC, PREC, DEPTH_STAGES)
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634
