@@ -312,6 +312,25 @@ def _moda_fa4(inputs, point, chunk):
                     + _detail_depth(point, point.L), config=cfg.to_dict(), depth_utilization=eta)
 
 
+@register_provider("moda-overlap", unavailable=_needs_fa4,
+                   description="MoDA: FA4 sequence part + persistent depth kernels on a reserved share of the SMs")
+def _moda_overlap(inputs, point, chunk):
+    from moda_bench.ops.moda import MoDAShape, fa4, kernel_depth, overlap
+    if chunk is not None:
+        raise ProviderSkip("C (block_m) does not apply: the depth items' rows are the overlap heuristic's")
+    q = inputs["q"]
+    shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
+    kw = depth_kw(point, point.L)
+    cfg = overlap.overlap_config(shape, q.dtype, q.device, depth_grad=kw.get("depth_grad", True)) if point.L else None
+    eta = kernel_depth.utilization(point.G, point.L, cfg.depth_block_m) if point.L else math.nan
+    progs = f", {cfg.depth_ctas}/{cfg.bwd_depth_ctas} depth programs" if cfg is not None else ""
+    return Prepared(lambda: overlap.moda_overlap(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
+                                                 config=cfg, **kw),
+                    impl_detail=f"FA4 {fa4.fa4_version()} sequence + persistent Triton depth kernels beside it{progs}"
+                    + _detail_depth(point, point.L), config=cfg.to_dict() if cfg is not None else {},
+                    depth_utilization=eta)
+
+
 # ---------------------------------------------------------------------------------------------
 # Depth-Attention (seed 002): the depth entries of a point are its S source layers
 # ---------------------------------------------------------------------------------------------

@@ -20,10 +20,10 @@ FA2_PROVIDERS = ("fa2", "fa2-triton")             # first present is the FA2 bas
 MODA_PROVIDERS = ("moda", "ours")
 ALWAYS_SHOWN = ["cudnn", "flex"]                  # efficiency columns present even when not measured
 RATIO_BASELINE = "fa2"                            # what the CSVs' ratio_to_fa2 (+ _lo/_hi) is measured against
-MODA_VARIANTS = ("moda-fa4",)                     # MoDA on other kernels: shown with their ratio to the fastest
-LEADING_OTHERS = ("moda-fa4", "fa4")              # efficiency columns placed before ALWAYS_SHOWN when measured
+MODA_VARIANTS = ("moda-overlap", "moda-fa4")     # MoDA on other kernels: shown with their ratio to the fastest
+LEADING_OTHERS = ("moda-overlap", "moda-fa4", "fa4")  # efficiency columns placed before ALWAYS_SHOWN when measured
 SEQUENCE_ONLY = ("fa2", "fa4", "cudnn", "fa2-triton")   # candidates of best_provider (no depth part)
-PROVIDER_RANK = ["moda", "ours", "moda-fa4", "moda-nosplit", "dattn", "dattn-torch", "dattn-mix", "fa2", "fa4",
+PROVIDER_RANK = ["moda", "ours", "moda-overlap", "moda-fa4", "moda-nosplit", "dattn", "dattn-torch", "dattn-mix", "fa2", "fa4",
                  "fa2-triton", "cudnn", "flex", "flashinfer"]
 # decode (pass schema.DECODE_PASS): its providers in display order; the sequence-only ones are the
 # candidates of its best_provider
@@ -33,7 +33,7 @@ DECODE_TIMERS = ("graph", "eager")                # a decode point's timers, dis
 # Depth-Attention: its providers (a sweep holding one is a Depth-Attention sweep), the methods its
 # table compares (overhead over the fastest attention) and the mix kernel timed alone
 DATTN_PROVIDERS = ("dattn", "dattn-torch", "dattn-mix")
-DATTN_METHODS = ("dattn", "dattn-composed", "dattn-torch", "moda", "moda-fa4")
+DATTN_METHODS = ("dattn", "dattn-composed", "dattn-torch", "moda", "moda-fa4", "moda-overlap")
 MIX_PROVIDER = "dattn-mix"
 TIMER_ORDER = ["eager", "graph", "do_bench"]      # timer values of the sweeps, display order
 TIMER_LABEL = {"eager": "eager timer (host-inclusive)", "graph": "graph timer (CUDA-graph replays, device time)",

@@ -211,6 +211,13 @@ def depth_geometry(G: int, L: int):
     return rb, bl, cdiv(L, bl)
 
 
+def utilization(G: int, L: int, block_m: int) -> float:
+    """Useful / computed depth logits of the forward's block items (`kernel_fwd_tma.depth_phase`:
+    a sub-tile of S positions scores S*BL columns a step for each of its rows, BL of them its own)."""
+    gp, _, S, bl = fwd_depth_geometry(G, max(block_m, next_pow2(G)))
+    return (G * L) / (gp * S * bl * cdiv(L, bl))
+
+
 def default_stages(L: int, forward: bool) -> int:
     """Items in flight per program: ~4 at L <= 64, fewer for longer depth tiles (shared memory)."""
     _, bl, n = depth_geometry(1, L)

@@ -1,0 +1,74 @@
+"""MoDA with the depth part streamed beside FlashAttention-4 on a reserved share of the SMs:
+`moda_overlap` (the `moda-overlap` provider), i.e. `moda_fa4` under the "persist" placement, and
+`overlap_config`, the heuristic that sizes that share per shape.
+
+How it runs (issue 20; measurements in docs/FUSED_PROTOTYPES.md, "The overlap route"): the depth
+part's persistent streaming kernels (`kernel_depth`, items of folded row blocks) are launched
+first on a highest-priority side stream with n programs; FA4's forward/backward, which is not
+persistent, then fills the other SMs, and the two run concurrently; the LSE merge (forward) and
+the dq sum (backward) follow. n is chosen so that the depth kernel on n SMs takes a little less
+than FA4 on the rest: too few programs leave a depth tail after FA4, too many take SMs from it.
+
+The program counts scale with the ratio of depth bytes to sequence FLOPs, L / (G * T) (B, d and
+Hk cancel), from the H100 calibration at T=16384, G=8, L=64, d=64, bf16: 12 forward programs
+(1.052x FA4 [1.042-1.061] forward, where 8 gave 1.57x and 24 gave 1.12x) and 24 backward
+programs (fwd+bwd 1.116x [1.100-1.132]; 16 gave 1.158x, 32 1.128x), both as a share of the
+GPU's SMs (results/h100/overlap-probe). With detached depth the backward writes no depth
+gradients and takes 60% of those programs.
+"""
+from __future__ import annotations
+
+import torch
+
+from moda_bench.ops.moda.config import MoDAConfig, group_pad, resolve_config
+from moda_bench.ops.moda.validate import MoDAShape, check_inputs
+
+# The calibration point and its measured best shares of the SMs (H100, 132 SMs)
+BASE_T, BASE_G, BASE_L = 16384, 8, 64
+FWD_SHARE, BWD_SHARE = 12 / 132, 24 / 132
+DETACHED_BWD = 0.6
+# The streaming kernels' items: folded row blocks of 128 rows (forward) and 64 rows (backward),
+# three items' tiles in flight (H100, T=16384, kernels alone on 8-32 programs: forward 45 GB/s a
+# program at 128 rows and 3 stages against 33-36 at 64 rows or 2 stages and 16 with one position
+# an item; backward fastest at 64 rows and 3 stages)
+FWD_BLOCK_M, BWD_BLOCK_M, STAGES = 128, 64, 3
+
+
+def _sms(device) -> int:
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def overlap_programs(shape: MoDAShape, sms: int, share: float) -> int:
+    """Programs of a streaming depth launch: share * sms at the calibration point, scaled by the
+    shape's depth bytes per sequence FLOP, L / (G * T), between 2 and all SMs."""
+    scale = (shape.L / BASE_L) * (BASE_G / max(shape.G, 1)) * (BASE_T / max(shape.T, 1))
+    return max(2, min(sms, round(share * sms * scale)))
+
+
+def overlap_config(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
+    """moda-fa4's resolved config with the "persist" placement on both passes, the side stream at
+    the highest priority and the program counts of `overlap_programs` for this GPU."""
+    sms = _sms(device)
+    bwd_share = BWD_SHARE * (1.0 if depth_grad else DETACHED_BWD)
+    return resolve_config(shape, dtype, op="moda-fa4").replace(
+        fwd_depth="persist", bwd_depth="persist", side_priority=True,
+        depth_ctas=overlap_programs(shape, sms, FWD_SHARE), bwd_depth_ctas=overlap_programs(shape, sms, bwd_share),
+        depth_block_m=max(FWD_BLOCK_M, group_pad(shape.G)), bwd_depth_block_m=max(BWD_BLOCK_M, group_pad(shape.G)),
+        depth_stages=STAGES, bwd_depth_stages=STAGES, depth_warps=4, bwd_depth_warps=4)
+
+
+def moda_overlap(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
+                 config: MoDAConfig | None = None, return_lse: bool = False, depth_grad: bool = True, backend=None):
+    """MoDA (same contract as `moda_fa4`) with the depth part on a reserved share of the SMs
+    beside FA4's kernels (module docstring). `config` replaces `overlap_config`'s answer; L = 0
+    is FA4 alone."""
+    from moda_bench.ops.moda.fa4 import moda_fa4
+    if config is None:
+        shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
+        if shape.L > 0:
+            config = overlap_config(shape, q.dtype, q.device, depth_grad)
+    return moda_fa4(q, k, v, k_depth, v_depth, scale=scale, config=config, return_lse=return_lse,
+                    depth_grad=depth_grad, backend=backend)
+
