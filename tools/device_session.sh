@@ -34,6 +34,11 @@
 #   tune-fa4    moda-fa4's depth launches (needs FA4): T = 4096 and 16384, G = 2, L = 256, same cache
 #   bwd-tma     the folded "tma" backward: GPU tests of the MoDA kernel, then tools/kernel_probe.py
 #               (fwd+bwd, the default against the pointer backward it replaced and its knobs)
+#   overlap-tests  GPU tests of the capped/persistent depth launches and moda-fa4 (FA4 where installed)
+#   overlap-probe  the persistent depth backward's item shapes alone at 16 and 24 programs (no FA4 needed)
+#   overlap-limit  issue 20's rows with moda-overlap: T = 16K/32K/64K fwd+bwd and forward only
+#   overlap-rows   the same with detached depth; T = 4096 (graph, eager); G = 2; L = 256
+#   overlap-paper  the paper preset with moda-overlap and every peer
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -120,6 +125,20 @@ for s in "$@"; do
              $KP --T 16384 --G 8 --L 256 --variants default,oldbwd,q0,qn128,bbl64 --l0-variants none --out $R/l256.csv;
              $KP --T 1024,2048 --G 8 --L 64 --variants default,oldbwd --l0-variants default,oldbwd --out $R/short.csv;
              $KP --T 16384 --G 32 --L 64 --variants default,oldbwd --l0-variants none --out $R/g32.csv" ;;
+    overlap-tests) stage overlap-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_depth_ctas.py tests/test_fa4.py ;;
+    overlap-probe) stage overlap-probe timeout 300 python3 tools/overlap_probe.py --seq cudnn --T 16384 --passes bwd \
+             --variants "P=1,b=24,p=1,dbm=64,ds=3" --depth-alone --kernels persist --ctas 16,24 \
+             --alone-variants "dbm=64,ds=3;dbm=64,ds=4;dbm=128,ds=3;dbm=64,ds=3,dw=8;dbm=32,ds=3;dbm=128,ds=2,dw=8" \
+             --max-time 8 --out "$RESULTS/$GPU/overlap_probe_bwd.csv" ;;
+    overlap-limit) R=$RESULTS/$GPU/overlap; P=moda-overlap,moda-fa4,fa4,cudnn,fa2; OV="--require fa4,moda-overlap"
+           stage overlap-fwdbwd $MB sweep $OV --vary T --values 16384,32768,65536 --providers $P --max-time "$MAX_TIME" --out "$R/fwdbwd"
+           stage overlap-fwd $MB sweep $OV --vary T --values 16384,32768,65536 --pass fwd --providers $P --max-time "$MAX_TIME" --out "$R/fwd" ;;
+    overlap-rows) R=$RESULTS/$GPU/overlap; P=moda-overlap,moda-fa4,fa4,cudnn,fa2; OV="--require fa4,moda-overlap"
+           stage overlap-detached $MB sweep $OV --vary T --values 16384,32768,65536 --depth-grad off --providers $P --max-time "$MAX_TIME" --out "$R/detached"
+           stage overlap-t4096 $MB sweep $OV --vary T --values 4096 --timer graph,eager --providers $P --max-time "$MAX_TIME" --out "$R/t4096"
+           stage overlap-g2 $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
+           stage overlap-l256 $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
+    overlap-paper) stage overlap-paper $MB sweep --require fa4,moda-overlap --preset paper --providers moda-overlap,moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-overlap" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
