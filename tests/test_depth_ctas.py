@@ -174,10 +174,11 @@ def test_overlap_programs_scale_with_depth_bytes_per_flop():
     def n(T, G, L, share=FWD_SHARE, sms=132):
         return overlap_programs(MoDAShape(1, T, G * 8, 8, 64, L), sms, share)
     assert n(16384, 8, 64) == 12 and n(16384, 8, 64, BWD_SHARE) == 24   # the calibration point
-    assert n(32768, 8, 64) == 6 and n(4096, 8, 64) == 48                 # 1 / T
-    assert n(16384, 2, 64) == 48 and n(16384, 8, 256) == 48              # 1 / G, L
-    assert n(65536 * 4, 32, 64) == 2 and n(1024, 1, 256) == 132          # clamped to [2, SMs]
-    assert n(16384, 8, 64, sms=66) == 6                                  # a share of this GPU's SMs
+    assert n(8192, 8, 64) == 24 and n(4096, 8, 64) == 48                 # 1 / T
+    assert n(16384, 2, 64) == 48 and n(16384, 8, 256) == 48              # 1 / G below G = 8, L
+    assert n(16384, 32, 64) == 12 and n(16384, 16, 64, BWD_SHARE) == 24  # rows: no 1 / G from G = 8 on
+    assert n(65536, 8, 64) == 8 and n(1024, 1, 256) == 132               # clamped to [8, SMs]
+    assert n(16384, 8, 64, sms=66) == 8 and n(4096, 8, 64, sms=66) == 24  # a share of this GPU's SMs
 
 
 def test_moda_overlap_cpu_default_config():

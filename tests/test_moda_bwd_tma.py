@@ -167,7 +167,7 @@ def test_moda_fa4_depth_launch_under_the_tma_backward(monkeypatch, T, side):
         seen["cfg"] = a[10]
         return torch.zeros_like(q), None, None, kd, vd
 
-    def fake_beside(dev, main, depth, on_side, after):
+    def fake_beside(dev, main, depth, on_side, after, high_priority=False):
         seen["side"] = on_side
         return main(), depth()
 

@@ -9,14 +9,16 @@ persistent, then fills the other SMs, and the two run concurrently; the LSE merg
 the dq sum (backward) follow. n is chosen so that the depth kernel on n SMs takes a little less
 than FA4 on the rest: too few programs leave a depth tail after FA4, too many take SMs from it.
 
-The program counts scale with the ratio of depth bytes to sequence FLOPs, L / (G * T) (B, d and
-Hk cancel), from the H100 calibration at T=16384, G=8, L=64, d=64, bf16: 12 forward programs
+The program counts scale with the ratio of depth work to sequence FLOPs (`overlap_programs`; B, d
+and Hk cancel), from the H100 calibration at T=16384, G=8, L=64, d=64, bf16: 12 forward programs
 (1.052x FA4 [1.042-1.061] forward, where 8 gave 1.57x and 24 gave 1.12x) and 24 backward
 programs (fwd+bwd 1.116x [1.100-1.132]; 16 gave 1.158x, 32 1.128x), both as a share of the
 GPU's SMs (results/h100/overlap-probe). With detached depth the backward writes no depth
 gradients and takes 60% of those programs.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -26,6 +28,7 @@ from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 # The calibration point and its measured best shares of the SMs (H100, 132 SMs)
 BASE_T, BASE_G, BASE_L = 16384, 8, 64
 FWD_SHARE, BWD_SHARE = 12 / 132, 24 / 132
+MIN_PROGRAMS = 8
 DETACHED_BWD = 0.6
 # The streaming kernels' items: folded row blocks of 128 rows (forward) and 64 rows (backward),
 # three items' tiles in flight (H100, T=16384, kernels alone on 8-32 programs: forward 45 GB/s a
@@ -42,9 +45,13 @@ def _sms(device) -> int:
 
 def overlap_programs(shape: MoDAShape, sms: int, share: float) -> int:
     """Programs of a streaming depth launch: share * sms at the calibration point, scaled by the
-    shape's depth bytes per sequence FLOP, L / (G * T), between 2 and all SMs."""
-    scale = (shape.L / BASE_L) * (BASE_G / max(shape.G, 1)) * (BASE_T / max(shape.T, 1))
-    return max(2, min(sms, round(share * sms * scale)))
+    shape's depth work per sequence FLOP, between MIN_PROGRAMS and all SMs (rounded up: a depth
+    tail after FA4 costs far more than a program too many, 8 programs at T=16384 gave 1.57x FA4's
+    forward where 12 gave 1.05x and 16 1.07x). The depth work is its bytes below G = 8, ~ L / (G*T),
+    and its rows from G = 8 on, ~ L / T: a program's item of G rows is compute-bound there (H100,
+    G=32 at the 1/G count ran 3.65x FA4, G=16 1.24x, G=4 1.12x and G=2 1.31x; paper-overlap)."""
+    scale = (shape.L / BASE_L) * (BASE_T / max(shape.T, 1)) * (BASE_G / min(max(shape.G, 1), BASE_G))
+    return max(MIN_PROGRAMS, min(sms, math.ceil(share * sms * scale - 1e-9)))
 
 
 def overlap_config(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
