@@ -37,7 +37,7 @@
 #   overlap-tests  GPU tests of the capped/persistent depth launches and moda-fa4 (FA4 where installed)
 #   overlap-probe  the persistent depth backward's item shapes alone at 16 and 24 programs (no FA4 needed)
 #   overlap-limit  issue 20's rows with moda-overlap: T = 16K/32K/64K fwd+bwd and forward only
-#   overlap-rows   the same with detached depth; T = 4096 (graph, eager); G = 2; L = 256
+#   overlap-rows   the same with detached depth; T = 4096 (graph, eager); G = 2, 16, 32; L = 256
 #   overlap-paper  the paper preset with moda-overlap and every peer
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
@@ -136,7 +136,7 @@ for s in "$@"; do
     overlap-rows) R=$RESULTS/$GPU/overlap; P=moda-overlap,moda-fa4,fa4,cudnn,fa2; OV="--require fa4,moda-overlap"
            stage overlap-detached $MB sweep $OV --vary T --values 16384,32768,65536 --depth-grad off --providers $P --max-time "$MAX_TIME" --out "$R/detached"
            stage overlap-t4096 $MB sweep $OV --vary T --values 4096 --timer graph,eager --providers $P --max-time "$MAX_TIME" --out "$R/t4096"
-           stage overlap-g2 $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
+           stage overlap-g $MB sweep $OV --vary G --values 2,16,32 --providers $P --max-time "$MAX_TIME" --out "$R/g"
            stage overlap-l256 $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
     overlap-paper) stage overlap-paper $MB sweep --require fa4,moda-overlap --preset paper --providers moda-overlap,moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-overlap" ;;
     doctor) stage doctor $MB doctor ;;
