@@ -60,7 +60,7 @@ DEPTH_BLOCKS = (16, 32, 64)
 DEPTH_WARPS = (2, 4, 8)  # the depth-only launches are memory-bound: fewer warps can pay
 BWD_DEPTH_STAGES = (1, 2)
 MAXNREG = (0, 168)  # registers per thread of a "tma" backward pass (0: the compiler's choice)
-ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg")  # integer fields where 0 means "auto"
+ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {
@@ -259,6 +259,8 @@ def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list
         values.update(bwd_block_l=DEPTH_BLOCKS, bwd_depth_stages=BWD_DEPTH_STAGES)
     out = []
     for mode in (FWD_DEPTH_MODES if kernel == "fwd_depth" else BWD_DEPTH_MODES):
+        if mode == "persist":  # moda-overlap's placement (moda_attention refuses it): its knobs are the program counts
+            continue
         unused = UNUSED_BY_PLACEMENT[kernel].get(mode, ())
         axes = [(n, (getattr(base, n),) if n in unused else values[n]) for n in names[1:]]
         for combo in itertools.product(*(v for _, v in axes)):
