@@ -154,43 +154,14 @@ def test_gpu_persist(use_fa4, T, G, L, n):
 
 @pytest.mark.parametrize("G,L", [(8, 64), (3, 5), (1, 130)])
 def test_persist_item_shapes_agree(G, L):
-    """Items of one position (block_m=0) and of folded row blocks give the same partial and gradients."""
+    """Items of different row blocks (and program counts) give the same partial and gradients."""
     from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
     q, k, v, kd, vd, do = random_inputs(2, 21, 2 * G, 2, 32, L, torch.float32, seed=G + L)
     with torch.no_grad():
-        outs = [depth_fwd(q, kd, vd, 0.3, G, n, block_m=bm) for bm, n in ((0, 3), (32, 2))]
+        outs = [depth_fwd(q, kd, vd, 0.3, G, n, block_m=bm, stages=s) for bm, n, s in ((16, 3, 2), (64, 2, 3))]
         for a, b in zip(*outs):
             assert rel_err(a, b) < 1e-5
         od, lsed = outs[0]
-        grads = [depth_bwd(do, q, od, lsed, kd, vd, 0.3, G, n, block_m=bm) for bm, n in ((0, 5), (16, 1))]
+        grads = [depth_bwd(do, q, od, lsed, kd, vd, 0.3, G, n, block_m=bm) for bm, n in ((32, 5), (16, 1))]
     for a, b in zip(*grads):
         assert rel_err(a, b) < 1e-5
-
-
-def test_overlap_programs_scale_with_depth_bytes_per_flop():
-    from moda_bench.ops.moda.overlap import BWD_SHARE, FWD_SHARE, overlap_programs
-    from moda_bench.ops.moda.validate import MoDAShape
-
-    def n(T, G, L, share=FWD_SHARE, sms=132):
-        return overlap_programs(MoDAShape(1, T, G * 8, 8, 64, L), sms, share)
-    assert n(16384, 8, 64) == 12 and n(16384, 8, 64, BWD_SHARE) == 24   # the calibration point
-    assert n(8192, 8, 64) == 24 and n(4096, 8, 64) == 48                 # 1 / T
-    assert n(16384, 2, 64) == 48 and n(16384, 8, 256) == 48              # 1 / G below G = 8, L
-    assert n(16384, 32, 64) == 12 and n(16384, 16, 64, BWD_SHARE) == 24  # rows: no 1 / G from G = 8 on
-    assert n(65536, 8, 64) == 8 and n(1024, 1, 256) == 132               # clamped to [8, SMs]
-    assert n(16384, 8, 64, sms=66) == 8 and n(4096, 8, 64, sms=66) == 24  # a share of this GPU's SMs
-
-
-def test_moda_overlap_cpu_default_config():
-    """moda_overlap picks the persist placement itself and matches the reference (torch backend)."""
-    from moda_bench.ops.moda.overlap import moda_overlap, overlap_config
-    from moda_bench.ops.moda.validate import MoDAShape
-    cfg = overlap_config(MoDAShape(1, 45, 8, 2, 32, 7), torch.float32, "cpu")
-    assert (cfg.fwd_depth, cfg.bwd_depth, cfg.side_priority) == ("persist", "persist", True)
-    assert overlap_config(MoDAShape(1, 45, 8, 2, 32, 7), None, "cpu", depth_grad=False).bwd_depth_ctas \
-        <= cfg.bwd_depth_ctas
-    check_against_reference(lambda *a, **kw: moda_overlap(*a, return_lse=True, backend=TORCH_BACKEND, **kw),
-                            1, 45, 8, 2, 32, 7, torch.float32, seed=11, tol=1e-4)
-    q, k, v, _, _, _ = random_inputs(1, 20, 4, 2, 32, 0, torch.float32, seed=2)
-    out = moda_overlap(q, k, v, backend=TORCH_BACKEND)   # L = 0: the sequence backend alone
-    assert rel_err(out, moda_reference(q, k, v, None, None, out_dtype=torch.float64)) < 1e-4

@@ -18,7 +18,8 @@ bwd_depth_warps), bl (block_l and bwd_block_l), ds (bwd_depth_stages and depth_s
 a variant that names f or b runs the forward/backward depth part as "stream" (concurrent).
 `--depth-alone` also times the depth-only launches alone, capped at each `--ctas` value (their
 per-program rate), of the kernels `--kernels` names: "persist" (`kernel_depth`, the streaming
-kernels) and "rowblock" (the row-block depth-only launches of `kernel_fwd`/`kernel_bwd`); `--seq cudnn` (no FA4 needed) replaces moda-fa4 by a contention test: cuDNN
+kernels; the per-position items of the first probe runs are in git history, commit 4d4372e) and
+"rowblock" (the row-block depth-only launches of `kernel_fwd`/`kernel_bwd`); `--seq cudnn` (no FA4 needed) replaces moda-fa4 by a contention test: cuDNN
 fwd+bwd at L=0 on the main stream and the capped depth launches on the side stream.
 
 Every number comes from `moda_bench.timing.time_interleaved` (interleaved rounds, L2 flushed,
@@ -70,7 +71,7 @@ def parse_variant(text: str, base: MoDAConfig) -> MoDAConfig:
     return cfg
 
 
-def depth_launches(ins, shape, cfg, pass_, pos=False):
+def depth_launches(ins, shape, cfg, pass_):
     """The depth-only launches alone (what moda-fa4 runs beside FA4), on the current stream."""
     q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
     scale = 1.0 / math.sqrt(shape.d)
@@ -81,12 +82,11 @@ def depth_launches(ins, shape, cfg, pass_, pos=False):
     if cfg.fwd_depth == "persist":
         def run():
             if pass_ in ("fwd", "fwdbwd"):
-                depth_fwd(q, kd, vd, scale, shape.G, cfg.depth_ctas, block_m=0 if pos else cfg.depth_block_m,
-                          stages=0 if pos else cfg.depth_stages, num_warps=cfg.depth_warps)
+                depth_fwd(q, kd, vd, scale, shape.G, cfg.depth_ctas, block_m=cfg.depth_block_m,
+                          stages=cfg.depth_stages, num_warps=cfg.depth_warps)
             if pass_ in ("bwd", "fwdbwd"):
-                depth_bwd(do, q, q, lse, kd, vd, scale, shape.G, cfg.bwd_depth_ctas,
-                          block_m=0 if pos else cfg.bwd_depth_block_m, stages=0 if pos else cfg.bwd_depth_stages,
-                          num_warps=cfg.bwd_depth_warps)
+                depth_bwd(do, q, q, lse, kd, vd, scale, shape.G, cfg.bwd_depth_ctas, block_m=cfg.bwd_depth_block_m,
+                          stages=cfg.bwd_depth_stages, num_warps=cfg.bwd_depth_warps)
         return run
 
     def run():
@@ -175,15 +175,14 @@ def main() -> int:
                     for kind in a.kernels.split(","):
                         for extra in a.alone_variants.split(";"):
                             cfg = base.replace(depth_ctas=n, bwd_depth_ctas=n)
-                            pos = "pos" in extra.split(",")
-                            if extra and extra != "pos":
-                                cfg = parse_variant(",".join(x for x in extra.split(",") if x != "pos"), cfg)
+                            if extra:
+                                cfg = parse_variant(extra, cfg)
                             if kind == "persist":
                                 if n == 0:
                                     continue
                                 cfg = cfg.replace(fwd_depth="persist", bwd_depth="persist")
                             name = f"{kind}-alone[ctas={n}{',' + extra if extra else ''}]"
-                            fns[name], cfgs[name] = depth_launches(ins, shape, cfg, pass_, pos), cfg
+                            fns[name], cfgs[name] = depth_launches(ins, shape, cfg, pass_), cfg
             base_name = "fa4" if seq == "fa4" else "cudnn"
             t0 = time.time()
             try:
