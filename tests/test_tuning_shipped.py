@@ -369,3 +369,69 @@ def test_tune_command_op_errors(_isolated):
     assert code != 0 and "no depth launches at L=0" in text
     code, text = run("--op", "moda-fa4", "--kernels", "fwd,bwd_q")
     assert code != 0 and "tunes only fwd_depth, bwd_depth" in text
+
+
+# ----------------------------------------------------------------------------- moda-overlap's program counts
+
+def test_overlap_groups_search_program_counts_around_the_heuristic():
+    from moda_bench.ops.moda.overlap import overlap_heuristic
+    sh = shape()
+    base = overlap_heuristic(sh, "bfloat16", "cpu")
+    assert base.fwd_depth == "persist" and base.depth_ctas > 0 and base.bwd_depth_ctas > 0
+    space = tu.search_space(sh, "fwd_ctas", base)
+    counts = [c.depth_ctas for c in space]
+    assert counts[0] == base.depth_ctas and len(set(counts)) == len(counts) >= 4 and min(counts) >= 2
+    assert all(c.replace(depth_ctas=base.depth_ctas) == base for c in space)   # only the count moves
+    assert {c.bwd_depth_ctas for c in tu.search_space(sh, "bwd_ctas", base)} >= {base.bwd_depth_ctas}
+    assert all(tu.prune_reason(c, sh, "fwd_ctas") is None for c in space)
+    with pytest.raises(ValueError, match="program count"):
+        tu.search_space(sh, "fwd_ctas", default_config(sh))   # no count to tune around
+
+
+class CtasFakeTimer(tu.Timer):
+    """A depth tail below the best count, a lost SM per program above it: forward best at 20,
+    backward at 40; any other field costs nothing."""
+
+    def time(self, cfg, pass_, final=False):
+        fwd = 1.0 + max(0, 20 - cfg.depth_ctas) * 0.05 + cfg.depth_ctas * 0.002
+        bwd = 2.0 + max(0, 40 - cfg.bwd_depth_ctas) * 0.05 + cfg.bwd_depth_ctas * 0.002
+        return {"fwd": fwd, "bwd": bwd}.get(pass_, fwd + bwd)
+
+
+def test_tune_shape_moves_overlap_program_counts_from_its_default(_isolated, tmp_path):
+    """op moda-overlap: starts from and compares against the given default (the heuristic), tunes
+    only the counts, and its stored entry is what overlap_config answers (scaled when detached)."""
+    from moda_bench.ops.moda.overlap import overlap_config, overlap_heuristic
+    sh = shape()
+    base = overlap_heuristic(sh, "bfloat16", "cpu").replace(depth_ctas=10, bwd_depth_ctas=20)
+    res = tu.tune_shape(sh, "bfloat16", CtasFakeTimer(), kernels=tu.OVERLAP_GROUPS, budget=12, op="moda-overlap",
+                        default=base)
+    assert res.decision == "tuned" and res.config.depth_ctas == 20 and res.config.bwd_depth_ctas == 40
+    assert res.config.replace(depth_ctas=10, bwd_depth_ctas=20) == base
+    key, _ = tu.save_result(res, tmp_path / "user.json")
+    assert key == tu.cache_key(sh, "bfloat16", op="moda-overlap")
+    tu.use(tmp_path / "user.json")
+    assert overlap_config(sh, torch.bfloat16, "cpu") == res.config
+    assert overlap_config(sh, torch.bfloat16, "cpu", depth_grad=False).bwd_depth_ctas == 24   # ceil(40 * 0.6)
+    assert resolve_config(sh, torch.bfloat16) == default_config(sh)   # moda never sees it
+    tu.stop_using()
+    assert overlap_config(sh, torch.bfloat16, "cpu") == overlap_heuristic(sh, torch.bfloat16, "cpu")
+
+
+def test_tune_command_overlap_errors(_isolated):
+    """--op moda-overlap takes only its groups, needs L > 0; the others refuse its groups."""
+    from typer.testing import CliRunner
+
+    import re
+
+    from moda_bench.cli import app
+
+    def run(*args):
+        r = CliRunner().invoke(app, ["tune", *args])
+        return r.exit_code, re.sub(r"[\s│╭╮╰╯─]+", " ", r.output)
+    code, text = run("--op", "moda-overlap", "--kernels", "fwd_ctas,fwd")
+    assert code != 0 and "moda-overlap tunes only fwd_ctas, bwd_ctas" in text
+    code, text = run("--op", "moda-overlap", "--L", "0")
+    assert code != 0 and "no depth launches at L=0" in text
+    code, text = run("--kernels", "bwd_ctas")
+    assert code != 0 and "moda-overlap's groups" in text

@@ -107,9 +107,10 @@ def entry_row(p, dtype, entry: dict, *, key="", meta=None, tuned_fields="") -> d
 
 def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms: float, rep_ms: float, seed: int,
                attention: Callable, min_gain: Optional[float] = None, on_plan=None, on_done=None,
-               op: str = "moda"):
+               op: str = "moda", default=None):
     """Tune `shape` on the current CUDA device (moda_bench.tuning.tune_shape with the device
-    timer running `attention`, the operator `op`); on_plan / on_done report progress. Returns the
+    timer running `attention`, the operator `op`, starting from and compared against `default`,
+    the heuristic default config unless given); on_plan / on_done report progress. Returns the
     TuneResult."""
     import torch
 
@@ -118,7 +119,7 @@ def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms:
                              rep_ms=rep_ms, seed=seed, attention=attention)
     return tuning.tune_shape(shape, dtype, timer, kernels=kernels, budget=budget, seed=seed, on_plan=on_plan,
                              on_done=on_done, min_gain=tuning.DEFAULT_MIN_GAIN if min_gain is None else min_gain,
-                             op=op)
+                             op=op, default=default)
 
 
 def write_summary(rows: list[dict], out: Path) -> None:

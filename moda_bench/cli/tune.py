@@ -29,6 +29,9 @@ from moda_bench.bench.tune import (DTYPES, PRESETS, config_changes, entry_row, g
 console = Console(stderr=False)
 
 
+DEFAULT_KERNELS = "fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv"
+
+
 def _fail(msg: str, code: int = 1):
     console.print(f"[bold red]error:[/] {msg}")
     raise typer.Exit(code)
@@ -129,7 +132,8 @@ def tune_command(
         "T from 1024.")] = None,
     kernels: Annotated[str, typer.Option(
         "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
-        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles).")] = "fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv",
+        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_ctas, bwd_ctas (moda-overlap's "
+        "depth programs, its default groups).")] = DEFAULT_KERNELS,
     budget: Annotated[int, typer.Option(
         "--budget", "--max-candidates", min=1, help="Most candidates timed per kernel and shape.")] = 40,
     cache: Annotated[Optional[Path], typer.Option(
@@ -150,8 +154,9 @@ def tune_command(
     device: Annotated[Optional[int], typer.Option("--device", help="CUDA device index.")] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the tuning cache and exit.")] = False,
     op: Annotated[str, typer.Option(
-        "--op", help="Operator to tune: moda (the Triton kernel) or moda-fa4 (its depth launches beside FA4; "
-        "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply).")] = "moda",
+        "--op", help="Operator to tune: moda (the Triton kernel), moda-fa4 (its depth launches beside FA4; "
+        "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its depth programs: "
+        "fwd_ctas, bwd_ctas; needs FA4 and L > 0).")] = "moda",
 ) -> None:
     """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:
@@ -165,14 +170,26 @@ def tune_command(
     from moda_bench.bench.runner import Point
 
     kernel_list = [k.strip() for k in kernels.split(",") if k.strip()]
-    bad = [k for k in kernel_list if k not in tuning.KERNELS]
+    groups = tuning.KERNELS + tuning.OVERLAP_GROUPS
+    bad = [k for k in kernel_list if k not in groups]
     if bad or not kernel_list:
-        raise typer.BadParameter(f"unknown kernel(s) {bad or kernels!r}; choose from {', '.join(tuning.KERNELS)}",
+        raise typer.BadParameter(f"unknown kernel(s) {bad or kernels!r}; choose from {', '.join(groups)}",
                                  param_hint="--kernels")
     from moda_bench.ops.moda.config import OPS
     if op not in OPS:
         raise typer.BadParameter(f"unknown operator {op!r}; choose from {', '.join(OPS)}", param_hint="--op")
-    if op != "moda":  # its sequence part is FA4: only the depth launches read the config
+    if op == "moda-overlap":  # its knobs are the depth launches' program counts
+        if kernels == DEFAULT_KERNELS:
+            kernel_list = list(tuning.OVERLAP_GROUPS)
+        elif any(k not in tuning.OVERLAP_GROUPS for k in kernel_list):
+            raise typer.BadParameter(f"moda-overlap tunes only {', '.join(tuning.OVERLAP_GROUPS)} (its depth "
+                                     "programs; its sequence part is FA4)", param_hint="--kernels")
+        if L == 0:
+            raise typer.BadParameter("moda-overlap has no depth launches at L=0: nothing to tune", param_hint="--L")
+    elif any(k in tuning.OVERLAP_GROUPS for k in kernel_list):
+        raise typer.BadParameter(f"{', '.join(tuning.OVERLAP_GROUPS)} are moda-overlap's groups (--op moda-overlap)",
+                                 param_hint="--kernels")
+    elif op != "moda":  # its sequence part is FA4: only the depth launches read the config
         dropped = [k for k in kernel_list if k not in tuning.DEPTH_GROUPS]
         kernel_list = [k for k in kernel_list if k in tuning.DEPTH_GROUPS]
         if not kernel_list:
@@ -216,13 +233,15 @@ def tune_command(
         from moda_bench.ops.moda import MoDAConfig, default_config, moda_attention
     except ImportError as exc:
         _fail(f"the MoDA kernel cannot be imported: {exc}")
-    attention = moda_attention
-    if op == "moda-fa4":
-        from moda_bench.ops.moda import fa4
+    attention, default_fn = moda_attention, default_config
+    if op in ("moda-fa4", "moda-overlap"):
+        from moda_bench.ops.moda import fa4, overlap
         why = fa4.fa4_unavailable(torch.device("cuda", torch.cuda.current_device()))
         if why:
-            _fail(f"moda-fa4 cannot run here: {why}", 2)
-        attention = fa4.moda_fa4
+            _fail(f"{op} cannot run here: {why}", 2)
+        attention = fa4.moda_fa4 if op == "moda-fa4" else overlap.moda_overlap
+        if op == "moda-overlap":
+            default_fn = lambda sh, dt: overlap.overlap_heuristic(sh, dt, torch.device("cuda"))  # noqa: E731
 
     from moda_bench.schema import run_metadata
     cache_path = tuning.resolve_cache_path(cache)
@@ -242,13 +261,14 @@ def tune_command(
         entry = existing.get(key)
         cfg = tuning.entry_config(entry, shape.G, key) if isinstance(entry, dict) and not force else None
         if cfg is not None:
-            changes = config_changes(cfg, default_config(shape, dtype))
+            changes = config_changes(cfg, default_fn(shape, dtype))
             console.print(f"[dim]{_shape_label(p)}: cached ({changes}); --force retunes[/]")
             rows.append(entry_row(p, dtype, entry, key=key, meta=meta, tuned_fields=changes))
             shown.append(changes + " (cached)")
             continue
         try:
-            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, gain, op)
+            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, gain, op,
+                               default_fn(shape, dtype))
         except Exception as exc:  # OOM on the inputs, the default config failing, ...
             failures += 1
             msg = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -258,7 +278,7 @@ def tune_command(
             torch.cuda.empty_cache()
             continue
         tuning.save_result(result, cache_path)
-        default = default_config(shape, dtype)
+        default = default_fn(shape, dtype)
         changes = config_changes(result.config, default)
         skipped = sum(len(ks.skipped) for ks in result.kernels.values())
         cand = (f"candidate {result.candidate_ms:.4g} ms, ratio {result.ratio:.3f} "
@@ -292,7 +312,8 @@ def tune_command(
         raise typer.Exit(1)
 
 
-def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, min_gain, op="moda"):
+def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, min_gain, op="moda",
+              default=None):
     """Tune one shape with a rich progress bar (one bar per kernel)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -312,4 +333,5 @@ def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, att
             progress.update(state["task"], advance=1, best=best)
 
         return tune_point(shape, dtype, kernel_list, budget=budget, warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed,
-                          attention=attention, min_gain=min_gain, on_plan=on_plan, on_done=on_done, op=op)
+                          attention=attention, min_gain=min_gain, on_plan=on_plan, on_done=on_done, op=op,
+                          default=default)

@@ -20,6 +20,9 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise), timed on the backward pass with the fwd and bwd_q winners
           fixed.
+  fwd_ctas, bwd_ctas  moda-overlap's only knobs: the programs of its forward / backward depth
+          launch (depth_ctas, bwd_depth_ctas), its heuristic's count times CTAS_FACTORS; timed
+          on the forward / backward pass.
 The two depth groups start with one candidate per placement (the base's other fields), since
 the placement decides most of what the depth part costs; the tile groups start with a seeded
 random sample (`candidate_configs`).
@@ -46,7 +49,8 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
 DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
-KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order
+OVERLAP_GROUPS = ("fwd_ctas", "bwd_ctas")  # moda-overlap's knobs: its depth programs per pass
+KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order of moda and moda-fa4 (moda-overlap: OVERLAP_GROUPS)
 DEFAULT_BUDGET = 40
 DEFAULT_SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
 MAX_REGS_PER_THREAD = 255
@@ -60,6 +64,9 @@ DEPTH_BLOCKS = (16, 32, 64)
 DEPTH_WARPS = (2, 4, 8)  # the depth-only launches are memory-bound: fewer warps can pay
 BWD_DEPTH_STAGES = (1, 2)
 MAXNREG = (0, 168)  # registers per thread of a "tma" backward pass (0: the compiler's choice)
+# moda-overlap: program counts tried around the base's (its heuristic's): a tail of depth work
+# after FA4 costs far more than a program too many, hence more factors above 1
+CTAS_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0, 3.0)
 ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
@@ -71,6 +78,8 @@ KERNEL_FIELDS = {
     "fwd_depth": ("fwd_depth", "depth_block_m", "depth_warps", "depth_after"),
     "bwd_depth": ("bwd_depth", "bwd_depth_block_m", "bwd_depth_warps", "bwd_block_l", "bwd_depth_stages",
                   "bwd_depth_after"),
+    "fwd_ctas": ("depth_ctas",),
+    "bwd_ctas": ("bwd_depth_ctas",),
 }
 # Fields each placement leaves unused (they stay at the base's value in the search space).
 UNUSED_BY_PLACEMENT = {
@@ -202,6 +211,8 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
         return f"invalid: {probs[0]}"
     if kernel in DEPTH_GROUPS:
         return _depth_prune_reason(cfg, shape, kernel, max_regs)
+    if kernel in OVERLAP_GROUPS:  # a program count: nothing to estimate
+        return None
     smem = smem_bytes(cfg, shape, kernel, elem)
     if smem > smem_limit:
         return f"shared memory: ~{smem // 1024} KiB > {smem_limit // 1024} KiB"
@@ -284,6 +295,13 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
     """
     if kernel in DEPTH_GROUPS:
         return list(dict.fromkeys(_depth_search_space(shape, kernel, base)))
+    if kernel in OVERLAP_GROUPS:
+        name = KERNEL_FIELDS[kernel][0]
+        n0 = getattr(base, name)
+        if n0 <= 0:
+            raise ValueError(f"{kernel} tunes around a program count; the base config has {name}={n0}")
+        counts = [n0] + sorted({max(2, round(n0 * f)) for f in CTAS_FACTORS} - {n0})
+        return [base.replace(**{name: n}) for n in counts]
     gp = group_pad(shape.G)
     rows = _row_choices(gp)
     out: list[MoDAConfig] = []

@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Optional
 from moda_bench.ops.moda.config import MoDAConfig, default_config
 from moda_bench.ops.moda.validate import MoDAShape
 from moda_bench.timing import RoundRule, interleave
-from moda_bench.tuning.space import (DEFAULT_BUDGET, DEFAULT_SMEM_BYTES, DEPTH_GROUPS, KERNELS, candidate_configs,
-                                     device_smem_limit, dtype_name, neighbours, prune_candidates)
+from moda_bench.tuning.space import (DEFAULT_BUDGET, DEFAULT_SMEM_BYTES, DEPTH_GROUPS, KERNELS, OVERLAP_GROUPS,
+                                     candidate_configs, device_smem_limit, dtype_name, neighbours, prune_candidates)
 
 DEFAULT_MIN_GAIN = 0.02  # the candidate must be at least this much faster (upper 95% bound)
 # Rounds of the candidate-vs-default comparison: at least 10, until the ratio's 95% interval is
@@ -281,7 +281,7 @@ class TuneResult:
 
 def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] = KERNELS,
                budget: int = DEFAULT_BUDGET, smem_limit: Optional[int] = None, seed: int = 0,
-               min_gain: float = DEFAULT_MIN_GAIN, op: str = "moda",
+               min_gain: float = DEFAULT_MIN_GAIN, op: str = "moda", default: Optional[MoDAConfig] = None,
                on_plan: Optional[Callable[[str, int, dict], None]] = None,
                on_done: Optional[Callable[[MoDAConfig, Optional[float], Optional[str]], None]] = None) -> TuneResult:
     """Tune `kernels` one after another (fwd and fwd_depth timed on 'fwd', the others on
@@ -289,17 +289,19 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
     config on fwd+bwd in interleaved rounds (`timer.compare`). The winner is kept (decision
     'tuned') only if the 95% upper bound of its time ratio to the default is below 1 - min_gain;
     otherwise the default is recorded (decision 'default', speedup 1). `op` (config.OPS) names
-    the operator the timer runs, recorded in the result for its cache key.
+    the operator the timer runs, recorded in the result for its cache key; `default` is the
+    config to beat and to start from (the heuristic `default_config` unless given: moda-overlap
+    passes its own, `overlap.overlap_heuristic`).
     """
     t0 = time.perf_counter()
     dtype = dtype_name(dtype)
     smem_limit = device_smem_limit() if smem_limit is None else smem_limit
-    default = default_config(shape, dtype)
+    default = default_config(shape, dtype) if default is None else default
     cfg, results, notes = default, {}, []
     for kernel in kernels:
-        if kernel in DEPTH_GROUPS and shape.L == 0:
+        if kernel in DEPTH_GROUPS + OVERLAP_GROUPS and shape.L == 0:
             continue  # no depth part to place
-        pass_ = "fwd" if kernel in ("fwd", "fwd_depth") else "bwd"
+        pass_ = "fwd" if kernel in ("fwd", "fwd_depth", "fwd_ctas") else "bwd"
         ks = tune_kernel(shape, kernel, cfg, lambda c, p=pass_: timer.time(c, p), dtype=dtype, budget=budget,
                          smem_limit=smem_limit, seed=seed, on_plan=on_plan, on_done=on_done)
         results[kernel] = ks

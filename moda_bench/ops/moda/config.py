@@ -413,7 +413,7 @@ _shipped_on = True
 # The operators with tuned configs of their own: `moda_attention` ("moda", keys as they always
 # were) and `moda_fa4` ("moda-fa4": only its depth launches read the config; its keys start with
 # "moda-fa4|", and without an entry of its own it takes what "moda" would).
-OPS = ("moda", "moda-fa4")
+OPS = ("moda", "moda-fa4", "moda-overlap")
 
 
 def op_prefix(op: str) -> str:
@@ -553,7 +553,7 @@ def _base_config(shape: MoDAShape, dtype, key) -> MoDAConfig:
     return cfg
 
 
-def _op_config(shape: MoDAShape, dtype, op: str) -> Optional[MoDAConfig]:
+def op_config(shape: MoDAShape, dtype, op: str) -> Optional[MoDAConfig]:
     """An operator's own tuned config (op other than "moda"): the installed source's entry for
     it (a source with an op-aware `config(shape, dtype, op=)`, as the tuning cache has), else
     this GPU's shipped one; None where neither has one. The shipped answer is memoised."""
@@ -573,12 +573,12 @@ def _op_config(shape: MoDAShape, dtype, op: str) -> Optional[MoDAConfig]:
 def resolve_config(shape: MoDAShape, dtype, config: Optional[MoDAConfig] = None, op: str = "moda") -> MoDAConfig:
     """Explicit config, else the installed source's answer, else this GPU's shipped config, else
     the heuristic default (memoised per shape, dtype and device; see the module docstring). An
-    operator other than "moda" (`OPS`) first looks for its own entries (`_op_config`), then
+    operator other than "moda" (`OPS`) first looks for its own entries (`op_config`), then
     answers as for "moda"."""
     if config is not None:
         return config
     if op != "moda":
-        return _op_config(shape, dtype, op) or resolve_config(shape, dtype)
+        return op_config(shape, dtype, op) or resolve_config(shape, dtype)
     global _memo_stamp
     key = (shape, dtype, current_device_index())
     src = _source

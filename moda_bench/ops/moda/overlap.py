@@ -1,6 +1,7 @@
 """MoDA with the depth part streamed beside FlashAttention-4 on a reserved share of the SMs:
-`moda_overlap` (the `moda-overlap` provider), i.e. `moda_fa4` under the "persist" placement, and
-`overlap_config`, the heuristic that sizes that share per shape.
+`moda_overlap` (the `moda-overlap` provider), i.e. `moda_fa4` under the "persist" placement;
+`overlap_config`, its config per shape (a tuned entry, `moda-bench tune --op moda-overlap`, else
+`overlap_heuristic`, which sizes that share from the shape).
 
 How it runs (issue 20; measurements in docs/FUSED_PROTOTYPES.md, "The overlap route"): the depth
 part's persistent streaming kernels (`kernel_depth`, items of folded row blocks) are launched
@@ -22,7 +23,7 @@ import math
 
 import torch
 
-from moda_bench.ops.moda.config import MoDAConfig, group_pad, resolve_config
+from moda_bench.ops.moda.config import MoDAConfig, group_pad, op_config, resolve_config
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
 # The calibration point and its measured best shares of the SMs (H100, 132 SMs)
@@ -54,9 +55,10 @@ def overlap_programs(shape: MoDAShape, sms: int, share: float) -> int:
     return max(MIN_PROGRAMS, min(sms, math.ceil(share * sms * scale - 1e-9)))
 
 
-def overlap_config(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
+def overlap_heuristic(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
     """moda-fa4's resolved config with the "persist" placement on both passes, the side stream at
-    the highest priority and the program counts of `overlap_programs` for this GPU."""
+    the highest priority and the program counts of `overlap_programs` for this GPU (what
+    `moda-bench tune --op moda-overlap` starts from and must beat)."""
     sms = _sms(device)
     bwd_share = BWD_SHARE * (1.0 if depth_grad else DETACHED_BWD)
     return resolve_config(shape, dtype, op="moda-fa4").replace(
@@ -64,6 +66,18 @@ def overlap_config(shape: MoDAShape, dtype=None, device=None, depth_grad: bool =
         depth_ctas=overlap_programs(shape, sms, FWD_SHARE), bwd_depth_ctas=overlap_programs(shape, sms, bwd_share),
         depth_block_m=max(FWD_BLOCK_M, group_pad(shape.G)), bwd_depth_block_m=max(BWD_BLOCK_M, group_pad(shape.G)),
         depth_stages=STAGES, bwd_depth_stages=STAGES, depth_warps=4, bwd_depth_warps=4)
+
+
+def overlap_config(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
+    """moda-overlap's config: its own tuned entry for the shape (the tuning cache in use, else
+    this GPU's shipped file; `config.op_config`), its backward programs scaled by DETACHED_BWD
+    with detached depth; else `overlap_heuristic`."""
+    tuned = op_config(shape, dtype, "moda-overlap") if shape.L > 0 else None
+    if tuned is None or tuned.fwd_depth != "persist":
+        return overlap_heuristic(shape, dtype, device, depth_grad)
+    if not depth_grad:
+        tuned = tuned.replace(bwd_depth_ctas=max(MIN_PROGRAMS, math.ceil(tuned.bwd_depth_ctas * DETACHED_BWD)))
+    return tuned
 
 
 def moda_overlap(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
