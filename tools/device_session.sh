@@ -39,6 +39,8 @@
 #   overlap-limit  issue 20's rows with moda-overlap: T = 16K/32K/64K fwd+bwd and forward only
 #   overlap-rows   the same with detached depth; T = 4096 (graph, eager); G = 2, 16, 32; L = 256
 #   overlap-paper  the paper preset with moda-overlap and every peer
+#   tune-overlap   moda-overlap's program counts at issue 20's rows (T, G = 2/16/32, L = 256) into
+#               $RESULTS/$GPU/tuning-overlap; then `moda-bench tune --export-shipped` ships the winners
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -139,6 +141,11 @@ for s in "$@"; do
            stage overlap-g $MB sweep $OV --vary G --values 2,16,32 --providers $P --max-time "$MAX_TIME" --out "$R/g"
            stage overlap-l256 $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
     overlap-paper) stage overlap-paper $MB sweep --require fa4,moda-overlap --preset paper --providers moda-overlap,moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-overlap" ;;
+    tune-overlap) R=$RESULTS/$GPU/tuning-overlap; mkdir -p "$R"
+           TUNE="$MB tune --op moda-overlap --budget 8 --min-gain 3% --cache $R/tuning.json"
+           stage tune-overlap-T $TUNE --vary T --values 4096,16384,32768,65536 --out "$R/tune_T.csv"
+           stage tune-overlap-G $TUNE --vary G --values 2,16,32 --out "$R/tune_G.csv"
+           stage tune-overlap-L $TUNE --vary L --values 256 --out "$R/tune_L.csv" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
