@@ -19,6 +19,12 @@ read neighbouring heads of the same positions.
 
 * `depth_fwd`: the normalised partial (o_d, lse_d) of every row over its L depth keys, through
   the descriptor forward's depth phase (`kernel_fwd_tma.depth_phase`).
+* Between items every warp meets at a CTA barrier (`tl.debug_barrier`): the next item's
+  descriptor copies land in the shared buffers this item's tiles used, and Triton allocates
+  and fills them anew for each pass of the persistent loop. Added after the tuner's
+  full-tensor check at T=32768 (H100) found outputs that depended on the program count: 2.6-3.0%
+  from moda-fa4's at 4, 6 and 10 programs, under 2% at 8. The prefix checks against fp64 passed
+  at 0.3%. Whether this barrier was the cause is not yet measured.
 * `depth_bwd`: given the merged out and lse (the whole MoDA softmax), the depth keys' share of dq
   and, with depth_grad, dk_depth and dv_depth, through the folded backward's `depth_part`; each
   row's lse2 and delta = rowsum(o * do) are computed here.
@@ -70,6 +76,7 @@ def depth_fwd_kernel(Q, KD, VD, OD, LSED, qk_scale, B, T, L, G, Hk, Hq, n_items,
         tl.store(OD + qrow[:, None] * HEAD_DIM + offs_d[None, :], (acc / l_i[:, None]).to(OD.dtype.element_ty),
                  mask=row_ok[:, None])
         tl.store(LSED + qrow, (m_i + tl.math.log2(l_i)) / 1.4426950408889634, mask=row_ok)
+        tl.debug_barrier()  # every warp is done with this item's shared tiles before the next item's copies land
 
 
 @triton.jit(do_not_specialize=["B", "T", "L", "n_items"])
@@ -108,6 +115,7 @@ def depth_bwd_kernel(Q, DO, O, LSE, KD, VD, DQ, DKD, DVD, qk_scale, sm_scale, B,
                         dkddesc, dvddesc, b, j, t0, T, L, Hk, qk_scale, sm_scale, GP, BLOCK_M, D, S, BL, True, PREC,
                         DEPTH_STAGES, DEPTH_GRAD)
         tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
+        tl.debug_barrier()  # as in the forward
 
 
 # ----------------------------------------------------------------------------- host side
