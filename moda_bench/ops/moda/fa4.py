@@ -254,20 +254,20 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
         o, lse_ht = backend.fwd(q, k, v, scale)
         return o, lse_ht, lse_ht.transpose(1, 2)
     if cfg.fwd_depth == "persist":  # the streaming depth kernel on its share of the SMs, beside the sequence
-        (o, lse_ht), (od, lsed) = _beside(
-            q.device, lambda: backend.fwd(q, k, v, scale),
-            lambda: depth_fwd(q, kd, vd, scale, shape.G, persist_programs(cfg.depth_ctas, q.device),
-                              block_m=cfg.depth_block_m, stages=cfg.depth_stages, num_warps=cfg.depth_warps),
-            True, cfg.depth_after, cfg.side_priority)
-        _merge(o, lse_ht, od, lsed)
-        return o, lse_ht, lsed
-    depth_cfg = cfg.replace(fwd_depth="split")
-    if cfg.fwd_depth == "tma":  # moda's descriptor forward: its block_l is per position; keep the depth
-        depth_cfg = depth_cfg.replace(block_l=pointer_block_l(shape.L))  # launch's own default
-    (o, lse_ht), (od, lsed) = _beside(
-        q.device, lambda: backend.fwd(q, k, v, scale),
-        lambda: moda_fwd(q, k, v, kd, vd, scale, shape, depth_cfg, depth_only=True),
-        cfg.fwd_depth == "stream", cfg.depth_after, cfg.side_priority)
+        def depth():
+            return depth_fwd(q, kd, vd, scale, shape.G, persist_programs(cfg.depth_ctas, q.device),
+                             block_m=cfg.depth_block_m, stages=cfg.depth_stages, num_warps=cfg.depth_warps)
+        side = True
+    else:
+        depth_cfg = cfg.replace(fwd_depth="split")
+        if cfg.fwd_depth == "tma":  # moda's descriptor forward: its block_l is per position; keep the depth
+            depth_cfg = depth_cfg.replace(block_l=pointer_block_l(shape.L))  # launch's own default
+
+        def depth():
+            return moda_fwd(q, k, v, kd, vd, scale, shape, depth_cfg, depth_only=True)
+        side = cfg.fwd_depth == "stream"
+    (o, lse_ht), (od, lsed) = _beside(q.device, lambda: backend.fwd(q, k, v, scale), depth, side, cfg.depth_after,
+                                      cfg.side_priority)
     _merge(o, lse_ht, od, lsed)
     return o, lse_ht, lsed
 
@@ -276,28 +276,26 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
     if shape.L == 0:
         dq, dk, dv = backend.bwd(q, k, v, o, do, lse_ht, scale)
         return dq, dk, dv, None, None
-    if cfg.bwd_depth == "persist":
-        (dq, dk, dv), (dq_d, dkd, dvd) = _beside(
-            q.device, lambda: backend.bwd(q, k, v, o, do, lse_ht, scale),
-            lambda: depth_bwd(do, q, o, lse_th, kd, vd, scale, shape.G, persist_programs(cfg.bwd_depth_ctas, q.device),
-                              depth_grad=depth_grad, block_m=cfg.bwd_depth_block_m, stages=cfg.bwd_depth_stages,
-                              num_warps=cfg.bwd_depth_warps),
-            True, cfg.bwd_depth_after, cfg.side_priority)
-        dq.add_(dq_d)
-        return dq, dk, dv, dkd, dvd
-    depth_cfg = cfg.replace(bwd_depth="split")
-    side = cfg.bwd_depth == "stream"
-    if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels' default
-        depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L))  # (block_l, placement as before it)
-        side = pointer_bwd_depth(shape.T) == "stream"
+    if cfg.bwd_depth == "persist":  # the streaming depth kernel (delta per item) beside the sequence backward
+        def depth():
+            return depth_bwd(do, q, o, lse_th, kd, vd, scale, shape.G, persist_programs(cfg.bwd_depth_ctas, q.device),
+                             depth_grad=depth_grad, block_m=cfg.bwd_depth_block_m, stages=cfg.bwd_depth_stages,
+                             num_warps=cfg.bwd_depth_warps)
+        side = True
+    else:
+        depth_cfg = cfg.replace(bwd_depth="split")
+        side = cfg.bwd_depth == "stream"
+        if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels' default
+            depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L))  # (block_l, placement as before it)
+            side = pointer_bwd_depth(shape.T) == "stream"
 
-    def depth():
-        delta = torch.empty_like(lse_th)
-        n_rows = delta.numel()
-        moda_bwd_delta_kernel[(cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=shape.d, BLOCK=128)
-        dq_d, _, _, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse_th, scale, shape, depth_cfg, depth_only=True,
-                                        delta=delta, depth_grad=depth_grad)
-        return dq_d, dkd, dvd
+        def depth():
+            delta = torch.empty_like(lse_th)
+            n_rows = delta.numel()
+            moda_bwd_delta_kernel[(cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=shape.d, BLOCK=128)
+            dq_d, _, _, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse_th, scale, shape, depth_cfg, depth_only=True,
+                                            delta=delta, depth_grad=depth_grad)
+            return dq_d, dkd, dvd
 
     (dq, dk, dv), (dq_d, dkd, dvd) = _beside(q.device, lambda: backend.bwd(q, k, v, o, do, lse_ht, scale), depth,
                                              side, cfg.bwd_depth_after, cfg.side_priority)

@@ -272,8 +272,11 @@ def default_block_l(G: int, block_m: int) -> int:
     return S * bl
 
 
-def _num_sms(device) -> int:
-    if device.type == "cuda":
+def num_sms(device) -> int:
+    """Multiprocessors of a CUDA device (a torch.device, its string or None); 4 off CUDA (the
+    interpreter's stand-in)."""
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
@@ -296,7 +299,7 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     n_tiles = n_m * B * Hk
     if use_desc:
         ensure_allocator()
-    grid = (min(n_tiles, _num_sms(q.device)),) if persistent else (n_m, B * Hk)
+    grid = (min(n_tiles, num_sms(q.device)),) if persistent else (n_m, B * Hk)
     moda_fwd_tma_kernel[grid](
         q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles,
         GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc), WS=bool(ws),

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from moda_bench.ops.moda.config import MoDAConfig, group_pad, op_config, resolve_config
+from moda_bench.ops.moda.kernel_fwd_tma import num_sms
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
 # The calibration point and its measured best shares of the SMs (H100, 132 SMs)
@@ -36,12 +35,6 @@ DETACHED_BWD = 0.6
 # program at 128 rows and 3 stages against 33-36 at 64 rows or 2 stages and 16 with one position
 # an item; backward fastest at 64 rows and 3 stages)
 FWD_BLOCK_M, BWD_BLOCK_M, STAGES = 128, 64, 3
-
-
-def _sms(device) -> int:
-    if device is not None and torch.device(device).type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 def overlap_programs(shape: MoDAShape, sms: int, share: float) -> int:
@@ -59,7 +52,7 @@ def overlap_heuristic(shape: MoDAShape, dtype=None, device=None, depth_grad: boo
     """moda-fa4's resolved config with the "persist" placement on both passes, the side stream at
     the highest priority and the program counts of `overlap_programs` for this GPU (what
     `moda-bench tune --op moda-overlap` starts from and must beat)."""
-    sms = _sms(device)
+    sms = num_sms(device)
     bwd_share = BWD_SHARE * (1.0 if depth_grad else DETACHED_BWD)
     return resolve_config(shape, dtype, op="moda-fa4").replace(
         fwd_depth="persist", bwd_depth="persist", side_priority=True,
