@@ -8,6 +8,7 @@
 #   fa4-small   pip-install the small FlashAttention-4 wheels of .fa4/small into /tmp/fa4site
 #   fa4-part1   keep the first half of the packed cu13 libraries (.fa4/p1) in /tmp
 #   fa4-big     join it with the second half (.fa4/p2) and unpack into /tmp/fa4site
+#   fa4-q1, fa4-q2, fa4-q3  the same in three parts (.fa4/q1..q3), one call each, for a tree too large for halves
 #   tests       GPU-marked tests of the new operators (decode, Depth-Attention, detached depth)
 #   kernel-tests GPU-marked tests of the decode and Depth-Attention kernels only (after a kernel edit)
 #   fa4-tests   GPU-marked tests that need FA4 (moda-fa4 with detached depth, dattn on FA4)
@@ -41,6 +42,10 @@
 #   overlap-paper  the paper preset with moda-overlap and every peer
 #   tune-overlap   moda-overlap's program counts at issue 20's rows (T, G = 2/16/32, L = 256) into
 #               $RESULTS/$GPU/tuning-overlap; then `moda-bench tune --export-shipped` ships the winners
+#   overlap-tuned  the rows the tuner looks at again (T = 4096 and 32768 under the graph timer, G = 2, L = 256)
+#               with the shipped file in place: moda-overlap tuned against moda-fa4 and FA4
+#   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
+#               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -68,6 +73,9 @@ for s in "$@"; do
   case $s in
     fa4-small) stage fa4-small python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fa4site .fa4/small/*.whl ;;
     fa4-part1) stage fa4-part1 cp .fa4/p1/cu13.part.aa /tmp/ ;;
+    fa4-q1) stage fa4-q1 cp .fa4/q1/cu13.q.aa /tmp/ ;;
+    fa4-q2) stage fa4-q2 cp .fa4/q2/cu13.q.ab /tmp/ ;;
+    fa4-q3) stage fa4-q3 bash -c 'cat /tmp/cu13.q.aa /tmp/cu13.q.ab .fa4/q3/cu13.q.ac | xz -d | tar -xf - -C /tmp/fa4site && python3 -c "from flash_attn.cute import flash_attn_func; print(\"FA4 ok\")"' ;;
     fa4-big) stage fa4-big bash -c 'cat /tmp/cu13.part.aa .fa4/p2/cu13.part.ab | xz -d | tar -xf - -C /tmp/fa4site && python3 -c "from flash_attn.cute import flash_attn_func; print(\"FA4 ok\")"' ;;
     tests) stage tests timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_decode.py tests/test_dattn.py tests/test_depth_grad.py -k "not fa4" ;;
     kernel-tests) stage kernel-tests timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_decode.py tests/test_dattn.py tests/test_dattn_chained.py -k "not fa4" ;;
@@ -142,10 +150,20 @@ for s in "$@"; do
            stage overlap-l256 $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
     overlap-paper) stage overlap-paper $MB sweep --require fa4,moda-overlap --preset paper --providers moda-overlap,moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-overlap" ;;
     tune-overlap) R=$RESULTS/$GPU/tuning-overlap; mkdir -p "$R"
-           TUNE="$MB tune --op moda-overlap --budget 8 --min-gain 3% --cache $R/tuning.json"
+           TUNE="timeout ${STAGE_TIMEOUT:-300} $MB tune --op moda-overlap --budget 8 --min-gain 3% --cache $R/tuning.json"
            stage tune-overlap-T $TUNE --vary T --values 4096,16384,32768,65536 --out "$R/tune_T.csv"
            stage tune-overlap-G $TUNE --vary G --values 2,16,32 --out "$R/tune_G.csv"
-           stage tune-overlap-L $TUNE --vary L --values 256 --out "$R/tune_L.csv" ;;
+           stage tune-overlap-L $TUNE --vary L --values 256 --out "$R/tune_L.csv"
+           stage tune-overlap-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
+           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+    overlap-tuned) R=$RESULTS/$GPU/overlap-tuned; P=moda-overlap,moda-fa4,fa4; OV="--require fa4,moda-overlap"
+           stage overlap-tuned-t $MB sweep $OV --vary T --values 4096,32768 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t"
+           stage overlap-tuned-g $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
+           stage overlap-tuned-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
+    overlap-check) stage overlap-check timeout 400 python3 tools/overlap_check.py --T 32768 --programs 132,10,8,4 --reps 2 --full \
+             --out "$RESULTS/$GPU/overlap_check_32k.csv"
+           stage overlap-check-odd timeout 200 python3 tools/overlap_check.py --T 4099,65536 --programs 132,10,4 --reps 2 \
+             --out "$RESULTS/$GPU/overlap_check_odd.csv" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
