@@ -46,6 +46,7 @@
 #               with the shipped file in place: moda-overlap tuned against moda-fa4 and FA4
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
 #               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
+#   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -164,6 +165,8 @@ for s in "$@"; do
              --out "$RESULTS/$GPU/overlap_check_32k.csv"
            stage overlap-check-odd timeout 200 python3 tools/overlap_check.py --T 4099,65536 --programs 132,10,4 --reps 2 \
              --out "$RESULTS/$GPU/overlap_check_odd.csv" ;;
+    overlap-det) stage overlap-det timeout 400 python3 tools/overlap_check.py --determinism --T 32768,16384,4099 \
+             --out "$RESULTS/$GPU/overlap_determinism.csv" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac

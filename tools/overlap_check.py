@@ -13,7 +13,10 @@ Three levels, each printed as one line per tensor and written to a CSV:
 2. `full` (FA4 installed): `moda_overlap` at each program count against `moda_fa4`'s default
    (the unfused reference), out and all five gradients, and moda-fa4 against itself (run to run
    noise of FA4's backward).
-3. `--tuner`: the tuner's own check (`tuning.tuner` device timer) for the same candidates.
+3. `--determinism` (FA4 installed), instead of the two: which part varies from run to run (FA4's
+   forward alone, the depth partial alone, FA4 + depth + merge in order, moda-fa4's and
+   moda-overlap's whole forward, and `out` cloned before and after the backward), each against
+   an fp32 reference of 32 sampled positions (all heads).
 
     PYTHONPATH=$PWD python3 tools/overlap_check.py --T 32768,4099 --programs 4,8,10,132 --out o.csv
 """
@@ -138,6 +141,92 @@ def level_full(T, G, L, programs, rows, args):
     _ = resolve_config
 
 
+def sampled_reference(x, scale: float, G: int, positions):
+    """fp32 MoDA output (n, Hq, d) of the rows at `positions` (all heads): causal sequence keys
+    0..t and the row's own L depth keys under one softmax."""
+    q, k, v, kd, vd = (x[n].detach() for n in ("q", "k", "v", "k_depth", "v_depth"))
+    outs = []
+    for t in positions:
+        qt = q[0, t].float().reshape(-1, G, q.shape[-1])                      # Hk, G, d
+        ks = torch.cat([k[0, :t + 1].float(), kd[0, t].float()], 0)             # t+1+L, Hk, d
+        vs = torch.cat([v[0, :t + 1].float(), vd[0, t].float()], 0)
+        s = torch.einsum("jgd,njd->jgn", qt, ks) * scale
+        outs.append(torch.einsum("jgn,njd->jgd", torch.softmax(s, -1), vs).reshape(-1, q.shape[-1]))
+    return torch.stack(outs)
+
+
+def level_determinism(T, G, L, rows, args):
+    """Which part varies run to run: FA4's forward alone, the depth partial, the merge, the whole
+    forward of moda-fa4 and moda-overlap, and `out` before and after the backward."""
+    from moda_bench.ops.moda.fa4 import FA4_BACKEND, _merge, moda_fa4
+    from moda_bench.ops.moda.overlap import moda_overlap
+    Hk, d = args.Hk, args.d
+    scale = d ** -0.5
+    x = make_inputs(1, T, G * Hk, Hk, d, L, device=args.device, requires_grad=True, seed=5)
+    leaves = [x[k] for k in ("q", "k", "v", "k_depth", "v_depth")]
+    q, k, v, kd, vd = (t.detach() for t in leaves)
+    gen = torch.Generator().manual_seed(3)
+    pos = sorted(set([0, 1, T // 2, T - 1] + torch.randint(0, T, (28,), generator=gen).tolist()))
+    ref = sampled_reference(x, scale, G, pos)
+
+    def record(what, rep, got, first):
+        sample = got[0, pos].float()
+        row = dict(level="determinism", T=T, G=G, L=L, programs=what, rep=rep, tensor="out",
+                   rel_err=max_rel_err(sample, ref), max_abs=float((sample - ref).abs().max()),
+                   bitwise_same_as_first=bool(torch.equal(got, first)), bad_rows=-1, first_bad="")
+        rows.append(row)
+        print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+    from moda_bench.ops.moda.config import resolve_config
+    from moda_bench.ops.moda.validate import MoDAShape
+    split_cfg = resolve_config(MoDAShape(B=1, T=T, Hq=G * Hk, Hk=Hk, d=d, L=L), q.dtype, op="moda-fa4").replace(
+        fwd_depth="split", bwd_depth="split")  # everything on one stream, in order
+    with torch.no_grad():
+        cases = {
+            "fa4-fwd-alone": lambda: FA4_BACKEND.fwd(q, k, v, scale)[0].clone(),
+            "depth-fwd-alone": lambda: depth_fwd(q, kd, vd, scale, G, 16)[0].clone(),
+            "moda-fa4-fwd": lambda: moda_fa4(q, k, v, kd, vd).clone(),
+            "moda-overlap-fwd": lambda: moda_overlap(q, k, v, kd, vd).clone(),
+            "moda-fa4-split-fwd": lambda: moda_fa4(q, k, v, kd, vd, config=split_cfg).clone(),
+        }
+
+        def staged():  # FA4, then the depth partial, then the merge, all on one stream in order
+            o, lse = FA4_BACKEND.fwd(q, k, v, scale)
+            torch.cuda.synchronize()
+            od, lsed = depth_fwd(q, kd, vd, scale, G, 16)
+            torch.cuda.synchronize()
+            _merge(o, lse, od, lsed)
+            torch.cuda.synchronize()
+            return o.clone()
+        cases["serial-merge"] = staged
+        for what, fn in cases.items():
+            first = fn()
+            for rep in range(3):
+                got = first if rep == 0 else fn()
+                if what.endswith("alone"):  # partials: no reference, bitwise only
+                    rows.append(dict(level="determinism", T=T, G=G, L=L, programs=what, rep=rep, tensor="partial",
+                                     rel_err=math.nan, max_abs=math.nan,
+                                     bitwise_same_as_first=bool(torch.equal(got, first)), bad_rows=-1, first_bad=""))
+                    print(f"{what} rep={rep} bitwise_same_as_first={torch.equal(got, first)}", flush=True)
+                else:
+                    record(what, rep, got, first)
+    for label, fn in (("moda-fa4", moda_fa4), ("moda-overlap", moda_overlap)):
+        first = None
+        for rep in range(3):
+            for t in leaves:
+                t.grad = None
+            out = fn(*leaves)
+            before = out.detach().clone()
+            out.backward(x["do"])
+            torch.cuda.synchronize()
+            after = out.detach().clone()
+            first = before if first is None else first
+            record(label + "-before-bwd", rep, before, first)
+            record(label + "-after-bwd", rep, after, before)
+    del x
+    torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="32768,4099")
@@ -149,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="runs of each program count")
     ap.add_argument("--bad", type=float, default=0.05, help="row relative error counted as bad")
     ap.add_argument("--full", action="store_true", help="also moda_overlap against moda_fa4 (needs FA4)")
+    ap.add_argument("--determinism", action="store_true",
+                    help="only the run-to-run level: FA4, depth, merge, whole forwards, out around the backward (FA4)")
     ap.add_argument("--device", default="cuda", help="cpu: the depth level under TRITON_INTERPRET=1")
     ap.add_argument("--out", default="overlap_check.csv")
     args = ap.parse_args(argv)
@@ -156,6 +247,9 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     try:
         for T in [int(v) for v in args.T.split(",")]:
+            if args.determinism:
+                level_determinism(T, args.G, args.L, rows, args)
+                continue
             level_depth(T, args.G, args.L, programs, args.bad, rows, args)
             if args.full:
                 level_full(T, args.G, args.L, programs, rows, args)
