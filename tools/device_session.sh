@@ -167,6 +167,8 @@ for s in "$@"; do
              --out "$RESULTS/$GPU/overlap_check_odd.csv" ;;
     overlap-det) stage overlap-det timeout 400 python3 tools/overlap_check.py --determinism --T 32768,16384,4099 \
              --out "$RESULTS/$GPU/overlap_determinism.csv" ;;
+    overlap-lse) stage overlap-lse timeout 300 python3 tools/overlap_check.py --lse --T 32768,16384 \
+             --out "$RESULTS/$GPU/overlap_lse.csv" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac

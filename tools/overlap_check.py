@@ -227,6 +227,75 @@ def level_determinism(T, G, L, rows, args):
     torch.cuda.empty_cache()
 
 
+def level_lse(T, G, L, rows, args):
+    """FA4's lse and the merge at full size: FA4's forward into lse buffers pre-filled with NaN and
+    with 7.0 (rows it leaves unwritten keep them), its lse against an fp32 logsumexp of sampled
+    rows, the merge kernel twice on the same inputs, and where two moda_fa4 forwards differ."""
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    from moda_bench.ops.moda.fa4 import _merge, moda_fa4
+    Hk, d = args.Hk, args.d
+    scale = d ** -0.5
+    x = make_inputs(1, T, G * Hk, Hk, d, L, device=args.device, requires_grad=False, seed=5)
+    q, k, v, kd, vd = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
+    Hq = G * Hk
+
+    def say(**kw):
+        row = dict(level="lse", T=T, G=G, L=L, programs=kw.pop("what"), rep=kw.pop("rep", 0), tensor=kw.pop("tensor"),
+                   rel_err=kw.pop("rel_err", math.nan), max_abs=kw.pop("max_abs", math.nan),
+                   bitwise_same_as_first=kw.pop("same", True), bad_rows=kw.pop("bad", -1),
+                   first_bad=kw.pop("where", ""))
+        rows.append(row)
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+    def where(mask_bht):  # (B,Hq,T) bool -> "h:t" of the first few, and how many distinct t / h
+        idx = torch.nonzero(mask_bht[0])
+        if idx.numel() == 0:
+            return ""
+        hs, ts = idx[:, 0], idx[:, 1]
+        return (f"n_h={hs.unique().numel()} n_t={ts.unique().numel()} t_min={int(ts.min())} t_max={int(ts.max())} "
+                + " ".join(f"{int(h)}:{int(t)}" for h, t in idx[:8].tolist()))
+
+    for fill in (float("nan"), 7.0):
+        lse = torch.full((1, Hq, T), fill, device=q.device, dtype=torch.float32)
+        _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=True, return_lse=True, lse=lse)
+        torch.cuda.synchronize()
+        left = lse.isnan() if fill != fill else (lse == fill)
+        say(what=f"fa4-lse-prefill-{fill}", tensor="lse", bad=int(left.sum()), where=where(left))
+    o1, l1 = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=True, return_lse=True)[:2]
+    o2, l2 = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=True, return_lse=True)[:2]
+    torch.cuda.synchronize()
+    diff = l1 != l2
+    say(what="fa4-lse-twice", tensor="lse", same=bool(torch.equal(l1, l2)), bad=int(diff.sum()), where=where(diff))
+    say(what="fa4-o-twice", tensor="o", same=bool(torch.equal(o1, o2)))
+    gen = torch.Generator().manual_seed(3)
+    pos = sorted(set([0, 1, T // 2, T - 1] + torch.randint(0, T, (60,), generator=gen).tolist()))
+    ref = torch.stack([torch.logsumexp(torch.einsum("jgd,njd->jgn", q[0, t].float().reshape(Hk, G, d),
+                                                    k[0, :t + 1].float()) * scale, -1).reshape(-1) for t in pos], 1)
+    got = l1[0][:, pos]
+    say(what="fa4-lse-vs-fp32", tensor="lse", rel_err=max_rel_err(got, ref), max_abs=float((got - ref).abs().max()))
+    od, lsed = depth_fwd(q, kd, vd, scale, G, 16)
+    outs = []
+    for rep in range(2):
+        o, lh, ld = o1.clone(), l1.clone(), lsed.clone()
+        torch.cuda.synchronize()
+        _merge(o, lh, od, ld)
+        torch.cuda.synchronize()
+        outs.append((o, lh, ld))
+    say(what="merge-twice", tensor="out", same=bool(torch.equal(outs[0][0], outs[1][0])))
+    say(what="merge-twice", tensor="lse", same=bool(torch.equal(outs[0][1], outs[1][1])))
+    runs = [moda_fa4(q, k, v, kd, vd, return_lse=True) for _ in range(3)]
+    torch.cuda.synchronize()
+    for rep, (o, lse_th) in enumerate(runs[1:], 1):
+        bad = (o != runs[0][0]).any(-1).permute(0, 2, 1)  # (B,Hq,T)
+        say(what="moda-fa4-fwd-vs-first", rep=rep, tensor="out", same=not bool(bad.any()), bad=int(bad.sum()),
+            rel_err=max_rel_err(o, runs[0][0]), where=where(bad))
+        badl = (lse_th != runs[0][1]).permute(0, 2, 1)
+        say(what="moda-fa4-fwd-vs-first", rep=rep, tensor="lse", bad=int(badl.sum()), where=where(badl))
+    del x
+    torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", default="32768,4099")
@@ -238,6 +307,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="runs of each program count")
     ap.add_argument("--bad", type=float, default=0.05, help="row relative error counted as bad")
     ap.add_argument("--full", action="store_true", help="also moda_overlap against moda_fa4 (needs FA4)")
+    ap.add_argument("--lse", action="store_true", help="only FA4's lse and the merge at full size (FA4)")
     ap.add_argument("--determinism", action="store_true",
                     help="only the run-to-run level: FA4, depth, merge, whole forwards, out around the backward (FA4)")
     ap.add_argument("--device", default="cuda", help="cpu: the depth level under TRITON_INTERPRET=1")
@@ -247,6 +317,9 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     try:
         for T in [int(v) for v in args.T.split(",")]:
+            if args.lse:
+                level_lse(T, args.G, args.L, rows, args)
+                continue
             if args.determinism:
                 level_determinism(T, args.G, args.L, rows, args)
                 continue
