@@ -42,7 +42,7 @@
 #   overlap-paper  the paper preset with moda-overlap and every peer
 #   tune-overlap   moda-overlap's program counts at issue 20's rows (T, G = 2/16/32, L = 256) into
 #               $RESULTS/$GPU/tuning-overlap; then `moda-bench tune --export-shipped` ships the winners
-#   overlap-tuned  the rows the tuner looks at again (T = 4096 and 32768 under the graph timer, G = 2, L = 256)
+#   overlap-tuned  the rows the tuner looks at again (T = 4096, 32768, 65536 under the graph timer, G = 2/16/32, L = 256)
 #               with the shipped file in place: moda-overlap tuned against moda-fa4 and FA4
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
 #               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
@@ -136,7 +136,7 @@ for s in "$@"; do
              $KP --T 16384 --G 8 --L 256 --variants default,oldbwd,q0,qn128,bbl64 --l0-variants none --out $R/l256.csv;
              $KP --T 1024,2048 --G 8 --L 64 --variants default,oldbwd --l0-variants default,oldbwd --out $R/short.csv;
              $KP --T 16384 --G 32 --L 64 --variants default,oldbwd --l0-variants none --out $R/g32.csv" ;;
-    overlap-tests) stage overlap-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_depth_ctas.py tests/test_fa4.py ;;
+    overlap-tests) stage overlap-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_merge.py tests/test_depth_ctas.py tests/test_fa4.py ;;
     overlap-probe) stage overlap-probe timeout 300 python3 tools/overlap_probe.py --seq cudnn --T 16384 --passes bwd \
              --variants "P=1,b=24,p=1,dbm=64,ds=3" --depth-alone --kernels persist --ctas 16,24 \
              --alone-variants "dbm=64,ds=3;dbm=64,ds=4;dbm=128,ds=3;dbm=64,ds=3,dw=8;dbm=32,ds=3;dbm=128,ds=2,dw=8" \
@@ -158,8 +158,8 @@ for s in "$@"; do
            stage tune-overlap-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
            cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
     overlap-tuned) R=$RESULTS/$GPU/overlap-tuned; P=moda-overlap,moda-fa4,fa4; OV="--require fa4,moda-overlap"
-           stage overlap-tuned-t $MB sweep $OV --vary T --values 4096,32768 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t"
-           stage overlap-tuned-g $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
+           stage overlap-tuned-t $MB sweep $OV --vary T --values 4096,32768,65536 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t"
+           stage overlap-tuned-g $MB sweep $OV --vary G --values 2,16,32 --providers $P --max-time "$MAX_TIME" --out "$R/g"
            stage overlap-tuned-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
     overlap-check) stage overlap-check timeout 400 python3 tools/overlap_check.py --T 32768 --programs 132,10,8,4 --reps 2 --full \
              --out "$RESULTS/$GPU/overlap_check_32k.csv"

@@ -10,8 +10,8 @@ and the strided log-sum-exp merge kernel `fa4_merge_kernel`.
 How `moda_fa4` computes (layouts as in `kernel`: q (B,T,Hq,d), k_depth (B,T,L,Hk,d)):
 * forward: the sequence backend gives (o_s, lse_s) with lse in FA4's (B,Hq,T) layout; the
   split placement's depth-only launch (`moda_fwd(..., depth_only=True)`) gives the depth
-  partial (o_d, lse_d), lse in our (B,T,Hq) layout; `fa4_merge_kernel` merges them in place,
-  writing the joint lse in both layouts (o_s's and lse_s's buffers, and lse_d's).
+  partial (o_d, lse_d), lse in our (B,T,Hq) layout; `fa4_merge_kernel` merges them into new tensors
+  (never in place, see its docstring), writing the joint lse in both layouts.
 * backward: FA4's backward called with the MERGED out and lse returns the sequence keys' exact
   dk, dv and their share of dq (it recomputes P = exp(S - lse) and D = rowsum(dO o) from what it
   is given). The depth part is the depth-only backward launch (`moda_bwd(..., depth_only=True,
@@ -104,7 +104,7 @@ class SequenceBackend:
     """The sequence half of `moda_fa4`: causal GQA attention over the T sequence keys.
 
     fwd(q, k, v, scale) -> (o, lse): o (B,T,Hq,d) in q's dtype, lse (B,Hq,T) float32 contiguous
-        (natural log); `moda_fa4` overwrites both in place with the merged values.
+        (natural log); `moda_fa4` merges them with the depth partial into new tensors.
     bwd(q, k, v, o, do, lse, scale) -> (dq, dk, dv): the exact gradients of the sequence keys
         given an EXTERNAL (o, lse) (the merged ones), P = exp(scale q.k - lse) and
         D = rowsum(do * o); dq is the sequence keys' share only.
@@ -178,11 +178,14 @@ TORCH_BACKEND = SequenceBackend("torch", _torch_fwd, _torch_bwd, SUPPORTED_DTYPE
 
 # ------------------------------------------------------------------ merge kernel
 @triton.jit
-def fa4_merge_kernel(O, LSE_HT, OD, LSED, n_rows, T, Hq, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """Merge the sequence partial (O, LSE_HT) with the depth partial (OD, LSED) by log-sum-exp,
-    in place. Rows are the flattened (b, t, h) of O/OD (B,T,Hq,d) and LSED (B,T,Hq), all
-    contiguous; LSE_HT is (B,Hq,T) contiguous (FA4's layout). Writes the merged output to O and
-    the merged lse to both LSE_HT and LSED."""
+def fa4_merge_kernel(O1, LSE_HT1, OD, LSED, O, LSE_HT, LSE_TH, n_rows, T, Hq, HEAD_DIM: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Merge the sequence partial (O1, LSE_HT1) with the depth partial (OD, LSED) by log-sum-exp
+    into buffers of their own: the merged output O and lse in both layouts, LSE_HT (B,Hq,T; FA4's)
+    and LSE_TH (B,T,Hq). Rows are the flattened (b, t, h) of O1/OD/O (B,T,Hq,d) and LSED, all
+    contiguous. Never in place: merged into O1, a program's threads stored some rows before others
+    had loaded them (Triton 3.6 gave the load and the store different thread layouts; H100,
+    T=32768: 8-84 rows in groups of 4 heads differed from run to run, `tools/overlap_check.py --lse`)."""
     rows = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)  # rows * d may pass 2**31
     ok = rows < n_rows
     b = rows // (T * Hq)
@@ -190,16 +193,16 @@ def fa4_merge_kernel(O, LSE_HT, OD, LSED, n_rows, T, Hq, HEAD_DIM: tl.constexpr,
     h = rows % Hq
     ht = b * (Hq * T) + h * T + t
     offs_d = tl.arange(0, HEAD_DIM)
-    l1 = tl.load(LSE_HT + ht, mask=ok, other=0.0)
+    l1 = tl.load(LSE_HT1 + ht, mask=ok, other=0.0)
     l2 = tl.load(LSED + rows, mask=ok, other=0.0)
     a1, a2, lse = lse_merge(l1, l2)
     optr = rows[:, None] * HEAD_DIM + offs_d[None, :]
-    o1 = tl.load(O + optr, mask=ok[:, None], other=0.0).to(tl.float32)
+    o1 = tl.load(O1 + optr, mask=ok[:, None], other=0.0).to(tl.float32)
     o2 = tl.load(OD + optr, mask=ok[:, None], other=0.0).to(tl.float32)
     o = o1 * a1[:, None] + o2 * a2[:, None]
     tl.store(O + optr, o.to(O.dtype.element_ty), mask=ok[:, None])
     tl.store(LSE_HT + ht, lse, mask=ok)
-    tl.store(LSED + rows, lse, mask=ok)
+    tl.store(LSE_TH + rows, lse, mask=ok)
 
 
 MERGE_BLOCK = 64
@@ -214,11 +217,14 @@ def persist_programs(ctas: int, device) -> int:
     return PERSIST_PROGRAMS if device.type == "cuda" else 4
 
 
-def _merge(o, lse_ht, od, lsed) -> None:
-    B, T, Hq, d = o.shape
+def _merge(o1, lse_ht1, od, lsed):
+    """(o, lse (B,Hq,T), lse (B,T,Hq)): the merged output and lse, in new tensors."""
+    B, T, Hq, d = o1.shape
     n_rows = B * T * Hq
-    fa4_merge_kernel[(cdiv(n_rows, MERGE_BLOCK),)](o, lse_ht, od, lsed, n_rows, T, Hq, HEAD_DIM=d,
-                                                   BLOCK=MERGE_BLOCK)
+    o, lse_ht, lse_th = torch.empty_like(o1), torch.empty_like(lse_ht1), torch.empty_like(lsed)
+    fa4_merge_kernel[(cdiv(n_rows, MERGE_BLOCK),)](o1, lse_ht1, od, lsed, o, lse_ht, lse_th, n_rows, T, Hq,
+                                                   HEAD_DIM=d, BLOCK=MERGE_BLOCK)
+    return o, lse_ht, lse_th
 
 
 # ------------------------------------------------------------------ side stream
@@ -268,8 +274,7 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
         side = cfg.fwd_depth == "stream"
     (o, lse_ht), (od, lsed) = _beside(q.device, lambda: backend.fwd(q, k, v, scale), depth, side, cfg.depth_after,
                                       cfg.side_priority)
-    _merge(o, lse_ht, od, lsed)
-    return o, lse_ht, lsed
+    return _merge(o, lse_ht, od, lsed)
 
 
 def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend, depth_grad=True):

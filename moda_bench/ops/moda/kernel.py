@@ -67,6 +67,7 @@ from moda_bench.ops.moda.triton_utils import dot_precision
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
 LOG2E = 1.4426950408889634
+MERGE_BLOCK = 64  # rows per program of the log-sum-exp merges
 
 _SIDE_STREAMS: dict = {}
 
@@ -213,8 +214,7 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
                                    depth_only_sub(cfg, G, dbm),
                                    **dict(seq_meta, BLOCK_M=dbm, num_warps=cfg.depth_warps, num_stages=1)),
                     cfg.depth_after, cfg.side_priority)
-        n_rows = B * T * Hq
-        moda_merge_kernel[(cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
+        o, lse = merge_partials(o, lse, od, lsed)
     elif mode == "split":
         dbm = cfg.depth_block_m
         n_d = B * Hk * cdiv(T * gp, dbm)
@@ -226,8 +226,17 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
     else:  # overlap
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
         launch((2 * n_seq, B * Hk), od, lsed, n_seq, FWD_BOTH, depth_only_sub(cfg, G, cfg.block_m), **seq_meta)
-        n_rows = B * T * Hq
-        moda_merge_kernel[(cdiv(n_rows, 64),)](o, lse, od, lsed, n_rows, HEAD_DIM=d, BLOCK=64)
+        o, lse = merge_partials(o, lse, od, lsed)
+    return o, lse
+
+
+def merge_partials(o1, lse1, o2, lse2):
+    """The log-sum-exp merge of two normalised partials (o (B,T,Hq,d), lse (B,T,Hq), contiguous)
+    into new tensors (`moda_merge_kernel`; never in place: see its docstring)."""
+    o, lse = torch.empty_like(o1), torch.empty_like(lse1)
+    n_rows = lse1.numel()
+    moda_merge_kernel[(cdiv(n_rows, MERGE_BLOCK),)](o1, lse1, o2, lse2, o, lse, n_rows, HEAD_DIM=o1.shape[-1],
+                                                    BLOCK=MERGE_BLOCK)
     return o, lse
 
 

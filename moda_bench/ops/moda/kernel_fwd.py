@@ -4,7 +4,7 @@
 its MODE (FWD_*) says which phases a program computes: the causal sequence loop, the depth
 phase over the block's own positions (batched sub-tiles, `triton_utils.depth_tile`), or both
 under one online softmax, possibly starting from a depth partial already in O/LSE.
-`moda_merge_kernel` merges two normalised partials (o, lse) by log-sum-exp.
+`moda_merge_kernel` merges two normalised partials (o, lse) by log-sum-exp into buffers of its own.
 """
 from __future__ import annotations
 
@@ -171,17 +171,21 @@ def moda_fwd_kernel(
 
 
 @triton.jit
-def moda_merge_kernel(O, LSE, OD, LSED, n_rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """O, LSE <- softmax merge of the two partials (O, LSE) and (OD, LSED) over the flattened
-    (B*T*Hq, d) rows (all four contiguous)."""
+def moda_merge_kernel(O1, LSE1, O2, LSE2, O, LSE, n_rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """(O, LSE) <- softmax merge of the two partials (O1, LSE1) and (O2, LSE2) over the flattened
+    (B*T*Hq, d) rows (all six contiguous). The outputs are buffers of their own: merged in place
+    (O = O1), a program's threads stored some rows before others had loaded them (Triton 3.6 gave
+    the load and the store different thread layouts; H100, T=32768: 8-84 rows in groups of 4 heads
+    differed from run to run, `tools/overlap_check.py --lse`)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = rows < n_rows
-    l1 = tl.load(LSE + rows, mask=ok, other=0.0)
-    l2 = tl.load(LSED + rows, mask=ok, other=0.0)
+    l1 = tl.load(LSE1 + rows, mask=ok, other=0.0)
+    l2 = tl.load(LSE2 + rows, mask=ok, other=0.0)
     a1, a2, lse = lse_merge(l1, l2)
-    o1 = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    o2 = tl.load(OD + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    optr = rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    o1 = tl.load(O1 + optr, mask=ok[:, None], other=0.0).to(tl.float32)
+    o2 = tl.load(O2 + optr, mask=ok[:, None], other=0.0).to(tl.float32)
     o = o1 * a1[:, None] + o2 * a2[:, None]
-    tl.store(O + rows[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=ok[:, None])
+    tl.store(O + optr, o.to(O.dtype.element_ty), mask=ok[:, None])
     tl.store(LSE + rows, lse, mask=ok)
