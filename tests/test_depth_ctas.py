@@ -158,13 +158,17 @@ def test_persist_item_shapes_agree(G, L):
     from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
     q, k, v, kd, vd, do = random_inputs(2, 21, 2 * G, 2, 32, L, torch.float32, seed=G + L)
     with torch.no_grad():
-        outs = [depth_fwd(q, kd, vd, 0.3, G, n, block_m=bm, stages=s) for bm, n, s in ((16, 3, 2), (64, 2, 3))]
-        for a, b in zip(*outs):
-            assert rel_err(a, b) < 1e-5
+        outs = [depth_fwd(q, kd, vd, 0.3, G, n, block_m=bm, stages=s, num_warps=w)
+                for bm, n, s, w in ((16, 3, 2, 4), (64, 2, 3, 4), (256, 1, 4, 8))]   # the tuner's item range
+        for other in outs[1:]:
+            for a, b in zip(outs[0], other):
+                assert rel_err(a, b) < 1e-5
         od, lsed = outs[0]
-        grads = [depth_bwd(do, q, od, lsed, kd, vd, 0.3, G, n, block_m=bm) for bm, n in ((32, 5), (16, 1))]
-    for a, b in zip(*grads):
-        assert rel_err(a, b) < 1e-5
+        grads = [depth_bwd(do, q, od, lsed, kd, vd, 0.3, G, n, block_m=bm, stages=s, num_warps=w)
+                 for bm, n, s, w in ((32, 5, 3, 4), (16, 1, 2, 4), (128, 2, 4, 8))]
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert rel_err(a, b) < 1e-5
 
 
 @pytest.mark.gpu

@@ -430,8 +430,53 @@ def test_tune_command_overlap_errors(_isolated):
         r = CliRunner().invoke(app, ["tune", *args])
         return r.exit_code, re.sub(r"[\s│╭╮╰╯─]+", " ", r.output)
     code, text = run("--op", "moda-overlap", "--kernels", "fwd_ctas,fwd")
-    assert code != 0 and "moda-overlap tunes only fwd_ctas, bwd_ctas" in text
+    assert code != 0 and "moda-overlap tunes only fwd_items, fwd_ctas, bwd_items, bwd_ctas" in text
     code, text = run("--op", "moda-overlap", "--L", "0")
     assert code != 0 and "no depth launches at L=0" in text
     code, text = run("--kernels", "bwd_ctas")
     assert code != 0 and "moda-overlap's groups" in text
+
+
+def test_overlap_item_groups_search_the_streaming_items():
+    """fwd_items / bwd_items: rows per item (at least GP), depth steps in flight and warps of the
+    persist kernels, base first, nothing else moves; they refuse a base that is not moda-overlap's."""
+    from moda_bench.ops.moda.overlap import overlap_heuristic
+    for G in (2, 8, 32):
+        sh = shape(G=G)
+        base = overlap_heuristic(sh, "bfloat16", "cpu")
+        for group, rows_field in (("fwd_items", "depth_block_m"), ("bwd_items", "bwd_depth_block_m")):
+            space = tu.search_space(sh, group, base)
+            assert space[0] == base and len(space) == len(set(space)) > 6
+            names = tu.KERNEL_FIELDS[group]
+            assert all(c.replace(**{n: getattr(base, n) for n in names}) == base for c in space)
+            gp = max(2, 1 << (G - 1).bit_length())
+            assert all(getattr(c, rows_field) % gp == 0 and getattr(c, rows_field) >= gp for c in space)
+            assert all(tu.prune_reason(c, sh, group) is None for c in space)
+    with pytest.raises(ValueError, match="persist"):
+        tu.search_space(shape(), "fwd_items", default_config(shape()))
+
+
+class ItemsFakeTimer(CtasFakeTimer):
+    """As CtasFakeTimer, plus: forward items of 256 rows and backward items of 4 stages x 8 warps
+    stream fastest (a slower item needs more programs: its penalty shrinks as the count grows)."""
+
+    def time(self, cfg, pass_, final=False):
+        fwd = 1.0 + max(0, 20 - cfg.depth_ctas) * 0.05 + cfg.depth_ctas * 0.002
+        fwd += 0.0 if cfg.depth_block_m == 256 else 4.0 / cfg.depth_ctas
+        bwd = 2.0 + max(0, 40 - cfg.bwd_depth_ctas) * 0.05 + cfg.bwd_depth_ctas * 0.002
+        bwd += 0.0 if (cfg.bwd_depth_stages, cfg.bwd_depth_warps) == (4, 8) else 8.0 / cfg.bwd_depth_ctas
+        return {"fwd": fwd, "bwd": bwd}.get(pass_, fwd + bwd)
+
+
+def test_tune_shape_overlap_tunes_items_then_counts(_isolated):
+    from moda_bench.ops.moda.overlap import overlap_heuristic
+    sh = shape()
+    base = overlap_heuristic(sh, "bfloat16", "cpu").replace(depth_ctas=10, bwd_depth_ctas=20)
+    assert base.depth_block_m != 256 and (base.bwd_depth_stages, base.bwd_depth_warps) != (4, 8)
+    res = tu.tune_shape(sh, "bfloat16", ItemsFakeTimer(), kernels=tu.OVERLAP_GROUPS, budget=24, op="moda-overlap",
+                        default=base)
+    c = res.config
+    assert res.decision == "tuned"
+    assert c.depth_block_m == 256 and (c.bwd_depth_stages, c.bwd_depth_warps) == (4, 8)
+    assert c.depth_ctas == 20 and c.bwd_depth_ctas == 40
+    assert c.fwd_depth == c.bwd_depth == "persist"

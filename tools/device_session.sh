@@ -44,6 +44,8 @@
 #               $RESULTS/$GPU/tuning-overlap; then `moda-bench tune --export-shipped` ships the winners
 #   overlap-tuned  the rows the tuner looks at again (T = 4096, 32768, 65536 under the graph timer, G = 2/16/32, L = 256)
 #               with the shipped file in place: moda-overlap tuned against moda-fa4 and FA4
+#   tune-overlap-items  moda-overlap's four groups (items and program counts) at G = 2, L = 256, T = 4096, from this
+#               GPU's committed tuning cache (--force), the export, then those rows with the shipped file
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
 #               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
 #   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
@@ -161,6 +163,17 @@ for s in "$@"; do
            stage overlap-tuned-t $MB sweep $OV --vary T --values 4096,32768,65536 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t"
            stage overlap-tuned-g $MB sweep $OV --vary G --values 2,16,32 --providers $P --max-time "$MAX_TIME" --out "$R/g"
            stage overlap-tuned-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
+    tune-overlap-items) R=$RESULTS/$GPU/tuning-overlap-items; mkdir -p "$R"; cp "results/$GPU/tuning-overlap/tuning.json" "$R/"
+           TUNE="timeout ${STAGE_TIMEOUT:-300} $MB tune --op moda-overlap --budget 8 --min-gain 3% --force --cache $R/tuning.json"
+           stage tune-items-G $TUNE --vary G --values 2 --out "$R/tune_G.csv"
+           stage tune-items-L $TUNE --vary L --values 256 --out "$R/tune_L.csv"
+           stage tune-items-T $TUNE --vary T --values 4096 --out "$R/tune_T.csv"
+           stage tune-items-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
+           cp moda_bench/ops/moda/tuned/*.json "$R/"
+           R=$RESULTS/$GPU/overlap-items; P=moda-overlap,moda-fa4,fa4; OV="--require fa4,moda-overlap"
+           stage items-rows-t $MB sweep $OV --vary T --values 4096 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t4096"
+           stage items-rows-g $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
+           stage items-rows-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
     overlap-check) stage overlap-check timeout 400 python3 tools/overlap_check.py --T 32768 --programs 132,10,8,4 --reps 2 --full \
              --out "$RESULTS/$GPU/overlap_check_32k.csv"
            stage overlap-check-odd timeout 200 python3 tools/overlap_check.py --T 4099,65536 --programs 132,10,4 --reps 2 \

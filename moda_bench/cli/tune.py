@@ -132,8 +132,8 @@ def tune_command(
         "T from 1024.")] = None,
     kernels: Annotated[str, typer.Option(
         "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
-        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_ctas, bwd_ctas (moda-overlap's "
-        "depth programs, its default groups).")] = DEFAULT_KERNELS,
+        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_items, fwd_ctas, bwd_items, bwd_ctas "
+        "(moda-overlap's streaming depth items and program counts, its default groups).")] = DEFAULT_KERNELS,
     budget: Annotated[int, typer.Option(
         "--budget", "--max-candidates", min=1, help="Most candidates timed per kernel and shape.")] = 40,
     cache: Annotated[Optional[Path], typer.Option(
@@ -155,8 +155,8 @@ def tune_command(
     show: Annotated[bool, typer.Option("--show", help="Print the tuning cache and exit.")] = False,
     op: Annotated[str, typer.Option(
         "--op", help="Operator to tune: moda (the Triton kernel), moda-fa4 (its depth launches beside FA4; "
-        "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its depth programs: "
-        "fwd_ctas, bwd_ctas; needs FA4 and L > 0).")] = "moda",
+        "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its streaming depth kernels: "
+        "fwd_items, fwd_ctas, bwd_items, bwd_ctas; needs FA4 and L > 0).")] = "moda",
 ) -> None:
     """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:
@@ -178,12 +178,12 @@ def tune_command(
     from moda_bench.ops.moda.config import OPS
     if op not in OPS:
         raise typer.BadParameter(f"unknown operator {op!r}; choose from {', '.join(OPS)}", param_hint="--op")
-    if op == "moda-overlap":  # its knobs are the depth launches' program counts
+    if op == "moda-overlap":  # its knobs are the depth launches' items and program counts
         if kernels == DEFAULT_KERNELS:
             kernel_list = list(tuning.OVERLAP_GROUPS)
         elif any(k not in tuning.OVERLAP_GROUPS for k in kernel_list):
             raise typer.BadParameter(f"moda-overlap tunes only {', '.join(tuning.OVERLAP_GROUPS)} (its depth "
-                                     "programs; its sequence part is FA4)", param_hint="--kernels")
+                                     "kernels' items and programs; its sequence part is FA4)", param_hint="--kernels")
         if L == 0:
             raise typer.BadParameter("moda-overlap has no depth launches at L=0: nothing to tune", param_hint="--L")
     elif any(k in tuning.OVERLAP_GROUPS for k in kernel_list):

@@ -20,9 +20,12 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise), timed on the backward pass with the fwd and bwd_q winners
           fixed.
-  fwd_ctas, bwd_ctas  moda-overlap's only knobs: the programs of its forward / backward depth
-          launch (depth_ctas, bwd_depth_ctas), its heuristic's count times CTAS_FACTORS; timed
-          on the forward / backward pass.
+  fwd_items, fwd_ctas, bwd_items, bwd_ctas  moda-overlap's knobs, in that order: the items of
+          its streaming depth kernels (rows per item x depth steps in flight x warps:
+          depth_block_m x depth_stages x depth_warps, and the bwd_ fields) and the programs of
+          its forward / backward depth launch (depth_ctas, bwd_depth_ctas: its heuristic's count
+          times CTAS_FACTORS); timed on the forward / backward pass. A program's rate sets how
+          many programs the depth bytes need, so each pass's items come before its count.
 The two depth groups start with one candidate per placement (the base's other fields), since
 the placement decides most of what the depth part costs; the tile groups start with a seeded
 random sample (`candidate_configs`).
@@ -49,7 +52,7 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
 DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
-OVERLAP_GROUPS = ("fwd_ctas", "bwd_ctas")  # moda-overlap's knobs: its depth programs per pass
+OVERLAP_GROUPS = ("fwd_items", "fwd_ctas", "bwd_items", "bwd_ctas")  # moda-overlap's knobs, tuning order
 KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order of moda and moda-fa4 (moda-overlap: OVERLAP_GROUPS)
 DEFAULT_BUDGET = 40
 DEFAULT_SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
@@ -67,6 +70,12 @@ MAXNREG = (0, 168)  # registers per thread of a "tma" backward pass (0: the comp
 # moda-overlap: program counts tried around the base's (its heuristic's): a tail of depth work
 # after FA4 costs far more than a program too many, hence more factors above 1
 CTAS_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0, 3.0)
+# moda-overlap's streaming items (kernel_depth): folded rows per item (multiples of GP), depth steps
+# in flight, warps; the forward's items are larger (H100 probe: 128 rows, 3 stages best forward,
+# 64 rows backward, results/h100/overlap-probe)
+ITEM_ROWS = {"fwd_items": (64, 128, 256), "bwd_items": (32, 64, 128)}
+ITEM_STAGES = (2, 3, 4)
+ITEM_WARPS = (4, 8)
 ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
@@ -80,6 +89,8 @@ KERNEL_FIELDS = {
                   "bwd_depth_after"),
     "fwd_ctas": ("depth_ctas",),
     "bwd_ctas": ("bwd_depth_ctas",),
+    "fwd_items": ("depth_block_m", "depth_stages", "depth_warps"),
+    "bwd_items": ("bwd_depth_block_m", "bwd_depth_stages", "bwd_depth_warps"),
 }
 # Fields each placement leaves unused (they stay at the base's value in the search space).
 UNUSED_BY_PLACEMENT = {
@@ -211,7 +222,7 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
         return f"invalid: {probs[0]}"
     if kernel in DEPTH_GROUPS:
         return _depth_prune_reason(cfg, shape, kernel, max_regs)
-    if kernel in OVERLAP_GROUPS:  # a program count: nothing to estimate
+    if kernel in OVERLAP_GROUPS:  # a program count or a streaming item: compile failures are skipped
         return None
     smem = smem_bytes(cfg, shape, kernel, elem)
     if smem > smem_limit:
@@ -295,6 +306,15 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
     """
     if kernel in DEPTH_GROUPS:
         return list(dict.fromkeys(_depth_search_space(shape, kernel, base)))
+    if kernel in ITEM_ROWS:
+        if base.fwd_depth != "persist":
+            raise ValueError(f"{kernel} tunes moda-overlap's streaming items; the base config's fwd_depth is "
+                             f"{base.fwd_depth!r}, not 'persist'")
+        gp = group_pad(shape.G)
+        rows = sorted({max(m, gp) for m in ITEM_ROWS[kernel]})
+        out = [base] + [base.replace(**dict(zip(KERNEL_FIELDS[kernel], vals)))
+                        for vals in itertools.product(rows, ITEM_STAGES, ITEM_WARPS)]
+        return list(dict.fromkeys(out))
     if kernel in OVERLAP_GROUPS:
         name = KERNEL_FIELDS[kernel][0]
         n0 = getattr(base, name)

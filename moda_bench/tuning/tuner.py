@@ -301,7 +301,7 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
     for kernel in kernels:
         if kernel in DEPTH_GROUPS + OVERLAP_GROUPS and shape.L == 0:
             continue  # no depth part to place
-        pass_ = "fwd" if kernel in ("fwd", "fwd_depth", "fwd_ctas") else "bwd"
+        pass_ = "fwd" if kernel in ("fwd", "fwd_depth", "fwd_ctas", "fwd_items") else "bwd"
         ks = tune_kernel(shape, kernel, cfg, lambda c, p=pass_: timer.time(c, p), dtype=dtype, budget=budget,
                          smem_limit=smem_limit, seed=seed, on_plan=on_plan, on_done=on_done)
         results[kernel] = ks
