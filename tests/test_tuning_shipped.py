@@ -454,6 +454,8 @@ def test_overlap_item_groups_search_the_streaming_items():
             assert all(tu.prune_reason(c, sh, group) is None for c in space)
     with pytest.raises(ValueError, match="persist"):
         tu.search_space(shape(), "fwd_items", default_config(shape()))
+    # opt-in: `tune --op moda-overlap` searches the counts unless --kernels names the item groups
+    assert tu.OVERLAP_DEFAULT == ("fwd_ctas", "bwd_ctas") and set(tu.OVERLAP_DEFAULT) < set(tu.OVERLAP_GROUPS)
 
 
 class ItemsFakeTimer(CtasFakeTimer):

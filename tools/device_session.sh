@@ -164,7 +164,7 @@ for s in "$@"; do
            stage overlap-tuned-g $MB sweep $OV --vary G --values 2,16,32 --providers $P --max-time "$MAX_TIME" --out "$R/g"
            stage overlap-tuned-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
     tune-overlap-items) R=$RESULTS/$GPU/tuning-overlap-items; mkdir -p "$R"; cp "results/$GPU/tuning-overlap/tuning.json" "$R/"
-           TUNE="timeout ${STAGE_TIMEOUT:-300} $MB tune --op moda-overlap --budget 8 --min-gain 3% --force --cache $R/tuning.json"
+           TUNE="timeout ${STAGE_TIMEOUT:-300} $MB tune --op moda-overlap --kernels fwd_items,fwd_ctas,bwd_items,bwd_ctas --budget 8 --min-gain 3% --force --cache $R/tuning.json"
            stage tune-items-G $TUNE --vary G --values 2 --out "$R/tune_G.csv"
            stage tune-items-L $TUNE --vary L --values 256 --out "$R/tune_L.csv"
            stage tune-items-T $TUNE --vary T --values 4096 --out "$R/tune_T.csv"

@@ -133,7 +133,7 @@ def tune_command(
     kernels: Annotated[str, typer.Option(
         "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
         "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_items, fwd_ctas, bwd_items, bwd_ctas "
-        "(moda-overlap's streaming depth items and program counts, its default groups).")] = DEFAULT_KERNELS,
+        "(moda-overlap's streaming depth items and program counts; fwd_ctas, bwd_ctas by default).")] = DEFAULT_KERNELS,
     budget: Annotated[int, typer.Option(
         "--budget", "--max-candidates", min=1, help="Most candidates timed per kernel and shape.")] = 40,
     cache: Annotated[Optional[Path], typer.Option(
@@ -180,7 +180,7 @@ def tune_command(
         raise typer.BadParameter(f"unknown operator {op!r}; choose from {', '.join(OPS)}", param_hint="--op")
     if op == "moda-overlap":  # its knobs are the depth launches' items and program counts
         if kernels == DEFAULT_KERNELS:
-            kernel_list = list(tuning.OVERLAP_GROUPS)
+            kernel_list = list(tuning.OVERLAP_DEFAULT)
         elif any(k not in tuning.OVERLAP_GROUPS for k in kernel_list):
             raise typer.BadParameter(f"moda-overlap tunes only {', '.join(tuning.OVERLAP_GROUPS)} (its depth "
                                      "kernels' items and programs; its sequence part is FA4)", param_hint="--kernels")

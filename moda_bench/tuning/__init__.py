@@ -18,9 +18,8 @@ from moda_bench.tuning.cache import (DECISIONS, ENV_CACHE, ENV_NO_TUNING, RECHEC
 from moda_bench.tuning.shipped import export_shipped, plan_export, shipped_key_of
 from moda_bench.tuning.tuner import (COMPARE_RULE, DEFAULT_MIN_GAIN, Comparison, CudaTimer, KernelSearch, Timer,
                                      TuneResult, search, tune_kernel, tune_shape)
-from moda_bench.tuning.space import (DEFAULT_BUDGET, DEPTH_GROUPS, DEPTH_WARPS, KERNEL_FIELDS, KERNELS, OVERLAP_GROUPS,
-                                     TILE_KERNELS,
-                                     UNUSED_BY_PLACEMENT, candidate_configs, config_problems, device_smem_limit,
+from moda_bench.tuning.space import (DEFAULT_BUDGET, DEPTH_GROUPS, DEPTH_WARPS, KERNEL_FIELDS, KERNELS,
+                                     OVERLAP_DEFAULT, OVERLAP_GROUPS, TILE_KERNELS, UNUSED_BY_PLACEMENT, candidate_configs, config_problems, device_smem_limit,
                                      dtype_name, fp32_regs_per_thread, neighbours, prune_candidates, prune_reason,
                                      search_space, smem_bytes)
 
@@ -31,7 +30,8 @@ __all__ = [
     "export_shipped", "plan_export", "shipped_key_of",
     "COMPARE_RULE", "DEFAULT_MIN_GAIN", "Comparison", "CudaTimer", "KernelSearch", "Timer", "TuneResult", "search",
     "tune_kernel", "tune_shape",
-    "DEFAULT_BUDGET", "DEPTH_GROUPS", "DEPTH_WARPS", "KERNEL_FIELDS", "KERNELS", "OVERLAP_GROUPS", "TILE_KERNELS",
+    "DEFAULT_BUDGET", "DEPTH_GROUPS", "DEPTH_WARPS", "KERNEL_FIELDS", "KERNELS", "OVERLAP_DEFAULT", "OVERLAP_GROUPS",
+    "TILE_KERNELS",
     "UNUSED_BY_PLACEMENT", "candidate_configs", "config_problems", "device_smem_limit", "dtype_name",
     "fp32_regs_per_thread", "neighbours", "prune_candidates", "prune_reason", "search_space", "smem_bytes",
 ]

@@ -20,7 +20,8 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise), timed on the backward pass with the fwd and bwd_q winners
           fixed.
-  fwd_items, fwd_ctas, bwd_items, bwd_ctas  moda-overlap's knobs, in that order: the items of
+  fwd_items, fwd_ctas, bwd_items, bwd_ctas  moda-overlap's knobs, in that order (by default only
+          the two counts, OVERLAP_DEFAULT; the item groups when --kernels names them): the items of
           its streaming depth kernels (rows per item x depth steps in flight x warps:
           depth_block_m x depth_stages x depth_warps, and the bwd_ fields) and the programs of
           its forward / backward depth launch (depth_ctas, bwd_depth_ctas: its heuristic's count
@@ -53,6 +54,11 @@ from moda_bench.ops.moda.validate import MoDAShape
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
 DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
 OVERLAP_GROUPS = ("fwd_items", "fwd_ctas", "bwd_items", "bwd_ctas")  # moda-overlap's knobs, tuning order
+# what `tune --op moda-overlap` searches unless --kernels names groups: the program counts only. With
+# the item groups too (H100, budget 8, 2026-11-25, results/h100/tuning-overlap-items) the per-pass
+# picks did not add up: G=2 0.980 [0.975-0.985] and L=256 0.998 of the heuristic's fwd+bwd time,
+# T=4096 1.082, where the counts alone won 0.954 and 0.956 (results/h100/tuning-overlap)
+OVERLAP_DEFAULT = ("fwd_ctas", "bwd_ctas")
 KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order of moda and moda-fa4 (moda-overlap: OVERLAP_GROUPS)
 DEFAULT_BUDGET = 40
 DEFAULT_SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
