@@ -34,6 +34,10 @@ MEASURE_COLUMNS = [
     # its provider and pass, max(flops / matmul rate, bytes / copy rate) at the run's canary
     # rates, median / floor, and the bytes per second reached (GB/s)
     "flops", "bytes", "floor_ms", "of_floor", "gbps",
+    # the forward run twice more on the same inputs (CUDA only; NaN elsewhere): 0 when bitwise
+    # equal, else ||b - a|| / ||a|| over the whole output. A race shows here in rows that a
+    # prefix accuracy check never reads (moda-fa4's in-place merge, 2026-11-25)
+    "repeat_err",
 ]
 # timer: eager | graph; stop_reason: why sampling ended; best_provider: the denominator of
 # ratio_to_best; throttle: NVML clock-event reasons seen; health: the run's GPU verdict

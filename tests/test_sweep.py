@@ -495,3 +495,25 @@ def test_real_providers_small_sweep(tmp_path):
     assert {"moda", "fa2", "fa2-triton", "flex"} <= set(ok["provider"]), frame[["provider", "status", "reason"]]
     assert (ok["max_rel_err"] < 4e-2).all() and (ok["median_ms"] > 0).all() and (ok["peak_mem_mb"] > 0).all()
     assert (ok[ok["provider"] == "fa2"]["extra_time_pct"] == 0).all()
+
+
+def test_repeat_error_flags_a_forward_that_changes_between_calls():
+    """`repeat_err`: 0 for a forward that repeats bitwise, ||b - a|| / ||a|| for one that does not
+    (here: one row of 64 changes on the second call, as the in-place merge's race did), NaN off
+    CUDA. The device string decides; these CPU tensors stand in for a GPU's."""
+    from moda_bench.bench.point import repeat_error
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    assert repeat_error(lambda: x * 2, "cuda:0") == 0.0
+    assert repeat_error(lambda: (x * 2, None), "cuda") == 0.0          # (out, lse) providers
+    calls = []
+
+    def racy():
+        calls.append(1)
+        y = x.clone()
+        if len(calls) % 2 == 0:
+            y[17] += 1.0
+        return y
+    err = repeat_error(racy, "cuda")
+    assert err == pytest.approx(float(torch.ones(32).norm() / x.norm()), rel=1e-6) and err > 0
+    assert math.isnan(repeat_error(racy, "cpu"))
+    assert "repeat_err" in schema.MEASURE_COLUMNS and "repeat_err" in schema.COLUMNS

@@ -2,7 +2,8 @@
 
 Staging (per provider, one after another): fresh random inputs (the same seed for every provider
 of the point), `provider.prepare`, an accuracy check of a slice against the fp64
-`moda_reference`, and the callable of the pass. Timing: the staged callables of the point run in
+`moda_reference`, on CUDA a repeat check (the forward twice more, bitwise; `repeat_err`), and
+the callable of the pass. Timing: the staged callables of the point run in
 interleaved rounds (A B C A B C ..., each repetition with the L2 flushed; `timing.interleave`)
 until every ratio to the baseline has a narrow confidence interval or the per-point cap is
 reached, with the GPU's clocks, power, temperature and throttle reasons sampled meanwhile
@@ -102,6 +103,23 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
     return max(errs) if not any(math.isnan(e) for e in errs) else math.nan
 
 
+def repeat_error(forward: Callable, device: str) -> float:
+    """0.0 when two calls of `forward` (no grad) give bitwise equal outputs, else ||b - a|| /
+    ||a|| over the whole output; NaN off CUDA (the interpreter runs programs one by one, so a
+    race between threads cannot show there). The accuracy check reads a prefix of positions
+    against fp64 and cannot see a few wrong rows elsewhere: moda-fa4's in-place merge on Triton
+    3.6 changed 8-84 of 2M rows from run to run at T=32768 (results/h100/overlap-check)."""
+    if not str(device).startswith("cuda"):
+        return math.nan
+    import torch
+    from moda_bench.timing import max_rel_err
+    with torch.no_grad():
+        a = forward()
+        b = forward()
+    a, b = (x[0] if isinstance(x, (tuple, list)) else x for x in (a, b))
+    return 0.0 if torch.equal(a, b) else max_rel_err(b, a)
+
+
 def short_error(exc: BaseException, limit: int = 300) -> str:
     """'Type: first line of the message', at most `limit` characters (a row's reason)."""
     msg = str(exc).strip().splitlines()
@@ -163,6 +181,7 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
     else:
         err = check_accuracy(prepared.forward, inputs, pass_, check_len, provider.reference)
     row["max_rel_err"] = err
+    row["repeat_err"] = repeat_error(prepared.forward, device)
     fn = make_pass_fn(prepared.forward, inputs, pass_)
     if on_cuda:
         fn()  # one call of the timed pass, so the peak includes what it allocates
@@ -295,7 +314,7 @@ def fill_ratios(staged: dict, result, sequence_only: set) -> None:
 
 
 # what staging writes into a provider's row (copied into the rows of a point's other timers)
-STAGE_FIELDS = ("impl_detail", "depth_utilization", "config", "max_rel_err", "peak_mem_mb")
+STAGE_FIELDS = ("impl_detail", "depth_utilization", "config", "max_rel_err", "repeat_err", "peak_mem_mb")
 
 
 def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optional[int], seed: int,

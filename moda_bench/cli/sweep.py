@@ -48,6 +48,9 @@ def summary_table(frame, x: str, title: str):
     colour = {"ok": "green", "skipped": "yellow", "oom": "magenta", "error": "red"}
     for r in frame.to_dict("records"):
         note = r["reason"] if isinstance(r["reason"], str) else ""
+        rep = r.get("repeat_err")
+        if isinstance(rep, float) and rep > 0:   # the forward gave two different outputs
+            note = f"[red]not repeatable: {rep:.1e}[/] " + note
         table.add_row(str(r[x]), r["provider"], str(r.get("timer") or ""),
                       f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
                       _fmt(r["median_ms"], ".3f"), f"{_fmt(r['p20_ms'], '.3f')}-{_fmt(r['p80_ms'], '.3f')}",
