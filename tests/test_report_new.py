@@ -488,3 +488,18 @@ def test_tuning_decisions_table(tmp_path):
     assert at(header, body, "candidate/default", G=32) == "0.991"
     assert at(header, body, "decision", G=32) == "faster median"
     assert at(header, body, "kept config (fields changed)", G=32).startswith("fwd_depth=stream bwd_depth=fused (")
+
+
+def test_repeat_markdown_counts_and_names_rows_that_did_not_repeat():
+    """The report's repeat-check line: nothing without the column or measured values, a count when
+    every measured row repeated, a loud list of the rows whose forward gave two outputs."""
+    import pandas as pd
+
+    from moda_bench.reports.markdown import repeat_markdown
+    base = dict(provider="moda-fa4", sweep="T", T=32768, G=8, L=64, **{"pass": "fwd"}, _file="h100/x/sweep_T.csv")
+    assert repeat_markdown(pd.DataFrame([base])) == ""
+    assert repeat_markdown(pd.DataFrame([dict(base, repeat_err=float("nan"))])) == ""
+    ok = repeat_markdown(pd.DataFrame([dict(base, repeat_err=0.0), dict(base, repeat_err=float("nan"))]))
+    assert "1 of 2 row(s)" in ok and "bitwise equal" in ok and "WARNING" not in ok
+    bad = repeat_markdown(pd.DataFrame([dict(base, repeat_err=0.0), dict(base, repeat_err=0.0139)]))
+    assert "WARNING: 1 of them" in bad and "`moda-fa4` T sweep, T=32768" in bad and "1.39e-02" in bad

@@ -224,6 +224,26 @@ def dattn_markdown(section: Section) -> str:
     return section_heading(section) + "\n\n" + md_table(*table_from(f, cols))
 
 
+def repeat_markdown(rows) -> str:
+    """One line on the `repeat_err` column (the forward run twice on the same inputs): how many
+    shown rows measured it and, loudly, the ones whose two outputs differed; '' when no row has it."""
+    if "repeat_err" not in rows.columns:
+        return ""
+    rep = rows["repeat_err"].astype(float)
+    measured = int(rep.notna().sum())
+    if not measured:
+        return ""
+    bad = rows[rep > 0]
+    text = (f"Repeat check: {measured} of {len(rows)} row(s) ran their forward twice more on the same inputs "
+            f"(`repeat_err`, CUDA rows written since the column exists); ")
+    if bad.empty:
+        return text + "every one gave bitwise equal outputs."
+    lines = [f"- `{r['provider']}` {r['sweep']} sweep, T={r['T']}, G={r['G']}, L={r['L']}, {r['pass']}: "
+             f"{r['repeat_err']:.2e} ({r['_file']})" for _, r in bad.iterrows()]
+    return (text + f"**WARNING: {len(bad)} of them gave two different outputs (a race or uninitialised read in "
+            "that provider; its accuracy check reads only a prefix):**\n\n" + "\n".join(lines))
+
+
 def provenance_markdown(results: Results) -> str:
     """One line per run (gpu, versions, commit, timestamp) and the superseded rows, if any."""
     import pandas as pd

@@ -33,7 +33,8 @@ from typing import Optional
 
 from moda_bench.reports.inputs import Paper, Results, Warn, load_paper, load_results, match_columns
 from moda_bench.reports.markdown import (ablation_markdown, dattn_markdown, decode_markdown, efficiency_markdown,
-                                         gpu_state_markdown, provenance_markdown, timer_markdown, unhealthy_rows)
+                                         gpu_state_markdown, provenance_markdown, repeat_markdown, timer_markdown,
+                                         unhealthy_rows)
 from moda_bench.reports.tables import (DATTN, DECODE, TRAIN, Section, ablation_sections, efficiency_sections,
                                        gpu_states, gpus_of, matmul_ceiling, of_gpu, pick_provider, rows_of,
                                        timer_sections)
@@ -112,6 +113,9 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
                   "other than healthy; see [GPU state](#gpu-state).**")
     if states:
         md.append(gpu_state_markdown(states))
+    rep = repeat_markdown(results.rows)
+    if rep:
+        md.append(rep)
     if eff:
         md.append(f"## Efficiency\n\nFA2 = `{fa2 or MISSING}`, MoDA = `{moda or MISSING}`. Extra time % = "
                   "(MoDA - FA2) / FA2 from the medians of the same table line; `<provider>/FA2` is that "
