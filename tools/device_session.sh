@@ -46,6 +46,8 @@
 #               with the shipped file in place: moda-overlap tuned against moda-fa4 and FA4
 #   tune-overlap-items  moda-overlap's four groups (items and program counts) at G = 2, L = 256, T = 4096, from this
 #               GPU's committed tuning cache (--force), the export, then those rows with the shipped file
+#   depth-flat  the flat (item, step) streaming depth forward prototype against kernel_depth's, GB/s a program
+#               (tools/depth_flat_proto.py; no FA4 needed)
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
 #               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
 #   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
@@ -174,6 +176,8 @@ for s in "$@"; do
            stage items-rows-t $MB sweep $OV --vary T --values 4096 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t4096"
            stage items-rows-g $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
            stage items-rows-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
+    depth-flat) stage depth-flat bash -c "python3 tools/depth_flat_proto.py --check && timeout 240 python3 tools/depth_flat_proto.py \
+             --T 16384 --G 8,2 --L 64,256 --programs 8,16,32 --max-time 2 --out $RESULTS/$GPU/depth_flat.csv" ;;
     overlap-check) stage overlap-check timeout 400 python3 tools/overlap_check.py --T 32768 --programs 132,10,8,4 --reps 2 --full \
              --out "$RESULTS/$GPU/overlap_check_32k.csv"
            stage overlap-check-odd timeout 200 python3 tools/overlap_check.py --T 4099,65536 --programs 132,10,4 --reps 2 \
