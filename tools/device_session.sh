@@ -46,6 +46,8 @@
 #               with the shipped file in place: moda-overlap tuned against moda-fa4 and FA4
 #   tune-overlap-items  moda-overlap's four groups (items and program counts) at G = 2, L = 256, T = 4096, from this
 #               GPU's committed tuning cache (--force), the export, then those rows with the shipped file
+#   depth-steps the streaming depth kernels alone with more depth steps an item (dbl: their block_l) at
+#               G=8, L=64, where an item has 4 steps (tools/overlap_probe.py; no FA4 needed)
 #   depth-flat  the flat (item, step) streaming depth forward prototype against kernel_depth's, GB/s a program
 #               (tools/depth_flat_proto.py; no FA4 needed)
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
@@ -176,6 +178,10 @@ for s in "$@"; do
            stage items-rows-t $MB sweep $OV --vary T --values 4096 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t4096"
            stage items-rows-g $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
            stage items-rows-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
+    depth-steps) stage depth-steps timeout 300 python3 tools/overlap_probe.py --seq cudnn --T 16384 --G 8 --L 64 --passes fwd,bwd \
+             --variants default --depth-alone --kernels persist --ctas 8,16 \
+             --alone-variants "dbm=128,ds=3;dbm=128,ds=3,dbl=16;dbm=128,ds=4,dbl=16;dbm=128,ds=4,dbl=8;dbm=256,ds=3,dbl=16" \
+             --max-time 3 --out "$RESULTS/$GPU/depth_steps.csv" ;;
     depth-flat) stage depth-flat bash -c "python3 tools/depth_flat_proto.py --check && timeout 240 python3 tools/depth_flat_proto.py \
              --T 16384 --G 8,2 --L 64,256 --programs 8,16,32 --max-time 2 --out $RESULTS/$GPU/depth_flat.csv" ;;
     overlap-check) stage overlap-check timeout 400 python3 tools/overlap_check.py --T 32768 --programs 132,10,8,4 --reps 2 --full \

@@ -14,7 +14,9 @@ the N programs occupy; this script measures where that lands.
 Variants (`--variants`, separated by ';'): `default` (moda-fa4's resolved config), or
 `k=v,k=v` with MoDAConfig fields or the aliases f (depth_ctas), b (bwd_depth_ctas), p
 (side_priority 0/1), dbm (depth_block_m and bwd_depth_block_m), dw (depth_warps and
-bwd_depth_warps), bl (block_l and bwd_block_l), ds (bwd_depth_stages and depth_stages);
+bwd_depth_warps), bl (block_l and bwd_block_l), ds (bwd_depth_stages and depth_stages); in
+`--alone-variants` also dbl (the persist kernels' block_l, depth columns a sub-tile per step:
+more steps an item when smaller);
 a variant that names f or b runs the forward/backward depth part as "stream" (concurrent).
 `--depth-alone` also times the depth-only launches alone, capped at each `--ctas` value (their
 per-program rate), of the kernels `--kernels` names: "persist" (`kernel_depth`, the streaming
@@ -71,8 +73,9 @@ def parse_variant(text: str, base: MoDAConfig) -> MoDAConfig:
     return cfg
 
 
-def depth_launches(ins, shape, cfg, pass_):
-    """The depth-only launches alone (what moda-fa4 runs beside FA4), on the current stream."""
+def depth_launches(ins, shape, cfg, pass_, block_l: int = 0):
+    """The depth-only launches alone (what moda-fa4 runs beside FA4), on the current stream;
+    block_l: the persist kernels' depth columns a sub-tile per step (0: their own choice)."""
     q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
     scale = 1.0 / math.sqrt(shape.d)
     dcfg = cfg.replace(fwd_depth="split", bwd_depth="split")
@@ -83,10 +86,10 @@ def depth_launches(ins, shape, cfg, pass_):
         def run():
             if pass_ in ("fwd", "fwdbwd"):
                 depth_fwd(q, kd, vd, scale, shape.G, cfg.depth_ctas, block_m=cfg.depth_block_m,
-                          stages=cfg.depth_stages, num_warps=cfg.depth_warps)
+                          stages=cfg.depth_stages, num_warps=cfg.depth_warps, block_l=block_l)
             if pass_ in ("bwd", "fwdbwd"):
                 depth_bwd(do, q, q, lse, kd, vd, scale, shape.G, cfg.bwd_depth_ctas, block_m=cfg.bwd_depth_block_m,
-                          stages=cfg.bwd_depth_stages, num_warps=cfg.bwd_depth_warps)
+                          stages=cfg.bwd_depth_stages, num_warps=cfg.bwd_depth_warps, block_l=block_l)
         return run
 
     def run():
@@ -175,14 +178,16 @@ def main() -> int:
                     for kind in a.kernels.split(","):
                         for extra in a.alone_variants.split(";"):
                             cfg = base.replace(depth_ctas=n, bwd_depth_ctas=n)
-                            if extra:
-                                cfg = parse_variant(extra, cfg)
+                            keep = [x for x in extra.split(",") if x and not x.startswith("dbl=")]
+                            dbl = next((int(x[4:]) for x in extra.split(",") if x.startswith("dbl=")), 0)  # not a field
+                            if keep:
+                                cfg = parse_variant(",".join(keep), cfg)
                             if kind == "persist":
                                 if n == 0:
                                     continue
                                 cfg = cfg.replace(fwd_depth="persist", bwd_depth="persist")
                             name = f"{kind}-alone[ctas={n}{',' + extra if extra else ''}]"
-                            fns[name], cfgs[name] = depth_launches(ins, shape, cfg, pass_), cfg
+                            fns[name], cfgs[name] = depth_launches(ins, shape, cfg, pass_, dbl), cfg
             base_name = "fa4" if seq == "fa4" else "cudnn"
             t0 = time.time()
             try:

@@ -132,15 +132,17 @@ def _programs(n_items: int, programs: int) -> int:
 
 
 def depth_fwd(q, kd, vd, scale: float, G: int, programs: int, *, block_m: int = 128, stages: int = 3,
-              num_warps: int = 4):
+              num_warps: int = 4, block_l: int = 0):
     """The depth partial (o_d (B,T,Hq,d) in q's dtype, lse_d (B,T,Hq) float32) on `programs`
     persistent programs, items of block_m folded rows (widened to GP), `stages` depth steps in
-    flight. Inputs contiguous and 16-byte aligned (the caller checks)."""
+    flight, block_l depth columns a sub-tile per step (0: `depth_geometry`'s, about 256 depth rows
+    a step; smaller gives an item more steps). Inputs contiguous and 16-byte aligned (the caller
+    checks)."""
     B, T, Hq, d = q.shape
     L, Hk = kd.shape[2], kd.shape[3]
     od = torch.empty_like(q)
     lsed = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
-    gp, P, S, bl = fwd_depth_geometry(G, max(block_m, next_pow2(G)))
+    gp, P, S, bl = fwd_depth_geometry(G, max(block_m, next_pow2(G)), 0, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()
     depth_fwd_kernel[(_programs(n_items, programs),)](
@@ -150,15 +152,16 @@ def depth_fwd(q, kd, vd, scale: float, G: int, programs: int, *, block_m: int = 
 
 
 def depth_bwd(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, depth_grad: bool = True,
-              block_m: int = 64, stages: int = 3, num_warps: int = 4):
+              block_m: int = 64, stages: int = 3, num_warps: int = 4, block_l: int = 0):
     """(dq share (q's dtype), dk_depth, dv_depth) given the merged o and lse (B,T,Hq); dk_depth =
-    dv_depth = None without depth_grad (never allocated). Items as in `depth_fwd`."""
+    dv_depth = None without depth_grad (never allocated). Items as in `depth_fwd` (block_l 0:
+    `bwd_depth_geometry`'s)."""
     B, T, Hq, d = q.shape
     L, Hk = kd.shape[2], kd.shape[3]
     dq = torch.empty_like(q)
     dkd = torch.empty_like(kd) if depth_grad else None
     dvd = torch.empty_like(vd) if depth_grad else None
-    gp, P, S, bl = bwd_depth_geometry(G, max(block_m, next_pow2(G)), L)
+    gp, P, S, bl = bwd_depth_geometry(G, max(block_m, next_pow2(G)), L, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()
     depth_bwd_kernel[(_programs(n_items, programs),)](
