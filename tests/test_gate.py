@@ -237,6 +237,27 @@ def test_missing_new_and_failed_rows(rng, gate_files):
         assert res.exit_code == 1 and "FAILED" in res.output
 
 
+def test_a_forward_that_stopped_repeating_fails_the_gate(rng, gate_files):
+    """repeat_err > 0 in the current run where the baseline had 0 (or no value): FAILED, with the
+    value in the detail, whatever the timing says; a baseline that already did not repeat is not
+    a new failure."""
+    base, cur = make_run(rng), make_run(rng)
+    base["repeat_err"], cur["repeat_err"] = 0.0, 0.0
+    racy = (cur["provider"] == "moda") & (cur["T"] == 4096)
+    cur.loc[racy, "repeat_err"] = 0.0139
+    result = compare(base, cur, 0.05)
+    assert _cat(result, "moda", 4096) == "FAILED" and result.failed
+    row = result.rows[(result.rows["provider"] == "moda") & (result.rows["T"] == 4096)].iloc[0]
+    assert "not repeatable" in row["detail"] and "1.39e-02" in row["detail"]
+    assert _cat(result, "moda", 1024) != "FAILED"
+    res = gate_files(base, cur)
+    assert res.exit_code == 1 and "FAILED" in res.output
+    base.loc[(base["provider"] == "moda") & (base["T"] == 4096), "repeat_err"] = 0.02
+    assert _cat(compare(base, cur, 0.05), "moda", 4096) != "FAILED"
+    old = make_run(rng)                       # a baseline from before the column: NaN, not 0
+    assert _cat(compare(old, cur, 0.05), "moda", 4096) == "FAILED"
+
+
 def test_duplicate_key_last_row_wins(rng):
     base = make_run(rng)
     stale = make_run(rng, scale={"moda": 2.0})

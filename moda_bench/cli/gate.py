@@ -26,8 +26,8 @@ import typer
 from moda_bench.cli import checks
 from moda_bench.cli.report import warn_line
 from moda_bench.reports import gate as gate_report
-from moda_bench.reports.gate import (GateInputError, Metric, check_columns, compare, markdown_summary,
-                                     print_report, read_run, require_overlap, verdict_text)
+from moda_bench.reports.gate import GateInputError, Metric, check_columns, compare, read_run, require_overlap
+from moda_bench.reports.gate_text import markdown_summary, print_report, verdict_text
 
 METRIC_HELP = (
     "ratio: ratio_to_fa2, the provider's time / fa2's time measured in the same interleaved rounds, "

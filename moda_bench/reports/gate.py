@@ -1,5 +1,6 @@
 """`moda-bench gate`'s work: judge whether a provider got slower than a stored baseline. The
-command (options, messages, exit codes, the GPU health checks of `--run`) is `moda_bench.cli.gate`.
+command (options, messages, exit codes, the GPU health checks of `--run`) is `moda_bench.cli.gate`;
+the table, verdict and Markdown of a result are `moda_bench.reports.gate_text`.
 
 Both CSVs are read through `moda_bench.results` (`read_run`); rows are matched on
 `schema.KEY_COLUMNS` (not the sweep name), the last row of a repeated key wins, and a baseline row
@@ -29,7 +30,8 @@ the noise band ``[P.p20 / F.p80, P.p80 / F.p20]``; SLOW iff ``change > t`` and t
 lies above the baseline band, FAST mirrored, AMBIGUOUS for ``|change| > t`` inside the noise,
 else SAME. Without a reference row in one run the row is compared on time (said in `detail`).
 
-Other categories: ``FAILED`` (ok in baseline, error/oom now), ``MISSING`` (ok in baseline;
+Other categories: ``FAILED`` (ok in baseline, error/oom now, or its forward no longer bitwise
+repeatable: ``repeat_err`` > 0 now, 0 or unmeasured in the baseline), ``MISSING`` (ok in baseline;
 absent, skipped or without a value now), ``NEW`` (ok in current only). SLOW and FAILED fail the
 gate; MISSING fails unless ``allow_missing``; AMBIGUOUS only with ``fail_ambiguous``.
 
@@ -148,7 +150,7 @@ def check_health(df: pd.DataFrame, what: str) -> None:
     'unknown'): one line with the (most frequent) reason and the number of such rows."""
     if "health" not in df.columns:
         return
-    health = df["health"].map(lambda h: "" if _blank(h) else str(h).strip())
+    health = df["health"].map(lambda h: "" if is_blank(h) else str(h).strip())
     bad = health[~health.isin(HEALTHY)]
     if bad.empty:
         return
@@ -159,9 +161,9 @@ def check_health(df: pd.DataFrame, what: str) -> None:
                          f"(health '{reasons.index[0]}'{more}): not comparable; measure again on a healthy GPU")
 
 
-def _canon(value) -> str:
+def cell_text(value) -> str:
     """Canonical text of a key cell so 64, 64.0 and '64' match and NaN matches NaN."""
-    if _blank(value):
+    if is_blank(value):
         return ""
     text = str(value).strip()
     try:
@@ -171,12 +173,12 @@ def _canon(value) -> str:
     return str(int(f)) if f.is_integer() else repr(f)
 
 
-def _blank(value) -> bool:
+def is_blank(value) -> bool:
     """An empty cell: NaN/None (pandas' reading) or '' (results.read_csv's text columns)."""
     return value is None or (not isinstance(value, str) and pd.isna(value)) or value == ""
 
 
-def _num(value) -> float:
+def cell_num(value) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -188,23 +190,23 @@ def _prepare(df: pd.DataFrame, what: str) -> pd.DataFrame:
     duplicates resolved to the last row."""
     check_columns(df, what)
     out = df.reindex(columns=list(df.columns) + [c for c in schema.COLUMNS if c not in df.columns])
-    out["timer"] = [_canon(t) or schema.DEFAULT_TIMER for t in out["timer"]]
+    out["timer"] = [cell_text(t) or schema.DEFAULT_TIMER for t in out["timer"]]
     for c in schema.KEY_COLUMNS:   # a configuration column a row predates reads as its default
-        out[c] = [schema.CONFIG_DEFAULTS[c] if c in schema.CONFIG_DEFAULTS and _blank(v) else v for v in out[c]]
-        out["k_" + c] = out[c].map(_canon)
+        out[c] = [schema.CONFIG_DEFAULTS[c] if c in schema.CONFIG_DEFAULTS and is_blank(v) else v for v in out[c]]
+        out["k_" + c] = out[c].map(cell_text)
     kcols = ["k_" + c for c in schema.KEY_COLUMNS]
     return out.drop_duplicates(subset=kcols, keep="last").reset_index(drop=True)
 
 
 def _gpus(df: pd.DataFrame) -> list[str]:
-    return sorted({"unknown" if _blank(g) else str(g) for g in df[df["status"] == schema.OK]["gpu"]})
+    return sorted({"unknown" if is_blank(g) else str(g) for g in df[df["status"] == schema.OK]["gpu"]})
 
 
 # ----------------------------------------------------------------------------- decisions
 def _triple(row, cols) -> tuple[float, float, float, bool] | None:
     """(value, lo, hi, has_interval) of the columns; None without a positive value. An invalid
     or absent interval collapses to the value."""
-    v, lo, hi = (_num(row[c]) for c in cols)
+    v, lo, hi = (cell_num(row[c]) for c in cols)
     if not math.isfinite(v) or v <= 0:
         return None
     has = math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= v <= hi
@@ -267,7 +269,7 @@ def _ratio_band(p: tuple, f: tuple) -> tuple[float, float, float]:
 
 
 def _best(row) -> str:
-    return "" if _blank(row["best_provider"]) else str(row["best_provider"]).strip()
+    return "" if is_blank(row["best_provider"]) else str(row["best_provider"]).strip()
 
 
 def _judge(b, c, metric: str, tables: tuple, threshold: float, reference: str) -> dict:
@@ -318,7 +320,7 @@ def compare(baseline_df: pd.DataFrame, current_df: pd.DataFrame, threshold: floa
     base, cur = _prepare(baseline_df, "baseline"), _prepare(current_df, "current")
     check_health(base, "baseline")
     check_health(cur, "current")
-    measured = lambda df: df[(df["status"] == schema.OK) & df["median_ms"].map(_num).gt(0)]  # noqa: E731
+    measured = lambda df: df[(df["status"] == schema.OK) & df["median_ms"].map(cell_num).gt(0)]  # noqa: E731
     base_ok, cur_ok = measured(base), measured(cur)
     if base_ok.empty:
         raise GateInputError("baseline has no rows with status 'ok' and a median_ms")
@@ -343,12 +345,15 @@ def compare(baseline_df: pd.DataFrame, current_df: pd.DataFrame, threshold: floa
                 v = out.pop(side)
                 out.update({side: v[0], side + "_lo": v[1], side + "_hi": v[2]})
             rec.update(out)
+            if cell_num(c.get("repeat_err")) > 0 and not cell_num(b.get("repeat_err")) > 0:
+                rec.update(category="FAILED", detail=f"forward not repeatable now (repeat_err "
+                           f"{cell_num(c.get('repeat_err')):.2e}): a race or an uninitialised read")
         else:
             bt = _triple(b, TIME)
             rec.update(metric="time", interval="p20-p80", base=bt[0], base_lo=bt[1], base_hi=bt[2])
             other = cur_any_by_key.get(key)
             status = None if other is None else other["status"]
-            reason = "" if other is None or _blank(other.get("reason")) else f": {other['reason']}"
+            reason = "" if other is None or is_blank(other.get("reason")) else f": {other['reason']}"
             rec.update(category="FAILED" if status in BROKEN_STATUSES else "MISSING",
                        detail="not in current" if other is None else "current row has no median_ms"
                        if status == schema.OK else f"current status {status}{reason}")
@@ -377,124 +382,6 @@ def require_overlap(result: GateResult) -> GateResult:
     return result
 
 
-# ----------------------------------------------------------------------------- rendering
-def config_text(row, columns=("pass", "timer") + tuple(schema.CONFIG_COLUMNS)) -> str:
-    """'fwdbwd eager T=4096 G=8 ... bfloat16' over the given key columns (pass, timer, dtype bare)."""
-    parts = [_canon(row[c]) if c in ("pass", "timer", "dtype") else f"{c}={_canon(row[c]) or '-'}"
-             for c in columns]
-    return " ".join(p for p in parts if p) or "-"
-
-
-def _split_config(rows: pd.DataFrame) -> tuple[list[str], str]:
-    """(columns that vary between rows, text of the columns constant over all rows)."""
-    cols = ["pass", "timer"] + schema.CONFIG_COLUMNS
-    varying = [c for c in cols if rows[c].map(_canon).nunique() > 1]
-    constant = [c for c in cols if c not in varying]
-    return varying, (config_text(rows.iloc[0], constant) if len(rows) and constant else "")
-
-
-def _fmt(value, metric: str) -> str:
-    v = _num(value)
-    return "-" if not math.isfinite(v) else f"{v:.3f}" if metric != "time" else f"{v:.4g}"
-
-
-def value_text(r, which: str, interval: bool = True) -> str:
-    """'1.023 [1.011-1.035]': the value of `which` (base/current) with its interval."""
-    text = _fmt(r[which], r["metric"])
-    lo, hi = _num(r[which + "_lo"]), _num(r[which + "_hi"])
-    if interval and text != "-" and math.isfinite(lo) and math.isfinite(hi):
-        text += f" [{_fmt(lo, r['metric'])}-{_fmt(hi, r['metric'])}]"
-    return text
-
-
-def change_text(r, interval: bool = True) -> str:
-    """'+2.3%' and, for interval decisions, the change's interval '[+1.1%, +3.5%]'."""
-    change, lo, hi = _num(r["change"]), _num(r["change_lo"]), _num(r["change_hi"])
-    text = f"{change * 100:+.1f}%" if math.isfinite(change) else "-"
-    if interval and math.isfinite(change) and math.isfinite(lo) and math.isfinite(hi):
-        text += f" [{lo * 100:+.1f}%, {hi * 100:+.1f}%]"
-    return text
-
-
-def metric_text(r) -> str:
-    unit = "ms" if r["metric"] == "time" else r["metric"]
-    return f"{unit} ({r['interval']})" if not _blank(r["interval"]) else unit
-
-
-def verdict_text(result: GateResult) -> str:
-    counts = result.counts
-    if result.failed:
-        return "FAIL: " + ", ".join(f"{counts[c]} {c}" for c in CATEGORIES if c in result.gating and counts[c])
-    notes = [f"{counts[c]} {c}" for c in ("MISSING", "AMBIGUOUS") if counts[c]]
-    return "PASS" + (f" ({', '.join(notes)} not gated)" if notes else "")
-
-
-def _rows_to_show(result: GateResult, all_rows: bool) -> tuple[pd.DataFrame, int]:
-    quiet = result.rows["category"].isin(QUIET) & (not all_rows)
-    return result.rows[~quiet], int(quiet.sum())
-
-
-def print_report(result: GateResult, console, all_rows: bool = False) -> None:
-    """Rich table of the comparison (configuration columns that vary) plus a one-line verdict.
-
-    Values show their interval (95% CI or p20-p80) when the console is at least 110 columns wide.
-    """
-    from rich.markup import escape
-    from rich.table import Table
-
-    shown, hidden = _rows_to_show(result, all_rows)
-    varying, constant = _split_config(result.rows)
-    wide = console.width >= 110
-    table = Table(title=f"moda-bench gate ({result.metric}, threshold {result.threshold * 100:g}%)",
-                  caption=f"all rows: {constant}" if constant else None)
-    for name, justify in [("category", "left"), ("provider", "left"), ("config", "left"), ("metric", "left"),
-                          ("baseline", "right"), ("current", "right"), ("change", "right"), ("detail", "left")]:
-        table.add_column(name, justify=justify, no_wrap=name == "category", overflow="fold")
-    for _, r in shown.iterrows():
-        table.add_row(f"[{CATEGORIES[r['category']]}]{r['category']}[/]", escape(str(r["provider"])),
-                      escape(config_text(r, varying)), metric_text(r), value_text(r, "base", wide),
-                      value_text(r, "current", wide), change_text(r, wide), escape(str(r["detail"])))
-    if len(shown):
-        console.print(table)
-    counts = result.counts
-    notes = [(hidden, "dim", "SAME/REFERENCE row(s) not shown (--all-rows to list them)"),
-             (counts["MISSING"], "yellow", "baseline row(s) without a current measurement: " + (
-                 "reported only (--allow-missing)" if result.allow_missing else "the gate fails (--allow-missing accepts)")),
-             (counts["AMBIGUOUS"] * (not result.fail_ambiguous), "magenta",
-              "AMBIGUOUS row(s): the intervals cannot decide; not a failure (--fail-ambiguous makes it one)")]
-    for n, style, text in notes:
-        if n:
-            console.print(f"[{style}]{n} {text}[/]")
-    counts = ", ".join(f"{n} {c}" for c, n in counts.items() if n)
-    style = "bold red" if result.failed else "bold green"
-    console.print(f"[{style}]{verdict_text(result)}[/] ({counts})")
-
-
-def markdown_summary(result: GateResult, baseline: str, current: str) -> str:
-    """GitHub-flavoured Markdown: verdict, counts, the rows that are not SAME, all rows in <details>."""
-    icon = ":x:" if result.failed else ":white_check_mark:"
-    lines = [f"## {icon} moda-bench gate: {verdict_text(result)}", "",
-             f"- baseline: `{baseline}` ({', '.join(result.baseline_gpus) or 'unknown GPU'})",
-             f"- current: `{current}` ({', '.join(result.current_gpus) or 'unknown GPU'})",
-             f"- metric: `{result.metric}`, threshold {result.threshold * 100:g}%: SLOW/FAST when the interval of "
-             "the change (95% CI of the ratios, p20-p80 for time) lies beyond it, AMBIGUOUS when it cannot decide",
-             "- " + " | ".join(f"{c}: {n}" for c, n in result.counts.items()), ""]
-
-    def table(df: pd.DataFrame) -> list[str]:
-        out = ["| category | provider | config | metric | baseline | current | change | detail |",
-               "|---|---|---|---|---:|---:|---:|---|"]
-        for _, r in df.iterrows():
-            detail = str(r["detail"]).replace("|", "\\|")
-            out.append(f"| {r['category']} | {r['provider']} | {config_text(r)} | {metric_text(r)} | "
-                       f"{value_text(r, 'base')} | {value_text(r, 'current')} | {change_text(r)} | {detail} |")
-        return out
-
-    changed, _ = _rows_to_show(result, all_rows=False)
-    lines += (table(changed) if len(changed) else ["No row changed beyond the threshold."]) + [""]
-    lines += ["<details><summary>All rows</summary>", ""] + table(result.rows) + ["", "</details>", ""]
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------- --run
 def run_plan(df: pd.DataFrame) -> list[tuple[str, str, list, list[str]]]:
     """(pass, timer, runner.Point list, providers) groups covering the ok rows of df: points of one
@@ -504,12 +391,12 @@ def run_plan(df: pd.DataFrame) -> list[tuple[str, str, list, list[str]]]:
 
     default, by_point, timers = Point().fields(), {}, TIMERS + (LEGACY_TIMER,)
     for _, r in df[df["status"] == schema.OK].iterrows():
-        timer = _canon(r.get("timer")) or schema.DEFAULT_TIMER
+        timer = cell_text(r.get("timer")) or schema.DEFAULT_TIMER
         if timer not in timers:
             raise GateInputError(f"baseline rows timed with timer {timer!r} cannot be re-measured "
                                  f"(gate --run knows {', '.join(timers)})")
-        cfg = {c: int(_num(r[c])) if math.isfinite(_num(r[c])) else v for c, v in default.items() if c != "dtype"}
-        p = Point(dtype=_canon(r["dtype"]) or default["dtype"], **cfg)
+        cfg = {c: int(cell_num(r[c])) if math.isfinite(cell_num(r[c])) else v for c, v in default.items() if c != "dtype"}
+        p = Point(dtype=cell_text(r["dtype"]) or default["dtype"], **cfg)
         provs = by_point.setdefault((str(r["pass"]), timer, p), [])
         provs += [] if str(r["provider"]) in provs else [str(r["provider"])]
     groups: dict[tuple, list] = {}
@@ -556,12 +443,12 @@ def remeasure_plan(result: GateResult, baseline_df: pd.DataFrame, current_df: pd
     provider and the best_provider(s) of either run at that point, so its ratios are paired."""
     helpers: dict[tuple, set] = {}
     for df in (_prepare(baseline_df, "baseline"), _prepare(current_df, "current")):
-        for _, r in df[(df["status"] == schema.OK) & (df["best_provider"].map(_canon) != "")].iterrows():
+        for _, r in df[(df["status"] == schema.OK) & (df["best_provider"].map(cell_text) != "")].iterrows():
             helpers.setdefault(tuple(r["k_" + c] for c in POINT_FALLBACK_KEY), set()).add(_best(r))
     records = []
     for _, r in result.of("AMBIGUOUS").iterrows():
         point = {c: r[c] for c in schema.KEY_COLUMNS if c != "provider"}
-        fallback = tuple(_canon(r[c]) for c in POINT_FALLBACK_KEY)
+        fallback = tuple(cell_text(r[c]) for c in POINT_FALLBACK_KEY)
         for prov in [r["provider"], reference] + sorted(helpers.get(fallback, ())):
             records.append(dict(point, provider=prov, status=schema.OK))
     plan = pd.DataFrame.from_records(records, columns=schema.KEY_COLUMNS + ["status"])
@@ -595,5 +482,5 @@ def replace_rows(current_df: pd.DataFrame, new_df: pd.DataFrame) -> pd.DataFrame
 def key_tuples(df: pd.DataFrame) -> list[tuple]:
     """The canonical KEY_COLUMNS tuple of every row (a blank timer reads as the default)."""
     defaults = dict(schema.CONFIG_DEFAULTS, timer=schema.DEFAULT_TIMER)
-    cols = [[_canon(v) or _canon(defaults.get(c)) for v in df[c]] for c in schema.KEY_COLUMNS]
+    cols = [[cell_text(v) or cell_text(defaults.get(c)) for v in df[c]] for c in schema.KEY_COLUMNS]
     return list(zip(*cols)) if len(df) else []
