@@ -1,6 +1,10 @@
 """Shared test utilities: random MoDA inputs and error metrics."""
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+
 import torch
 
 # ||err|| / ||ref|| tolerances vs the fp64 reference, per input dtype
@@ -88,3 +92,17 @@ def fake_tuning_device(monkeypatch, timer_factory):
     made = []
     monkeypatch.setattr(tu, "CudaTimer", lambda shape, dtype, **kw: made.append(shape) or timer_factory(shape))
     return made
+
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+
+
+def load_tool(name: str):
+    """The module tools/<name>.py (a prototype script, not a package module), tools/ on sys.path
+    for its own imports."""
+    if TOOLS not in sys.path:
+        sys.path.insert(0, TOOLS)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

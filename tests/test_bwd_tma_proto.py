@@ -8,26 +8,15 @@ interpreter has no descriptor reduce, so its dq goes through tl.atomic_add there
 {1, 2, 3, 8, 16} (3: padding rows), L in {0, 1, 5}. fp32 inputs: ||err|| / ||ref|| < 1e-4;
 bf16: < 2e-2. Plus argument errors, the variant table, the CSV rows and main() without CUDA.
 """
-import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 
-TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+from helpers import load_tool
 
 
-def _load(name):
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
-
-M = _load("bwd_tma_triton")
+M = load_tool("bwd_tma_triton")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = dict(kv_bn=16, kv_bm=32, dq_bm=32, dq_bn=16)  # P = 32/GP positions a row block
 

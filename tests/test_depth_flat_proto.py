@@ -4,24 +4,13 @@
 an H100 it was slower where items have many depth steps (results/h100/depth-flat); the test keeps
 the prototype runnable for the next idea built on it.
 """
-import importlib.util
-import os
-import sys
 
 import torch
 
-TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+from helpers import load_tool
 
-
-def _load(name):
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_flat_depth_forward_matches_the_streaming_kernel():
-    m = _load("depth_flat_proto")
+    m = load_tool("depth_flat_proto")
     assert m.check("cuda" if torch.cuda.is_available() else "cpu") < 1e-5

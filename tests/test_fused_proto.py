@@ -6,26 +6,15 @@ fp32 inputs (||err|| / ||ref|| < 1e-4) and one bf16 case (< 2e-2); G in {1, 2, 3
 L in {0, 1, odd}, T not a multiple of any block, B = 2, both depth placements, the persistent
 schedule. Route B needs CUDA and flash-attn-4: its script must still give a verdict line.
 """
-import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 
-TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+from helpers import load_tool
 
 
-def _load(name):
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
-
-A = _load("fused_fwd_triton")
+A = load_tool("fused_fwd_triton")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 # (T, G, L, d, variant): small tiles so that several row blocks, key tiles and depth steps run
@@ -96,7 +85,7 @@ def test_route_a_main_without_cuda(capsys):
 
 def test_route_b_verdict_without_fa4(capsys):
     """Without CUDA / FA4 the route-B script prints its verdict and exits 0."""
-    B = _load("fused_fwd_cute")
+    B = load_tool("fused_fwd_cute")
     if B.fa4_problem() is None:
         pytest.skip("FA4 available: the GPU test below covers it")
     assert B.main([]) == 0
@@ -106,7 +95,7 @@ def test_route_b_verdict_without_fa4(capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_route_b_gpu_smoke(capsys):
-    B = _load("fused_fwd_cute")
+    B = load_tool("fused_fwd_cute")
     if B.fa4_problem() is not None:
         pytest.skip(f"FA4 unavailable: {B.fa4_problem()}")
     assert B.main(["--T", "2048", "--rep-ms", "5", "--warmup-ms", "2"]) == 0
