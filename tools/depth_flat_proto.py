@@ -30,7 +30,7 @@ import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.kernel_depth import LOG2E, NEG, depth_fwd
-from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator
+from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, depth_rows_desc, ensure_allocator, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, mm
 
 
@@ -42,13 +42,9 @@ def depth_fwd_flat_kernel(Q, KD, VD, OD, LSED, qk_scale, B, T, L, G, Hk, Hq, n_i
     NB: tl.constexpr = P // S
     R: tl.constexpr = S * GP
     C: tl.constexpr = S * BL
-    qdesc = tl.make_tensor_descriptor(Q, shape=[B, T, Hq, HEAD_DIM],
-                                      strides=[T.to(tl.int64) * Hq * HEAD_DIM, Hq * HEAD_DIM, HEAD_DIM, 1],
-                                      block_shape=[1, P, GP, HEAD_DIM])
-    kddesc = tl.make_tensor_descriptor(KD, shape=[B * T, L, Hk * HEAD_DIM], strides=[L * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                       block_shape=[P, BL, HEAD_DIM])
-    vddesc = tl.make_tensor_descriptor(VD, shape=[B * T, L, Hk * HEAD_DIM], strides=[L * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                       block_shape=[P, BL, HEAD_DIM])
+    qdesc = rows_desc(Q, B, T, Hq, P, GP, HEAD_DIM)
+    kddesc = depth_rows_desc(KD, B, T, L, Hk, P, BL, HEAD_DIM)
+    vddesc = depth_rows_desc(VD, B, T, L, Hk, P, BL, HEAD_DIM)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_steps = tl.cdiv(L, BL)

@@ -19,7 +19,8 @@ from moda_bench.tuning.shipped import export_shipped, plan_export, shipped_key_o
 from moda_bench.tuning.tuner import (COMPARE_RULE, DEFAULT_MIN_GAIN, Comparison, CudaTimer, KernelSearch, Timer,
                                      TuneResult, search, tune_kernel, tune_shape)
 from moda_bench.tuning.space import (DEFAULT_BUDGET, DEPTH_GROUPS, DEPTH_WARPS, KERNEL_FIELDS, KERNELS,
-                                     OVERLAP_DEFAULT, OVERLAP_GROUPS, TILE_KERNELS, UNUSED_BY_PLACEMENT, candidate_configs, config_problems, device_smem_limit,
+                                     OVERLAP_DEFAULT, OVERLAP_GROUPS, TILE_KERNELS, UNUSED_BY_PLACEMENT,
+                                     candidate_configs, config_problems, device_smem_limit,
                                      dtype_name, fp32_regs_per_thread, neighbours, prune_candidates, prune_reason,
                                      search_space, smem_bytes)
 

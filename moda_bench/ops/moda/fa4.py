@@ -37,7 +37,7 @@ import triton.language as tl
 
 from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, pointer_bwd_depth, resolve_config
-from moda_bench.ops.moda.kernel import Concurrent, moda_bwd, moda_fwd, wants_depth_grad
+from moda_bench.ops.moda.kernel import MERGE_BLOCK, Concurrent, moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
@@ -205,7 +205,6 @@ def fa4_merge_kernel(O1, LSE_HT1, OD, LSED, O, LSE_HT, LSE_TH, n_rows, T, Hq, HE
     tl.store(LSE_TH + rows, lse, mask=ok)
 
 
-MERGE_BLOCK = 64
 # Programs of the "persist" depth launches when the config leaves depth_ctas / bwd_depth_ctas at 0
 PERSIST_PROGRAMS = 16
 

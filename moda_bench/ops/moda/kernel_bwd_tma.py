@@ -44,21 +44,10 @@ import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.config import tma_block_l
-from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator
+from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
-    return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
-                                     block_shape=[1, P, GP, D])
-
-
-@triton.jit
-def keys_desc(X, B, T, Hk, BN: tl.constexpr, D: tl.constexpr):
-    return tl.make_tensor_descriptor(X, shape=[B * T, Hk * D], strides=[Hk * D, 1], block_shape=[BN, D])
 
 
 @triton.jit

@@ -36,9 +36,9 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.moda.kernel_bwd_tma import bwd_depth_geometry, depth_desc, depth_part, rows_desc, rows_ptr, rows_tile
+from moda_bench.ops.moda.kernel_bwd_tma import bwd_depth_geometry, depth_desc, depth_part, rows_ptr, rows_tile
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry as fwd_depth_geometry
-from moda_bench.ops.moda.kernel_fwd_tma import depth_phase, ensure_allocator
+from moda_bench.ops.moda.kernel_fwd_tma import depth_phase, depth_rows_desc, ensure_allocator, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision
 
 LOG2E = 1.4426950408889634
@@ -52,13 +52,9 @@ def depth_fwd_kernel(Q, KD, VD, OD, LSED, qk_scale, B, T, L, G, Hk, Hq, n_items,
     """The forward over items of BLOCK_M folded rows (P = BLOCK_M/GP positions of one KV head, as
     the descriptor forward's depth phase, `kernel_fwd_tma.depth_phase`), KV head fastest."""
     P: tl.constexpr = BLOCK_M // GP
-    qdesc = tl.make_tensor_descriptor(Q, shape=[B, T, Hq, HEAD_DIM],
-                                      strides=[T.to(tl.int64) * Hq * HEAD_DIM, Hq * HEAD_DIM, HEAD_DIM, 1],
-                                      block_shape=[1, P, GP, HEAD_DIM])
-    kddesc = tl.make_tensor_descriptor(KD, shape=[B * T, L, Hk * HEAD_DIM], strides=[L * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                       block_shape=[P, BL, HEAD_DIM])
-    vddesc = tl.make_tensor_descriptor(VD, shape=[B * T, L, Hk * HEAD_DIM], strides=[L * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                       block_shape=[P, BL, HEAD_DIM])
+    qdesc = rows_desc(Q, B, T, Hq, P, GP, HEAD_DIM)
+    kddesc = depth_rows_desc(KD, B, T, L, Hk, P, BL, HEAD_DIM)
+    vddesc = depth_rows_desc(VD, B, T, L, Hk, P, BL, HEAD_DIM)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = tl.arange(0, BLOCK_M)
     for it in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):

@@ -74,6 +74,27 @@ def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_
 
 
 @triton.jit
+def rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
+    """Descriptor of a (B,T,Hq,D) tensor (q, o, do) in boxes of P positions x GP heads: one folded row block."""
+    return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
+                                     block_shape=[1, P, GP, D])
+
+
+@triton.jit
+def keys_desc(X, B, T, Hk, BN: tl.constexpr, D: tl.constexpr):
+    """Descriptor of a (B,T,Hk,D) tensor (k, v) as (B*T, Hk*D) rows in boxes of BN keys of one head."""
+    return tl.make_tensor_descriptor(X, shape=[B * T, Hk * D], strides=[Hk * D, 1], block_shape=[BN, D])
+
+
+@triton.jit
+def depth_rows_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
+    """Descriptor of a (B,T,LD,Hk,D) depth tensor as (B*T, LD, Hk*D) in boxes of P positions x BL
+    depth entries of one head (the forward's depth phase)."""
+    return tl.make_tensor_descriptor(X, shape=[B * T, LD, Hk * D], strides=[LD * Hk * D, Hk * D, 1],
+                                     block_shape=[P, BL, D])
+
+
+@triton.jit
 def depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
                  GP: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, S: tl.constexpr,
                  BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
@@ -177,19 +198,11 @@ def moda_fwd_tma_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, H
     kddesc = None
     vddesc = None
     if USE_DESC:
-        qdesc = tl.make_tensor_descriptor(Q, shape=[B, T, Hq, HEAD_DIM],
-                                          strides=[T.to(tl.int64) * Hq * HEAD_DIM, Hq * HEAD_DIM, HEAD_DIM, 1],
-                                          block_shape=[1, P, GP, HEAD_DIM])
-        kdesc = tl.make_tensor_descriptor(K, shape=[B * T, Hk * HEAD_DIM], strides=[Hk * HEAD_DIM, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-        vdesc = tl.make_tensor_descriptor(V, shape=[B * T, Hk * HEAD_DIM], strides=[Hk * HEAD_DIM, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-        kddesc = tl.make_tensor_descriptor(KD, shape=[B * T, LD, Hk * HEAD_DIM],
-                                           strides=[LD * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                           block_shape=[P, BL, HEAD_DIM])
-        vddesc = tl.make_tensor_descriptor(VD, shape=[B * T, LD, Hk * HEAD_DIM],
-                                           strides=[LD * Hk * HEAD_DIM, Hk * HEAD_DIM, 1],
-                                           block_shape=[P, BL, HEAD_DIM])
+        qdesc = rows_desc(Q, B, T, Hq, P, GP, HEAD_DIM)
+        kdesc = keys_desc(K, B, T, Hk, BLOCK_N, HEAD_DIM)
+        vdesc = keys_desc(V, B, T, Hk, BLOCK_N, HEAD_DIM)
+        kddesc = depth_rows_desc(KD, B, T, LD, Hk, P, BL, HEAD_DIM)
+        vddesc = depth_rows_desc(VD, B, T, LD, Hk, P, BL, HEAD_DIM)
     if PERSISTENT:
         n_bh = B * Hk
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
