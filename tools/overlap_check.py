@@ -102,7 +102,6 @@ def level_depth(T, G, L, programs, bad, rows, args):
 
 
 def level_full(T, G, L, programs, rows, args):
-    from moda_bench.ops.moda.config import resolve_config
     from moda_bench.ops.moda.fa4 import moda_fa4
     from moda_bench.ops.moda.overlap import moda_overlap, overlap_config
     from moda_bench.ops.moda.validate import MoDAShape
@@ -138,7 +137,6 @@ def level_full(T, G, L, programs, rows, args):
                       flush=True)
     del x, ref
     torch.cuda.empty_cache()
-    _ = resolve_config
 
 
 def sampled_reference(x, scale: float, G: int, positions):
