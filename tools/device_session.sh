@@ -53,6 +53,7 @@
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
 #               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
 #   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
+#   host        where an eager fwd+bwd's host time goes at T=1024 (tools/host_probe.py: issue time per call, cProfile)
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -180,7 +181,7 @@ for s in "$@"; do
            stage items-rows-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
     depth-steps) stage depth-steps timeout 300 python3 tools/overlap_probe.py --seq cudnn --T 16384 --G 8 --L 64 --passes fwd,bwd \
              --variants default --depth-alone --kernels persist --ctas 8,16 \
-             --alone-variants "dbm=128,ds=3;dbm=128,ds=3,dbl=16;dbm=128,ds=4,dbl=16;dbm=128,ds=4,dbl=8;dbm=256,ds=3,dbl=16" \
+             --alone-variants "dbm=128,ds=3;dbm=128,ds=3,dbl=16;dbm=128,ds=4,dbl=16;dbm=256,ds=3,dbl=16" \
              --max-time 3 --out "$RESULTS/$GPU/depth_steps.csv" ;;
     depth-flat) stage depth-flat bash -c "python3 tools/depth_flat_proto.py --check && timeout 240 python3 tools/depth_flat_proto.py \
              --T 16384 --G 8,2 --L 64,256 --programs 8,16,32 --max-time 2 --out $RESULTS/$GPU/depth_flat.csv" ;;
@@ -192,6 +193,7 @@ for s in "$@"; do
              --out "$RESULTS/$GPU/overlap_determinism.csv" ;;
     overlap-lse) stage overlap-lse timeout 300 python3 tools/overlap_check.py --lse --T 32768,16384 \
              --out "$RESULTS/$GPU/overlap_lse.csv" ;;
+    host) stage host timeout 200 python3 tools/host_probe.py --T 1024 --calls 300 --top 30 ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
