@@ -110,8 +110,16 @@ DEFAULT_CONFIG = DecodeConfig()
 # 16 KiB stages leave shared memory for more programs per SM). H200: the same tiles won at
 # B=128 (B*Hk = 1024: 1.018-1.048x against 1.060-1.079x) and lost at B=8 and 32 (up to 13%
 # slower: its faster HBM wants more bytes in flight per program when programs are few).
+# The H200 reads through tensor descriptors (tma): in its grid with and without them
+# (results/h200/decode-tma, 2026-11-26) the descriptor loads were faster in all 44 cells of
+# block_n=128 with 2 or 3 stages (median 0.970x, 0.853-0.996; e.g. B=8 T=2K, 4 warps, 3 stages,
+# 4 splits: 22.2 against 23.2 us; B=1 T=32K, 16 splits: 32.0 against 33.0; at 4 stages they lost
+# 15 of 22), and the best tile of all four points took them. On the
+# H100 they were within about 1% of pointer loads (results/h100/session-logs-4), so it keeps
+# pointers. The first entry that matches a device name and call size is taken.
 GPU_TILES: tuple = (("H100", {"num_warps": 2, "num_stages": 2}, 0),
-                    ("H200", {"num_warps": 2, "num_stages": 2}, 1024))
+                    ("H200", {"num_warps": 2, "num_stages": 2, "tma": True}, 1024),
+                    ("H200", {"tma": True}, 0))
 
 
 @functools.lru_cache(maxsize=256)
