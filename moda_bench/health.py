@@ -173,24 +173,34 @@ def summarize_gpu(polls: list) -> dict:
     }
 
 
+# a row's own GPU state: the point's columns summarised over the polls taken while that provider's
+# repetitions ran (GpuSampler.summary(tagged=provider)), next to the whole point's
+OWN_COLUMNS = {"own_sm_clock_mhz": "sm_clock_mhz", "own_power_w": "power_w"}
+
+
 class GpuSampler:
     """`with GpuSampler(device_index) as s: <timed row>`, then `s.summary()` -> row columns.
 
     Polls every interval_s in a daemon thread (plus once at entry and exit, so short rows get
     data). reader: a zero-argument poll function (tests); default NVML. Without NVML it does
-    nothing and summary() has only None values."""
+    nothing and summary() has only None values. tag: a zero-argument function read at every poll
+    (what is running now, e.g. the provider whose repetitions an interleaved round is timing);
+    `summary(tagged=x)` then summarises only the polls taken while it returned x."""
 
     def __init__(self, device_index: int = 0, interval_s: float = 0.025,
-                 reader: Optional[Callable[[], dict]] = None):
+                 reader: Optional[Callable[[], dict]] = None, tag: Optional[Callable[[], object]] = None):
         self.device_index, self.interval_s = device_index, interval_s
-        self.reader = reader
+        self.reader, self.tag = reader, tag
         self.polls: list = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def _poll(self) -> None:
         try:
-            self.polls.append(self.reader())
+            poll = self.reader()
+            if self.tag is not None:
+                poll = dict(poll, tag=self.tag())
+            self.polls.append(poll)
         except Exception:   # noqa: BLE001 - a failed poll is a missing poll
             pass
 
@@ -216,10 +226,13 @@ class GpuSampler:
             self._poll()
         return False
 
-    def summary(self) -> dict:
+    def summary(self, tagged=None) -> dict:
         """summarize_gpu of the polls; with more than two, the entry poll (taken before the work
-        started, clocks possibly parked) is left out."""
+        started, clocks possibly parked) is left out. tagged: only the polls whose tag was this
+        (all None when there were none)."""
         polls = list(self.polls)
+        if tagged is not None:
+            return summarize_gpu([p for p in polls if p.get("tag") == tagged])
         return summarize_gpu(polls[1:] if len(polls) > 2 else polls)
 
 

@@ -38,6 +38,11 @@ MEASURE_COLUMNS = [
     # equal, else ||b - a|| / ||a|| over the whole output. A race shows here in rows that a
     # prefix accuracy check never reads (moda-fa4's in-place merge, 2026-11-25)
     "repeat_err",
+    # the row's own SM clock (median) and power (mean), from the polls taken while its provider's
+    # repetitions ran (the columns above are the whole point's); NaN without a poll in them. Two
+    # kernels sharing the GPU (moda-overlap) draw more power than one: under the power cap this
+    # is where a provider running at lower clocks than its peers shows (2026-11-26)
+    "own_sm_clock_mhz", "own_power_w",
 ]
 # timer: eager | graph; stop_reason: why sampling ended; best_provider: the denominator of
 # ratio_to_best; throttle: NVML clock-event reasons seen; health: the run's GPU verdict

@@ -16,9 +16,8 @@ Owns:
   - the entry points `time_fn`, `time_interleaved` and `make_timer` (the runner's
     `timer(fn, grad_to_none=, warmup_ms=, rep_ms=) -> dict` hook).
 
-Definitions: p20 / median / p80 are linearly interpolated quantiles (numpy's default);
-spread = (p80 - p20) / median, reported as noise_pct = 100 * spread.
-torch is imported lazily: the statistics work without it.
+Definitions: p20 / median / p80 are linearly interpolated quantiles (numpy's default); spread =
+(p80 - p20) / median, reported as noise_pct = 100 * spread. torch is imported lazily.
 """
 from __future__ import annotations
 
@@ -39,9 +38,7 @@ FLUSH_BYTES = 256 * 1024 * 1024   # > L2 of every current GPU (H100/H200: 50 MB)
 def make_inputs(B: int, T: int, Hq: int, Hk: int, d: int, L: int, dtype=None,
                 device="cuda", requires_grad: bool = True, seed: int | None = None) -> dict:
     """Fresh random MoDA inputs in the user-facing layout (never zeros); dtype default bfloat16.
-
-    Returns dict(q, k, v, k_depth, v_depth, do); k_depth/v_depth are None when L == 0.
-    """
+    Returns dict(q, k, v, k_depth, v_depth, do); k_depth/v_depth are None when L == 0."""
     import torch
     dtype = torch.bfloat16 if dtype is None else dtype
     g = torch.Generator(device=device)
@@ -378,10 +375,11 @@ def choose_reps(est_ms: float, target_ms: float = 50.0, max_reps: int = 5) -> in
 
 def interleave(samplers: Mapping[str, Callable[[], float]], *, baseline: Optional[str] = None,
                reps: int = 1, rule: RoundRule | None = None, timer: str = "",
-               clock: Callable[[], float] = time.perf_counter) -> Interleaved:
+               clock: Callable[[], float] = time.perf_counter, on_switch=lambda name: None) -> Interleaved:
     """Run rounds A B C A B C ... (mapping order), each round `reps` repetitions of every sampler
     (sampler.batch(reps) where it has one, else reps calls returning one repetition in ms each),
-    until `rule` says stop."""
+    until `rule` says stop. on_switch(name) runs before a sampler's repetitions of a round and
+    on_switch(None) after them (what a tagged health.GpuSampler reads)."""
     rule = rule or RoundRule()
     names = list(samplers)
     if not names:
@@ -397,7 +395,9 @@ def interleave(samplers: Mapping[str, Callable[[], float]], *, baseline: Optiona
     while True:
         for name in names:
             batch = getattr(samplers[name], "batch", None)
+            on_switch(name)
             got = sorted(float(x) for x in (batch(reps) if batch else [samplers[name]() for _ in range(reps)]))
+            on_switch(None)
             samples[name].extend(got)
             medians[name].append(quantile(got, 0.5))
             total_ms += sum(got)

@@ -207,3 +207,26 @@ def test_check_health_on_the_gpu(tmp_path):
     assert v.header["name"] and v.reason
     if v.ok:
         assert health.load_record(v.name, v.uuid, tmp_path / "h.json")["runs"] == 1
+
+
+def test_sampler_tags_each_poll_and_summarises_one_tag():
+    """tag=: every poll carries what the tag function returned when it was taken, and
+    summary(tagged=x) takes only those polls (all None when x was never seen); summary() still
+    covers every poll."""
+    state = {"now": None, "sm": 1000}
+
+    def reader():
+        return {"sm": state["sm"], "mem": 2000, "power": state["sm"] / 10, "temp": 30, "reasons": 0}
+    with health.GpuSampler(interval_s=0.002, reader=reader, tag=lambda: state["now"]) as s:
+        for name, sm in (("a", 1500), ("b", 1800), ("a", 1500), ("b", 1800)):
+            state.update(now=name, sm=sm)
+            time.sleep(0.03)
+        state.update(now=None, sm=1000)
+    assert {p["tag"] for p in s.polls} >= {"a", "b"}
+    a, b = s.summary(tagged="a"), s.summary(tagged="b")
+    assert a["sm_clock_mhz"] == 1500.0 and a["power_w"] == 150.0
+    assert b["sm_clock_mhz"] == 1800.0 and b["sm_clock_min_mhz"] == 1800.0
+    assert all(v is None for v in s.summary(tagged="c").values())
+    whole = s.summary()
+    assert whole["sm_clock_min_mhz"] <= 1500.0 and whole["sm_clock_mhz"] is not None
+    assert set(health.OWN_COLUMNS.values()) <= set(health.GPU_COLUMNS)

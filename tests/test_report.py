@@ -486,7 +486,36 @@ def test_plot_sweep_with_new_columns(new_report, tmp_path):
 
 
 NEW_HEADERS = ("MoDA/FA2 [95% CI]", "MoDA/fastest", "/fastest", "samples", "noise %", "host share",
-               "eager timer", "graph timer", "## GPU state", "## Eager vs graph", "ratio_to_best", "WARNING")
+               "eager timer", "graph timer", "## GPU state", "## Eager vs graph", "ratio_to_best", "WARNING",
+               "### Clocks per provider")
+
+
+def test_clocks_per_provider(tmp_path):
+    """Rows with their own GPU state (own_sm_clock_mhz, own_power_w) get a 'Clocks per provider'
+    table: per GPU and provider, the rows, the median own clock, the median of own minus the
+    point's clock, the median own power. Rows without the columns (older files) are left out, and
+    a report without any such row has no table (test_old_csvs_get_no_new_columns, new_report)."""
+    rows = write_new_results(tmp_path / "results", sweeps=("T",))["run-a"]
+    own = {"moda-fa4": -120.0, "fa4": 15.0}
+    for r in rows:
+        if r["provider"] in own:
+            r["own_sm_clock_mhz"] = r["sm_clock_mhz"] + own[r["provider"]]
+            r["own_power_w"] = 690.0 if r["provider"] == "moda-fa4" else 640.0
+    with open(tmp_path / "results" / "run-a" / "sweep_T.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=schema.COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    generate_report([tmp_path / "results"], tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "REPORT.md").read_text()
+    header, body = table_rows(md, "### Clocks per provider")
+    assert header == ["GPU", "provider", "rows", "own SM clock MHz", "own - point MHz", "own power W"]
+    by = {r[1]: r for r in body}
+    assert set(by) == {"moda-fa4", "fa4"}                      # the other providers have no own state
+    mf4 = [r for r in rows if r["provider"] == "moda-fa4"]
+    assert by["moda-fa4"][2] == str(len(mf4)) and by["moda-fa4"][4] == "-120" and by["fa4"][4] == "+15"
+    assert by["moda-fa4"][3] == f"{statistics.median(r['own_sm_clock_mhz'] for r in mf4):.0f}"
+    assert by["moda-fa4"][5] == "690" and by["moda-fa4"][0] == "NVIDIA H200"
+    assert md.index("## GPU state") < md.index("### Clocks per provider") < md.index("## Efficiency")
 
 
 def test_old_csvs_get_no_new_columns(report):

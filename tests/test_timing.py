@@ -369,3 +369,25 @@ def test_max_rel_err_in_chunks():
     out[300, 16] = float("inf")
     assert math.isnan(timing.max_rel_err(out, ref, chunk=100))
     assert math.isnan(timing.max_rel_err(out, ref))
+
+
+def test_interleave_announces_each_samplers_repetitions():
+    """on_switch(name) before a sampler's repetitions of a round, on_switch(None) after them: what
+    was announced while each repetition ran is its own name."""
+    clock, seen, during = FakeClock(), [], []
+    now = [None]
+
+    def sampler(name, ms):
+        def call():
+            during.append((name, now[0]))
+            clock.t += ms / 1e3
+            return ms
+        return call
+
+    def switch(name):
+        now[0] = name
+        seen.append(name)
+    res = timing.interleave({"A": sampler("A", 1.0), "B": sampler("B", 2.0)}, baseline="A", reps=2,
+                            rule=RoundRule(min_rounds=3, min_samples=1), clock=clock, on_switch=switch)
+    assert res.rounds >= 3 and all(name == announced for name, announced in during)
+    assert seen[:4] == ["A", None, "B", None] and len(seen) == 4 * res.rounds and now[0] is None

@@ -257,13 +257,17 @@ def time_interleaved(staged: dict, opts: TimingOptions, device_index: Optional[i
     rule = timing.RoundRule(min_samples=opts.min_samples, min_rounds=max(2, -(-opts.min_samples // reps)),
                             ci_tol=opts.ci_tol, min_time_s=opts.min_time_ms / 1e3 * len(samplers),
                             max_time_s=opts.max_time_s)
-    with health.GpuSampler(device_index or 0) as gpu:
-        result = timing.interleave(samplers, baseline=baseline, reps=reps, rule=rule, timer=opts.timer)
+    running = [None]  # the provider whose repetitions run now: each GPU poll is tagged with it
+    with health.GpuSampler(device_index or 0, tag=lambda: running[0]) as gpu:
+        result = timing.interleave(samplers, baseline=baseline, reps=reps, rule=rule, timer=opts.timer,
+                                   on_switch=lambda name: running.__setitem__(0, name))
     state = gpu.summary()
     throttled = point_throttle(state.get("throttle"))
     for name in samplers:
         finish(staged[name], result.measurements[name].row())
         staged[name].row.update({c: state.get(c) for c in health.GPU_COLUMNS if c in schema.COLUMNS})
+        own = gpu.summary(tagged=name)
+        staged[name].row.update({c: own.get(src) for c, src in health.OWN_COLUMNS.items()})
         if throttled:
             staged[name].row["health"] = mark_health(staged[name].row.get("health"), throttled)
     return result

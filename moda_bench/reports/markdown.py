@@ -158,6 +158,19 @@ def gpu_state_markdown(states: list[GpuState]) -> str:
     return text
 
 
+def own_clock_markdown(table: list[dict]) -> str:
+    """The 'Clocks per provider' block of `tables.own_clocks` ('' without rows)."""
+    if not table:
+        return ""
+    body = [[t["gpu"] or MISSING, t["provider"], str(t["rows"]), fmt_num(t["own_sm_clock_mhz"], ".0f"),
+             fmt_num(t["delta_mhz"], "+.0f"), fmt_num(t["own_power_w"], ".0f")] for t in table]
+    return ("### Clocks per provider\n\nSampled while each provider's own repetitions ran (`own_sm_clock_mhz`, "
+            "`own_power_w`), against the median over the whole point (`sm_clock_mhz`): a provider whose "
+            "kernels draw more power than its peers' (two kernels sharing the GPU under the power cap) runs "
+            "at lower clocks and shows a negative difference. Medians over each GPU's rows of the provider.\n\n"
+            + md_table(["GPU", "provider", "rows", "own SM clock MHz", "own - point MHz", "own power W"], body))
+
+
 def ablation_markdown(section: Section) -> str:
     f = section.frame
     headers = ["rung", "provider", "ms", "speedup vs previous", "paper ms (A100)", "paper speedup vs previous",

@@ -33,11 +33,11 @@ from typing import Optional
 
 from moda_bench.reports.inputs import Paper, Results, Warn, load_paper, load_results, match_columns
 from moda_bench.reports.markdown import (ablation_markdown, dattn_markdown, decode_markdown, efficiency_markdown,
-                                         gpu_state_markdown, provenance_markdown, repeat_markdown, timer_markdown,
-                                         unhealthy_rows)
+                                         gpu_state_markdown, own_clock_markdown, provenance_markdown,
+                                         repeat_markdown, timer_markdown, unhealthy_rows)
 from moda_bench.reports.tables import (DATTN, DECODE, TRAIN, Section, ablation_sections, efficiency_sections,
-                                       gpu_states, gpus_of, matmul_ceiling, of_gpu, pick_provider, rows_of,
-                                       timer_sections)
+                                       gpu_states, gpus_of, matmul_ceiling, of_gpu, own_clocks, pick_provider,
+                                       rows_of, timer_sections)
 from moda_bench.reports.vocab import (FA2_PROVIDERS, MISSING, MIX_PROVIDER, MODA_PROVIDERS, RATIO_BASELINE,
                                       SEQUENCE_ONLY, TIMER_LABEL, ReportError, gpu_slug, sort_timers)
 from moda_bench.reports.tuning import tuning_markdown
@@ -113,6 +113,9 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
                   "other than healthy; see [GPU state](#gpu-state).**")
     if states:
         md.append(gpu_state_markdown(states))
+    own = own_clock_markdown(own_clocks(rows))
+    if own:
+        md.append(own)
     rep = repeat_markdown(results.rows)
     if rep:
         md.append(rep)

@@ -3,7 +3,7 @@ timer, GPU) (FA2 vs MoDA, depth utilisation, extra time, paper A100 columns, oth
 ratios to FA2; where the CSVs have them, paired ratio intervals, ratios to the fastest attention,
 samples, noise and each provider's distance to its floor), the kernel ablation ladder per (pass,
 timer, GPU, config), eager beside graph times (`timer_sections`), the GPU state per results
-folder (`gpu_states`) and the matmul ceiling of the TFLOP/s figure. Formatting them is
+folder (`gpu_states`) and per provider (`own_clocks`) and the matmul ceiling of the TFLOP/s figure. Formatting them is
 `reports.markdown`'s job, drawing them `reports.figures`'; the decode and Depth-Attention tables
 are `reports.workloads`'.
 
@@ -394,4 +394,19 @@ def gpu_states(rows) -> list[GpuState]:
         out.append(GpuState(folder=folder, gpus=sorted(set(part["gpu"].astype(str)) - {""}), rows=len(part),
                             sampled=int(sampled.sum()), medians=medians, throttle=dict(sorted(reasons.items())),
                             health={h: int(counts[h]) for h in sorted(counts.index)}))
+    return out
+
+
+def own_clocks(rows) -> list[dict]:
+    """Per GPU and provider, over the rows that carry their own GPU state (own_sm_clock_mhz: the
+    polls taken while that provider's repetitions ran): rows, the median own SM clock, the median
+    of own minus the point's SM clock (< 0: it ran slower clocked than its point's average), the
+    median own power. [] when no row has it (files from before 2026-11-26)."""
+    part = rows[rows["own_sm_clock_mhz"].notna()]
+    out = []
+    for (gpu, provider), g in part.groupby(["gpu", "provider"], sort=True):
+        out.append({"gpu": gpu, "provider": provider, "rows": len(g),
+                    "own_sm_clock_mhz": float(g["own_sm_clock_mhz"].median()),
+                    "delta_mhz": float((g["own_sm_clock_mhz"] - g["sm_clock_mhz"]).median()),
+                    "own_power_w": float(g["own_power_w"].median()) if g["own_power_w"].notna().any() else math.nan})
     return out
