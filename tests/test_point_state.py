@@ -38,11 +38,11 @@ def test_rows_get_the_clock_and_power_of_their_own_repetitions(monkeypatch):
     result = time_interleaved(staged, opts, device_index=0)
     assert result is not None
     rows = {n: st.row for n, st in staged.items()}
+    assert set(health.OWN_COLUMNS) <= set(schema.COLUMNS)
     for name, sm in CLOCKS.items():
         row = rows[name]
         assert row["status"] == schema.OK
         assert row["own_sm_clock_mhz"] == sm and math.isclose(row["own_power_w"], sm / 3)
-        assert set(health.OWN_COLUMNS) <= set(schema.COLUMNS)
     # the point's columns are shared by both rows and lie between the two providers' clocks
     assert rows["fa2"]["sm_clock_mhz"] == rows["moda"]["sm_clock_mhz"]
     assert rows["moda"]["sm_clock_min_mhz"] == 1500

@@ -300,6 +300,14 @@ def _point_rows(rng, sweep, T, G, timer, *, gpu, health, throttle_pool, ts):
     return rows
 
 
+def write_schema_csv(path, rows) -> None:
+    """rows (dicts of schema columns) as a results CSV at path, header first."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=schema.COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def write_new_results(root: Path, seed: int = 7, sweeps=("T", "G"), gpu: str = "NVIDIA H200") -> dict:
     """root/run-a: T sweep (T=4096, 8192), eager and graph timers, healthy, sw_power_cap now and
     then; root/run-b: G sweep (G=4, 16), eager, health 'degraded' with hard throttling; all on
@@ -322,10 +330,7 @@ def write_new_results(root: Path, seed: int = 7, sweeps=("T", "G"), gpu: str = "
                                 throttle_pool=["", "", "sw_power_cap"] if healthy else ["hw_slowdown|hw_thermal", ""],
                                 ts="2026-01-02T03:04:05+00:00" if healthy else "2026-01-03T03:04:05+00:00")
         (root / folder).mkdir(parents=True, exist_ok=True)
-        with open(root / folder / f"sweep_{points[0][0]}.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=schema.COLUMNS)
-            w.writeheader()
-            w.writerows(rows)
+        write_schema_csv(root / folder / f"sweep_{points[0][0]}.csv", rows)
         written[folder] = rows
     return written
 
@@ -501,10 +506,7 @@ def test_clocks_per_provider(tmp_path):
         if r["provider"] in own:
             r["own_sm_clock_mhz"] = r["sm_clock_mhz"] + own[r["provider"]]
             r["own_power_w"] = 690.0 if r["provider"] == "moda-fa4" else 640.0
-    with open(tmp_path / "results" / "run-a" / "sweep_T.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=schema.COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    write_schema_csv(tmp_path / "results" / "run-a" / "sweep_T.csv", rows)
     generate_report([tmp_path / "results"], tmp_path / "out", figures=False)
     md = (tmp_path / "out" / "REPORT.md").read_text()
     header, body = table_rows(md, "### Clocks per provider")
@@ -566,10 +568,7 @@ def test_ablation_ladder_keeps_custom_timed_rung_and_splits_graph(tmp_path):
                        **{"pass": "fwdbwd"})
             rows.append(row)
     (tmp_path / "res").mkdir()
-    with open(tmp_path / "res" / "ablation.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=schema.COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    write_schema_csv(tmp_path / "res" / "ablation.csv", rows)
     generate_report([tmp_path / "res"], tmp_path / "out", figures=False)
     md = (tmp_path / "out" / "REPORT.md").read_text()
     header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, eager timer")
@@ -581,10 +580,7 @@ def test_ablation_ladder_keeps_custom_timed_rung_and_splits_graph(tmp_path):
     graph_ours = next(r for r in rows if r["provider"] == "ours" and r["timer"] == "graph")
     assert cell(header, body, "6", "ms") == f"{graph_ours['median_ms']:.3f}"
     # without graph rows the ladder is one table titled as before (no timer named)
-    with open(tmp_path / "res" / "ablation.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=schema.COLUMNS)
-        w.writeheader()
-        w.writerows(r for r in rows if r["timer"] != "graph")
+    write_schema_csv(tmp_path / "res" / "ablation.csv", [r for r in rows if r["timer"] != "graph"])
     generate_report([tmp_path / "res"], tmp_path / "out2", figures=False)
     md = (tmp_path / "out2" / "REPORT.md").read_text()
     header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd")

@@ -3,9 +3,9 @@ timer, GPU) (FA2 vs MoDA, depth utilisation, extra time, paper A100 columns, oth
 ratios to FA2; where the CSVs have them, paired ratio intervals, ratios to the fastest attention,
 samples, noise and each provider's distance to its floor), the kernel ablation ladder per (pass,
 timer, GPU, config), eager beside graph times (`timer_sections`), the GPU state per results
-folder (`gpu_states`) and per provider (`own_clocks`) and the matmul ceiling of the TFLOP/s figure. Formatting them is
-`reports.markdown`'s job, drawing them `reports.figures`'; the decode and Depth-Attention tables
-are `reports.workloads`'.
+folder (`gpu_states`) and per provider (`own_clocks`), and the matmul ceiling of the TFLOP/s
+figure. Formatting them is `reports.markdown`'s job, drawing them `reports.figures`'; the decode
+and Depth-Attention tables are `reports.workloads`'.
 
 Which rows go where (`workload`): matmul rows are the ceiling, the `ablation` sweep the ladder,
 the decode pass its own tables, a training sweep holding a Depth-Attention provider (or S > 0)
