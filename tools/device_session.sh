@@ -53,6 +53,12 @@
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
 #               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
 #   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
+#   depth-rates the streaming depth kernels alone (tools/depth_ncu.py): GB/s a program over program counts and item
+#               variants at G=8/L=64, G=2, L=256, T=16384 (no FA4 needed)
+#   depth-ncu   the same kernels under ncu (forward at 12 and 132 programs, backward at 24): speed of light, memory,
+#               warp stalls, into $RESULTS/depth_ncu.csv.gz
+#   overlap-realloc  moda-overlap against FA4 at T=16384/32768 fwd+bwd three times in one process, the inputs
+#               allocated anew behind a growing pad each time (does the depth tensors' placement move the ratio?)
 #   host        where an eager fwd+bwd's host time goes at T=1024 (tools/host_probe.py: issue time per call, cProfile)
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
@@ -193,6 +199,19 @@ for s in "$@"; do
              --out "$RESULTS/$GPU/overlap_determinism.csv" ;;
     overlap-lse) stage overlap-lse timeout 300 python3 tools/overlap_check.py --lse --T 32768,16384 \
              --out "$RESULTS/$GPU/overlap_lse.csv" ;;
+    depth-rates) DN="timeout 240 python3 tools/depth_ncu.py --T 16384 --max-time 0.4"
+           stage depth-rates bash -c "$DN --G 8 --L 64 --programs 1,4,12,24,66,132 \
+               --variants 'default;s=4;bl=32;bl=32,w=8;bm=256,w=8;bl=64,w=8';
+             $DN --G 2 --L 64 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8';
+             $DN --G 8 --L 256 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8'" ;;
+    depth-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+             --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+             --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio --csv --page details"
+           stage depth-ncu bash -c "timeout 240 $NCU --nvtx-include 'fwd-G8-L64-n12-v0/' --nvtx-include 'bwd-G8-L64-n24-v0/' \
+             --nvtx-include 'fwd-G8-L64-n132-v0/' python3 tools/depth_ncu.py --calls 1 --G 8 --L 64 --programs 12,24,132 \
+             > $RESULTS/depth_ncu.csv; gzip -f $RESULTS/depth_ncu.csv" ;;
+    overlap-realloc) stage overlap-realloc timeout 400 python3 tools/overlap_probe.py --seq fa4 --T 16384,32768 --passes fwdbwd \
+             --variants overlap --repeat 3 --max-time 4 --out "$RESULTS/$GPU/overlap_realloc.csv" ;;
     host) stage host timeout 200 python3 tools/host_probe.py --T 1024 --calls 300 --top 30 ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;

@@ -11,7 +11,8 @@ kernel's programs take the others. The pass then costs about
 max(seq * SMs / (SMs - N'), depth bytes / (N' * per-SM rate)) plus the merge, with N' the SMs
 the N programs occupy; this script measures where that lands.
 
-Variants (`--variants`, separated by ';'): `default` (moda-fa4's resolved config), or
+Variants (`--variants`, separated by ';'): `default` (moda-fa4's resolved config), `overlap`
+(moda-overlap's, `overlap_config`), or
 `k=v,k=v` with MoDAConfig fields or the aliases f (depth_ctas), b (bwd_depth_ctas), p
 (side_priority 0/1), dbm (depth_block_m and bwd_depth_block_m), dw (depth_warps and
 bwd_depth_warps), bl (block_l and bwd_block_l), ds (bwd_depth_stages and depth_stages); in
@@ -45,6 +46,7 @@ import torch
 from moda_bench.ops.moda.config import MoDAConfig, resolve_config
 from moda_bench.ops.moda.kernel import Concurrent, moda_bwd, moda_fwd
 from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
+from moda_bench.ops.moda.overlap import overlap_config
 from moda_bench.ops.moda.validate import MoDAShape
 from moda_bench.timing import RoundRule, grad_inputs, make_inputs, make_pass_fn, time_interleaved
 
@@ -128,6 +130,9 @@ def main() -> int:
     ap.add_argument("--kernels", default="persist", help="depth kernels timed alone: persist, rowblock")
     ap.add_argument("--alone-variants", default="", help="';'-separated config changes for the kernels alone")
     ap.add_argument("--timer", default="eager")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="time every (T, pass) this many times in this process, the inputs allocated anew each "
+                         "time behind a pad of 512 MiB x repeat index (where the depth tensors land in memory)")
     ap.add_argument("--max-time", type=float, default=12.0)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "overlap_probe.csv"))
     a = ap.parse_args()
@@ -140,11 +145,12 @@ def main() -> int:
     f = open(a.out, "a", newline="")
     w = csv.writer(f)
     w.writerow(["T", "G", "L", "pass", "name", "config", "median_ms", "p20_ms", "p80_ms", "ratio", "lo", "hi",
-                "stop"])
+                "stop", "repeat"])
     dev = torch.device("cuda")
-    for T in (int(x) for x in a.T.split(",")):
+    for T, rep in ((int(x), r) for x in a.T.split(",") for r in range(a.repeat)):
         shape = MoDAShape(1, T, a.G * a.Hk, a.Hk, 64, a.L)
         base = resolve_config(shape, torch.bfloat16, None, op="moda-fa4")
+        pad = torch.empty(rep * 2**29, dtype=torch.uint8, device=dev) if rep else None  # noqa: F841 - held
         for pass_ in a.passes.split(","):
             ins = make_inputs(1, T, shape.Hq, a.Hk, 64, a.L, requires_grad=pass_ != "fwd")
             ins0 = dict(ins, k_depth=None, v_depth=None)
@@ -155,7 +161,8 @@ def main() -> int:
             else:
                 fns["cudnn"] = cudnn_fwdbwd(ins, pass_)
             for vtext in a.variants.split(";"):
-                cfg = parse_variant(vtext, base)
+                cfg = overlap_config(shape, torch.bfloat16, dev) if vtext.strip() == "overlap" \
+                    else parse_variant(vtext, base)
                 name = f"moda-fa4[{vtext}]" if seq == "fa4" else f"cudnn+depth[{vtext}]"
                 cfgs[name] = cfg
                 if seq == "fa4":
@@ -205,13 +212,15 @@ def main() -> int:
                                               f"dw={c.depth_warps} ds={c.depth_stages}/{c.bwd_depth_stages} "
                                               f"dbm={c.depth_block_m}/{c.bwd_depth_block_m}")
                 w.writerow([T, a.G, a.L, pass_, name, cdesc, f"{m.median_ms:.4f}", f"{m.p20_ms:.4f}",
-                            f"{m.p80_ms:.4f}", f"{r:.4f}", f"{lo:.4f}", f"{hi:.4f}", res.stop_reason])
+                            f"{m.p80_ms:.4f}", f"{r:.4f}", f"{lo:.4f}", f"{hi:.4f}", res.stop_reason, rep])
                 print(f"T={T:6d} {pass_:7s} {name:44s} {m.median_ms:8.3f} ms  x{r:.3f} [{lo:.3f}-{hi:.3f}]  {cdesc}",
                       flush=True)
             f.flush()
-            print(f"# T={T} {pass_}: {res.rounds} rounds, {time.time() - t0:.1f} s, {res.stop_reason}", flush=True)
+            print(f"# T={T} {pass_} repeat {rep}: {res.rounds} rounds, {time.time() - t0:.1f} s, {res.stop_reason}", flush=True)
             del fns, ins, ins0
             torch.cuda.empty_cache()
+        del pad
+        torch.cuda.empty_cache()
     f.close()
     return 0
 
