@@ -6,6 +6,8 @@ odd Tk, ragged cache_seqlens, Tq in {1, 2, 4}, L in {0, 1, 64}, G in {1, 4, 8, 1
 the split spans and the causal tail tiles all run. Tolerances: ||out - ref|| / ||ref|| below
 helpers.TOLERANCE (fp32 1e-4, fp16 5e-3, bf16 2e-2). GPU-marked tests run real sizes on CUDA.
 The fused combine (`DecodeConfig(fused_combine=True)`) has its tests in tests/test_decode_fused.py.
+`DecodeConfig(pdl=True)` (the combine under Programmatic Dependent Launch, sm_90+ only): a no-op
+under the interpreter, bitwise the output of pdl=False on the GPU, eager and in a CUDA graph.
 """
 import math
 from dataclasses import replace
@@ -442,6 +444,76 @@ def test_gpu_tma_bf16(B, Tq, ragged):
     kw = make_inputs(B, Tq, 64, 8, 64, 64, Tk, torch.bfloat16, seed=B + Tq, lens=lens)
     cfg = DecodeConfig(tma=True)
     print(f"rel err auto={check(kw, config=cfg):.2e} one-split={check(kw, num_splits=1, config=cfg):.2e}")
+
+
+# ------------------------------------------------------------------ Programmatic Dependent Launch
+def test_pdl_rejected_with_fused_combine():
+    """pdl overlaps the combine's launch with the split kernel; the fused combine has no such launch."""
+    cfg = DecodeConfig(pdl=True, fused_combine=True)
+    for call in (lambda: cfg.resolved(32), lambda: moda_decode(**_good(), config=cfg)):
+        with pytest.raises(ValueError, match=r"DecodeConfig.pdl=True needs fused_combine=False"):
+            call()
+
+
+def test_pdl_is_a_no_op_under_the_interpreter(monkeypatch):
+    """The knob takes effect only on CUDA at compute capability >= 9 outside the interpreter, so here
+    (TRITON_INTERPRET=1) pdl=True launches exactly what pdl=False does (PDL=False, no launch_pdl) and
+    gives bitwise the same output, at an odd shape (Tk=61, ragged, Tq=2, G=4, L=3, 3 splits)."""
+    import moda_bench.ops.decode.kernel as kmod
+    seen, real = [], kmod.decode_combine_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **k: seen.append((k["PDL"], "launch_pdl" in k)) or real[grid](*a, **k)
+
+    monkeypatch.setattr(kmod, "decode_combine_kernel", Recorder())
+    kw = make_inputs(2, 2, 8, 2, 32, 3, 61, seed=14, lens=[61, 29])
+    off = moda_decode(**kw, num_splits=3, config=SMALL)
+    on = moda_decode(**kw, num_splits=3, config=replace(SMALL, pdl=True))
+    assert torch.equal(on, off)
+    active = kmod._pdl_active(kw["q"].device)
+    assert seen == [(False, False), (active, active)]
+    if kmod.interpreting():
+        assert not active
+    monkeypatch.setattr(kmod, "interpreting", lambda: False)  # the gate itself, on a made-up GPU
+    for cap, want in (((9, 0), True), ((10, 0), True), ((8, 9), False)):
+        monkeypatch.setattr(kmod, "_capability", lambda i, cap=cap: cap)
+        assert kmod._pdl_active(torch.device("cuda", 0)) is want and not kmod._pdl_active(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_gpu_pdl_bitwise():
+    """pdl=True on the GPU (PDL on sm_90+, else the same launches) against pdl=False, both on the
+    device's default tiles: bitwise equal at B=1, Tk=4099, n_b=4001, bf16, G=8, L=64, auto and 5
+    splits, eager and as CUDA graphs (warmed up on a side stream, captured, replayed 3 times)."""
+    import moda_bench.ops.decode.kernel as kmod
+    kw = make_inputs(1, 1, 64, 8, 64, 64, 4099, torch.bfloat16, seed=60, lens=[4001])
+    base = kmod.default_config(kw["q"].device, 8)
+    cfgs = (base, replace(base, pdl=True))
+    print(f"pdl active: {kmod._pdl_active(kw['q'].device)}")
+    for S in (None, 5):
+        off, on = (moda_decode(**kw, num_splits=S, config=c) for c in cfgs)
+        assert torch.equal(on, off), f"num_splits={S}"
+    check(kw, config=cfgs[1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for c in cfgs:
+            moda_decode(**kw, config=c)
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for c in cfgs:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moda_decode(**kw, config=c)
+        graphs.append((graph, out))
+    eager = moda_decode(**kw, config=cfgs[0])
+    for _ in range(3):
+        for graph, out in graphs:
+            out.fill_(float("nan"))
+            graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(out, eager) for _, out in graphs)
 
 
 def _peer_inputs(Tq, dtype=torch.bfloat16):

@@ -4,7 +4,8 @@
 a device copy's rate measured in the same process.
 
     python3 tools/decode_probe.py [--points 1x32768,1x8192,8x8192,8x2048,32x2048] [--budget-s 100]
-        [--block-n 64,128,256 --warps 2,4,8 --stages 2,3,4 --tma 0,1 --fused-combine 0,1] [--splits 8,16,33]
+        [--block-n 64,128,256 --warps 2,4,8 --stages 2,3,4 --tma 0,1 --fused-combine 0,1 --pdl 0,1]
+        [--splits 8,16,33]
 
 Prints cuDNN's time per point (SDPA at L=0, the peer to beat), one line per (point, variant)
 with its ratio to cuDNN, and the best variant per point; writes nothing.
@@ -44,14 +45,15 @@ def copy_gbps() -> float:
 
 
 def grid_variants(args) -> list:
-    """The DecodeConfig grid of --block-n x --warps x --stages x --tma x --fused-combine (or VARIANTS when none
-    is given)."""
-    if not (args.block_n or args.warps or args.stages or args.tma or args.fused_combine):
+    """The DecodeConfig grid of --block-n x --warps x --stages x --tma x --fused-combine x --pdl (or VARIANTS
+    when none is given), less the pairs fused_combine + pdl (DecodeConfig rejects them)."""
+    if not (args.block_n or args.warps or args.stages or args.tma or args.fused_combine or args.pdl):
         return VARIANTS
     ints = lambda text, dflt: [int(x) for x in text.split(",")] if text else [dflt]  # noqa: E731
-    return [DecodeConfig(block_n=bn, num_warps=w, num_stages=st, tma=bool(tma), fused_combine=bool(fc))
+    return [DecodeConfig(block_n=bn, num_warps=w, num_stages=st, tma=bool(tma), fused_combine=bool(fc), pdl=bool(pdl))
             for bn in ints(args.block_n, 128) for w in ints(args.warps, 4) for st in ints(args.stages, 3)
-            for tma in ints(args.tma, 0) for fc in ints(args.fused_combine, 0)]
+            for tma in ints(args.tma, 0) for fc in ints(args.fused_combine, 0) for pdl in ints(args.pdl, 0)
+            if not (fc and pdl)]
 
 
 def cudnn_ms(q, k, v, rule) -> float | None:
@@ -81,6 +83,8 @@ def main() -> None:
     p.add_argument("--tma", default="", help="0,1: pointer loads and/or tensor-descriptor (TMA) loads of the cache")
     p.add_argument("--fused-combine", default="", help="0,1: the combine as its own launch and/or merged by the last "
                    "split program (DecodeConfig.fused_combine)")
+    p.add_argument("--pdl", default="", help="0,1: the combine launched plainly and/or with Programmatic Dependent "
+                   "Launch (DecodeConfig.pdl; sm_90+, else the same launches)")
     p.add_argument("--splits", default="", help="comma list of num_splits (default: around the chooser's)")
     args = p.parse_args()
     rate = copy_gbps()
@@ -112,7 +116,7 @@ def main() -> None:
                     continue
                 gbps = nbytes / (m.median_ms * 1e6)
                 tag = (f"B={B:3d} T={T:6d} splits={s:4d} bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}"
-                       + (" tma" if cfg.tma else "") + (" fc" if cfg.fused_combine else ""))
+                       + (" tma" if cfg.tma else "") + (" fc" if cfg.fused_combine else "") + (" pdl" if cfg.pdl else ""))
                 vs = f" x{m.median_ms / ref:.3f} cudnn" if ref else ""
                 dflt = " (default)" if s == auto and cfg == DecodeConfig() else ""
                 print(f"{tag}: {m.median_ms * 1e3:8.1f} us {gbps:6.0f} GB/s {gbps / rate:5.0%}{vs}{dflt}")

@@ -32,6 +32,10 @@
 #               into moda_bench/ops/moda/tuned (copied beside the cache)
 #   decode-tma  the decode kernel's tensor-descriptor (TMA) loads: GPU tests, then a tile grid with
 #               and without them at B=1/T=32K, 8x2K, 32x8K, 128x2K (tools/decode_probe.py)
+#   decode-pdl  the decode combine launched with Programmatic Dependent Launch (DecodeConfig.pdl): GPU tests
+#               of it and of the TMA tiles, then tools/decode_probe.py with pdl off and on (TMA loads) at
+#               B=1/T=32K, 1x8K, 8x2K, 8x8K (each part capped at 200 s; -k "tma_", since a bare "tma"
+#               also matches the keyword "pytestmark" that every marked test carries)
 #   tune-fa4    moda-fa4's depth launches (needs FA4): T = 4096 and 16384, G = 2, L = 256, same cache
 #   bwd-tma     the folded "tma" backward: GPU tests of the MoDA kernel, then tools/kernel_probe.py
 #               (fwd+bwd, the default against the pointer backward it replaced and its knobs)
@@ -55,6 +59,7 @@
 #   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
 #   depth-rates the streaming depth kernels alone (tools/depth_ncu.py): GB/s a program over program counts and item
 #               variants at G=8/L=64, G=2, L=256, T=16384 (no FA4 needed)
+#   depth-rates-t  the transposed depth forward (depth_fwd(transposed=True)) against the row form, GB/s a program
 #   depth-ncu   the same kernels under ncu (forward at 12 and 132 programs, backward at 24): speed of light, memory,
 #               warp stalls, into $RESULTS/depth_ncu.csv.gz
 #   overlap-realloc  moda-overlap against FA4 at T=16384/32768 fwd+bwd three times in one process, the inputs
@@ -134,6 +139,8 @@ for s in "$@"; do
            G="--block-n 64,128 --warps 2,4 --stages 2,3,4 --tma 0,1"
            stage decode-tma-grid bash -c "python3 tools/decode_probe.py $G --points 1x32768 --splits 16,33,66 --budget-s 110;
              python3 tools/decode_probe.py $G --points 8x2048,32x8192,128x2048 --budget-s 150" ;;
+    decode-pdl) stage decode-pdl-tests timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl or tma_"
+           stage decode-pdl-probe timeout 200 python3 tools/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192 --pdl 0,1 --tma 1 --budget-s 120 ;;
     tune-fa4) R=$RESULTS/$GPU/tuning; mkdir -p "$R"
            TUNE="$MB tune --op moda-fa4 --kernels fwd_depth,bwd_depth --budget 8 --min-gain 3% --cache $R/tuning.json"
            stage tune-fa4-t timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary T --values 4096,16384 --out "$R/tune_fa4_T.csv"
@@ -204,6 +211,11 @@ for s in "$@"; do
                --variants 'default;s=4;bl=32;bl=32,w=8;bm=256,w=8;bl=64,w=8';
              $DN --G 2 --L 64 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8';
              $DN --G 8 --L 256 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8'" ;;
+    depth-rates-t) DN="timeout 240 python3 tools/depth_ncu.py --T 16384 --max-time 0.4 --passes fwd"
+           stage depth-rates-t bash -c "$DN --G 8 --L 64 --programs 12,24,132 \
+               --variants 'default;bm=256,w=8;t=1;t=1,w=8;t=1,bl=32;t=1,bm=256,w=8;t=1,bm=64;t=1,s=4;t=1,bl=32,s=2';
+             $DN --G 2,16 --L 64 --programs 12,24 --variants 'default;t=1;t=1,w=8;t=1,bm=64,bl=32';
+             $DN --G 8 --L 256 --programs 12,24 --variants 'default;t=1;t=1,w=8;t=1,bl=32'" ;;
     depth-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
              --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio --csv --page details"

@@ -16,7 +16,12 @@ One call is at most two launches:
    and puts the counter back to 0), so the call is one launch. The counters are
    a persistent buffer, zeroed once and cached per (device, stream, size) (`_counters`: what
    streams and CUDA graphs may share one).
-With S = 1 the split kernel writes the output directly and there is no second launch.
+With S = 1 the split kernel writes the output directly and there is no second launch. With
+`DecodeConfig(pdl=True)` (not with fused_combine) the combine launch uses Programmatic Dependent
+Launch on CUDA devices of compute capability >= 9 (`_pdl_active`; elsewhere and under the
+interpreter the knob does nothing): the split programs let it be scheduled while they run, and
+it waits (griddepcontrol.wait) for the whole split grid, its stores flushed, before it reads a
+partial.
 
 Host work per call: the input checks (shapes, dtypes; values only where reading them costs no
 device sync, see `check_decode_inputs`), two small allocations (partials), the launches (the
@@ -36,7 +41,7 @@ import torch
 from moda_bench.ops.decode.kernel_split import decode_combine_kernel, decode_split_kernel
 from moda_bench.ops.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.moda.triton_utils import dot_precision
+from moda_bench.ops.moda.triton_utils import dot_precision, interpreting
 
 LOG2E = 1.4426950408889634
 CPU_SM_COUNT = 132  # what the chooser assumes off CUDA (an H100 SXM / H200)
@@ -71,7 +76,14 @@ class DecodeConfig:
     time grew by ~0.45 us a split alike at 4 and 8 splits a step (2 and 4 warps), not
     understood (no profile taken). In all those runs the first graph capture of a counter size
     in a process allocated its counters inside the graph (a zero-fill node before the kernel at
-    every replay of that graph); now a capture takes a buffer an eager call made."""
+    every replay of that graph); now a capture takes a buffer an eager call made.
+    pdl: launch the combine kernel with Programmatic Dependent Launch (calls with S > 1 and the
+    combine as its own launch): it is scheduled while the split kernel runs and waits, before
+    it reads a partial, until every split program has finished and its stores are visible, so
+    its launch gap hides under the split's run. It takes effect only on CUDA devices of compute
+    capability >= 9 (Hopper on) and not under TRITON_INTERPRET; elsewhere it is silently a no-op
+    (the kernels and launches of pdl=False). Not with fused_combine (one launch already:
+    ValueError). Off by default and in GPU_TILES until measured (tools/decode_probe.py --pdl)."""
 
     block_n: int | None = None
     num_warps: int = 4
@@ -82,6 +94,7 @@ class DecodeConfig:
     combine_block_s: int | None = None
     tma: bool = False
     fused_combine: bool = False
+    pdl: bool = False
 
     def resolved(self, d: int) -> "DecodeConfig":
         """The config with its automatic fields filled in for head dim d, checked."""
@@ -97,6 +110,9 @@ class DecodeConfig:
                 raise ValueError(f"DecodeConfig.{name}={getattr(cfg, name)!r} must be one of 1, 2, 4, 8, 16")
         if not isinstance(cfg.num_stages, int) or cfg.num_stages < 1:
             raise ValueError(f"DecodeConfig.num_stages={cfg.num_stages!r} must be an int >= 1")
+        if cfg.pdl and cfg.fused_combine:
+            raise ValueError("DecodeConfig.pdl=True needs fused_combine=False (the fused combine is one launch: "
+                             "there is no combine launch to overlap)")
         return cfg
 
 
@@ -182,6 +198,19 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return CPU_SM_COUNT
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index) -> tuple:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def _pdl_active(device: torch.device) -> bool:
+    """Whether `DecodeConfig.pdl` takes effect on device: CUDA, compute capability >= 9 (PDL
+    and griddepcontrol need sm_90), not under the interpreter."""
+    if device.type != "cuda" or interpreting():
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
 def resolve_num_splits(num_splits, shape: DecodeShape, cfg: DecodeConfig, device: torch.device) -> int:
@@ -281,6 +310,7 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
     fused = cfg.fused_combine and not direct
     block_s = cfg.combine_block_s or max(1, min(next_pow2(S), 4096 // d))
     cnt = _counters(q.device, B * Hk * n_rb) if fused else lse
+    pdl = cfg.pdl and not (direct or fused) and _pdl_active(q.device)  # False: both kernels as without the knob
     decode_split_kernel[(B * Hk, n_rb * S)](
         q, k, v, kd, vd, sl, bt, dst, lse, kdesc if kdesc is not None else k, vdesc if vdesc is not None else v,
         out, cnt,
@@ -289,14 +319,14 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
         v.stride(0), v.stride(1), v.stride(2), *dstr, sbt, out.stride(0), out.stride(1), out.stride(2),
         ROWS=rows, BLOCK_N=cfg.block_n, BLOCK_L=block_l, HEAD_DIM=d, PAGE_SIZE=max(shape.page_size, 1),
         PAGED=shape.paged, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0, DIRECT=direct, PREC=prec,
-        TMA=kdesc is not None, FUSED_COMBINE=fused, COMBINE_BLOCK_S=block_s if fused else 1,
+        TMA=kdesc is not None, FUSED_COMBINE=fused, COMBINE_BLOCK_S=block_s if fused else 1, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if direct or fused:
         return
     decode_combine_kernel[(B * Hk * R,)](
         dst, lse, out, sl, Tq, shape.Tk, G, Hk, R, S, out.stride(0), out.stride(1), out.stride(2),
         BLOCK_N=cfg.block_n, BLOCK_S=block_s, HEAD_DIM=d, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0,
-        num_warps=cfg.combine_warps)
+        PDL=pdl, num_warps=cfg.combine_warps, **({"launch_pdl": True} if pdl else {}))
 
 
 def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlens=None, scale=None,

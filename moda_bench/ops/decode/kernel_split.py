@@ -22,6 +22,12 @@ With FUSED_COMBINE the split kernel does that merge itself, in the last program 
 block to finish (an arrival counter per row block), and the combine launch is not made. Both
 run the same merge, `merge_row`.
 
+PDL (`DecodeConfig.pdl`, set by the launcher only on sm_90+ outside the interpreter, never with
+FUSED_COMBINE or DIRECT): the combine is launched with Programmatic Dependent Launch; each split
+program signals at its start that the combine may be scheduled (gdc_launch_dependents), and the
+combine waits (gdc_wait) for the whole split grid before it reads a partial. Both are constexpr
+branches: with PDL off neither is traced and the kernels are those without the knob.
+
 Bad values that were not checked on the host (the GPU path skips the device sync) never read
 out of bounds: a sequence with n_b outside [Tq, Tk] reads nothing and gets NaN rows, a key
 whose page index is outside [0, num_blocks) is not loaded and turns its rows' output to NaN.
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from moda_bench.ops.moda.triton_utils import mm
 
@@ -189,7 +196,7 @@ def decode_split_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_DEPTH: tl.constexpr,
     DIRECT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, FUSED_COMBINE: tl.constexpr = False,
-    COMBINE_BLOCK_S: tl.constexpr = 1,
+    COMBINE_BLOCK_S: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     """Grid (B*Hk, n_rb*S). Dense cache: K/V strides (skb, skt, skh) over (b, t, head); paged:
     (page, slot, head) with block table BT (row stride sbt). DIRECT: O is the output
@@ -203,7 +210,22 @@ def decode_split_kernel(
     (empty splits, which store nothing, arrive too): it merges the block's rows one by one into
     OUT (the output, strides sob, sot, soh) with `merge_row`, the combine kernel's code,
     COMBINE_BLOCK_S splits a step, and puts the counter back to 0, so the buffer needs no reset
-    between calls. Else OUT, CNT, COMBINE_BLOCK_S are unused."""
+    between calls. Else OUT, CNT, COMBINE_BLOCK_S are unused. PDL (not DIRECT, not
+    FUSED_COMBINE): the combine kernel is launched next with launch_pdl; see the trigger below."""
+    if PDL:
+        # Where the trigger sits does not matter for correctness: the combine's gdc_wait returns
+        # only once every program of this grid has exited and its stores are flushed, so the
+        # trigger only decides when the combine's programs are put on the SMs. First thing,
+        # because (1) the combine is scheduled only after every split program has triggered or
+        # exited, i.e. after the last one has started, so its programs can never take SM room
+        # from a split program still waiting for a slot; (2) at B=1 the split programs (about 2
+        # an SM) run side by side and end together, so a trigger after the main loop would come
+        # only shortly before the end and leave the combine's launch latency and prologue (its
+        # indices and n_b) mostly exposed, while at the start they hide under the whole main
+        # loop. The cost: the combine's programs (a few warps, little shared memory) sit blocked
+        # on SMs meanwhile. If measurements show that costing the split kernel, move it after
+        # the loops (before the epilogue stores): still correct, for the reason above.
+        gdc_launch_dependents()
     bh = tl.program_id(0)
     pid1 = tl.program_id(1)
     rb = pid1 % n_rb
@@ -298,10 +320,11 @@ def decode_split_kernel(
 def decode_combine_kernel(
     PO, PLSE, O, SEQLENS, Tq, Tk, G, Hk, R, S, sob, sot, soh,
     BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_SEQLENS: tl.constexpr,
-    HAS_DEPTH: tl.constexpr,
+    HAS_DEPTH: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Grid (B*Hk*R,): output row (b, token i, head j*G + g) <- the log-sum-exp merge of the
-    partials its splits wrote (split kernel's BLOCK_N, to recompute which splits were used)."""
+    partials its splits wrote (split kernel's BLOCK_N, to recompute which splits were used).
+    PDL: launched with launch_pdl, it may start while the split kernel still runs."""
     pid = tl.program_id(0)
     bh = pid // R
     r = pid % R
@@ -311,5 +334,11 @@ def decode_combine_kernel(
     n_used = tl.cdiv(n, split_span(n, S, BLOCK_N))
     i = r // G
     head = j * G + r % G
+    if PDL:
+        # Above, only SEQLENS is read: written (if at all) by work before the split kernel,
+        # which began only after that work had finished, so it is safe to read early. The
+        # partials (and the output, stored after them) wait until the split grid has completed
+        # and its memory is flushed.
+        gdc_wait()
     merge_row(PO, PLSE, O, bh.to(tl.int64) * S * R + r, b.to(tl.int64) * sob + i * sot + head * soh, n_used, bad,
               S, R, BLOCK_S, HEAD_DIM, HAS_DEPTH)
