@@ -63,6 +63,37 @@ def runner(pass_: str, q, do, kd, vd, o, lse, G: int, n: int, kw: dict):
     return lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, n, **kw)
 
 
+def reference_fwd(q, kd, vd, G: int):
+    """fp32 (o, lse) of the depth partial: every row over its own position's L depth keys."""
+    B, T, Hq, d = q.shape
+    L, Hk = kd.shape[2], kd.shape[3]
+    s = torch.einsum("bthgd,btlhd->bthgl", q.float().view(B, T, Hk, G, d), kd.float()) / math.sqrt(d)
+    o = torch.einsum("bthgl,btlhd->bthgd", torch.softmax(s, -1), vd.float())
+    return o.reshape(B, T, Hq, d), torch.logsumexp(s, -1).reshape(B, T, Hq)
+
+
+def check(a) -> bool:
+    """Every forward variant at T=4099 (odd: a partial last item) against fp32, per G and L."""
+    ok = True
+    for G in (int(x) for x in a.G.split(",")):
+        for L in (int(x) for x in a.L.split(",")):
+            q, _, kd, vd = inputs(4099, G, L, seed=1)
+            ro, rl = reference_fwd(q, kd, vd, G)
+            for vtext in a.variants.split(";"):
+                try:
+                    o, lse = depth_fwd(q, kd, vd, 1.0 / math.sqrt(q.shape[-1]), G, 24, **parse_variant(vtext, "fwd"))
+                except Exception as exc:  # noqa: BLE001 - probe: report and go on
+                    print(f"check G={G} L={L} {vtext}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                eo = ((o.float() - ro).abs().max() / ro.abs().max()).item()
+                el = (lse - rl).abs().max().item()
+                good = eo < 2e-2 and el < 1e-2
+                ok &= good
+                print(f"check G={G} L={L} {vtext:24s} out {eo:.2e} lse {el:.2e} {'ok' if good else 'MISMATCH'}",
+                      flush=True)
+    return ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--T", type=int, default=16384)
@@ -73,7 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="default")
     ap.add_argument("--calls", type=int, default=0, help="eager calls in NVTX ranges (profiler mode); 0: --rates")
     ap.add_argument("--max-time", type=float, default=1.0, help="seconds per timed case")
+    ap.add_argument("--check", action="store_true",
+                    help="only compare every variant's forward with an fp32 reference at T=4099 (exit 1 on a miss)")
     a = ap.parse_args(argv)
+    if a.check:
+        return 0 if check(a) else 1
     print(f"# {torch.cuda.get_device_name()} T={a.T}", flush=True)
     for G in (int(x) for x in a.G.split(",")):
         for L in (int(x) for x in a.L.split(",")):

@@ -212,10 +212,12 @@ for s in "$@"; do
              $DN --G 2 --L 64 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8';
              $DN --G 8 --L 256 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8'" ;;
     depth-rates-t) DN="timeout 240 python3 tools/depth_ncu.py --T 16384 --max-time 0.4 --passes fwd"
-           stage depth-rates-t bash -c "$DN --G 8 --L 64 --programs 12,24,132 \
-               --variants 'default;bm=256,w=8;t=1;t=1,w=8;t=1,bl=32;t=1,bm=256,w=8;t=1,bm=64;t=1,s=4;t=1,bl=32,s=2';
-             $DN --G 2,16 --L 64 --programs 12,24 --variants 'default;t=1;t=1,w=8;t=1,bm=64,bl=32';
-             $DN --G 8 --L 256 --programs 12,24 --variants 'default;t=1;t=1,w=8;t=1,bl=32'" ;;
+           stage depth-rates-t bash -c "$DN --check --G 8,2,3,16 --L 64,1 --variants 't=1,bm=64;t=1,bm=32,bl=32;t=1';
+             $DN --G 8 --L 64 --programs 12,24,132 \
+               --variants 'default;bm=256,w=8;t=1;t=1,w=8;t=1,bm=64,bl=32;t=1,bm=64;t=1,s=4;t=1,s=2;t=1,bm=32,bl=64,s=2';
+             $DN --G 2 --L 64 --programs 12,24 --variants 'default;t=1,bm=32;t=1,bm=32,w=8;t=1,bm=16,bl=32';
+             $DN --G 16 --L 64 --programs 12,24 --variants 'default;t=1;t=1,bm=256;t=1,w=8';
+             $DN --G 8 --L 256 --programs 12,24 --variants 'default;t=1;t=1,w=8;t=1,bm=64,bl=32'" ;;
     depth-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
              --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio --csv --page details"
