@@ -60,6 +60,9 @@
 #   depth-rates the streaming depth kernels alone (tools/depth_ncu.py): GB/s a program over program counts and item
 #               variants at G=8/L=64, G=2, L=256, T=16384 (no FA4 needed)
 #   depth-rates-t  the transposed depth forward (depth_fwd(transposed=True)) against the row form, GB/s a program
+#   depth-rates-b  the backward's items (rows, warps, stages) and the forward's 256-row 8-warp items at G=2/16, L=256, T=4096
+#   overlap-items2 moda-overlap with the forward's items at 256 rows and 8 warps (and fewer programs) against its heuristic,
+#               beside FA4 at T=16384, 4096 (graph timer), 32768, forward and fwd+bwd (tools/overlap_probe.py)
 #   depth-ncu   the same kernels under ncu (forward at 12 and 132 programs, backward at 24): speed of light, memory,
 #               warp stalls, into $RESULTS/depth_ncu.csv.gz
 #   overlap-realloc  moda-overlap against FA4 at T=16384/32768 fwd+bwd three times in one process, the inputs
@@ -218,6 +221,17 @@ for s in "$@"; do
              $DN --G 2 --L 64 --programs 12,24 --variants 'default;t=1,bm=32;t=1,bm=32,w=8;t=1,bm=16,bl=32';
              $DN --G 16 --L 64 --programs 12,24 --variants 'default;t=1;t=1,bm=256;t=1,w=8';
              $DN --G 8 --L 256 --programs 12,24 --variants 'default;t=1;t=1,w=8;t=1,bm=64,bl=32'" ;;
+    depth-rates-b) DN="timeout 200 python3 tools/depth_ncu.py --max-time 0.4"
+           stage depth-rates-b bash -c "$DN --T 16384 --passes bwd --G 8 --L 64 --programs 12,24 \
+               --variants 'default;bm=128;bm=128,w=8;bm=64,w=8;bm=32;bm=32,w=2;s=2';
+             $DN --T 16384 --passes fwd --G 2,16 --L 64 --programs 12,24 --variants 'default;bm=256,w=8;bm=256,w=8,s=2';
+             $DN --T 16384 --passes fwd --G 8 --L 256 --programs 12,24 --variants 'default;bm=256,w=8;bm=256,w=8,s=2';
+             $DN --T 4096 --G 8 --L 64 --programs 24,48 --variants 'default;bm=256,w=8'" ;;
+    overlap-items2) OP="timeout 170 python3 tools/overlap_probe.py --seq fa4 --passes fwd,fwdbwd --max-time 3 \
+             --out $RESULTS/$GPU/overlap_items2.csv"; W="overlap,depth_block_m=256,depth_warps=8"
+           stage overlap-items2 bash -c "$OP --T 16384 --variants 'overlap;$W;$W,f=10';
+             $OP --T 4096 --timer graph --variants 'overlap;$W;$W,f=40';
+             $OP --T 32768 --variants 'overlap;$W'" ;;
     depth-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
              --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio --csv --page details"

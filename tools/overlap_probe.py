@@ -12,7 +12,7 @@ max(seq * SMs / (SMs - N'), depth bytes / (N' * per-SM rate)) plus the merge, wi
 the N programs occupy; this script measures where that lands.
 
 Variants (`--variants`, separated by ';'): `default` (moda-fa4's resolved config), `overlap`
-(moda-overlap's, `overlap_config`), or
+(moda-overlap's, `overlap_config`, optionally followed by `,k=v` changes of it), or
 `k=v,k=v` with MoDAConfig fields or the aliases f (depth_ctas), b (bwd_depth_ctas), p
 (side_priority 0/1), dbm (depth_block_m and bwd_depth_block_m), dw (depth_warps and
 bwd_depth_warps), bl (block_l and bwd_block_l), ds (bwd_depth_stages and depth_stages); in
@@ -68,9 +68,9 @@ def parse_variant(text: str, base: MoDAConfig) -> MoDAConfig:
     cfg = base.replace(**kw)
     if persist:
         return cfg.replace(fwd_depth="persist", bwd_depth="persist")
-    if "depth_ctas" in kw and "fwd_depth" not in kw:
+    if "depth_ctas" in kw and "fwd_depth" not in kw and cfg.fwd_depth != "persist":
         cfg = cfg.replace(fwd_depth="stream")
-    if "bwd_depth_ctas" in kw and "bwd_depth" not in kw:
+    if "bwd_depth_ctas" in kw and "bwd_depth" not in kw and cfg.bwd_depth != "persist":
         cfg = cfg.replace(bwd_depth="stream")
     return cfg
 
@@ -161,8 +161,9 @@ def main() -> int:
             else:
                 fns["cudnn"] = cudnn_fwdbwd(ins, pass_)
             for vtext in a.variants.split(";"):
-                cfg = overlap_config(shape, torch.bfloat16, dev) if vtext.strip() == "overlap" \
-                    else parse_variant(vtext, base)
+                head, _, rest = vtext.strip().partition(",")
+                cfg = parse_variant(rest or "default", overlap_config(shape, torch.bfloat16, dev)) \
+                    if head == "overlap" else parse_variant(vtext, base)
                 name = f"moda-fa4[{vtext}]" if seq == "fa4" else f"cudnn+depth[{vtext}]"
                 cfgs[name] = cfg
                 if seq == "fa4":
