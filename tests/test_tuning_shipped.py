@@ -459,12 +459,12 @@ def test_overlap_item_groups_search_the_streaming_items():
 
 
 class ItemsFakeTimer(CtasFakeTimer):
-    """As CtasFakeTimer, plus: forward items of 256 rows and backward items of 4 stages x 8 warps
-    stream fastest (a slower item needs more programs: its penalty shrinks as the count grows)."""
+    """As CtasFakeTimer, plus: forward items of 64 rows (not the heuristic's) and backward items of
+    4 stages x 8 warps stream fastest (a slower item needs more programs: its penalty shrinks as the count grows)."""
 
     def time(self, cfg, pass_, final=False):
         fwd = 1.0 + max(0, 20 - cfg.depth_ctas) * 0.05 + cfg.depth_ctas * 0.002
-        fwd += 0.0 if cfg.depth_block_m == 256 else 4.0 / cfg.depth_ctas
+        fwd += 0.0 if cfg.depth_block_m == 64 else 4.0 / cfg.depth_ctas
         bwd = 2.0 + max(0, 40 - cfg.bwd_depth_ctas) * 0.05 + cfg.bwd_depth_ctas * 0.002
         bwd += 0.0 if (cfg.bwd_depth_stages, cfg.bwd_depth_warps) == (4, 8) else 8.0 / cfg.bwd_depth_ctas
         return {"fwd": fwd, "bwd": bwd}.get(pass_, fwd + bwd)
@@ -474,11 +474,11 @@ def test_tune_shape_overlap_tunes_items_then_counts(_isolated):
     from moda_bench.ops.moda.overlap import overlap_heuristic
     sh = shape()
     base = overlap_heuristic(sh, "bfloat16", "cpu").replace(depth_ctas=10, bwd_depth_ctas=20)
-    assert base.depth_block_m != 256 and (base.bwd_depth_stages, base.bwd_depth_warps) != (4, 8)
+    assert base.depth_block_m != 64 and (base.bwd_depth_stages, base.bwd_depth_warps) != (4, 8)
     res = tu.tune_shape(sh, "bfloat16", ItemsFakeTimer(), kernels=tu.OVERLAP_GROUPS, budget=24, op="moda-overlap",
                         default=base)
     c = res.config
     assert res.decision == "tuned"
-    assert c.depth_block_m == 256 and (c.bwd_depth_stages, c.bwd_depth_warps) == (4, 8)
+    assert c.depth_block_m == 64 and (c.bwd_depth_stages, c.bwd_depth_warps) == (4, 8)
     assert c.depth_ctas == 20 and c.bwd_depth_ctas == 40
     assert c.fwd_depth == c.bwd_depth == "persist"

@@ -13,9 +13,9 @@ Two modes:
         --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \\
         python3 tools/depth_ncu.py --calls 1 --programs 12
 
-A variant is `bm=<rows an item>,s=<depth steps in flight>,w=<warps>,bl=<depth columns a step>,t=<0|1:
-the transposed forward, `depth_fwd(transposed=True)`>` (any subset; ';' separates variants; `default` is the overlap heuristic's: forward 128 rows, backward
-64, 3 stages, 4 warps, the kernels' own block_l). Shapes: B=1, Hk=8, d=64, bf16. Needs CUDA.
+A variant is `bm=<rows an item>,s=<depth steps in flight>,w=<warps>,bl=<depth columns a step>` (any
+subset; ';' separates variants; `default` is 128 rows forward (the overlap heuristic's until
+2026-11-26, now 256 rows on 8 warps), 64 backward, 3 stages, 4 warps, the kernels' own block_l). Shapes: B=1, Hk=8, d=64, bf16. Needs CUDA.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.timing import StopRule, time_fn
 
-KEYS = {"bm": "block_m", "s": "stages", "w": "num_warps", "bl": "block_l", "t": "transposed"}
+KEYS = {"bm": "block_m", "s": "stages", "w": "num_warps", "bl": "block_l"}
 
 
 def parse_variant(text: str, pass_: str) -> dict:
@@ -36,7 +36,7 @@ def parse_variant(text: str, pass_: str) -> dict:
     if text.strip() != "default":
         for item in filter(None, text.split(",")):
             k, v = item.split("=")
-            kw[KEYS[k.strip()]] = bool(int(v)) if k.strip() == "t" else int(v)
+            kw[KEYS[k.strip()]] = int(v)
     return kw
 
 

@@ -59,7 +59,6 @@
 #   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
 #   depth-rates the streaming depth kernels alone (tools/depth_ncu.py): GB/s a program over program counts and item
 #               variants at G=8/L=64, G=2, L=256, T=16384 (no FA4 needed)
-#   depth-rates-t  the transposed depth forward (depth_fwd(transposed=True)) against the row form, GB/s a program
 #   depth-rates-b  the backward's items (rows, warps, stages) and the forward's 256-row 8-warp items at G=2/16, L=256, T=4096
 #   overlap-items2 moda-overlap with the forward's items at 256 rows and 8 warps (and fewer programs) against its heuristic,
 #               beside FA4 at T=16384, 4096 (graph timer), 32768, forward and fwd+bwd (tools/overlap_probe.py)
@@ -214,13 +213,6 @@ for s in "$@"; do
                --variants 'default;s=4;bl=32;bl=32,w=8;bm=256,w=8;bl=64,w=8';
              $DN --G 2 --L 64 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8';
              $DN --G 8 --L 256 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8'" ;;
-    depth-rates-t) DN="timeout 240 python3 tools/depth_ncu.py --T 16384 --max-time 0.4 --passes fwd"
-           stage depth-rates-t bash -c "$DN --check --G 8,2,3,16 --L 64,1 --variants 't=1,bm=64;t=1,bm=32,bl=32;t=1';
-             $DN --G 8 --L 64 --programs 12,24,132 \
-               --variants 'default;bm=256,w=8;t=1;t=1,w=8;t=1,bm=64,bl=32;t=1,bm=64;t=1,s=4;t=1,s=2;t=1,bm=32,bl=64,s=2';
-             $DN --G 2 --L 64 --programs 12,24 --variants 'default;t=1,bm=32;t=1,bm=32,w=8;t=1,bm=16,bl=32';
-             $DN --G 16 --L 64 --programs 12,24 --variants 'default;t=1;t=1,bm=256;t=1,w=8';
-             $DN --G 8 --L 256 --programs 12,24 --variants 'default;t=1;t=1,w=8;t=1,bm=64,bl=32'" ;;
     depth-rates-b) DN="timeout 200 python3 tools/depth_ncu.py --max-time 0.4"
            stage depth-rates-b bash -c "$DN --T 16384 --passes bwd --G 8 --L 64 --programs 12,24 \
                --variants 'default;bm=128;bm=128,w=8;bm=64,w=8;bm=32;bm=32,w=2;s=2';

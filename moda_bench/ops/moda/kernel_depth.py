@@ -39,7 +39,7 @@ from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.kernel_bwd_tma import bwd_depth_geometry, depth_desc, depth_part, rows_ptr, rows_tile
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry as fwd_depth_geometry
 from moda_bench.ops.moda.kernel_fwd_tma import depth_phase, depth_rows_desc, ensure_allocator, rows_desc
-from moda_bench.ops.moda.triton_utils import dot_precision, mm
+from moda_bench.ops.moda.triton_utils import dot_precision
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)
@@ -73,53 +73,6 @@ def depth_fwd_kernel(Q, KD, VD, OD, LSED, qk_scale, B, T, L, G, Hk, Hq, n_items,
                  mask=row_ok[:, None])
         tl.store(LSED + qrow, (m_i + tl.math.log2(l_i)) / 1.4426950408889634, mask=row_ok)
         tl.debug_barrier()  # every warp is done with this item's shared tiles before the next item's copies land
-
-
-@triton.jit(do_not_specialize=["B", "T", "L", "n_items"])
-def depth_fwd_t_kernel(Q, KD, VD, OD, LSED, qk_scale, B, T, L, G, Hk, Hq, n_items, GP: tl.constexpr,
-                       P: tl.constexpr, D: tl.constexpr, BL: tl.constexpr, PREC: tl.constexpr,
-                       DEPTH_STAGES: tl.constexpr):
-    """The forward with the products transposed (`depth_fwd(transposed=True)`): an item is P
-    positions of one KV head; per position and step the scores s^T [BL, GP] = k_depth [BL, d] q^T
-    [d, GP] and the output o^T [d, GP] += v_depth^T [d, BL] p^T [BL, GP], batched over the P
-    positions. The GP heads are the products' N (8 columns of a tensor-core tile, so G = 8 wastes
-    nothing where the row form scores two positions' columns for every row), the softmax runs down
-    the BL axis."""
-    qdesc = rows_desc(Q, B, T, Hq, P, GP, D)
-    kddesc = depth_rows_desc(KD, B, T, L, Hk, P, BL, D)
-    vddesc = depth_rows_desc(VD, B, T, L, Hk, P, BL, D)
-    offs_p = tl.arange(0, P)[:, None]
-    offs_g = tl.arange(0, GP)[None, :]
-    offs_l = tl.arange(0, BL)[None, :, None]
-    offs_d = tl.arange(0, D)[None, None, :]
-    for it in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        bh = it % (B * Hk)
-        b = bh // Hk
-        j = bh % Hk
-        t0 = (it // (B * Hk)) * P
-        qt = tl.trans(tl.reshape(qdesc.load([b, t0, j * G, 0]), (P, GP, D)), 0, 2, 1)  # [P, d, GP]
-        m_i = tl.full([P, 1, GP], NEG, tl.float32)
-        l_i = tl.zeros([P, 1, GP], tl.float32)
-        acc = tl.zeros([P, D, GP], tl.float32)
-        for l0 in tl.range(0, L, BL, num_stages=DEPTH_STAGES):
-            kd = kddesc.load([b * T + t0, l0, j * D])  # [P, BL, d]
-            s = mm(kd, qt, PREC) * qk_scale  # [P, BL, GP]
-            s = tl.where(l0 + offs_l < L, s, NEG)
-            m_new = tl.maximum(m_i, tl.max(s, 1, keep_dims=True))
-            p = tl.math.exp2(s - m_new)
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1, keep_dims=True)
-            vd = vddesc.load([b * T + t0, l0, j * D])
-            acc = acc * alpha + mm(tl.trans(vd, 0, 2, 1), p.to(vd.dtype), PREC)  # [P, d, GP]
-            m_i = m_new
-        o = tl.trans(acc / l_i, 0, 2, 1)  # [P, GP, d]
-        t = t0 + offs_p
-        ok = (t < T) & (offs_g < G)  # [P, GP]
-        qrow = (b * T + t).to(tl.int64) * Hq + j * G + offs_g
-        tl.store(OD + qrow[:, :, None] * D + offs_d, o.to(OD.dtype.element_ty), mask=ok[:, :, None])
-        lse = tl.reshape((m_i + tl.math.log2(l_i)) / 1.4426950408889634, (P, GP))
-        tl.store(LSED + qrow, lse, mask=ok)
-        tl.debug_barrier()  # as in depth_fwd_kernel
 
 
 @triton.jit(do_not_specialize=["B", "T", "L", "n_items"])
@@ -175,30 +128,16 @@ def _programs(n_items: int, programs: int) -> int:
 
 
 def depth_fwd(q, kd, vd, scale: float, G: int, programs: int, *, block_m: int = 128, stages: int = 3,
-              num_warps: int = 4, block_l: int = 0, transposed: bool = False):
+              num_warps: int = 4, block_l: int = 0):
     """The depth partial (o_d (B,T,Hq,d) in q's dtype, lse_d (B,T,Hq) float32) on `programs`
     persistent programs, items of block_m folded rows (widened to GP), `stages` depth steps in
     flight, block_l depth columns a sub-tile per step (0: `depth_geometry`'s, about 256 depth rows
-    a step; smaller gives an item more steps). transposed: `depth_fwd_t_kernel` (items of
-    block_m // GP positions, block_l depth entries a position a step, 0: 16). Inputs contiguous
-    and 16-byte aligned (the caller checks)."""
+    a step; smaller gives an item more steps). Inputs contiguous and 16-byte aligned (the caller
+    checks)."""
     B, T, Hq, d = q.shape
     L, Hk = kd.shape[2], kd.shape[3]
     od = torch.empty_like(q)
     lsed = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
-    if transposed:
-        gp = next_pow2(G)
-        P = max(1, block_m // gp)
-        bl = block_l or 16
-        if bl < 16 or bl & (bl - 1) or P & (P - 1):
-            raise ValueError(f"transposed depth forward: block_l={bl} must be a power of two >= 16 and "
-                             f"block_m // GP = {P} a power of two")
-        n_items = cdiv(T, P) * B * Hk
-        ensure_allocator()
-        depth_fwd_t_kernel[(_programs(n_items, programs),)](
-            q, kd, vd, od, lsed, scale * LOG2E, B, T, L, G, Hk, Hq, n_items, GP=gp, P=P, D=d, BL=bl,
-            PREC=dot_precision(q.dtype), DEPTH_STAGES=stages, num_warps=num_warps)
-        return od, lsed
     gp, P, S, bl = fwd_depth_geometry(G, max(block_m, next_pow2(G)), 0, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()

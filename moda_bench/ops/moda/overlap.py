@@ -30,11 +30,16 @@ BASE_T, BASE_G, BASE_L = 16384, 8, 64
 FWD_SHARE, BWD_SHARE = 12 / 132, 24 / 132
 MIN_PROGRAMS = 8
 DETACHED_BWD = 0.6
-# The streaming kernels' items: folded row blocks of 128 rows (forward) and 64 rows (backward),
-# three items' tiles in flight (H100, T=16384, kernels alone on 8-32 programs: forward 45 GB/s a
-# program at 128 rows and 3 stages against 33-36 at 64 rows or 2 stages and 16 with one position
-# an item; backward fastest at 64 rows and 3 stages)
-FWD_BLOCK_M, BWD_BLOCK_M, STAGES = 128, 64, 3
+# The streaming kernels' items: folded row blocks of 256 rows on 8 warps (forward) and 64 rows on 4
+# warps (backward), three items' tiles in flight. A depth program issues one instruction every ~4-6
+# cycles with one warp per scheduler (ncu, H200: CPI 4.1 forward, 5.8 backward, long-scoreboard and
+# fixed-latency waits; results/h200/depth-profile), so its rate is flat from 1 to 24 programs and
+# more warps on a larger item raise it: forward 48 -> 59 GB/s a program at G=8, 67 -> 78 at G=2, 35
+# -> 45 at G=16, 68 -> 74 at L=256 (H200, T=16384, alone); beside FA4 the forward at T=16384 went
+# from 1.166x to 1.102x FA4 and fwd+bwd at T=4096 (graph timer) from 1.460x to 1.336x with 2/3 of
+# the forward programs. The backward's 128-row 8-warp items stream 37 against 32 GB/s alone but
+# cost 7-10% beside FA4 at G=2 and L=256, so the backward keeps 64 rows and 4 warps.
+FWD_BLOCK_M, FWD_WARPS, BWD_BLOCK_M, BWD_WARPS, STAGES = 256, 8, 64, 4, 3
 
 
 def overlap_programs(shape: MoDAShape, sms: int, share: float) -> int:
@@ -58,7 +63,7 @@ def overlap_heuristic(shape: MoDAShape, dtype=None, device=None, depth_grad: boo
         fwd_depth="persist", bwd_depth="persist", side_priority=True,
         depth_ctas=overlap_programs(shape, sms, FWD_SHARE), bwd_depth_ctas=overlap_programs(shape, sms, bwd_share),
         depth_block_m=max(FWD_BLOCK_M, group_pad(shape.G)), bwd_depth_block_m=max(BWD_BLOCK_M, group_pad(shape.G)),
-        depth_stages=STAGES, bwd_depth_stages=STAGES, depth_warps=4, bwd_depth_warps=4)
+        depth_stages=STAGES, bwd_depth_stages=STAGES, depth_warps=FWD_WARPS, bwd_depth_warps=BWD_WARPS)
 
 
 def overlap_config(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
