@@ -127,8 +127,8 @@ def test_default_config_per_gpu():
     from moda_bench.ops.decode.kernel import DEFAULT_CONFIG, _gpu_config
     h100 = _gpu_config("NVIDIA H100 80GB HBM3", 8)
     assert (h100.num_warps, h100.num_stages) == (2, 2) and h100.block_n == DEFAULT_CONFIG.block_n
-    assert _gpu_config("NVIDIA H200", 256) == replace(DEFAULT_CONFIG, tma=True)   # B=32, Hk=8
-    assert _gpu_config("NVIDIA H200", 1024) == replace(h100, tma=True)            # B=128, Hk=8
+    assert _gpu_config("NVIDIA H200", 256) == replace(DEFAULT_CONFIG, tma=True, pdl=True)   # B=32, Hk=8
+    assert _gpu_config("NVIDIA H200", 1024) == replace(h100, tma=True, pdl=True)            # B=128, Hk=8
     assert not DEFAULT_CONFIG.tma and not h100.tma
     assert _gpu_config("NVIDIA A100-SXM4-80GB", 4096) == DEFAULT_CONFIG
     assert default_config(torch.device("cpu")) == DEFAULT_CONFIG
