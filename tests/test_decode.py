@@ -122,14 +122,15 @@ def test_default_config_and_scale():
 def test_default_config_per_gpu():
     """The tiles a call runs without config=: the GPU_TILES entry of the device's name where the
     call has enough (sequence, KV head) pairs (the H100: always 2 warps, 2 stages; the H200 from
-    B*Hk = 1024), DEFAULT_CONFIG elsewhere and off CUDA; its run matches the reference."""
+    B*Hk = 1024; both launch the combine with PDL), DEFAULT_CONFIG elsewhere and off CUDA; its run
+    matches the reference."""
     from moda_bench.ops.decode import default_config
     from moda_bench.ops.decode.kernel import DEFAULT_CONFIG, _gpu_config
     h100 = _gpu_config("NVIDIA H100 80GB HBM3", 8)
-    assert (h100.num_warps, h100.num_stages) == (2, 2) and h100.block_n == DEFAULT_CONFIG.block_n
+    assert (h100.num_warps, h100.num_stages, h100.pdl) == (2, 2, True) and h100.block_n == DEFAULT_CONFIG.block_n
     assert _gpu_config("NVIDIA H200", 256) == replace(DEFAULT_CONFIG, tma=True, pdl=True)   # B=32, Hk=8
     assert _gpu_config("NVIDIA H200", 1024) == replace(h100, tma=True, pdl=True)            # B=128, Hk=8
-    assert not DEFAULT_CONFIG.tma and not h100.tma
+    assert not DEFAULT_CONFIG.tma and not h100.tma and not DEFAULT_CONFIG.pdl
     assert _gpu_config("NVIDIA A100-SXM4-80GB", 4096) == DEFAULT_CONFIG
     assert default_config(torch.device("cpu")) == DEFAULT_CONFIG
     kw = make_inputs(1, 2, 8, 2, 32, 3, 45, seed=4)
