@@ -5,7 +5,7 @@ a device copy's rate measured in the same process.
 
     python3 tools/decode_probe.py [--points 1x32768,1x8192,8x8192,8x2048,32x2048] [--budget-s 100]
         [--block-n 64,128,256 --warps 2,4,8 --stages 2,3,4 --tma 0,1 --fused-combine 0,1 --pdl 0,1]
-        [--splits 8,16,33]
+        [--splits 8,16,33] [--copy-floor]
 
 Prints cuDNN's time per point (SDPA at L=0, the peer to beat), one line per (point, variant)
 with its ratio to cuDNN, and the best variant per point; writes nothing.
@@ -56,6 +56,19 @@ def grid_variants(args) -> list:
             if not (fc and pdl)]
 
 
+def copy_floor(nbytes: int, rate: float, rule, tag: str) -> None:
+    """Time kernels that move nbytes and do nothing else, as the decode step is timed (graph
+    replays, L2 flushed): dst.copy_(src) of nbytes/2 (read + write = nbytes) and a sum reading
+    nbytes; print their share of the canary's copy rate."""
+    half = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(half)
+    full = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    for name, fn in (("copy", lambda: dst.copy_(half)), ("read", lambda: full.sum())):
+        m = time_fn(fn, timer="graph", rule=rule)
+        gbps = nbytes / (m.median_ms * 1e6)
+        print(f"{tag} {name} of {nbytes / 1e6:.1f} MB: {m.median_ms * 1e3:8.1f} us {gbps:6.0f} GB/s {gbps / rate:5.0%}")
+
+
 def cudnn_ms(q, k, v, rule) -> float | None:
     """SDPA's cuDNN backend at L=0 on the same cache (the peer to beat), graph timer; None if it cannot run."""
     import torch.nn.functional as F
@@ -86,6 +99,10 @@ def main() -> None:
     p.add_argument("--pdl", default="", help="0,1: the combine launched plainly and/or with Programmatic Dependent "
                    "Launch (DecodeConfig.pdl; sm_90+, else the same launches)")
     p.add_argument("--splits", default="", help="comma list of num_splits (default: around the chooser's)")
+    p.add_argument("--copy-floor", action="store_true",
+                   help="also time, per point, plain kernels that move the point's bytes (a copy of half of them, a "
+                        "read-only sum of all of them), same timer: the share of the copy rate a transfer of that "
+                        "size reaches at all")
     args = p.parse_args()
     rate = copy_gbps()
     print(f"copy rate {rate:.0f} GB/s")
@@ -98,6 +115,8 @@ def main() -> None:
         nbytes = floor.decode_work(B, T, 1, G * HK, HK, D, L).bytes
         ref = cudnn_ms(q, k, v, rule)
         print(f"B={B:3d} T={T:6d} cudnn (L=0): " + (f"{ref * 1e3:8.1f} us" if ref else "-"))
+        if args.copy_floor:
+            copy_floor(nbytes, rate, rule, f"B={B:3d} T={T:6d}")
         auto = choose_num_splits(B, HK, T, sms, 128)
         if args.splits:
             splits = sorted({int(x) for x in args.splits.split(",")} | {auto})

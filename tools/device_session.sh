@@ -62,6 +62,10 @@
 #   depth-rates-b  the backward's items (rows, warps, stages) and the forward's 256-row 8-warp items at G=2/16, L=256, T=4096
 #   overlap-items2 moda-overlap with the forward's items at 256 rows and 8 warps (and fewer programs) against its heuristic,
 #               beside FA4 at T=16384, 4096 (graph timer), 32768, forward and fwd+bwd (tools/overlap_probe.py)
+#   overlap-ab  moda-overlap's forward items now (256 rows, 8 warps) against before (128 rows, 4 warps) in one
+#               process, beside FA4: T=16384 and 4096 (graph) fwd and fwd+bwd, 32768 fwd, G=2, L=256
+#   decode-floor per decode point, plain kernels moving the same bytes (a copy, a read-only sum) under the same timer:
+#               the share of the copy rate a transfer of that size reaches at all (tools/decode_probe.py --copy-floor)
 #   depth-ncu   the same kernels under ncu (forward at 12 and 132 programs, backward at 24): speed of light, memory,
 #               warp stalls, into $RESULTS/depth_ncu.csv.gz
 #   overlap-realloc  moda-overlap against FA4 at T=16384/32768 fwd+bwd three times in one process, the inputs
@@ -224,6 +228,13 @@ for s in "$@"; do
            stage overlap-items2 bash -c "$OP --T 16384 --variants 'overlap;$W;$W,f=10';
              $OP --T 4096 --timer graph --variants 'overlap;$W;$W,f=40';
              $OP --T 32768 --variants 'overlap;$W'" ;;
+    overlap-ab) OP="timeout 150 python3 tools/overlap_probe.py --seq fa4 --max-time 3 --out $RESULTS/$GPU/overlap_ab.csv"
+           V="overlap;overlap,depth_block_m=128,depth_warps=4"
+           stage overlap-ab bash -c "$OP --T 16384 --passes fwd,fwdbwd --variants '$V'; $OP --T 4096 --timer graph \
+             --passes fwd,fwdbwd --variants '$V'; $OP --T 32768 --passes fwd --variants '$V';
+             $OP --T 16384 --G 2 --passes fwdbwd --variants '$V'; $OP --T 16384 --L 256 --passes fwdbwd --variants '$V'" ;;
+    decode-floor) stage decode-floor timeout 150 python3 tools/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192,32x8192 \
+             --copy-floor --splits 1 --budget-s 100 ;;
     depth-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
              --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio --csv --page details"
