@@ -133,11 +133,11 @@ DEFAULT_CONFIG = DecodeConfig()
 # 4 splits: 22.2 against 23.2 us; B=1 T=32K, 16 splits: 32.0 against 33.0; at 4 stages they lost
 # 15 of 22), and the best tile of all four points took them. On the
 # H100 they were within about 1% of pointer loads (results/h100/session-logs-4), so it keeps
-# pointers. Both launch the combine with PDL (`pdl`): in the H200's probe (results/h200/decode-pdl)
-# the step took 0.7-4% less at every point with splits (B=1 T=32K 16 splits 32.1 -> 31.7 us, B=1
-# T=8K 16.7 -> 16.0, B=8 T=2K 22.3 -> 22.0), in the H100's 1-4% less at each point's best split
-# count (B=1 T=32K 42.0 -> 41.5, T=8K 19.3 -> 18.5, B=8 T=2K 27.3 -> 26.8; results/h100/decode-pdl),
-# outputs bitwise equal. The first entry that matches a device name and call size is taken.
+# pointers. Both launch the combine with PDL (`pdl`): at each probe point's best split count the
+# step took 0-4% less on the H200 (B=1 T=32K 32.1 -> 31.7 us, B=1 T=8K 16.7 -> 16.0, B=8 T=2K
+# 22.3 -> 22.0, B=8 T=8K 49.8 either way; results/h200/decode-pdl) and 1-4% less on the H100 (42.0
+# -> 41.5, 19.3 -> 18.5, 27.3 -> 26.8, 66.1 -> 65.3; results/h100/decode-pdl), outputs bitwise
+# equal. The first entry that matches a device name and call size is taken.
 GPU_TILES: tuple = (("H100", {"num_warps": 2, "num_stages": 2, "pdl": True}, 0),
                     ("H200", {"num_warps": 2, "num_stages": 2, "tma": True, "pdl": True}, 1024),
                     ("H200", {"tma": True, "pdl": True}, 0))
