@@ -27,6 +27,7 @@ import torch
 
 from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.timing import StopRule, time_fn
+from overlap_check import depth_reference  # tools/ is on sys.path when this file runs
 
 KEYS = {"bm": "block_m", "s": "stages", "w": "num_warps", "bl": "block_l"}
 
@@ -63,25 +64,18 @@ def runner(pass_: str, q, do, kd, vd, o, lse, G: int, n: int, kw: dict):
     return lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, n, **kw)
 
 
-def reference_fwd(q, kd, vd, G: int):
-    """fp32 (o, lse) of the depth partial: every row over its own position's L depth keys."""
-    B, T, Hq, d = q.shape
-    L, Hk = kd.shape[2], kd.shape[3]
-    s = torch.einsum("bthgd,btlhd->bthgl", q.float().view(B, T, Hk, G, d), kd.float()) / math.sqrt(d)
-    o = torch.einsum("bthgl,btlhd->bthgd", torch.softmax(s, -1), vd.float())
-    return o.reshape(B, T, Hq, d), torch.logsumexp(s, -1).reshape(B, T, Hq)
-
-
 def check(a) -> bool:
     """Every forward variant at T=4099 (odd: a partial last item) against fp32, per G and L."""
     ok = True
     for G in (int(x) for x in a.G.split(",")):
         for L in (int(x) for x in a.L.split(",")):
-            q, _, kd, vd = inputs(4099, G, L, seed=1)
-            ro, rl = reference_fwd(q, kd, vd, G)
+            q, do, kd, vd = inputs(4099, G, L, seed=1)
+            scale = 1.0 / math.sqrt(q.shape[-1])
+            # overlap_check's fp32 depth reference; its backward half (fed placeholder o, lse) is not used
+            ro, rl = depth_reference(q, kd, vd, do, q, torch.zeros(q.shape[:3], device=q.device), scale, G)[:2]
             for vtext in a.variants.split(";"):
                 try:
-                    o, lse = depth_fwd(q, kd, vd, 1.0 / math.sqrt(q.shape[-1]), G, 24, **parse_variant(vtext, "fwd"))
+                    o, lse = depth_fwd(q, kd, vd, scale, G, 24, **parse_variant(vtext, "fwd"))
                 except Exception as exc:  # noqa: BLE001 - probe: report and go on
                     print(f"check G={G} L={L} {vtext}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
