@@ -35,10 +35,11 @@ DETACHED_BWD = 0.6
 # cycles with one warp per scheduler (ncu, H200: CPI 4.1 forward, 5.8 backward, long-scoreboard and
 # fixed-latency waits; results/h200/depth-profile), so its rate is flat from 1 to 24 programs and
 # more warps on a larger item raise it: forward 48 -> 59 GB/s a program at G=8, 67 -> 78 at G=2, 35
-# -> 45 at G=16, 68 -> 74 at L=256 (H200, T=16384, alone); beside FA4 the forward at T=16384 went
-# from 1.166x to 1.102x FA4 and fwd+bwd at T=4096 (graph timer) from 1.460x to 1.336x with 2/3 of
-# the forward programs. The backward's 128-row 8-warp items stream 37 against 32 GB/s alone but
-# cost 7-10% beside FA4 at G=2 and L=256, so the backward keeps 64 rows and 4 warps.
+# -> 45 at G=16, 68 -> 74 at L=256 (H200, T=16384, alone). Beside FA4, before and after in one
+# process (results/{h100,h200}/overlap-ab): forward at T=16384 1.187x -> 1.122x (H100) / 1.119x
+# (H200) FA4, fwd+bwd at T=4096 (graph timer) 1.443x -> 1.428x / 1.377x -> 1.352x, G=2 and L=256
+# within 1%. The backward's 128-row 8-warp items stream 37 against 32 GB/s alone but cost 7-10%
+# beside FA4 at G=2 and L=256, so the backward keeps 64 rows and 4 warps.
 FWD_BLOCK_M, FWD_WARPS, BWD_BLOCK_M, BWD_WARPS, STAGES = 256, 8, 64, 4, 3
 
 
