@@ -157,8 +157,12 @@ def default_config(device: torch.device, heads: int = 0) -> DecodeConfig:
     (DEFAULT_CONFIG off CUDA and on GPUs without an entry)."""
     if device.type != "cuda":
         return DEFAULT_CONFIG
-    return _gpu_config(_device_name(device.index if device.index is not None else torch.cuda.current_device()),
-                       heads)
+    return _gpu_config(_device_name(_index(device)), heads)
+
+
+def _index(device: torch.device) -> int:
+    """The CUDA device's index (the current device for a bare 'cuda')."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)
@@ -202,7 +206,7 @@ def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; CPU_SM_COUNT off CUDA (the interpreter)."""
     if device.type != "cuda":
         return CPU_SM_COUNT
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(_index(device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,7 +219,7 @@ def _pdl_active(device: torch.device) -> bool:
     and griddepcontrol need sm_90), not under the interpreter."""
     if device.type != "cuda" or interpreting():
         return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+    return _capability(_index(device))[0] >= 9
 
 
 def resolve_num_splits(num_splits, shape: DecodeShape, cfg: DecodeConfig, device: torch.device) -> int:
