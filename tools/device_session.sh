@@ -71,6 +71,11 @@
 #   overlap-realloc  moda-overlap against FA4 at T=16384/32768 fwd+bwd three times in one process, the inputs
 #               allocated anew behind a growing pad each time (does the depth tensors' placement move the ratio?)
 #   host        where an eager fwd+bwd's host time goes at T=1024 (tools/host_probe.py: issue time per call, cProfile)
+#   pdl-test    the decode PDL tests alone (tests/test_decode.py -k pdl)
+#   fused-check route B's fused forward (moda_bench/ops/moda/fused_sm90.py) against the fp64 reference at odd shapes
+#               (tools/fused_sm90_check.py --check); needs FA4
+#   fused-time  its forward beside FA4, moda-fa4 and moda-overlap at FUSED_T (default 16K, 32K, 64K, 4096) for the
+#               FUSED_VARIANTS depth tile x stages (default 64x2;128x1;32x2)
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -243,6 +248,10 @@ for s in "$@"; do
              > $RESULTS/depth_ncu.csv; gzip -f $RESULTS/depth_ncu.csv" ;;
     overlap-realloc) stage overlap-realloc timeout 400 python3 tools/overlap_probe.py --seq fa4 --T 16384,32768 --passes fwdbwd \
              --variants overlap --repeat 3 --max-time 4 --out "$RESULTS/$GPU/overlap_realloc.csv" ;;
+    pdl-test) stage pdl-test timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl" ;;
+    fused-check) stage fused-check timeout 300 python3 tools/fused_sm90_check.py --check --out "$RESULTS/$GPU/fused_sm90_check.csv" ;;
+    fused-time) stage fused-time timeout "${STAGE_TIMEOUT:-400}" python3 tools/fused_sm90_check.py --T "${FUSED_T:-16384,32768,65536,4096}" \
+             --variants "${FUSED_VARIANTS:-64x2;128x1;32x2}" --max-time "$MAX_TIME" --out "$RESULTS/$GPU/fused_sm90_time.csv" ;;
     host) stage host timeout 200 python3 tools/host_probe.py --T 1024 --calls 300 --top 30 ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;

@@ -1,0 +1,132 @@
+"""GPU check and timing of route B (issue 20): MoDA's forward with the depth tiles inside FA4's
+sm90 kernel (`moda_bench.ops.moda.fused_sm90`), against the fp64 reference and beside FA4,
+moda-fa4 and moda-overlap.
+
+1. `--check`: out and lse of the fused kernel against `moda_reference` in float64 at odd shapes
+   (T not a multiple of the 192-row tile or the 128-key block; G 1, 2, 8, 16; L 1, 3, 64, 256;
+   d 64 and 128; B 2), and moda-fa4's error at the same inputs as the yardstick. A shape passes
+   when the fused error is at most max(2 x moda-fa4's, 1e-2) for out and 1e-3 for lse.
+2. `--T`: forward times, interleaved rounds of `moda_bench.timing.time_interleaved` (L2
+   flushed, ratios to FA4 with 95% intervals), for each `--variants` entry
+   (depth_tile x depth_stages, e.g. "64x2;128x1") plus moda-fa4 and moda-overlap.
+CSV rows to $OUT/fused_sm90.csv (appended as they come). Needs CUDA and FA4.
+
+    PYTHONPATH=$PWD python3 tools/fused_sm90_check.py --check --T 16384,32768 --variants "64x2;128x1"
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+
+import torch
+
+CHECK_SHAPES = [  # B, T, G, L, d, Hk
+    (2, 1000, 8, 64, 64, 2), (1, 4099, 8, 64, 64, 2), (2, 777, 1, 3, 64, 2), (2, 777, 2, 1, 64, 2),
+    (1, 1001, 16, 64, 64, 1), (1, 999, 2, 256, 64, 2), (1, 517, 8, 1, 64, 2), (1, 700, 8, 64, 128, 2),
+]
+
+
+def err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def check(w) -> bool:
+    from moda_bench.ops.moda.fa4 import moda_fa4
+    from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
+    from moda_bench.ops.moda.reference import moda_reference
+    from moda_bench.timing import make_inputs
+    ok_all = True
+    for B, T, G, L, d, Hk in CHECK_SHAPES:
+        ins = make_inputs(B, T, G * Hk, Hk, d, L, requires_grad=False, seed=T + G + L)
+        q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
+        try:
+            t0 = time.time()
+            out, lse = moda_fused_sm90_fwd(q, k, v, kd, vd)
+            torch.cuda.synchronize()
+            dt = time.time() - t0
+        except Exception as exc:  # noqa: BLE001 - report the shape and go on
+            print(f"CHECK B={B} T={T} G={G} L={L} d={d}: FAILED to run: {type(exc).__name__}: {str(exc)[:400]}",
+                  flush=True)
+            w.writerow(["check", B, T, G, L, d, "", "", "", "", "error"])
+            ok_all = False
+            continue
+        ref, ref_lse = moda_reference(q, k, v, kd, vd, return_lse=True)
+        o_fa4 = moda_fa4(q, k, v, kd, vd)
+        e_out, e_fa4 = err(out, ref), err(o_fa4, ref)
+        e_lse = err(lse, ref_lse.permute(0, 2, 1))
+        ok = e_out <= max(2 * e_fa4, 1e-2) and e_lse <= 1e-3 and bool(torch.isfinite(out).all())
+        ok_all &= ok
+        print(f"CHECK B={B} T={T} G={G} L={L} d={d}: out err {e_out:.2e} (moda-fa4 {e_fa4:.2e}), "
+              f"lse err {e_lse:.2e}, first call {dt:.1f} s: {'ok' if ok else 'WRONG'}", flush=True)
+        w.writerow(["check", B, T, G, L, d, f"{e_out:.3e}", f"{e_fa4:.3e}", f"{e_lse:.3e}", "", "ok" if ok else "wrong"])
+    return ok_all
+
+
+def timing(a, w) -> None:
+    from moda_bench.ops.moda.fa4 import fa4_attention, moda_fa4
+    from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
+    from moda_bench.ops.moda.overlap import overlap_config
+    from moda_bench.ops.moda.validate import MoDAShape
+    from moda_bench.timing import RoundRule, make_inputs, time_interleaved
+    dev = torch.device("cuda")
+    for T in (int(x) for x in a.T.split(",")):
+        ins = make_inputs(1, T, a.G * a.Hk, a.Hk, 64, a.L, requires_grad=False)
+        q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
+        shape = MoDAShape(1, T, a.G * a.Hk, a.Hk, 64, a.L)
+        ocfg = overlap_config(shape, torch.bfloat16, dev)
+        fns = {"fa4": lambda: fa4_attention(q, k, v),
+               "moda-fa4": lambda: moda_fa4(q, k, v, kd, vd),
+               "moda-overlap": lambda: moda_fa4(q, k, v, kd, vd, config=ocfg)}
+        for var in a.variants.split(";"):
+            tile, stages = (int(x) for x in var.split("x"))
+            fns[f"fused[{var}]"] = (lambda t, s: lambda: moda_fused_sm90_fwd(q, k, v, kd, vd, depth_tile=t,
+                                                                          depth_stages=s))(tile, stages)
+        for name in list(fns):
+            try:
+                fns[name]()
+            except Exception as exc:  # noqa: BLE001
+                print(f"T={T} {name}: failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                del fns[name]
+        torch.cuda.synchronize()
+        t0 = time.time()
+        res = time_interleaved(fns, baseline="fa4", timer=a.timer, rule=RoundRule(max_time_s=a.max_time))
+        for name in fns:
+            m = res.measurements[name]
+            r, lo, hi = res.ratios.get(name, (1.0, 1.0, 1.0))
+            print(f"T={T:6d} G={a.G} L={a.L} fwd {name:16s} {m.median_ms:8.3f} ms  x{r:.3f} [{lo:.3f}-{hi:.3f}]",
+                  flush=True)
+            w.writerow(["time", 1, T, a.G, a.L, 64, f"{m.median_ms:.4f}", f"{r:.4f}", f"{lo:.4f}", f"{hi:.4f}", name])
+        print(f"# T={T}: {res.rounds} rounds, {time.time() - t0:.1f} s, {res.stop_reason}", flush=True)
+        del fns, ins
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--T", default="")
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--L", type=int, default=64)
+    ap.add_argument("--Hk", type=int, default=8)
+    ap.add_argument("--variants", default="64x2")
+    ap.add_argument("--timer", default="eager")
+    ap.add_argument("--max-time", type=float, default=6.0)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fused_sm90.csv"))
+    a = ap.parse_args()
+    print(f"# {torch.cuda.get_device_name()}", flush=True)
+    with open(a.out, "a", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kind", "B", "T", "G", "L", "d", "a", "b", "c", "d2", "e"])
+        ok = check(w) if a.check else True
+        f.flush()
+        if a.T:
+            timing(a, w)
+    print(f"ROUTE B check: {'all ok' if ok else 'FAILURES'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
