@@ -8,7 +8,8 @@ moda-fa4 and moda-overlap.
    when the fused error is at most max(2 x moda-fa4's, 1e-2) for out and 1e-3 for lse.
 2. `--T`: forward times, interleaved rounds of `moda_bench.timing.time_interleaved` (L2
    flushed, ratios to FA4 with 95% intervals), for each `--variants` entry
-   (depth_tile x depth_stages, e.g. "64x2;128x1") plus moda-fa4 and moda-overlap.
+   (depth_tile x depth_stages[:placement], e.g. "64x2;128x1;64x2:first") plus moda-fa4 and
+   moda-overlap.
 CSV rows to $OUT/fused_sm90.csv (appended as they come). Needs CUDA and FA4.
 
     PYTHONPATH=$PWD python3 tools/fused_sm90_check.py --check --T 16384,32768 --variants "64x2;128x1"
@@ -29,11 +30,18 @@ CHECK_SHAPES = [  # B, T, G, L, d, Hk
 ]
 
 
+def parse_variant(text: str):
+    """"TILExSTAGES" or "TILExSTAGES:placement" (spread, first) -> (depth_tile, depth_stages, placement)."""
+    head, _, place = text.partition(":")
+    tile, stages = (int(x) for x in head.split("x"))
+    return tile, stages, place or "spread"
+
+
 def err(a, b):
     return (a.double() - b.double()).abs().max().item()
 
 
-def check(w) -> bool:
+def check(w, placement: str) -> bool:
     from moda_bench.ops.moda.fa4 import moda_fa4
     from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
     from moda_bench.ops.moda.reference import moda_reference
@@ -44,11 +52,11 @@ def check(w) -> bool:
         q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
         try:
             t0 = time.time()
-            out, lse = moda_fused_sm90_fwd(q, k, v, kd, vd)
+            out, lse = moda_fused_sm90_fwd(q, k, v, kd, vd, placement=placement)
             torch.cuda.synchronize()
             dt = time.time() - t0
         except Exception as exc:  # noqa: BLE001 - report the shape and go on
-            print(f"CHECK B={B} T={T} G={G} L={L} d={d}: FAILED to run: {type(exc).__name__}: {str(exc)[:400]}",
+            print(f"CHECK {placement} B={B} T={T} G={G} L={L} d={d}: FAILED to run: {type(exc).__name__}: {str(exc)[:400]}",
                   flush=True)
             w.writerow(["check", B, T, G, L, d, "", "", "", "", "error"])
             ok_all = False
@@ -59,9 +67,9 @@ def check(w) -> bool:
         e_lse = err(lse, ref_lse.permute(0, 2, 1))
         ok = e_out <= max(2 * e_fa4, 1e-2) and e_lse <= 1e-3 and bool(torch.isfinite(out).all())
         ok_all &= ok
-        print(f"CHECK B={B} T={T} G={G} L={L} d={d}: out err {e_out:.2e} (moda-fa4 {e_fa4:.2e}), "
+        print(f"CHECK {placement} B={B} T={T} G={G} L={L} d={d}: out err {e_out:.2e} (moda-fa4 {e_fa4:.2e}), "
               f"lse err {e_lse:.2e}, first call {dt:.1f} s: {'ok' if ok else 'WRONG'}", flush=True)
-        w.writerow(["check", B, T, G, L, d, f"{e_out:.3e}", f"{e_fa4:.3e}", f"{e_lse:.3e}", "", "ok" if ok else "wrong"])
+        w.writerow(["check-" + placement, B, T, G, L, d, f"{e_out:.3e}", f"{e_fa4:.3e}", f"{e_lse:.3e}", "", "ok" if ok else "wrong"])
     return ok_all
 
 
@@ -81,9 +89,9 @@ def timing(a, w) -> None:
                "moda-fa4": lambda: moda_fa4(q, k, v, kd, vd),
                "moda-overlap": lambda: moda_fa4(q, k, v, kd, vd, config=ocfg)}
         for var in a.variants.split(";"):
-            tile, stages = (int(x) for x in var.split("x"))
-            fns[f"fused[{var}]"] = (lambda t, s: lambda: moda_fused_sm90_fwd(q, k, v, kd, vd, depth_tile=t,
-                                                                          depth_stages=s))(tile, stages)
+            tile, stages, place = parse_variant(var)
+            fns[f"fused[{var}]"] = (lambda t, s, p: lambda: moda_fused_sm90_fwd(
+                q, k, v, kd, vd, depth_tile=t, depth_stages=s, placement=p))(tile, stages, place)
         for name in list(fns):
             try:
                 fns[name]()
@@ -107,6 +115,7 @@ def timing(a, w) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--placements", default="spread", help="placements the check covers (spread, first)")
     ap.add_argument("--T", default="")
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--L", type=int, default=64)
@@ -120,7 +129,7 @@ def main() -> int:
     with open(a.out, "a", newline="") as f:
         w = csv.writer(f)
         w.writerow(["kind", "B", "T", "G", "L", "d", "a", "b", "c", "d2", "e"])
-        ok = check(w) if a.check else True
+        ok = all([check(w, p) for p in a.placements.split(",")]) if a.check else True
         f.flush()
         if a.T:
             timing(a, w)

@@ -52,13 +52,14 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileScheduler
 from quack import copy_utils, layout_utils, sm90_utils
 
 ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
+PLACEMENTS = ("spread", "first")  # where a tile's depth steps go among its sequence blocks
 
 
 class MoDAForwardSm90(FlashAttentionForwardSm90):
     """FA4's sm90 causal pack_gqa forward with each tile's depth keys scored first (see module)."""
 
     def __init__(self, dtype, head_dim: int, qhead_per_kvhead: int, depth_len: int, *,
-                 depth_tile: int = 64, depth_stages: int = 2):
+                 depth_tile: int = 64, depth_stages: int = 2, placement: str = "spread"):
         if ROWS_PER_GROUP % qhead_per_kvhead:
             raise ValueError(f"moda-fused needs G dividing {ROWS_PER_GROUP}, got G={qhead_per_kvhead}")
         if depth_len < 1:
@@ -71,6 +72,9 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         self.depth_len = depth_len
         self.depth_tile = depth_tile
         self.depth_stages = depth_stages
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        self.placement = placement
         self.pos_per_group = ROWS_PER_GROUP // qhead_per_kvhead
         self.depth_steps = -(-self.pos_per_group * depth_len // depth_tile)
 
@@ -359,6 +363,20 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         return state
 
     @cute.jit
+    def continue_block(self, kv_state, n_block, mma_qk, pipeline_k, tOrP, softmax, acc_O, mask_fn):
+        """QK of one sequence block that continues a running softmax (no P.V pending): FA4's first
+        half-block, but rescaling O instead of starting the softmax afresh."""
+        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
+        acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
+        pipeline_k.consumer_release(kv_state)
+        if const_expr(mask_fn is not None):
+            mask_fn(acc_S, n_block=n_block)
+        row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
+        softmax.rescale_O(acc_O, row_scale)
+        fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_S), tOrP)
+        return kv_state
+
+    @cute.jit
     def mma_moda(self, tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, mO, mLSE,
                  sQ, sK, sV, sKd, sVd, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
                  pipeline_d, tidx, softmax_scale_log2, softmax_scale, block_info, seqlen_cls, sched_cls):
@@ -399,35 +417,61 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             mask_fn = partial(mask.apply_mask, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block,
                               thr_mma=thr_mma_qk, mask_causal=True, mask_local=False)
             one_block = partial(self.mma_one_n_block_intrawg_overlap, mma_qk_fn=mma_qk,
-                                mma_pv_fn=partial(mma_pv, zero_init=False), pipeline_k=pipeline_k,
-                                pipeline_v=pipeline_v, acc_O=acc_O, tOrP=tOrP,
+                                pipeline_k=pipeline_k, pipeline_v=pipeline_v, acc_O=acc_O, tOrP=tOrP,
                                 smem_copy_params=no_smem_p, softmax=softmax, seqlen=seqlen,
                                 check_inf=True)
+            restart = partial(self.continue_block, mma_qk=mma_qk, pipeline_k=pipeline_k, tOrP=tOrP,
+                              softmax=softmax, acc_O=acc_O)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
-            pipeline_q.consumer_wait_w_index_phase(0, q_phase)
-            # the depth keys first: they start the online softmax and O
-            d_state = step_fn(d_state, 0, is_first=True)
-            for s in cutlass.range(1, self.depth_steps, unroll=1):
-                d_state = step_fn(d_state, s, is_first=False)
-            # the diagonal block continues it (FA4's first half-block would restart it)
-            pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-            acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
-            pipeline_k.consumer_release(kv_state)
-            mask_fn(acc_S, n_block=n_block_max - 1, mask_seqlen=True)
-            row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
-            softmax.rescale_O(acc_O, row_scale)
-            fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_S), tOrP)
-            n_block_max -= 1
             n_causal = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
+            pipeline_q.consumer_wait_w_index_phase(0, q_phase)
+            O_acc = False
+            d_done = Int32(0)
+            if const_expr(self.placement == "first"):
+                # the depth keys first: they start the online softmax and O; the diagonal block
+                # continues it (FA4's first half-block would restart it)
+                d_state = step_fn(d_state, 0, is_first=True)
+                for s in cutlass.range(1, self.depth_steps, unroll=1):
+                    d_state = step_fn(d_state, s, is_first=False)
+                d_done = Int32(self.depth_steps)
+                kv_state = restart(kv_state, n_block=n_block_max - 1,
+                                   mask_fn=partial(mask_fn, mask_seqlen=True))
+                O_acc = True
+            else:
+                kv_state = self.first_half_block_overlap(
+                    n_block_max - 1, mma_qk, kv_state, pipeline_k, tOrP, no_smem_p, softmax, seqlen,
+                    mask_fn=mask_fn, is_first_block=True)
+            n_block_max -= 1
             for i in cutlass.range(n_block_max - n_causal, unroll=1):
                 kv_state = one_block(kv_state, n_block=n_block_max - 1 - i,
+                                     mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
                                      mask_fn=partial(mask_fn, mask_seqlen=False))
+                O_acc = True
             n_block_max = cutlass.min(n_block_max, n_causal)
-            for i in cutlass.range(n_block_max - n_block_min, unroll=1):
-                kv_state = one_block(kv_state, n_block=n_block_max - 1 - i, mask_fn=None)
+            # the blocks below the diagonal; "spread" scores one depth step every `stride` blocks:
+            # the pending P.V is completed first, the depth step continues the softmax, and the
+            # next block restarts FA4's QK/PV overlap chain
+            stride = cutlass.max((n_block_max - n_block_min) // self.depth_steps, 1)
+            n = n_block_max - 1
+            since = Int32(0)
+            while n >= n_block_min:
+                kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
+                                     mask_fn=None)
+                O_acc = True
+                n -= 1
+                since += 1
+                if const_expr(self.placement == "spread"):
+                    if since >= stride and d_done < self.depth_steps and n >= n_block_min:
+                        kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=False)
+                        d_state = step_fn(d_state, d_done, is_first=False)
+                        d_done += 1
+                        kv_state = restart(kv_state, n_block=n, mask_fn=None)
+                        n -= 1
+                        since = Int32(0)
+            kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=not O_acc)
+            for s in cutlass.range(d_done, self.depth_steps, unroll=1):
+                d_state = step_fn(d_state, s, is_first=False)
             pipeline_q.consumer_release_w_index(0)
-            kv_state = self.last_half_block_overlap(kv_state, pipeline_v, partial(mma_pv), zero_init=False,
-                                                    softmax=softmax, acc_O=acc_O)
             q_phase ^= 1
             softmax.rescale_O(acc_O, softmax.finalize())
             self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, seqlen, None, tma_atom_O,
@@ -439,13 +483,15 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
 _COMPILED: dict = {}
 
 
-def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int, depth_stages: int):
+def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int, depth_stages: int,
+              placement: str):
     """The compiled launch for these tensors' dtype, head size, G and L (cached per process)."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
-    key = (q.dtype, d, G, L, depth_tile, depth_stages)
+    key = (q.dtype, d, G, L, depth_tile, depth_stages, placement)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
-        kern = MoDAForwardSm90(dtype, d, G, L, depth_tile=depth_tile, depth_stages=depth_stages)
+        kern = MoDAForwardSm90(dtype, d, G, L, depth_tile=depth_tile, depth_stages=depth_stages,
+                               placement=placement)
         args = [to_cute_tensor(t) for t in (q, k, v, out)]
         args.append(to_cute_tensor(lse, assumed_align=4))
         args += [to_cute_tensor(t) for t in (kd, vd)]
@@ -471,19 +517,21 @@ def default_depth_tile(d: int) -> int:
 
 
 def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = None, *,
-                            depth_tile: int | None = None, depth_stages: int = 2):
+                            depth_tile: int | None = None, depth_stages: int = 2,
+                            placement: str = "spread"):
     """Compile only (works under torch's FakeTensorMode with FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH set)."""
     out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
-    return _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages)
+    return _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement)
 
 
 def moda_fused_sm90_fwd(q, k, v, k_depth, v_depth, scale: float | None = None, *,
-                        depth_tile: int | None = None, depth_stages: int = 2):
+                        depth_tile: int | None = None, depth_stages: int = 2, placement: str = "spread"):
     """out (B,T,Hq,d) and lse (B,Hq,T) fp32 of causal MoDA; k_depth/v_depth (B,T,L,Hk,d), L >= 1."""
     out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
-    _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages)(q, k, v, out, lse, kd, vd, scale)
+    _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement)(
+        q, k, v, out, lse, kd, vd, scale)
     return out, lse
