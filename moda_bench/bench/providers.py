@@ -331,6 +331,27 @@ def _moda_overlap(inputs, point, chunk):
                     depth_utilization=eta)
 
 
+@register_provider("moda-fused", unavailable=_needs_fa4,
+                   description="MoDA: one FA4 sm90 forward kernel with the depth tiles inside; moda-overlap's backward")
+def _moda_fused(inputs, point, chunk):
+    from moda_bench.ops.moda import MoDAShape, fa4, overlap
+    if chunk is not None:
+        raise ProviderSkip("C (block_m) does not apply: the fused forward's rows are FA4's tiles")
+    q = inputs["q"]
+    shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
+    why = fa4.fused_fwd_unavailable(shape, q.dtype, q.device)
+    if why is not None:
+        raise ProviderSkip(f"fused forward: {why}")
+    kw = depth_kw(point, point.L)
+    cfg = overlap.overlap_config(shape, q.dtype, q.device, depth_grad=kw.get("depth_grad", True)).replace(
+        fa4_fused_fwd=True)
+    return Prepared(lambda: overlap.moda_overlap(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
+                                                 config=cfg, **kw),
+                    impl_detail=f"FA4 {fa4.fa4_version()} sm90 forward with the depth tiles inside (fused_sm90); "
+                    f"backward FA4 + {cfg.bwd_depth_ctas} persistent depth programs" + _detail_depth(point, point.L),
+                    config=cfg.to_dict(), depth_utilization=point.G / 64)
+
+
 # ---------------------------------------------------------------------------------------------
 # Depth-Attention (seed 002): the depth entries of a point are its S source layers
 # ---------------------------------------------------------------------------------------------

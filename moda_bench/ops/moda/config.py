@@ -38,11 +38,9 @@ from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.validate import MoDAShape
 
 
-# Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth); the order is the
-# tuner's candidate order. Each pass has two more: "tma", the descriptor-load kernels
-# (`kernel_fwd_tma`, sequence and depth in one program like "fused"; `kernel_bwd_tma`, the
-# folded-row backward with the depth part in its query-major pass), and "persist", moda-fa4's
-# streaming depth kernels (`kernel_depth`) on depth_ctas programs beside the sequence kernel.
+# Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth), in the tuner's order;
+# plus "tma" (descriptor-load kernels: `kernel_fwd_tma` sequence and depth in one program,
+# `kernel_bwd_tma` the folded-row backward) and "persist" (moda-fa4's streaming `kernel_depth`).
 DEPTH_MODES = ("split", "stream", "fused", "overlap")
 FWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
 BWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
@@ -102,6 +100,7 @@ class MoDAConfig:
     bwd_tma   the backward's sequence tiles through tensor descriptors (TMA on Hopper): the
               sequence K/V tiles of the q-major pass, the q/do tiles of the key-major pass
               (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
+    fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
     """
 
     block_m: int = 64
@@ -136,6 +135,7 @@ class MoDAConfig:
     depth_ctas: int = 0
     bwd_depth_ctas: int = 0
     side_priority: bool = False
+    fa4_fused_fwd: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -253,11 +253,47 @@ def _beside(device, main_fn, side_fn, concurrent: bool, side_after: bool, high_p
 
 
 # ------------------------------------------------------------------ autograd
+def fused_fwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]:
+    """Why `MoDAConfig.fa4_fused_fwd` cannot run this shape here (None: it can): the fused
+    forward (`fused_sm90`) is FA4's sm90 kernel with the depth tiles of whole positions inside
+    each 64-row consumer group, so it needs FA4, an sm_90 GPU, L >= 1, G dividing 64, d 64 or
+    128 and fp16/bf16."""
+    if shape.L < 1:
+        return "L = 0 has no depth tiles (FA4 alone)"
+    if 64 % shape.G:
+        return f"G={shape.G} does not divide 64 (a consumer group's 64 rows must be whole positions)"
+    if shape.d not in (64, 128):
+        return f"head size d={shape.d}: the fused forward is built for d = 64 and 128"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {dtype}: the fused forward takes fp16/bf16"
+    why = fa4_unavailable(device)
+    if why is not None:
+        return why
+    idx = torch.device(device if device is not None else "cuda").index
+    if torch.cuda.get_device_capability(idx if idx is not None else torch.cuda.current_device())[0] != 9:
+        return "the fused forward is an sm_90 (Hopper) kernel"
+    return None
+
+
+def _fused_forward(q, k, v, kd, vd, scale, shape: MoDAShape):
+    """The forward as one kernel (MoDAConfig.fa4_fused_fwd): o, lse (B,Hq,T), lse (B,T,Hq)."""
+    why = fused_fwd_unavailable(shape, q.dtype, q.device)
+    if why is not None:
+        raise ValueError(f"MoDAConfig.fa4_fused_fwd: {why}")
+    from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
+    o, lse_ht = moda_fused_sm90_fwd(q, k, v, kd, vd, scale)
+    return o, lse_ht, lse_ht.transpose(1, 2).contiguous()
+
+
 def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend: SequenceBackend):
     """(o, lse (B,Hq,T), lse (B,T,Hq)) of the joint softmax; the last is a view when L == 0."""
     if shape.L == 0:
         o, lse_ht = backend.fwd(q, k, v, scale)
         return o, lse_ht, lse_ht.transpose(1, 2)
+    if cfg.fa4_fused_fwd:
+        if not backend.needs_fa4:
+            raise ValueError(f"MoDAConfig.fa4_fused_fwd runs FA4's own kernel; the {backend.name} backend cannot")
+        return _fused_forward(q, k, v, kd, vd, scale, shape)
     if cfg.fwd_depth == "persist":  # the streaming depth kernel on its share of the SMs, beside the sequence
         def depth():
             return depth_fwd(q, kd, vd, scale, shape.G, persist_programs(cfg.depth_ctas, q.device),

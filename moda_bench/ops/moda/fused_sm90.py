@@ -214,7 +214,7 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, tma_atom_Kd, tma_atom_Vd):
                 cpasync.prefetch_descriptor(atom)
-        storage = cutlass.utils.SmemAllocator().allocate(Storage)
+        storage = cutlass.memory.SmemAllocator().allocate(Storage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
         make = partial(fa_pipeline.PipelineTmaAsync.create, producer_group=one_thread,
@@ -511,6 +511,16 @@ def _operands(q, k, v, k_depth, v_depth):
     return out, lse, kd, vd, L
 
 
+# Up to this T the depth steps are spread among the sequence blocks, above it they come first
+# (H200, G=8, L=64, forward / FA4: T=4096 spread 1.084 vs first 1.142; T=16384 1.205 vs 1.120,
+# T=65536 1.102 vs 1.057; results/h200/fused-sm90-placement).
+SPREAD_MAX_T = 8192
+
+
+def default_placement(T: int) -> str:
+    return "spread" if T <= SPREAD_MAX_T else "first"
+
+
 def default_depth_tile(d: int) -> int:
     """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory)."""
     return 64 if d <= 64 else 32
@@ -518,20 +528,22 @@ def default_depth_tile(d: int) -> int:
 
 def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = None, *,
                             depth_tile: int | None = None, depth_stages: int = 2,
-                            placement: str = "spread"):
+                            placement: str | None = None):
     """Compile only (works under torch's FakeTensorMode with FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH set)."""
     out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
+    placement = default_placement(q.shape[1]) if placement is None else placement
     return _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement)
 
 
 def moda_fused_sm90_fwd(q, k, v, k_depth, v_depth, scale: float | None = None, *,
-                        depth_tile: int | None = None, depth_stages: int = 2, placement: str = "spread"):
+                        depth_tile: int | None = None, depth_stages: int = 2, placement: str | None = None):
     """out (B,T,Hq,d) and lse (B,Hq,T) fp32 of causal MoDA; k_depth/v_depth (B,T,L,Hk,d), L >= 1."""
     out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
+    placement = default_placement(q.shape[1]) if placement is None else placement
     _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement)(
         q, k, v, out, lse, kd, vd, scale)
     return out, lse
