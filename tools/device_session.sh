@@ -77,7 +77,7 @@
 #   fused-time  its forward beside FA4, moda-fa4 and moda-overlap at FUSED_T (default 16K, 32K, 64K, 4096) for the
 #               FUSED_VARIANTS depth tile x stages (default 64x2;128x1;32x2)
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
-#   fused-sweep issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
+#   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
 #               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/fused-limit)
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
@@ -260,9 +260,10 @@ for s in "$@"; do
              --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv; timeout 150 python3 tools/fused_sm90_check.py --T 16384 \
              --L 256 --variants '${FUSED_VARIANTS:-64x2}' --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv" ;;
     fused-tests) stage fused-tests timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_sm90.py ;;
-    fused-sweep) R=$RESULTS/$GPU/fused-limit; P="moda-fused,moda-overlap,moda-fa4,fa4,cudnn"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
+    fused-sweep-a) R=$RESULTS/$GPU/fused-limit; P="moda-fused,moda-overlap,moda-fa4,fa4,cudnn"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
            stage fused-t4096 $MB sweep $Q --vary T --values 4096 --timer graph,eager --providers $P --out "$R/t4096"
-           stage fused-fwd $MB sweep $Q --vary T --values 16384,32768,65536 --pass fwd --providers $P --out "$R/fwd"
+           stage fused-fwd $MB sweep $Q --vary T --values 16384,32768,65536 --pass fwd --providers $P --out "$R/fwd" ;;
+    fused-sweep-b) R=$RESULTS/$GPU/fused-limit; P="moda-fused,moda-overlap,moda-fa4,fa4,cudnn"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
            stage fused-fwdbwd $MB sweep $Q --vary T --values 16384,32768 --providers $P --out "$R/fwdbwd"
            stage fused-g2 $MB sweep $Q --vary G --values 2 --providers $P --out "$R/g2"
            stage fused-l256 $MB sweep $Q --vary L --values 256 --providers $P --out "$R/l256" ;;
