@@ -79,6 +79,8 @@
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
 #               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/fused-limit)
+#   fused-ab    moda-overlap with and without the fused forward (fa4_fused_fwd) in one process, beside FA4: T=4096
+#               graph (fwd, bwd, fwd+bwd) and eager (fwd, fwd+bwd), T=16K/32K eager fwd, bwd, fwd+bwd (overlap_probe)
 #   doctor      moda-bench doctor (GPU, health canary)
 # The FA4 wheels and the packed libraries are prepared as docs/RUNBOOK.md describes. Each stage
 # writes under $RESULTS/$GPU/<run>/ and logs to $RESULTS/<stage>.log.
@@ -267,6 +269,10 @@ for s in "$@"; do
            stage fused-fwdbwd $MB sweep $Q --vary T --values 16384,32768 --providers $P --out "$R/fwdbwd"
            stage fused-g2 $MB sweep $Q --vary G --values 2 --providers $P --out "$R/g2"
            stage fused-l256 $MB sweep $Q --vary L --values 256 --providers $P --out "$R/l256" ;;
+    fused-ab) OP="timeout 170 python3 tools/overlap_probe.py --seq fa4 --max-time 3 --out $RESULTS/$GPU/fused_ab.csv"
+           V="overlap;overlap,fa4_fused_fwd=1"
+           stage fused-ab bash -c "$OP --T 4096 --timer graph --passes fwd,bwd,fwdbwd --variants '$V'; $OP --T 4096 \
+             --passes fwd,fwdbwd --variants '$V'; $OP --T 16384,32768 --passes fwd,bwd,fwdbwd --variants '$V'" ;;
     host) stage host timeout 200 python3 tools/host_probe.py --T 1024 --calls 300 --top 30 ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;

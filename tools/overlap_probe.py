@@ -53,7 +53,7 @@ from moda_bench.timing import RoundRule, grad_inputs, make_inputs, make_pass_fn,
 ALIASES = {"f": ("depth_ctas",), "b": ("bwd_depth_ctas",), "p": ("side_priority",),
            "dbm": ("depth_block_m", "bwd_depth_block_m"), "dw": ("depth_warps", "bwd_depth_warps"),
            "bl": ("block_l", "bwd_block_l"), "ds": ("depth_stages", "bwd_depth_stages")}
-BOOL_FIELDS = {"side_priority", "depth_after", "bwd_depth_after", "reverse", "bwd_tma"}
+BOOL_FIELDS = {"side_priority", "depth_after", "bwd_depth_after", "reverse", "bwd_tma", "fa4_fused_fwd"}
 
 
 def parse_variant(text: str, base: MoDAConfig) -> MoDAConfig:
