@@ -254,10 +254,10 @@ for s in "$@"; do
     overlap-realloc) stage overlap-realloc timeout 400 python3 tools/overlap_probe.py --seq fa4 --T 16384,32768 --passes fwdbwd \
              --variants overlap --repeat 3 --max-time 4 --out "$RESULTS/$GPU/overlap_realloc.csv" ;;
     pdl-test) stage pdl-test timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl" ;;
-    fused-check) stage fused-check timeout 180 python3 tools/fused_sm90_check.py --check --placements "${FUSED_PLACEMENTS:-spread}" \
+    fused-check) stage fused-check timeout 180 python3 tools/fused_sm90_check.py --check --placements "${FUSED_PLACEMENTS:-offset,first}" \
              --out "$RESULTS/$GPU/fused_sm90_check.csv" ;;
     fused-time) stage fused-time timeout "${STAGE_TIMEOUT:-400}" python3 tools/fused_sm90_check.py --T "${FUSED_T:-16384,32768,65536,4096}" \
-             --variants "${FUSED_VARIANTS:-64x2;128x1;32x2}" --max-time "$MAX_TIME" --out "$RESULTS/$GPU/fused_sm90_time.csv" ;;
+             --variants "${FUSED_VARIANTS:-64x2;64x2:first}" --timer "${FUSED_TIMER:-graph}" --max-time "$MAX_TIME" --out "$RESULTS/$GPU/fused_sm90_time.csv" ;;
     fused-gl) stage fused-gl bash -c "timeout 150 python3 tools/fused_sm90_check.py --T 16384 --G 2 --variants '${FUSED_VARIANTS:-64x2}' \
              --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv; timeout 150 python3 tools/fused_sm90_check.py --T 16384 \
              --L 256 --variants '${FUSED_VARIANTS:-64x2}' --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv" ;;

@@ -31,10 +31,10 @@ CHECK_SHAPES = [  # B, T, G, L, d, Hk
 
 
 def parse_variant(text: str):
-    """"TILExSTAGES" or "TILExSTAGES:placement" (spread, first) -> (depth_tile, depth_stages, placement)."""
+    """"TILExSTAGES" or "TILExSTAGES:placement" (offset, first) -> (depth_tile, depth_stages, placement)."""
     head, _, place = text.partition(":")
     tile, stages = (int(x) for x in head.split("x"))
-    return tile, stages, place or "spread"
+    return tile, stages, place or "offset"
 
 
 def err(a, b):
@@ -115,7 +115,7 @@ def timing(a, w) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--placements", default="spread", help="placements the check covers (spread, first)")
+    ap.add_argument("--placements", default="offset,first", help="placements the check covers (offset, first)")
     ap.add_argument("--T", default="")
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--L", type=int, default=64)

@@ -52,14 +52,14 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileScheduler
 from quack import copy_utils, layout_utils, sm90_utils
 
 ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
-PLACEMENTS = ("spread", "first")  # where a tile's depth steps go among its sequence blocks
+PLACEMENTS = ("offset", "first")  # where a tile's depth steps go among its sequence blocks
 
 
 class MoDAForwardSm90(FlashAttentionForwardSm90):
     """FA4's sm90 causal pack_gqa forward with each tile's depth keys scored first (see module)."""
 
     def __init__(self, dtype, head_dim: int, qhead_per_kvhead: int, depth_len: int, *,
-                 depth_tile: int = 64, depth_stages: int = 2, placement: str = "spread"):
+                 depth_tile: int = 64, depth_stages: int = 2, placement: str = "offset"):
         if ROWS_PER_GROUP % qhead_per_kvhead:
             raise ValueError(f"moda-fused needs G dividing {ROWS_PER_GROUP}, got G={qhead_per_kvhead}")
         if depth_len < 1:
@@ -96,7 +96,7 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
 
         q_bar = cute.struct.MemRange[cutlass.Int64, 2]
         kv_bar = cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-        d_bar = cute.struct.MemRange[cutlass.Int64, self.depth_stages * 2]
+        d_bar = cute.struct.MemRange[cutlass.Int64, self.depth_stages * 2]  # depth K, and depth V
         sq, sk, sv, skd, svd = (buf(x) for x in (self.sQ_layout, self.sK_layout, self.sV_layout,
                                                   self.sKd_layout, self.sVd_layout))
 
@@ -105,7 +105,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             mbar_q: q_bar
             mbar_k: kv_bar
             mbar_v: kv_bar
-            mbar_d: d_bar
+            mbar_kd: d_bar
+            mbar_vd: d_bar
             sV: sv
             sQ: sq
             sK: sk
@@ -166,7 +167,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             for name, mX, layout in [("Q", mQ, self.sQ_layout), ("K", mK, self.sK_layout),
                                      ("V", mV, self.sV_layout), ("Kd", mKd, self.sKd_layout),
                                      ("Vd", mVd, self.sVd_layout)]}
-        self.tma_copy_bytes["D"] = self.num_wg_mma * (self.tma_copy_bytes["Kd"] + self.tma_copy_bytes["Vd"])
+        for name in ("Kd", "Vd"):  # a stage holds one block per consumer group
+            self.tma_copy_bytes[name] *= self.num_wg_mma
         packgqa_atom = partial(make_packgqa_tiled_tma_atom, qhead_per_kvhead=self.qhead_per_kvhead, head_idx=2)
         tma_atom_Q, tma_tensor_Q = packgqa_atom(g2s, mQ_og, self.sQ_layout, (self.tile_m, self.tile_hdim))
         tma_atom_O, tma_tensor_O = packgqa_atom(s2g, mO_og, self.sO_layout, (self.tile_m, self.tile_hdimv))
@@ -225,8 +227,10 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                           tx_count=self.tma_copy_bytes["K"])
         pipeline_v = make(barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.num_stages,
                           tx_count=self.tma_copy_bytes["V"])
-        pipeline_d = make(barrier_storage=storage.mbar_d.data_ptr(), num_stages=self.depth_stages,
-                          tx_count=self.tma_copy_bytes["D"])
+        pipeline_kd = make(barrier_storage=storage.mbar_kd.data_ptr(), num_stages=self.depth_stages,
+                           tx_count=self.tma_copy_bytes["Kd"])
+        pipeline_vd = make(barrier_storage=storage.mbar_vd.data_ptr(), num_stages=self.depth_stages,
+                           tx_count=self.tma_copy_bytes["Vd"])
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -248,13 +252,13 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                 self.load_sequence(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                                    pipeline_q, pipeline_k, pipeline_v, block_info, seqlen_cls, sched_cls)
             if warp_idx == 1:
-                self.load_depth(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, pipeline_d, sched_cls)
+                self.load_depth(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, pipeline_kd, pipeline_vd, sched_cls)
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             tidx = cute.arch.thread_idx()[0] - 128
             self.mma_moda(tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, mO, mLSE,
                           sQ, sK, sV, sKd, sVd, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
-                          pipeline_d, tidx, softmax_scale_log2, softmax_scale, block_info,
+                          pipeline_kd, pipeline_vd, tidx, softmax_scale_log2, softmax_scale, block_info,
                           seqlen_cls, sched_cls)
 
     @cute.jit
@@ -302,8 +306,9 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         pipeline_v.producer_tail(state)
 
     @cute.jit
-    def load_depth(self, mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, pipeline_d, sched_cls):
-        """Warp 1: per tile, `depth_steps` stages, each one depth K and V block per consumer group."""
+    def load_depth(self, mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, pipeline_kd, pipeline_vd, sched_cls):
+        """Warp 1: per tile, `depth_steps` steps, each a stage of depth K then of depth V holding one
+        block per consumer group (buffer stage * groups + group)."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.depth_stages)
         scheduler = sched_cls()
         work = scheduler.initial_work_tile_info()
@@ -321,46 +326,54 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                 cv, _, _ = copy_utils.tma_get_copy_fn(tma_atom_Vd, 0, cute.make_layout(1), gVd, sVd)
                 copies.append((ck, cv))
             for s in cutlass.range(self.depth_steps, unroll=1):
-                pipeline_d.producer_acquire(state)
-                bar = pipeline_d.producer_get_barrier(state)
-                for w in cutlass.range_constexpr(n_groups):
-                    copies[w][0](src_idx=s, dst_idx=state.index * n_groups + w, tma_bar_ptr=bar)
-                    copies[w][1](src_idx=s, dst_idx=state.index * n_groups + w, tma_bar_ptr=bar)
-                pipeline_d.producer_commit(state)
+                for kv, pipe in ((0, pipeline_kd), (1, pipeline_vd)):
+                    pipe.producer_acquire(state)
+                    bar = pipe.producer_get_barrier(state)
+                    for w in cutlass.range_constexpr(n_groups):
+                        copies[w][kv](src_idx=s, dst_idx=state.index * n_groups + w, tma_bar_ptr=bar)
+                    pipe.producer_commit(state)
                 state.advance()
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
-        pipeline_d.producer_tail(state)
+        pipeline_vd.producer_tail(state)
 
     @cute.jit
-    def depth_mask(self, acc_S, thr_mma, step, group):
-        """-inf where the depth row's position is not the score row's (same group, see module)."""
+    def depth_mask(self, acc_S, n_block, thr_mma, group, mask_seqlen=None):
+        """-inf where the depth row's position is not the score row's (same group, see module);
+        n_block is the depth step."""
         coords = layout_utils.reshape_acc_to_mn(
             thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.depth_tile))))
         acc = layout_utils.reshape_acc_to_mn(acc_S)
         for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
             pos = (coords[r, 0][0] - group * ROWS_PER_GROUP) // self.qhead_per_kvhead
-            lo = pos * self.depth_len - step * self.depth_tile
+            lo = pos * self.depth_len - n_block * self.depth_tile
             for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
                 col = coords[r, c][1]
                 if col < lo or col >= lo + self.depth_len:
                     acc[r, c] = -Float32.inf
 
+    def group_gemm(self, gemm, group, B_idx, **kw):
+        """A depth product on this group's block of the stage (buffer stage * groups + group)."""
+        return gemm(B_idx=B_idx * (self.tile_m // ROWS_PER_GROUP) + group, **kw)
+
     @cute.jit
-    def depth_step(self, state, step, group, is_first: cutlass.Constexpr, mma_qk_d, mma_pv_d,
-                   thr_mma_qk_d, tOrPd, pipeline_d, softmax, acc_O):
-        pipeline_d.consumer_wait(state, pipeline_d.consumer_try_wait(state))
-        buf = state.index * (self.tile_m // ROWS_PER_GROUP) + group
-        acc_S = mma_qk_d(B_idx=buf, wg_wait=0)
-        self.depth_mask(acc_S, thr_mma_qk_d, step, group)
-        row_scale = softmax.online_softmax(acc_S, is_first=is_first, check_inf=True)
-        if const_expr(not is_first):
-            softmax.rescale_O(acc_O, row_scale)
-        fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_S), tOrPd)
-        mma_pv_d(B_idx=buf, zero_init=is_first, wg_wait=0)
-        pipeline_d.consumer_release(state)
-        state.advance()
-        return state
+    def depth_phase(self, d_state, start: cutlass.Constexpr, mma_qk_d, mma_pv_d, pipeline_kd, pipeline_vd,
+                    tOrPd, softmax, seqlen, acc_O, mask_d, no_smem_p):
+        """All depth steps of the tile as FA4's own overlapped block steps (QK of step s beside P.V of
+        step s-1, the groups taking turns): `start` begins the softmax and O (first thing of the
+        tile), else it continues them (no P.V pending). Ends with no P.V pending."""
+        if const_expr(start):
+            d_state = self.first_half_block_overlap(0, mma_qk_d, d_state, pipeline_kd, tOrPd, no_smem_p, softmax,
+                                                    seqlen, mask_fn=mask_d, is_first_block=True)
+        else:
+            d_state = self.continue_block(d_state, 0, mma_qk_d, pipeline_kd, tOrPd, softmax, acc_O, mask_d)
+        O_acc = not start
+        for s in cutlass.range(1, self.depth_steps, unroll=1):
+            d_state = self.mma_one_n_block_intrawg_overlap(
+                d_state, s, mma_qk_d, partial(mma_pv_d, zero_init=not O_acc), pipeline_kd, pipeline_vd, acc_O,
+                tOrPd, no_smem_p, softmax, seqlen, mask_fn=mask_d, check_inf=True)
+            O_acc = True
+        return self.last_half_block_overlap(d_state, pipeline_vd, mma_pv_d, zero_init=not O_acc)
 
     @cute.jit
     def continue_block(self, kv_state, n_block, mma_qk, pipeline_k, tOrP, softmax, acc_O, mask_fn):
@@ -379,7 +392,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
     @cute.jit
     def mma_moda(self, tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, mO, mLSE,
                  sQ, sK, sV, sKd, sVd, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
-                 pipeline_d, tidx, softmax_scale_log2, softmax_scale, block_info, seqlen_cls, sched_cls):
+                 pipeline_kd, pipeline_vd, tidx, softmax_scale_log2, softmax_scale, block_info, seqlen_cls,
+                 sched_cls):
         group = cute.arch.make_warp_uniform(tidx // 128)
         group_layout = cute.make_layout(self.num_wg_mma, stride=128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -395,8 +409,11 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             wg_pv_d, (self.tile_m, self.tile_hdimv, self.depth_tile), None, layout_utils.transpose_view(sVd))
         mma_qk = partial(sm90_utils.gemm_zero_init, tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK)
         mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O, tOrP, tOrVt)
-        mma_qk_d = partial(sm90_utils.gemm_zero_init, tiled_mma_qk_d, (self.tile_m, self.depth_tile), tSrQd, tSrKd)
-        mma_pv_d = partial(sm90_utils.gemm_w_idx, tiled_mma_pv_d, acc_O, tOrPd, tOrVdt)
+        mma_qk_d = partial(self.group_gemm, partial(sm90_utils.gemm_zero_init, tiled_mma_qk_d,
+                                                    (self.tile_m, self.depth_tile), tSrQd, tSrKd), group)
+        mma_pv_d = partial(self.group_gemm, partial(sm90_utils.gemm_w_idx, tiled_mma_pv_d, acc_O, tOrPd, tOrVdt),
+                           group)
+        mask_d = partial(self.depth_mask, thr_mma=thr_mma_qk_d, group=group)
         no_smem_p = SimpleNamespace(smem_thr_copy_P=None, tPsP=None)
         self.mma_init()
         q_phase = Int32(0)
@@ -404,9 +421,6 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         d_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.depth_stages)
         softmax = Softmax.create(softmax_scale_log2, num_rows=acc_O.shape[0][0] * acc_O.shape[1],
                                  softmax_scale=softmax_scale)
-        step_fn = partial(self.depth_step, group=group, mma_qk_d=mma_qk_d, mma_pv_d=mma_pv_d,
-                          thr_mma_qk_d=thr_mma_qk_d, tOrPd=tOrPd, pipeline_d=pipeline_d,
-                          softmax=softmax, acc_O=acc_O)
         scheduler = sched_cls()
         work = scheduler.initial_work_tile_info()
         while work.is_valid_tile:
@@ -420,22 +434,21 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                                 pipeline_k=pipeline_k, pipeline_v=pipeline_v, acc_O=acc_O, tOrP=tOrP,
                                 smem_copy_params=no_smem_p, softmax=softmax, seqlen=seqlen,
                                 check_inf=True)
-            restart = partial(self.continue_block, mma_qk=mma_qk, pipeline_k=pipeline_k, tOrP=tOrP,
-                              softmax=softmax, acc_O=acc_O)
+            depth = partial(self.depth_phase, mma_qk_d=mma_qk_d, mma_pv_d=mma_pv_d, pipeline_kd=pipeline_kd,
+                            pipeline_vd=pipeline_vd, tOrPd=tOrPd, softmax=softmax, seqlen=seqlen, acc_O=acc_O,
+                            mask_d=mask_d, no_smem_p=no_smem_p)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
             n_causal = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             O_acc = False
-            d_done = Int32(0)
+            depth_done = False
             if const_expr(self.placement == "first"):
                 # the depth keys first: they start the online softmax and O; the diagonal block
                 # continues it (FA4's first half-block would restart it)
-                d_state = step_fn(d_state, 0, is_first=True)
-                for s in cutlass.range(1, self.depth_steps, unroll=1):
-                    d_state = step_fn(d_state, s, is_first=False)
-                d_done = Int32(self.depth_steps)
-                kv_state = restart(kv_state, n_block=n_block_max - 1,
-                                   mask_fn=partial(mask_fn, mask_seqlen=True))
+                d_state = depth(d_state, start=True)
+                depth_done = True
+                kv_state = self.continue_block(kv_state, n_block_max - 1, mma_qk, pipeline_k, tOrP, softmax, acc_O,
+                                               partial(mask_fn, mask_seqlen=True))
                 O_acc = True
             else:
                 kv_state = self.first_half_block_overlap(
@@ -448,29 +461,29 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                                      mask_fn=partial(mask_fn, mask_seqlen=False))
                 O_acc = True
             n_block_max = cutlass.min(n_block_max, n_causal)
-            # the blocks below the diagonal; "spread" scores one depth step every `stride` blocks:
-            # the pending P.V is completed first, the depth step continues the softmax, and the
-            # next block restarts FA4's QK/PV overlap chain
-            stride = cutlass.max((n_block_max - n_block_min) // self.depth_steps, 1)
+            # the blocks below the diagonal; "offset" runs the depth phase after the block `at`, a
+            # different block per tile, so that the tiles of one wave ask for their depth bytes at
+            # different times: the pending P.V is completed first, and the next block restarts
+            # FA4's QK/PV chain
+            at = (m_block * 5 + head_idx * 3 + batch_idx) % cutlass.max(n_block_max - n_block_min, 1)
             n = n_block_max - 1
-            since = Int32(0)
+            i = Int32(0)
             while n >= n_block_min:
                 kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
                                      mask_fn=None)
                 O_acc = True
                 n -= 1
-                since += 1
-                if const_expr(self.placement == "spread"):
-                    if since >= stride and d_done < self.depth_steps and n >= n_block_min:
+                if const_expr(self.placement == "offset"):
+                    if i == at and n >= n_block_min:
                         kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=False)
-                        d_state = step_fn(d_state, d_done, is_first=False)
-                        d_done += 1
-                        kv_state = restart(kv_state, n_block=n, mask_fn=None)
+                        d_state = depth(d_state, start=False)
+                        depth_done = True
+                        kv_state = self.continue_block(kv_state, n, mma_qk, pipeline_k, tOrP, softmax, acc_O, None)
                         n -= 1
-                        since = Int32(0)
+                i += 1
             kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=not O_acc)
-            for s in cutlass.range(d_done, self.depth_steps, unroll=1):
-                d_state = step_fn(d_state, s, is_first=False)
+            if not depth_done:
+                d_state = depth(d_state, start=False)
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
             softmax.rescale_O(acc_O, softmax.finalize())
@@ -511,14 +524,9 @@ def _operands(q, k, v, k_depth, v_depth):
     return out, lse, kd, vd, L
 
 
-# Up to this T the depth steps are spread among the sequence blocks, above it they come first
-# (H200, G=8, L=64, forward / FA4: T=4096 spread 1.084 vs first 1.142; T=16384 1.205 vs 1.120,
-# T=65536 1.102 vs 1.057; results/h200/fused-sm90-placement).
-SPREAD_MAX_T = 8192
-
-
 def default_placement(T: int) -> str:
-    return "spread" if T <= SPREAD_MAX_T else "first"
+    """Where a tile's depth phase goes by default (to be set from the placement A/B)."""
+    return "offset"
 
 
 def default_depth_tile(d: int) -> int:
