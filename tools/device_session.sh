@@ -257,8 +257,8 @@ for s in "$@"; do
     fused-check) stage fused-check timeout 180 python3 tools/fused_sm90_check.py --check --placements "${FUSED_PLACEMENTS:-offset,first}" \
              --out "$RESULTS/$GPU/fused_sm90_check.csv" ;;
     fused-time) stage fused-time timeout "${STAGE_TIMEOUT:-400}" python3 tools/fused_sm90_check.py --T "${FUSED_T:-16384,32768,65536,4096}" \
-             --variants "${FUSED_VARIANTS:-64x2;64x2:first}" --timer "${FUSED_TIMER:-graph}" --max-time "$MAX_TIME" --out "$RESULTS/$GPU/fused_sm90_time.csv" ;;
-    fused-gl) FV="--variants '${FUSED_VARIANTS:-64x2;64x2:first}' --timer ${FUSED_TIMER:-graph} --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv"
+             --variants "${FUSED_VARIANTS:-64x2;64x2:offset:0;64x2:offset:8;64x2:first}" --timer "${FUSED_TIMER:-graph}" --max-time "$MAX_TIME" --out "$RESULTS/$GPU/fused_sm90_time.csv" ;;
+    fused-gl) FV="--variants '${FUSED_VARIANTS:-64x2;64x2:offset:0}' --timer ${FUSED_TIMER:-graph} --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv"
            stage fused-gl bash -c "timeout 150 python3 tools/fused_sm90_check.py --T 16384 --G 2 $FV; timeout 150 python3 tools/fused_sm90_check.py --T 16384 --L 256 $FV" ;;
     fused-tests) stage fused-tests timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_sm90.py ;;
     fused-sweep-a) R=$RESULTS/$GPU/fused-limit; P="moda-fused,moda-overlap,moda-fa4,fa4,cudnn"; Q="--require fa4,moda-fused --max-time $MAX_TIME"

@@ -31,10 +31,11 @@ CHECK_SHAPES = [  # B, T, G, L, d, Hk
 
 
 def parse_variant(text: str):
-    """"TILExSTAGES" or "TILExSTAGES:placement" (offset, first) -> (depth_tile, depth_stages, placement)."""
-    head, _, place = text.partition(":")
+    """"TILExSTAGES[:placement[:lead]]" (placement offset or first, lead the L2 prefetch's blocks
+    ahead, default 4) -> (depth_tile, depth_stages, placement, prefetch_lead)."""
+    head, place, lead = (text.split(":") + ["", ""])[:3]
     tile, stages = (int(x) for x in head.split("x"))
-    return tile, stages, place or "offset"
+    return tile, stages, place or "offset", int(lead) if lead else 4
 
 
 def err(a, b):
@@ -89,9 +90,9 @@ def timing(a, w) -> None:
                "moda-fa4": lambda: moda_fa4(q, k, v, kd, vd),
                "moda-overlap": lambda: moda_fa4(q, k, v, kd, vd, config=ocfg)}
         for var in a.variants.split(";"):
-            tile, stages, place = parse_variant(var)
-            fns[f"fused[{var}]"] = (lambda t, s, p: lambda: moda_fused_sm90_fwd(
-                q, k, v, kd, vd, depth_tile=t, depth_stages=s, placement=p))(tile, stages, place)
+            tile, stages, place, lead = parse_variant(var)
+            fns[f"fused[{var}]"] = (lambda t, s, p, n: lambda: moda_fused_sm90_fwd(
+                q, k, v, kd, vd, depth_tile=t, depth_stages=s, placement=p, prefetch_lead=n))(tile, stages, place, lead)
         for name in list(fns):
             try:
                 fns[name]()

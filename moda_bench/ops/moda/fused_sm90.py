@@ -59,7 +59,7 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
     """FA4's sm90 causal pack_gqa forward with each tile's depth keys scored first (see module)."""
 
     def __init__(self, dtype, head_dim: int, qhead_per_kvhead: int, depth_len: int, *,
-                 depth_tile: int = 64, depth_stages: int = 2, placement: str = "offset"):
+                 depth_tile: int = 64, depth_stages: int = 2, placement: str = "offset", prefetch_lead: int = 4):
         if ROWS_PER_GROUP % qhead_per_kvhead:
             raise ValueError(f"moda-fused needs G dividing {ROWS_PER_GROUP}, got G={qhead_per_kvhead}")
         if depth_len < 1:
@@ -75,6 +75,7 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         self.placement = placement
+        self.prefetch_lead = prefetch_lead  # "offset": sequence blocks between the L2 prefetch and the phase
         self.pos_per_group = ROWS_PER_GROUP // qhead_per_kvhead
         self.depth_steps = -(-self.pos_per_group * depth_len // depth_tile)
 
@@ -259,7 +260,7 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             self.mma_moda(tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, mO, mLSE,
                           sQ, sK, sV, sKd, sVd, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
                           pipeline_kd, pipeline_vd, tidx, softmax_scale_log2, softmax_scale, block_info,
-                          seqlen_cls, sched_cls)
+                          seqlen_cls, sched_cls, mKd, mVd, tma_atom_Kd, tma_atom_Vd)
 
     @cute.jit
     def load_sequence(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
@@ -315,27 +316,42 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         n_groups = self.tile_m // ROWS_PER_GROUP
         while work.is_valid_tile:
             m_block, head_idx, batch_idx, _ = work.tile_idx
-            kd_cur = mKd[None, None, head_idx, batch_idx]
-            vd_cur = mVd[None, None, head_idx, batch_idx]
-            copies = []
-            for w in cutlass.range_constexpr(n_groups):
-                row0 = (m_block * self.tile_m + w * ROWS_PER_GROUP) // self.qhead_per_kvhead * self.depth_len
-                gKd = cute.local_tile(cute.domain_offset((row0, 0), kd_cur), (self.depth_tile, self.tile_hdim), (None, 0))
-                gVd = cute.local_tile(cute.domain_offset((row0, 0), vd_cur), (self.depth_tile, self.tile_hdimv), (None, 0))
-                ck, _, _ = copy_utils.tma_get_copy_fn(tma_atom_Kd, 0, cute.make_layout(1), gKd, sKd)
-                cv, _, _ = copy_utils.tma_get_copy_fn(tma_atom_Vd, 0, cute.make_layout(1), gVd, sVd)
-                copies.append((ck, cv))
+            copies = self.depth_copies(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block, head_idx, batch_idx)
             for s in cutlass.range(self.depth_steps, unroll=1):
                 for kv, pipe in ((0, pipeline_kd), (1, pipeline_vd)):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
                     for w in cutlass.range_constexpr(n_groups):
-                        copies[w][kv](src_idx=s, dst_idx=state.index * n_groups + w, tma_bar_ptr=bar)
+                        copies[w][kv][0](src_idx=s, dst_idx=state.index * n_groups + w, tma_bar_ptr=bar)
                     pipe.producer_commit(state)
                 state.advance()
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         pipeline_vd.producer_tail(state)
+
+    @cute.jit
+    def depth_copies(self, mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block, head_idx, batch_idx):
+        """Per consumer group, (K, V) of (TMA copy function, gmem blocks): the group's depth rows
+        [pos_lo * L, ...) in `depth_tile`-row blocks."""
+        copies = []
+        for w in cutlass.range_constexpr(self.tile_m // ROWS_PER_GROUP):
+            row0 = (m_block * self.tile_m + w * ROWS_PER_GROUP) // self.qhead_per_kvhead * self.depth_len
+            pair = []
+            for m, sm, atom, hd in ((mKd, sKd, tma_atom_Kd, self.tile_hdim), (mVd, sVd, tma_atom_Vd, self.tile_hdimv)):
+                g = cute.local_tile(cute.domain_offset((row0, 0), m[None, None, head_idx, batch_idx]),
+                                    (self.depth_tile, hd), (None, 0))
+                fn, _, g_part = copy_utils.tma_get_copy_fn(atom, 0, cute.make_layout(1), g, sm)
+                pair.append((fn, g_part, atom))
+            copies.append(pair)
+        return copies
+
+    @cute.jit
+    def prefetch_depth(self, copies, first_step):
+        """L2 prefetch (TMA) of the tile's depth blocks from `first_step` on, all groups, K and V."""
+        for s in cutlass.range(first_step, self.depth_steps, unroll=1):
+            for w in cutlass.range_constexpr(self.tile_m // ROWS_PER_GROUP):
+                for kv in cutlass.range_constexpr(2):
+                    cute.prefetch(copies[w][kv][2], copies[w][kv][1][None, s])
 
     @cute.jit
     def depth_mask(self, acc_S, n_block, thr_mma, group, mask_seqlen=None):
@@ -393,7 +409,7 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
     def mma_moda(self, tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, mO, mLSE,
                  sQ, sK, sV, sKd, sVd, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
                  pipeline_kd, pipeline_vd, tidx, softmax_scale_log2, softmax_scale, block_info, seqlen_cls,
-                 sched_cls):
+                 sched_cls, mKd, mVd, tma_atom_Kd, tma_atom_Vd):
         group = cute.arch.make_warp_uniform(tidx // 128)
         group_layout = cute.make_layout(self.num_wg_mma, stride=128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -469,6 +485,11 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             n = n_block_max - 1
             i = Int32(0)
             while n >= n_block_min:
+                if const_expr(self.placement == "offset" and self.prefetch_lead > 0):
+                    # the depth blocks past the smem stages into L2 a few blocks before the phase
+                    if i == cutlass.max(at - self.prefetch_lead, 0) and tidx == 0:
+                        self.prefetch_depth(self.depth_copies(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block,
+                                                              head_idx, batch_idx), self.depth_stages)
                 kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
                                      mask_fn=None)
                 O_acc = True
@@ -497,14 +518,14 @@ _COMPILED: dict = {}
 
 
 def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int, depth_stages: int,
-              placement: str):
+              placement: str, prefetch_lead: int):
     """The compiled launch for these tensors' dtype, head size, G and L (cached per process)."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
-    key = (q.dtype, d, G, L, depth_tile, depth_stages, placement)
+    key = (q.dtype, d, G, L, depth_tile, depth_stages, placement, prefetch_lead)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
         kern = MoDAForwardSm90(dtype, d, G, L, depth_tile=depth_tile, depth_stages=depth_stages,
-                               placement=placement)
+                               placement=placement, prefetch_lead=prefetch_lead)
         args = [to_cute_tensor(t) for t in (q, k, v, out)]
         args.append(to_cute_tensor(lse, assumed_align=4))
         args += [to_cute_tensor(t) for t in (kd, vd)]
@@ -536,22 +557,23 @@ def default_depth_tile(d: int) -> int:
 
 def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = None, *,
                             depth_tile: int | None = None, depth_stages: int = 2,
-                            placement: str | None = None):
+                            placement: str | None = None, prefetch_lead: int = 4):
     """Compile only (works under torch's FakeTensorMode with FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH set)."""
     out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
     placement = default_placement(q.shape[1]) if placement is None else placement
-    return _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement)
+    return _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement, prefetch_lead)
 
 
 def moda_fused_sm90_fwd(q, k, v, k_depth, v_depth, scale: float | None = None, *,
-                        depth_tile: int | None = None, depth_stages: int = 2, placement: str | None = None):
+                        depth_tile: int | None = None, depth_stages: int = 2, placement: str | None = None,
+                        prefetch_lead: int = 4):
     """out (B,T,Hq,d) and lse (B,Hq,T) fp32 of causal MoDA; k_depth/v_depth (B,T,L,Hk,d), L >= 1."""
     out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
     placement = default_placement(q.shape[1]) if placement is None else placement
-    _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement)(
+    _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement, prefetch_lead)(
         q, k, v, out, lse, kd, vd, scale)
     return out, lse
