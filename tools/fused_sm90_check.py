@@ -31,11 +31,12 @@ CHECK_SHAPES = [  # B, T, G, L, d, Hk
 
 
 def parse_variant(text: str):
-    """"TILExSTAGES[:placement[:lead]]" (placement offset or first, lead the L2 prefetch's blocks
-    ahead, default 4) -> (depth_tile, depth_stages, placement, prefetch_lead)."""
-    head, place, lead = (text.split(":") + ["", ""])[:3]
+    """"TILExSTAGES[:placement[:lead[:probe]]]" (placement offset or first, lead the L2 prefetch's
+    blocks ahead, default 4; probe rows0 or nomath, timing only) -> (depth_tile, depth_stages,
+    placement, prefetch_lead, probe)."""
+    head, place, lead, probe = (text.split(":") + ["", "", ""])[:4]
     tile, stages = (int(x) for x in head.split("x"))
-    return tile, stages, place or "offset", int(lead) if lead else 4
+    return tile, stages, place or "offset", int(lead) if lead else 4, probe
 
 
 def err(a, b):
@@ -90,9 +91,10 @@ def timing(a, w) -> None:
                "moda-fa4": lambda: moda_fa4(q, k, v, kd, vd),
                "moda-overlap": lambda: moda_fa4(q, k, v, kd, vd, config=ocfg)}
         for var in a.variants.split(";"):
-            tile, stages, place, lead = parse_variant(var)
-            fns[f"fused[{var}]"] = (lambda t, s, p, n: lambda: moda_fused_sm90_fwd(
-                q, k, v, kd, vd, depth_tile=t, depth_stages=s, placement=p, prefetch_lead=n))(tile, stages, place, lead)
+            tile, stages, place, lead, probe = parse_variant(var)
+            fns[f"fused[{var}]"] = (lambda t, s, p, n, pr: lambda: moda_fused_sm90_fwd(
+                q, k, v, kd, vd, depth_tile=t, depth_stages=s, placement=p, prefetch_lead=n, probe=pr))(
+                tile, stages, place, lead, probe)
         for name in list(fns):
             try:
                 fns[name]()

@@ -59,7 +59,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
     """FA4's sm90 causal pack_gqa forward with each tile's depth keys scored first (see module)."""
 
     def __init__(self, dtype, head_dim: int, qhead_per_kvhead: int, depth_len: int, *,
-                 depth_tile: int = 64, depth_stages: int = 2, placement: str = "offset", prefetch_lead: int = 4):
+                 depth_tile: int = 64, depth_stages: int = 2, placement: str = "offset", prefetch_lead: int = 4,
+                 probe: str = ""):
         if ROWS_PER_GROUP % qhead_per_kvhead:
             raise ValueError(f"moda-fused needs G dividing {ROWS_PER_GROUP}, got G={qhead_per_kvhead}")
         if depth_len < 1:
@@ -76,6 +77,12 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         self.placement = placement
         self.prefetch_lead = prefetch_lead  # "offset": sequence blocks between the L2 prefetch and the phase
+        # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
+        # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
+        # its stages without computing (the traffic without the math)
+        if probe not in ("", "rows0", "nomath"):
+            raise ValueError(f"probe must be '', 'rows0' or 'nomath', got {probe!r}")
+        self.probe = probe
         self.pos_per_group = ROWS_PER_GROUP // qhead_per_kvhead
         self.depth_steps = -(-self.pos_per_group * depth_len // depth_tile)
 
@@ -336,6 +343,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         copies = []
         for w in cutlass.range_constexpr(self.tile_m // ROWS_PER_GROUP):
             row0 = (m_block * self.tile_m + w * ROWS_PER_GROUP) // self.qhead_per_kvhead * self.depth_len
+            if const_expr(self.probe == "rows0"):
+                row0 = w * self.pos_per_group * self.depth_len
             pair = []
             for m, sm, atom, hd in ((mKd, sKd, tma_atom_Kd, self.tile_hdim), (mVd, sVd, tma_atom_Vd, self.tile_hdimv)):
                 g = cute.local_tile(cute.domain_offset((row0, 0), m[None, None, head_idx, batch_idx]),
@@ -378,6 +387,16 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         """All depth steps of the tile as FA4's own overlapped block steps (QK of step s beside P.V of
         step s-1, the groups taking turns): `start` begins the softmax and O (first thing of the
         tile), else it continues them (no P.V pending). Ends with no P.V pending."""
+        if const_expr(self.probe == "nomath"):
+            for s in cutlass.range(self.depth_steps, unroll=1):
+                for pipe in (pipeline_kd, pipeline_vd):
+                    pipe.consumer_wait(d_state, pipe.consumer_try_wait(d_state))
+                    pipe.consumer_release(d_state)
+                d_state.advance()
+            if const_expr(start):
+                softmax.reset()
+                acc_O.fill(0.0)
+            return d_state
         if const_expr(start):
             d_state = self.first_half_block_overlap(0, mma_qk_d, d_state, pipeline_kd, tOrPd, no_smem_p, softmax,
                                                     seqlen, mask_fn=mask_d, is_first_block=True)
@@ -518,14 +537,14 @@ _COMPILED: dict = {}
 
 
 def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int, depth_stages: int,
-              placement: str, prefetch_lead: int):
+              placement: str, prefetch_lead: int, probe: str = ""):
     """The compiled launch for these tensors' dtype, head size, G and L (cached per process)."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
-    key = (q.dtype, d, G, L, depth_tile, depth_stages, placement, prefetch_lead)
+    key = (q.dtype, d, G, L, depth_tile, depth_stages, placement, prefetch_lead, probe)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
         kern = MoDAForwardSm90(dtype, d, G, L, depth_tile=depth_tile, depth_stages=depth_stages,
-                               placement=placement, prefetch_lead=prefetch_lead)
+                               placement=placement, prefetch_lead=prefetch_lead, probe=probe)
         args = [to_cute_tensor(t) for t in (q, k, v, out)]
         args.append(to_cute_tensor(lse, assumed_align=4))
         args += [to_cute_tensor(t) for t in (kd, vd)]
@@ -568,12 +587,12 @@ def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = Non
 
 def moda_fused_sm90_fwd(q, k, v, k_depth, v_depth, scale: float | None = None, *,
                         depth_tile: int | None = None, depth_stages: int = 2, placement: str | None = None,
-                        prefetch_lead: int = 4):
+                        prefetch_lead: int = 4, probe: str = ""):
     """out (B,T,Hq,d) and lse (B,Hq,T) fp32 of causal MoDA; k_depth/v_depth (B,T,L,Hk,d), L >= 1."""
     out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
     placement = default_placement(q.shape[1]) if placement is None else placement
-    _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement, prefetch_lead)(
+    _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement, prefetch_lead, probe)(
         q, k, v, out, lse, kd, vd, scale)
     return out, lse
