@@ -32,11 +32,11 @@ CHECK_SHAPES = [  # B, T, G, L, d, Hk
 
 def parse_variant(text: str):
     """"TILExSTAGES[:placement[:lead[:probe]]]" (placement offset or first, lead the L2 prefetch's
-    blocks ahead, default 4; probe rows0 or nomath, timing only) -> (depth_tile, depth_stages,
+    blocks ahead, default 0 (none); probe rows0 or nomath, timing only) -> (depth_tile, depth_stages,
     placement, prefetch_lead, probe)."""
     head, place, lead, probe = (text.split(":") + ["", "", ""])[:4]
     tile, stages = (int(x) for x in head.split("x"))
-    return tile, stages, place or "offset", int(lead) if lead else 4, probe
+    return tile, stages, place or "offset", int(lead) if lead else 0, probe
 
 
 def err(a, b):
