@@ -43,6 +43,11 @@ MEASURE_COLUMNS = [
     # kernels sharing the GPU (moda-overlap) draw more power than one: under the power cap this
     # is where a provider running at lower clocks than its peers shows (2026-11-26)
     "own_sm_clock_mhz", "own_power_w",
+    # times the CUDA caching allocator had to free its cache and retry a cudaMalloc while the
+    # point was timed (torch's num_alloc_retries; NaN off CUDA): > 0 when the staged providers'
+    # inputs fill the GPU, which slows some providers and not others (H100, L=256 with five
+    # providers: moda-fa4 2.8x FA4 instead of 1.7x, 2026-11-26); such rows are marked degraded
+    "alloc_retries",
 ]
 # timer: eager | graph; stop_reason: why sampling ended; best_provider: the denominator of
 # ratio_to_best; throttle: NVML clock-event reasons seen; health: the run's GPU verdict

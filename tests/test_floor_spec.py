@@ -287,6 +287,26 @@ def test_a_point_timed_under_a_hard_throttle_marks_its_rows():
     assert mark_health("shared: 1 other process(es)", "sw_thermal") == "shared: 1 other process(es)"
 
 
+def test_degrade_appends_a_second_reason_once():
+    from moda_bench.bench.point import degrade, mark_health
+    once = mark_health("healthy", "sw_thermal")
+    both = degrade(once, "memory: 3 allocator retries")
+    assert both == "degraded: clocks throttled during this point: sw_thermal; memory: 3 allocator retries"
+    assert degrade(both, "memory: 3 allocator retries") == both
+    assert degrade("unknown", "memory: 1 allocator retries") == "degraded: memory: 1 allocator retries"
+    assert degrade("unhealthy: copy 40% of the reference", "memory: 2") == "unhealthy: copy 40% of the reference"
+
+
+def test_alloc_retries_off_cuda_is_zero(monkeypatch):
+    import torch
+    from moda_bench.bench.point import alloc_retries
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert alloc_retries(None) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda idx: {"num_alloc_retries": 7})
+    assert alloc_retries(0) == 7
+
+
 def test_depth_attention_preset_times_graph_and_eager(tmp_path, monkeypatch):
     import torch
     from moda_bench.bench import runner

@@ -258,9 +258,11 @@ def time_interleaved(staged: dict, opts: TimingOptions, device_index: Optional[i
                             ci_tol=opts.ci_tol, min_time_s=opts.min_time_ms / 1e3 * len(samplers),
                             max_time_s=opts.max_time_s)
     running = [None]  # the provider whose repetitions run now: each GPU poll is tagged with it
+    retries0 = alloc_retries(device_index)
     with health.GpuSampler(device_index or 0, tag=lambda: running[0]) as gpu:
         result = timing.interleave(samplers, baseline=baseline, reps=reps, rule=rule, timer=opts.timer,
                                    on_switch=lambda name: running.__setitem__(0, name))
+    retries = alloc_retries(device_index) - retries0
     state = gpu.summary()
     throttled = point_throttle(state.get("throttle"))
     for name in samplers:
@@ -268,9 +270,23 @@ def time_interleaved(staged: dict, opts: TimingOptions, device_index: Optional[i
         staged[name].row.update({c: state.get(c) for c in health.GPU_COLUMNS if c in schema.COLUMNS})
         own = gpu.summary(tagged=name)
         staged[name].row.update({c: own.get(src) for c, src in health.OWN_COLUMNS.items()})
+        staged[name].row["alloc_retries"] = retries
         if throttled:
             staged[name].row["health"] = mark_health(staged[name].row.get("health"), throttled)
+        if retries > 0:
+            staged[name].row["health"] = degrade(
+                staged[name].row.get("health"),
+                f"memory: {retries} allocator retries while this point was timed (the providers' inputs fill the "
+                "GPU; time fewer providers per sweep)")
     return result
+
+
+def alloc_retries(device_index: Optional[int]) -> int:
+    """The CUDA caching allocator's cumulative cudaMalloc retries on the device (0 off CUDA)."""
+    import torch
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.memory_stats(device_index or 0).get("num_alloc_retries", 0))
 
 
 def point_throttle(throttle) -> str:
@@ -283,9 +299,17 @@ def point_throttle(throttle) -> str:
 def mark_health(health: Optional[str], throttled: str) -> str:
     """A row's `health` when its point ran throttled: a healthy (or unchecked) run's verdict becomes
     'degraded: clocks throttled during this point: ...'; a worse verdict is kept as it is."""
+    return degrade(health, f"clocks throttled during this point: {throttled}")
+
+
+def degrade(health: Optional[str], why: str) -> str:
+    """'degraded: <why>' for a healthy (or unchecked) verdict; a degraded one gets '; <why>'
+    appended; any other (worse) verdict is kept as it is."""
     text = str(health or "").strip()
     if text in ("", "healthy", "unknown"):
-        return f"degraded: clocks throttled during this point: {throttled}"
+        return f"degraded: {why}"
+    if text.startswith("degraded:") and why not in text:
+        return f"{text}; {why}"
     return text
 
 
