@@ -312,44 +312,44 @@ def _moda_fa4(inputs, point, chunk):
                     + _detail_depth(point, point.L), config=cfg.to_dict(), depth_utilization=eta)
 
 
+def _overlap_prepared(inputs, point, chunk, fused: bool) -> Prepared:
+    """moda-overlap (fused=False) or moda-fused (its forward as one FA4 sm90 kernel, fused_sm90)."""
+    from moda_bench.ops.moda import MoDAShape, fa4, kernel_depth, overlap
+    if chunk is not None:
+        raise ProviderSkip("C (block_m) does not apply: the depth items' rows are the overlap heuristic's"
+                           + (", the fused forward's rows FA4's tiles" if fused else ""))
+    q = inputs["q"]
+    shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
+    why = fa4.fused_fwd_unavailable(shape, q.dtype, q.device) if fused else None
+    if why is not None:
+        raise ProviderSkip(f"fused forward: {why}")
+    kw = depth_kw(point, point.L)
+    cfg = overlap.overlap_config(shape, q.dtype, q.device, depth_grad=kw.get("depth_grad", True)) if point.L else None
+    if fused:
+        cfg = cfg.replace(fa4_fused_fwd=True)
+        eta = point.G / 64  # a depth product's useful rows: one position's G of a group's 64
+        detail = (f"FA4 {fa4.fa4_version()} sm90 forward with the depth tiles inside (fused_sm90); backward FA4 + "
+                  f"{cfg.bwd_depth_ctas} persistent depth programs")
+    else:
+        eta = kernel_depth.utilization(point.G, point.L, cfg.depth_block_m) if point.L else math.nan
+        progs = f", {cfg.depth_ctas}/{cfg.bwd_depth_ctas} depth programs" if cfg is not None else ""
+        detail = f"FA4 {fa4.fa4_version()} sequence + persistent Triton depth kernels beside it{progs}"
+    return Prepared(lambda: overlap.moda_overlap(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
+                                                 config=cfg, **kw),
+                    impl_detail=detail + _detail_depth(point, point.L), config=cfg.to_dict() if cfg is not None else {},
+                    depth_utilization=eta)
+
+
 @register_provider("moda-overlap", unavailable=_needs_fa4,
                    description="MoDA: FA4 sequence part + persistent depth kernels on a reserved share of the SMs")
 def _moda_overlap(inputs, point, chunk):
-    from moda_bench.ops.moda import MoDAShape, fa4, kernel_depth, overlap
-    if chunk is not None:
-        raise ProviderSkip("C (block_m) does not apply: the depth items' rows are the overlap heuristic's")
-    q = inputs["q"]
-    shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
-    kw = depth_kw(point, point.L)
-    cfg = overlap.overlap_config(shape, q.dtype, q.device, depth_grad=kw.get("depth_grad", True)) if point.L else None
-    eta = kernel_depth.utilization(point.G, point.L, cfg.depth_block_m) if point.L else math.nan
-    progs = f", {cfg.depth_ctas}/{cfg.bwd_depth_ctas} depth programs" if cfg is not None else ""
-    return Prepared(lambda: overlap.moda_overlap(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
-                                                 config=cfg, **kw),
-                    impl_detail=f"FA4 {fa4.fa4_version()} sequence + persistent Triton depth kernels beside it{progs}"
-                    + _detail_depth(point, point.L), config=cfg.to_dict() if cfg is not None else {},
-                    depth_utilization=eta)
+    return _overlap_prepared(inputs, point, chunk, fused=False)
 
 
 @register_provider("moda-fused", unavailable=_needs_fa4,
                    description="MoDA: one FA4 sm90 forward kernel with the depth tiles inside; moda-overlap's backward")
 def _moda_fused(inputs, point, chunk):
-    from moda_bench.ops.moda import MoDAShape, fa4, overlap
-    if chunk is not None:
-        raise ProviderSkip("C (block_m) does not apply: the fused forward's rows are FA4's tiles")
-    q = inputs["q"]
-    shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
-    why = fa4.fused_fwd_unavailable(shape, q.dtype, q.device)
-    if why is not None:
-        raise ProviderSkip(f"fused forward: {why}")
-    kw = depth_kw(point, point.L)
-    cfg = overlap.overlap_config(shape, q.dtype, q.device, depth_grad=kw.get("depth_grad", True)).replace(
-        fa4_fused_fwd=True)
-    return Prepared(lambda: overlap.moda_overlap(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
-                                                 config=cfg, **kw),
-                    impl_detail=f"FA4 {fa4.fa4_version()} sm90 forward with the depth tiles inside (fused_sm90); "
-                    f"backward FA4 + {cfg.bwd_depth_ctas} persistent depth programs" + _detail_depth(point, point.L),
-                    config=cfg.to_dict(), depth_utilization=point.G / 64)
+    return _overlap_prepared(inputs, point, chunk, fused=True)
 
 
 # ---------------------------------------------------------------------------------------------

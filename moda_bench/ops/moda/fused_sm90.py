@@ -5,19 +5,18 @@ Owns: `MoDAForwardSm90` (a subclass of FA4's `FlashAttentionForwardSm90`, CuTe D
 Imported only where FA4 imports (`fa4.fa4_unavailable() is None`): this module needs cutlass.
 
 What the kernel is. FA4's sm90 forward (pack_gqa, causal, 192-row tiles on 3 consumer warp
-groups at d <= 64, 128 rows on 2 at d = 128, one producer warp group) with three changes:
-* a depth pipeline: warp 1 of the producer group (idle in FA4) streams each tile's depth K/V by
-  TMA into `depth_stages` stages of its own shared memory; a stage holds one `depth_tile`-row
-  block of depth K and of depth V per consumer group, because consumer group w's 64 packed rows
-  are 64/G whole positions (G must divide 64) whose depth keys are the contiguous rows
-  [pos_lo*L, (pos_lo + 64/G)*L) of the (B, T*L, Hk, d) view of k_depth;
-* a depth phase at the start of each tile: group w scores its rows against its own depth block,
-  masks every column whose position is not the row's (row r sees depth row c iff
-  r // G == c // L inside the group), and runs the same online softmax as the sequence blocks
-  (first step starts it, O zero-initialised), `depth_steps` = ceil(64/G * L / depth_tile) steps;
-* the sequence part then continues that softmax: its first block rescales O instead of
-  starting afresh, every later block is FA4's own `mma_one_n_block_intrawg_overlap`, and the
-  epilogue (O by TMA, LSE over sequence and depth keys together) is FA4's.
+groups at d <= 64, 128 rows on 2 at d = 128, one producer warp group) with depth added:
+* consumer group w's 64 packed rows are 64/G whole positions (G must divide 64) whose depth keys
+  are the contiguous rows [pos_lo*L, (pos_lo + 64/G)*L) of k_depth viewed (B, T*L, Hk, d);
+  warp 1 of the producer group (idle in FA4) streams them by TMA into `depth_stages` stages of
+  their own depth K and depth V pipelines, a stage one `depth_tile`-row block per group;
+* the depth steps (ceil(64/G * L / depth_tile) a group) run as FA4's own overlapped block steps
+  on those buffers, masked block-diagonally (row r sees depth row c iff r // G == c // L inside
+  the group), in the tile's one online softmax: "first" starts each tile with them, "offset"
+  (the default) runs them after a tile-dependent sequence
+  block (the pending P.V completed first, FA4's QK/P.V chain restarted after), so that the tiles
+  of a wave fetch their depth bytes at different times;
+* the epilogue (O by TMA, the LSE over sequence and depth keys together) is FA4's.
 Nothing of FA4's source is copied: the subclass calls FA4's helpers (pipelines, tile scheduler,
 block info, masks, softmax, the per-block MMA step, the epilogue) and writes its own launch,
 producer and consumer loops, which support only what MoDA needs (causal, pack_gqa, TMA loads,
@@ -25,7 +24,6 @@ no varlen, paging, block sparsity, score or mask mods). L = 0 is plain FA4 (the 
 """
 
 import math
-import os
 from functools import partial
 from types import SimpleNamespace
 from typing import Optional
@@ -550,7 +548,7 @@ def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int, 
         args += [to_cute_tensor(t) for t in (kd, vd)]
         _COMPILED[key] = cute.compile(kern, *args, scale,
                                       cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-                                      options=os.environ.get("MODA_FUSED_COMPILE_OPTIONS", "--enable-tvm-ffi"))
+                                      options="--enable-tvm-ffi")
     return _COMPILED[key]
 
 
