@@ -54,7 +54,7 @@ PLACEMENTS = ("offset", "first")  # where a tile's depth steps go among its sequ
 
 
 class MoDAForwardSm90(FlashAttentionForwardSm90):
-    """FA4's sm90 causal pack_gqa forward with each tile's depth keys scored first (see module)."""
+    """FA4's sm90 causal pack_gqa forward with each tile's depth keys scored inside its online softmax."""
 
     def __init__(self, dtype, head_dim: int, qhead_per_kvhead: int, depth_len: int, *,
                  depth_tile: int = 64, depth_stages: int = 2, placement: str = "offset", prefetch_lead: int = 0,
