@@ -517,3 +517,33 @@ def test_repeat_error_flags_a_forward_that_changes_between_calls():
     assert err == pytest.approx(float(torch.ones(32).norm() / x.norm()), rel=1e-6) and err > 0
     assert math.isnan(repeat_error(racy, "cpu"))
     assert "repeat_err" in schema.MEASURE_COLUMNS and "repeat_err" in schema.COLUMNS
+
+
+def test_providers_of_a_point_share_their_inputs(tmp_path, registry, fakes):
+    """One input set per depth count in a point: the depth providers get the same tensors (the
+    same seed made them equal anyway), the sequence-only ones theirs; a provider's dict is its own
+    copy (adding a key does not reach the others); a new point makes new inputs."""
+    seen = []
+
+    def recorder(name):
+        def prepare(inputs, point, chunk):
+            seen.append((name, point.T, inputs))
+            inputs[f"seen-{name}"] = None   # must stay in this provider's dict
+            return Prepared(lambda: moda_reference(inputs["q"], inputs["k"], inputs["v"], inputs["k_depth"],
+                                                   inputs["v_depth"]), impl_detail=name)
+        return prepare
+
+    register_provider("rec-a")(recorder("rec-a"))
+    register_provider("rec-b")(recorder("rec-b"))
+    register_provider("rec-seq", uses_depth=False)(recorder("rec-seq"))
+    frame, _ = _run(tmp_path, [TINY, TINY.replace(T=40)], ["rec-a", "rec-b", "rec-seq"],
+                    lambda fn, **kw: (fn(), {"median_ms": 1.0, "p20_ms": 1.0, "p80_ms": 1.0})[1])
+    assert (frame["status"] == "ok").all(), frame["reason"].tolist()
+    by = {(n, t): ins for n, t, ins in seen}
+    for T in (24, 40):
+        a, b, s = by[("rec-a", T)], by[("rec-b", T)], by[("rec-seq", T)]
+        for name in ("q", "k", "v", "k_depth", "v_depth", "do"):
+            assert a[name] is b[name]
+        assert a is not b and "seen-rec-a" in a and "seen-rec-a" not in b and "seen-rec-b" in b
+        assert s["k_depth"] is None and s["q"] is not a["q"]
+    assert by[("rec-a", 24)]["q"].shape[1] == 24 and by[("rec-a", 40)]["q"].shape[1] == 40

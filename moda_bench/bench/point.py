@@ -147,10 +147,14 @@ class Staged:
 
 
 def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optional[int], seed: int,
-          check_len: int, rates=None) -> Optional[Staged]:
+          check_len: int, rates=None, shared: Optional[dict] = None) -> Optional[Staged]:
     """Inputs, prepare, accuracy check and the pass callable; fills row (None when the accuracy
     check failed: the row is then an 'error'). Training providers get `timing.make_inputs` (depth
-    K/V detached when the point's depth_grad is off), decode providers the decode inputs."""
+    K/V detached when the point's depth_grad is off), decode providers the decode inputs.
+    `shared` (a point's dict): training inputs of one depth count are made once and shared by the
+    providers that take them (the same seed made them equal anyway; a copy each would hold the
+    point's depth tensors once per provider: at L=256 on an 80 GB GPU five providers' copies
+    filled it and slowed some providers 1.7x, 2026-11-26)."""
     import torch
     from moda_bench.floor import Rates, row_work
     from moda_bench.timing import grad_inputs, make_inputs, make_pass_fn
@@ -165,12 +169,18 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
         from moda_bench.bench.decode_providers import check_decode_accuracy, make_decode_inputs
         inputs = make_decode_inputs(point, L_eff, device=device, seed=seed, dtype=dtype)
     else:
-        inputs = make_inputs(point.B, point.T, point.Hq, point.Hk, point.d, L_eff, dtype=dtype,
-                             device=device, requires_grad=pass_ != "fwd", seed=seed)
-        if not point.depth_grad:
-            for name in ("k_depth", "v_depth"):
-                if inputs[name] is not None:
-                    inputs[name].requires_grad_(False)
+        key = (L_eff, str(dtype), pass_ != "fwd", bool(point.depth_grad), seed)
+        if shared is not None and key in shared:
+            inputs = dict(shared[key])
+        else:
+            inputs = make_inputs(point.B, point.T, point.Hq, point.Hk, point.d, L_eff, dtype=dtype,
+                                 device=device, requires_grad=pass_ != "fwd", seed=seed)
+            if not point.depth_grad:
+                for name in ("k_depth", "v_depth"):
+                    if inputs[name] is not None:
+                        inputs[name].requires_grad_(False)
+            if shared is not None:
+                shared[key] = dict(inputs)
     prepared = provider.prepare(inputs, point, chunk)
     if prepared.do is not None:
         inputs = dict(inputs, do=prepared.do)
@@ -355,7 +365,7 @@ def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optio
     (opts, timer, rows) timings of the same point (a sweep's other timers), each timed into its
     own rows after the first, from the same staged providers: inputs, preparation and accuracy
     check run once per point, not once per timer."""
-    staged = {}
+    staged, shared = {}, {}
     too_big = None
     if provs and provs[0].op == "decode":   # every provider of the point holds its own inputs at once
         from moda_bench.bench.decode_providers import point_does_not_fit
@@ -367,7 +377,8 @@ def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optio
             row.update(status=schema.SKIPPED, reason=too_big)
         else:
             st = guarded(row, device, lambda prov=prov, row=row: stage(
-                prov, point, pass_, row, device=device, chunk=chunk, seed=seed, check_len=check_len, rates=rates))
+                prov, point, pass_, row, device=device, chunk=chunk, seed=seed, check_len=check_len, rates=rates,
+                shared=shared))
             if st is not None:
                 staged[prov.name] = st
         if on_staged is not None:
@@ -395,4 +406,5 @@ def run_point(provs, point, pass_: str, rows: list, *, device: str, chunk: Optio
         result = None
         release(device)  # this timer's samplers (CUDA graphs and their memory) go before the next's
     staged.clear()
+    shared.clear()
     release(device)
