@@ -258,6 +258,10 @@ def fused_fwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]
     forward (`fused_sm90`) is FA4's sm90 kernel with the depth tiles of whole positions inside
     each 64-row consumer group, so it needs FA4, an sm_90 GPU, L >= 1, G dividing 64, d 64 or
     128 and fp16/bf16."""
+    return _fused_shape_problem(shape, dtype) or fa4_unavailable(device) or _fused_arch_problem(device)
+
+
+def _fused_shape_problem(shape: MoDAShape, dtype) -> Optional[str]:
     if shape.L < 1:
         return "L = 0 has no depth tiles (FA4 alone)"
     if 64 % shape.G:
@@ -266,9 +270,10 @@ def fused_fwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]
         return f"head size d={shape.d}: the fused forward is built for d = 64 and 128"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {dtype}: the fused forward takes fp16/bf16"
-    why = fa4_unavailable(device)
-    if why is not None:
-        return why
+    return None
+
+
+def _fused_arch_problem(device) -> Optional[str]:
     idx = torch.device(device if device is not None else "cuda").index
     if torch.cuda.get_device_capability(idx if idx is not None else torch.cuda.current_device())[0] != 9:
         return "the fused forward is an sm_90 (Hopper) kernel"
@@ -276,8 +281,10 @@ def fused_fwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]
 
 
 def _fused_forward(q, k, v, kd, vd, scale, shape: MoDAShape):
-    """The forward as one kernel (MoDAConfig.fa4_fused_fwd): o, lse (B,Hq,T), lse (B,T,Hq)."""
-    why = fused_fwd_unavailable(shape, q.dtype, q.device)
+    """The forward as one kernel (MoDAConfig.fa4_fused_fwd): o, lse (B,Hq,T), lse (B,T,Hq).
+    FA4 itself was checked by `moda_fa4` (its backend needs FA4); only the shape and the GPU
+    generation are checked here, not the package metadata again on every call."""
+    why = _fused_shape_problem(shape, q.dtype) or _fused_arch_problem(q.device)
     if why is not None:
         raise ValueError(f"MoDAConfig.fa4_fused_fwd: {why}")
     from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
