@@ -534,10 +534,13 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
 _COMPILED: dict = {}
 
 
-def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int, depth_stages: int,
-              placement: str, prefetch_lead: int, probe: str = ""):
-    """The compiled launch for these tensors' dtype, head size, G and L (cached per process)."""
+def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int | None, depth_stages: int,
+              placement: str | None, prefetch_lead: int, probe: str = ""):
+    """The compiled launch for these tensors' dtype, head size, G and L (cached per process);
+    depth_tile and placement None: `default_depth_tile`, `default_placement`."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
+    depth_tile = default_depth_tile(d) if depth_tile is None else depth_tile
+    placement = default_placement(q.shape[1]) if placement is None else placement
     key = (q.dtype, d, G, L, depth_tile, depth_stages, placement, prefetch_lead, probe)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
@@ -552,14 +555,15 @@ def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int, 
     return _COMPILED[key]
 
 
-def _operands(q, k, v, k_depth, v_depth):
+def _operands(q, k, v, k_depth, v_depth, scale):
+    """out, lse, the (B, T*L, Hk, d) views of the depth tensors, L and the softmax scale."""
     B, T, Hq, d = q.shape
     Hk, L = k.shape[2], k_depth.shape[2]
     kd = k_depth.reshape(B, T * L, Hk, d)
     vd = v_depth.reshape(B, T * L, Hk, d)
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, T, device=q.device, dtype=torch.float32)
-    return out, lse, kd, vd, L
+    return out, lse, kd, vd, L, 1.0 / math.sqrt(d) if scale is None else float(scale)
 
 
 def default_placement(T: int) -> str:
@@ -578,10 +582,7 @@ def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = Non
                             depth_tile: int | None = None, depth_stages: int = 2,
                             placement: str | None = None, prefetch_lead: int = 0):
     """Compile only (works under torch's FakeTensorMode with FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH set)."""
-    out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
-    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
-    placement = default_placement(q.shape[1]) if placement is None else placement
+    out, lse, kd, vd, L, scale = _operands(q, k, v, k_depth, v_depth, scale)
     return _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement, prefetch_lead)
 
 
@@ -589,10 +590,7 @@ def moda_fused_sm90_fwd(q, k, v, k_depth, v_depth, scale: float | None = None, *
                         depth_tile: int | None = None, depth_stages: int = 2, placement: str | None = None,
                         prefetch_lead: int = 0, probe: str = ""):
     """out (B,T,Hq,d) and lse (B,Hq,T) fp32 of causal MoDA; k_depth/v_depth (B,T,L,Hk,d), L >= 1."""
-    out, lse, kd, vd, L = _operands(q, k, v, k_depth, v_depth)
-    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    depth_tile = default_depth_tile(q.shape[3]) if depth_tile is None else depth_tile
-    placement = default_placement(q.shape[1]) if placement is None else placement
+    out, lse, kd, vd, L, scale = _operands(q, k, v, k_depth, v_depth, scale)
     _compiled(q, k, v, out, lse, kd, vd, scale, L, depth_tile, depth_stages, placement, prefetch_lead, probe)(
         q, k, v, out, lse, kd, vd, scale)
     return out, lse
