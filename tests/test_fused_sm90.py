@@ -92,7 +92,8 @@ def _cute_importable():
 
 
 COMPILE = [(8, 64, 64, "offset"), (8, 64, 64, "first"), (1, 3, 64, "offset"), (16, 1, 64, "offset"),
-           (2, 256, 64, "first"), (8, 64, 128, "offset")]
+           (2, 256, 64, "first"), (8, 64, 128, "offset"), (8, 64, 64, "spread"), (1, 3, 64, "spread"),
+           (32, 7, 64, "spread")]
 
 
 @pytest.mark.slow
@@ -124,6 +125,8 @@ def test_kernel_refuses_what_it_cannot_tile():
         MoDAForwardSm90(cutlass.BFloat16, 64, 8, 0)
     with pytest.raises(ValueError, match="placement"):
         MoDAForwardSm90(cutlass.BFloat16, 64, 8, 4, placement="last")
+    with pytest.raises(ValueError, match="d <= 64"):
+        MoDAForwardSm90(cutlass.BFloat16, 128, 8, 4, placement="spread")
 
 
 # ------------------------------------------------------------------ GPU
@@ -165,7 +168,7 @@ def test_gpu_fused_forward_and_gradients(T, G, L, d, depth_grad):
 def test_gpu_fused_forward_is_deterministic():
     from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
     q, k, v, kd, vd, _ = random_inputs(2, 3001, 64, 8, 64, 64, torch.bfloat16, seed=7)
-    for placement in ("offset", "first"):
+    for placement in ("offset", "first", "spread"):
         a, lse_a = moda_fused_sm90_fwd(q, k, v, kd, vd, placement=placement)
         b, lse_b = moda_fused_sm90_fwd(q, k, v, kd, vd, placement=placement)
         assert torch.equal(a, b) and torch.equal(lse_a, lse_b)

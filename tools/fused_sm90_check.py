@@ -31,7 +31,7 @@ CHECK_SHAPES = [  # B, T, G, L, d, Hk
 
 
 def parse_variant(text: str):
-    """"TILExSTAGES[:placement[:lead[:probe]]]" (placement offset or first, lead the L2 prefetch's
+    """"TILExSTAGES[:placement[:lead[:probe]]]" (placement offset, first or spread, lead the L2 prefetch's
     blocks ahead, default 0 (none); probe rows0 or nomath, timing only) -> (depth_tile, depth_stages,
     placement, prefetch_lead, probe)."""
     head, place, lead, probe = (text.split(":") + ["", "", ""])[:4]
@@ -45,11 +45,14 @@ def err(a, b):
 
 def check(w, placement: str) -> bool:
     from moda_bench.ops.moda.fa4 import moda_fa4
-    from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
+    from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd, placement_unavailable
     from moda_bench.ops.moda.reference import moda_reference
     from moda_bench.timing import make_inputs
     ok_all = True
     for B, T, G, L, d, Hk in CHECK_SHAPES:
+        if placement_unavailable(placement, d):
+            print(f"CHECK {placement} B={B} T={T} G={G} L={L} d={d}: skipped: {placement_unavailable(placement, d)}")
+            continue
         ins = make_inputs(B, T, G * Hk, Hk, d, L, requires_grad=False, seed=T + G + L)
         q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
         try:
@@ -118,7 +121,7 @@ def timing(a, w) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--placements", default="offset,first", help="placements the check covers (offset, first)")
+    ap.add_argument("--placements", default="offset,first", help="placements the check covers (offset, first, spread)")
     ap.add_argument("--T", default="")
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--L", type=int, default=64)

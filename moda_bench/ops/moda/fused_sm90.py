@@ -49,11 +49,12 @@ from flash_attn.cute.softmax import Softmax
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileSchedulerArguments
 from quack import copy_utils, layout_utils, sm90_utils
 
-ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
-PLACEMENTS = ("offset", "first")  # where a tile's depth steps go among its sequence blocks
+from moda_bench.ops.moda.fused_sm90_depth import ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps
+
+PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
 
 
-class MoDAForwardSm90(FlashAttentionForwardSm90):
+class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
     """FA4's sm90 causal pack_gqa forward with each tile's depth keys scored inside its online softmax."""
 
     def __init__(self, dtype, head_dim: int, qhead_per_kvhead: int, depth_len: int, *,
@@ -68,12 +69,15 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                          pack_gqa=True, tile_m=tile_m, tile_n=128, num_stages=2,
                          num_threads=(tile_m // ROWS_PER_GROUP + 1) * 128, Q_in_regs=False,
                          intra_wg_overlap=True, mma_pv_is_rs=True)
-        self.depth_len = depth_len
-        self.depth_tile = depth_tile
-        self.depth_stages = depth_stages
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        reason = placement_unavailable(placement, head_dim)
+        if reason:
+            raise ValueError(reason)
         self.placement = placement
+        self.depth_len = depth_len
+        self.depth_stages = depth_stages
+        # "spread" runs warp steps (fused_sm90_depth): a stage holds WARP_KEYS rows per warp
+        self.depth_tile = WARP_KEYS if placement == "spread" else depth_tile
+        self.unit_rows = WARP_ROWS if placement == "spread" else ROWS_PER_GROUP  # rows a depth buffer serves
         self.prefetch_lead = prefetch_lead  # "offset": sequence blocks between the L2 prefetch and the phase
         # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
@@ -81,8 +85,12 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         if probe not in ("", "rows0", "nomath"):
             raise ValueError(f"probe must be '', 'rows0' or 'nomath', got {probe!r}")
         self.probe = probe
-        self.pos_per_group = ROWS_PER_GROUP // qhead_per_kvhead
-        self.depth_steps = -(-self.pos_per_group * depth_len // depth_tile)
+        self.pos_per_unit = max(self.unit_rows // qhead_per_kvhead, 1)
+        self.depth_steps = -(-self.pos_per_unit * depth_len // self.depth_tile)
+
+    def depth_units(self) -> int:
+        """Depth buffers a stage holds: one per consumer group, one per warp for "spread"."""
+        return self.tile_m // self.unit_rows
 
     # ------------------------------------------------------------------ host side
     def _depth_mmas(self):
@@ -131,7 +139,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         mQ, mO, mK, mV, mKd, mVd = [layout_utils.select(t, [1, 3, 2, 0]) for t in (mQ, mO, mK, mV, mKd, mVd)]
         mLSE = layout_utils.select(mLSE, [2, 1, 0])
         tiled_mma_qk, tiled_mma_pv = self._get_tiled_mma()
-        tiled_mma_qk_d, tiled_mma_pv_d = self._depth_mmas()
+        tiled_mma_qk_d, tiled_mma_pv_d = (self.warp_depth_mmas() if self.placement == "spread"
+                                          else self._depth_mmas())
         self.num_mma_threads = tiled_mma_qk.size
         self.num_threads_per_warp_group = 128
         self.num_wg_mma = self.num_mma_threads // 128
@@ -152,7 +161,7 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                                      (mK, (self.tile_n, self.tile_hdim), self.num_stages),
                                      (mV, (self.tile_n, self.tile_hdimv), self.num_stages),
                                      (mO, (self.tile_m, self.tile_hdimv), None)]]
-        n_depth_bufs = self.depth_stages * self.num_wg_mma
+        n_depth_bufs = self.depth_stages * self.depth_units()
         self.sKd_layout = sm90_utils.make_smem_layout(mKd.element_type, LayoutEnum.ROW_MAJOR,
                                                       (self.depth_tile, self.tile_hdim), n_depth_bufs)
         self.sVd_layout = sm90_utils.make_smem_layout(mVd.element_type, LayoutEnum.ROW_MAJOR,
@@ -173,8 +182,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
             for name, mX, layout in [("Q", mQ, self.sQ_layout), ("K", mK, self.sK_layout),
                                      ("V", mV, self.sV_layout), ("Kd", mKd, self.sKd_layout),
                                      ("Vd", mVd, self.sVd_layout)]}
-        for name in ("Kd", "Vd"):  # a stage holds one block per consumer group
-            self.tma_copy_bytes[name] *= self.num_wg_mma
+        for name in ("Kd", "Vd"):  # a stage holds one block per consumer group (per warp: "spread")
+            self.tma_copy_bytes[name] *= self.depth_units()
         packgqa_atom = partial(make_packgqa_tiled_tma_atom, qhead_per_kvhead=self.qhead_per_kvhead, head_idx=2)
         tma_atom_Q, tma_tensor_Q = packgqa_atom(g2s, mQ_og, self.sQ_layout, (self.tile_m, self.tile_hdim))
         tma_atom_O, tma_tensor_O = packgqa_atom(s2g, mO_og, self.sO_layout, (self.tile_m, self.tile_hdimv))
@@ -314,11 +323,11 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
     @cute.jit
     def load_depth(self, mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, pipeline_kd, pipeline_vd, sched_cls):
         """Warp 1: per tile, `depth_steps` steps, each a stage of depth K then of depth V holding one
-        block per consumer group (buffer stage * groups + group)."""
+        block per depth unit, a consumer group or ("spread") a warp (buffer stage * units + unit)."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.depth_stages)
         scheduler = sched_cls()
         work = scheduler.initial_work_tile_info()
-        n_groups = self.tile_m // ROWS_PER_GROUP
+        n_units = self.depth_units()
         while work.is_valid_tile:
             m_block, head_idx, batch_idx, _ = work.tile_idx
             copies = self.depth_copies(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block, head_idx, batch_idx)
@@ -326,8 +335,8 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                 for kv, pipe in ((0, pipeline_kd), (1, pipeline_vd)):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
-                    for w in cutlass.range_constexpr(n_groups):
-                        copies[w][kv][0](src_idx=s, dst_idx=state.index * n_groups + w, tma_bar_ptr=bar)
+                    for u in cutlass.range_constexpr(n_units):
+                        copies[u][kv][0](src_idx=s, dst_idx=state.index * n_units + u, tma_bar_ptr=bar)
                     pipe.producer_commit(state)
                 state.advance()
             scheduler.advance_to_next_work()
@@ -336,13 +345,13 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
 
     @cute.jit
     def depth_copies(self, mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block, head_idx, batch_idx):
-        """Per consumer group, (K, V) of (TMA copy function, gmem blocks): the group's depth rows
+        """Per depth unit, (K, V) of (TMA copy function, gmem blocks): the unit's depth rows
         [pos_lo * L, ...) in `depth_tile`-row blocks."""
         copies = []
-        for w in cutlass.range_constexpr(self.tile_m // ROWS_PER_GROUP):
-            row0 = (m_block * self.tile_m + w * ROWS_PER_GROUP) // self.qhead_per_kvhead * self.depth_len
+        for u in cutlass.range_constexpr(self.depth_units()):
+            row0 = (m_block * self.tile_m + u * self.unit_rows) // self.qhead_per_kvhead * self.depth_len
             if const_expr(self.probe == "rows0"):
-                row0 = w * self.pos_per_group * self.depth_len
+                row0 = u * self.pos_per_unit * self.depth_len
             pair = []
             for m, sm, atom, hd in ((mKd, sKd, tma_atom_Kd, self.tile_hdim), (mVd, sVd, tma_atom_Vd, self.tile_hdimv)):
                 g = cute.local_tile(cute.domain_offset((row0, 0), m[None, None, head_idx, batch_idx]),
@@ -356,71 +365,9 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
     def prefetch_depth(self, copies, first_step):
         """L2 prefetch (TMA) of the tile's depth blocks from `first_step` on, all groups, K and V."""
         for s in cutlass.range(first_step, self.depth_steps, unroll=1):
-            for w in cutlass.range_constexpr(self.tile_m // ROWS_PER_GROUP):
+            for u in cutlass.range_constexpr(self.depth_units()):
                 for kv in cutlass.range_constexpr(2):
-                    cute.prefetch(copies[w][kv][2], copies[w][kv][1][None, s])
-
-    @cute.jit
-    def depth_mask(self, acc_S, n_block, thr_mma, group, mask_seqlen=None):
-        """-inf where the depth row's position is not the score row's (same group, see module);
-        n_block is the depth step."""
-        coords = layout_utils.reshape_acc_to_mn(
-            thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.depth_tile))))
-        acc = layout_utils.reshape_acc_to_mn(acc_S)
-        for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
-            pos = (coords[r, 0][0] - group * ROWS_PER_GROUP) // self.qhead_per_kvhead
-            lo = pos * self.depth_len - n_block * self.depth_tile
-            for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
-                col = coords[r, c][1]
-                if col < lo or col >= lo + self.depth_len:
-                    acc[r, c] = -Float32.inf
-
-    def group_gemm(self, gemm, group, B_idx, **kw):
-        """A depth product on this group's block of the stage (buffer stage * groups + group)."""
-        return gemm(B_idx=B_idx * (self.tile_m // ROWS_PER_GROUP) + group, **kw)
-
-    @cute.jit
-    def depth_phase(self, d_state, start: cutlass.Constexpr, mma_qk_d, mma_pv_d, pipeline_kd, pipeline_vd,
-                    tOrPd, softmax, seqlen, acc_O, mask_d, no_smem_p):
-        """All depth steps of the tile as FA4's own overlapped block steps (QK of step s beside P.V of
-        step s-1, the groups taking turns): `start` begins the softmax and O (first thing of the
-        tile), else it continues them (no P.V pending). Ends with no P.V pending."""
-        if const_expr(self.probe == "nomath"):
-            for s in cutlass.range(self.depth_steps, unroll=1):
-                for pipe in (pipeline_kd, pipeline_vd):
-                    pipe.consumer_wait(d_state, pipe.consumer_try_wait(d_state))
-                    pipe.consumer_release(d_state)
-                d_state.advance()
-            if const_expr(start):
-                softmax.reset()
-                acc_O.fill(0.0)
-            return d_state
-        if const_expr(start):
-            d_state = self.first_half_block_overlap(0, mma_qk_d, d_state, pipeline_kd, tOrPd, no_smem_p, softmax,
-                                                    seqlen, mask_fn=mask_d, is_first_block=True)
-        else:
-            d_state = self.continue_block(d_state, 0, mma_qk_d, pipeline_kd, tOrPd, softmax, acc_O, mask_d)
-        O_acc = not start
-        for s in cutlass.range(1, self.depth_steps, unroll=1):
-            d_state = self.mma_one_n_block_intrawg_overlap(
-                d_state, s, mma_qk_d, partial(mma_pv_d, zero_init=not O_acc), pipeline_kd, pipeline_vd, acc_O,
-                tOrPd, no_smem_p, softmax, seqlen, mask_fn=mask_d, check_inf=True)
-            O_acc = True
-        return self.last_half_block_overlap(d_state, pipeline_vd, mma_pv_d, zero_init=not O_acc)
-
-    @cute.jit
-    def continue_block(self, kv_state, n_block, mma_qk, pipeline_k, tOrP, softmax, acc_O, mask_fn):
-        """QK of one sequence block that continues a running softmax (no P.V pending): FA4's first
-        half-block, but rescaling O instead of starting the softmax afresh."""
-        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-        acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
-        pipeline_k.consumer_release(kv_state)
-        if const_expr(mask_fn is not None):
-            mask_fn(acc_S, n_block=n_block)
-        row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
-        softmax.rescale_O(acc_O, row_scale)
-        fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_S), tOrP)
-        return kv_state
+                    cute.prefetch(copies[u][kv][2], copies[u][kv][1][None, s])
 
     @cute.jit
     def mma_moda(self, tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, mO, mLSE,
@@ -430,23 +377,29 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
         group = cute.arch.make_warp_uniform(tidx // 128)
         group_layout = cute.make_layout(self.num_wg_mma, stride=128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
-        thr_mma_qk_d = tiled_mma_qk_d.get_slice(tidx)
-        wg_qk, wg_pv, wg_qk_d, wg_pv_d = (m.get_slice(group_layout(group)) for m in
-                                          (tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d))
+        wg_qk, wg_pv = (m.get_slice(group_layout(group)) for m in (tiled_mma_qk, tiled_mma_pv))
         _, tSrQ, tSrK = sm90_utils.partition_fragment_ABC(wg_qk, (self.tile_m, self.tile_n, self.tile_hdim), sQ, sK)
         acc_O, tOrP, tOrVt = sm90_utils.partition_fragment_ABC(
             wg_pv, (self.tile_m, self.tile_hdimv, self.tile_n), None, layout_utils.transpose_view(sV))
-        _, tSrQd, tSrKd = sm90_utils.partition_fragment_ABC(
-            wg_qk_d, (self.tile_m, self.depth_tile, self.tile_hdim), sQ, sKd)
-        _, tOrPd, tOrVdt = sm90_utils.partition_fragment_ABC(
-            wg_pv_d, (self.tile_m, self.tile_hdimv, self.depth_tile), None, layout_utils.transpose_view(sVd))
         mma_qk = partial(sm90_utils.gemm_zero_init, tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK)
         mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O, tOrP, tOrVt)
-        mma_qk_d = partial(self.group_gemm, partial(sm90_utils.gemm_zero_init, tiled_mma_qk_d,
-                                                    (self.tile_m, self.depth_tile), tSrQd, tSrKd), group)
-        mma_pv_d = partial(self.group_gemm, partial(sm90_utils.gemm_w_idx, tiled_mma_pv_d, acc_O, tOrPd, tOrVdt),
-                           group)
-        mask_d = partial(self.depth_mask, thr_mma=thr_mma_qk_d, group=group)
+        spread = self.placement == "spread"
+        if const_expr(spread):
+            w = (tiled_mma_qk_d, tiled_mma_pv_d, tidx, group, sQ, sKd, sVd, acc_O)  # set up in each step
+            warp_in_group = cute.arch.make_warp_uniform((tidx % 128) // 32)
+            acc_shape_S = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        else:
+            thr_mma_qk_d = tiled_mma_qk_d.get_slice(tidx)
+            wg_qk_d, wg_pv_d = (m.get_slice(group_layout(group)) for m in (tiled_mma_qk_d, tiled_mma_pv_d))
+            _, tSrQd, tSrKd = sm90_utils.partition_fragment_ABC(
+                wg_qk_d, (self.tile_m, self.depth_tile, self.tile_hdim), sQ, sKd)
+            _, tOrPd, tOrVdt = sm90_utils.partition_fragment_ABC(
+                wg_pv_d, (self.tile_m, self.tile_hdimv, self.depth_tile), None, layout_utils.transpose_view(sVd))
+            mma_qk_d = partial(self.group_gemm, partial(sm90_utils.gemm_zero_init, tiled_mma_qk_d,
+                                                        (self.tile_m, self.depth_tile), tSrQd, tSrKd), group)
+            mma_pv_d = partial(self.group_gemm, partial(sm90_utils.gemm_w_idx, tiled_mma_pv_d, acc_O, tOrPd,
+                                                        tOrVdt), group)
+            mask_d = partial(self.depth_mask, thr_mma=thr_mma_qk_d, group=group)
         no_smem_p = SimpleNamespace(smem_thr_copy_P=None, tPsP=None)
         self.mma_init()
         q_phase = Int32(0)
@@ -467,10 +420,18 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                                 pipeline_k=pipeline_k, pipeline_v=pipeline_v, acc_O=acc_O, tOrP=tOrP,
                                 smem_copy_params=no_smem_p, softmax=softmax, seqlen=seqlen,
                                 check_inf=True)
-            depth = partial(self.depth_phase, mma_qk_d=mma_qk_d, mma_pv_d=mma_pv_d, pipeline_kd=pipeline_kd,
-                            pipeline_vd=pipeline_vd, tOrPd=tOrPd, softmax=softmax, seqlen=seqlen, acc_O=acc_O,
-                            mask_d=mask_d, no_smem_p=no_smem_p)
+            if const_expr(spread):
+                steps_to = partial(self.spread_steps, w, group=group, warp_idx=warp_in_group, pipeline_kd=pipeline_kd,
+                                   pipeline_vd=pipeline_vd, softmax=softmax, acc_O=acc_O, tOrP=tOrP,
+                                   acc_shape_S=acc_shape_S)
+            else:
+                depth = partial(self.depth_phase, mma_qk_d=mma_qk_d, mma_pv_d=mma_pv_d, pipeline_kd=pipeline_kd,
+                                pipeline_vd=pipeline_vd, tOrPd=tOrPd, softmax=softmax, seqlen=seqlen, acc_O=acc_O,
+                                mask_d=mask_d, no_smem_p=no_smem_p)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
+            # "spread": after the k-th of the tile's n sequence blocks, the warp steps up to k*steps//n
+            n_total = cutlass.max(n_block_max - n_block_min, 1)
+            done = Int32(0)
             n_causal = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             O_acc = False
@@ -487,12 +448,18 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                 kv_state = self.first_half_block_overlap(
                     n_block_max - 1, mma_qk, kv_state, pipeline_k, tOrP, no_smem_p, softmax, seqlen,
                     mask_fn=mask_fn, is_first_block=True)
+            if const_expr(spread):  # warp steps add to O before the first P.V
+                acc_O.fill(0.0)
+                O_acc = True
+                d_state, done = steps_to(d_state, done, self.depth_steps // n_total, pending=True)
             n_block_max -= 1
             for i in cutlass.range(n_block_max - n_causal, unroll=1):
                 kv_state = one_block(kv_state, n_block=n_block_max - 1 - i,
                                      mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
                                      mask_fn=partial(mask_fn, mask_seqlen=False))
                 O_acc = True
+                if const_expr(spread):
+                    d_state, done = steps_to(d_state, done, (i + 2) * self.depth_steps // n_total, pending=True)
             n_block_max = cutlass.min(n_block_max, n_causal)
             # the blocks below the diagonal; "offset" runs the depth phase after the block `at`, a
             # different block per tile, so that the tiles of one wave ask for their depth bytes at
@@ -511,6 +478,10 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                                      mask_fn=None)
                 O_acc = True
                 n -= 1
+                if const_expr(spread):
+                    d_state, done = steps_to(d_state, done,
+                                             (n_total - (n + 1 - n_block_min)) * self.depth_steps // n_total,
+                                             pending=True)
                 if const_expr(self.placement == "offset"):
                     if i == at and n >= n_block_min:
                         kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=False)
@@ -520,7 +491,9 @@ class MoDAForwardSm90(FlashAttentionForwardSm90):
                         n -= 1
                 i += 1
             kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=not O_acc)
-            if not depth_done:
+            if const_expr(spread):
+                d_state, done = steps_to(d_state, done, self.depth_steps, pending=False)
+            elif not depth_done:
                 d_state = depth(d_state, start=False)
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
@@ -564,6 +537,15 @@ def _operands(q, k, v, k_depth, v_depth, scale):
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, T, device=q.device, dtype=torch.float32)
     return out, lse, kd, vd, L, 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def placement_unavailable(placement: str, d: int) -> str | None:
+    """Why the kernel cannot run `placement` at head size d (None: it can)."""
+    if placement not in PLACEMENTS:
+        return f"placement must be one of {PLACEMENTS}, got {placement!r}"
+    if placement == "spread" and d > 64:
+        return "placement 'spread' needs d <= 64 (its per-warp depth stages do not fit shared memory at d=128)"
+    return None
 
 
 def default_placement(T: int) -> str:

@@ -1,0 +1,200 @@
+"""The depth steps of route B's fused forward (issue 20): how a tile's depth keys join its softmax.
+
+Owns: `DepthSteps`, the mixin of `fused_sm90.MoDAForwardSm90` that scores a consumer group's depth
+keys, in two forms:
+* block steps ("offset", "first"): a group's depth keys in `depth_tile`-row blocks, each scored
+  against all 64 rows of the group by FA4's own overlapped wgmma block step, masked
+  block-diagonally (at G=8 a product is 7/8 masked), run back to back as one phase of the tile;
+* warp steps ("spread"): each warp's 16 rows against 16 of its own depth keys at a time with
+  mma.sync (m16n8k16; at G=8 half of a product is masked, at G=16 none), interleaved one by one
+  between the tile's sequence blocks, so that the producer streams the depth bytes while the
+  sequence blocks compute. A warp step changes nothing of FA4's QK/P.V chain: it runs after a
+  block's softmax, rescales O and the pending P of that block when the row maximum grows, and
+  adds its P.V to O in place (mma.sync's C fragment is the wgmma C fragment of the same rows).
+Both continue the tile's one online softmax; nothing is merged afterwards.
+Imported only where FA4 imports (this module needs cutlass).
+"""
+
+from functools import partial
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import warp
+from flash_attn.cute import ampere_helpers as sm80_helpers
+from flash_attn.cute import utils as fa_utils
+from quack import layout_utils
+
+ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
+WARP_ROWS = 16  # rows of one warp (one mma.sync M)
+WARP_KEYS = 16  # depth keys of one warp step (K of its P.V, one mma.sync K)
+
+
+class DepthSteps:
+    """Mixin: the depth steps of `MoDAForwardSm90` (block and warp forms, see module)."""
+
+    # ------------------------------------------------------------------ block steps (wgmma)
+    @cute.jit
+    def depth_mask(self, acc_S, n_block, thr_mma, group, mask_seqlen=None):
+        """-inf where the depth row's position is not the score row's (same group, see module);
+        n_block is the depth step."""
+        coords = layout_utils.reshape_acc_to_mn(
+            thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.depth_tile))))
+        acc = layout_utils.reshape_acc_to_mn(acc_S)
+        for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
+            pos = (coords[r, 0][0] - group * ROWS_PER_GROUP) // self.qhead_per_kvhead
+            lo = pos * self.depth_len - n_block * self.depth_tile
+            for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                col = coords[r, c][1]
+                if col < lo or col >= lo + self.depth_len:
+                    acc[r, c] = -Float32.inf
+
+    def group_gemm(self, gemm, group, B_idx, **kw):
+        """A depth product on this group's block of the stage (buffer stage * groups + group)."""
+        return gemm(B_idx=B_idx * (self.tile_m // ROWS_PER_GROUP) + group, **kw)
+
+    @cute.jit
+    def depth_phase(self, d_state, start: cutlass.Constexpr, mma_qk_d, mma_pv_d, pipeline_kd, pipeline_vd,
+                    tOrPd, softmax, seqlen, acc_O, mask_d, no_smem_p):
+        """All depth steps of the tile as FA4's own overlapped block steps (QK of step s beside P.V of
+        step s-1, the groups taking turns): `start` begins the softmax and O (first thing of the
+        tile), else it continues them (no P.V pending). Ends with no P.V pending."""
+        if const_expr(self.probe == "nomath"):
+            for s in cutlass.range(self.depth_steps, unroll=1):
+                for pipe in (pipeline_kd, pipeline_vd):
+                    pipe.consumer_wait(d_state, pipe.consumer_try_wait(d_state))
+                    pipe.consumer_release(d_state)
+                d_state.advance()
+            if const_expr(start):
+                softmax.reset()
+                acc_O.fill(0.0)
+            return d_state
+        if const_expr(start):
+            d_state = self.first_half_block_overlap(0, mma_qk_d, d_state, pipeline_kd, tOrPd, no_smem_p, softmax,
+                                                    seqlen, mask_fn=mask_d, is_first_block=True)
+        else:
+            d_state = self.continue_block(d_state, 0, mma_qk_d, pipeline_kd, tOrPd, softmax, acc_O, mask_d)
+        O_acc = not start
+        for s in cutlass.range(1, self.depth_steps, unroll=1):
+            d_state = self.mma_one_n_block_intrawg_overlap(
+                d_state, s, mma_qk_d, partial(mma_pv_d, zero_init=not O_acc), pipeline_kd, pipeline_vd, acc_O,
+                tOrPd, no_smem_p, softmax, seqlen, mask_fn=mask_d, check_inf=True)
+            O_acc = True
+        return self.last_half_block_overlap(d_state, pipeline_vd, mma_pv_d, zero_init=not O_acc)
+
+    @cute.jit
+    def continue_block(self, kv_state, n_block, mma_qk, pipeline_k, tOrP, softmax, acc_O, mask_fn):
+        """QK of one sequence block that continues a running softmax (no P.V pending): FA4's first
+        half-block, but rescaling O instead of starting the softmax afresh."""
+        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
+        acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
+        pipeline_k.consumer_release(kv_state)
+        if const_expr(mask_fn is not None):
+            mask_fn(acc_S, n_block=n_block)
+        row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
+        softmax.rescale_O(acc_O, row_scale)
+        fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_S), tOrP)
+        return kv_state
+
+    # ------------------------------------------------------------------ warp steps (mma.sync)
+    def warp_depth_mmas(self):
+        """The mma.sync tiled MMAs of one consumer group (4 warps along M): QK (64 x 16 keys) and
+        P.V (64 x d)."""
+        def tiled():
+            return cute.make_tiled_mma(warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (4, 1, 1),
+                                       permutation_mnk=(ROWS_PER_GROUP, 16, 16))
+        return tiled(), tiled()
+
+    @cute.jit
+    def warp_depth_setup(self, tiled_qk, tiled_pv, tidx, group, sQ, sKd, sVd, acc_O):
+        """This thread's operands of the warp steps: the group's Q rows (A), the warp's depth K and
+        V buffers (B, indexed by buffer), ldmatrix copies, and O viewed as mma.sync's C fragment."""
+        lane = tidx % 128
+        thr_qk = tiled_qk.get_slice(lane)
+        thr_pv = tiled_pv.get_slice(lane)
+        sQg = cute.local_tile(sQ, (ROWS_PER_GROUP, self.tile_hdim), (group, 0))
+        sVdt = layout_utils.transpose_view(sVd)
+        ld = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ld_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        copy_q = cute.make_tiled_copy_A(ld, tiled_qk).get_slice(lane)
+        copy_k = cute.make_tiled_copy_B(ld, tiled_qk).get_slice(lane)
+        copy_v = cute.make_tiled_copy_B(ld_t, tiled_pv).get_slice(lane)
+        acc_O_w = cute.make_tensor(acc_O.iterator,
+                                   cute.make_layout(thr_pv.partition_shape_C((ROWS_PER_GROUP, self.tile_hdimv))))
+        return dict(
+            thr_qk=thr_qk, thr_pv=thr_pv, copy_q=copy_q, copy_k=copy_k, copy_v=copy_v, acc_O=acc_O_w,
+            rQ=thr_qk.make_fragment_A(thr_qk.partition_A(sQg)),
+            rK=thr_qk.make_fragment_B(thr_qk.partition_B(sKd[None, None, 0])),
+            rVt=thr_pv.make_fragment_B(thr_pv.partition_B(sVdt[None, None, 0])),
+            sQ=copy_q.partition_S(sQg), sK=copy_k.partition_S(sKd), sVt=copy_v.partition_S(sVdt),
+            coords=layout_utils.reshape_acc_to_mn(
+                thr_qk.partition_C(cute.make_identity_tensor((ROWS_PER_GROUP, WARP_KEYS)))),
+        )
+
+    @cute.jit
+    def warp_mask(self, acc_S, step, coords):
+        """-inf where the warp's depth key is not of the score row's position: the warp's keys are
+        its positions' L keys each, in order, WARP_KEYS a step."""
+        acc = layout_utils.reshape_acc_to_mn(acc_S)
+        for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
+            lo = (coords[r, 0][0] % WARP_ROWS) // self.qhead_per_kvhead * self.depth_len - step * WARP_KEYS
+            for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                col = coords[r, c][1]
+                if col < lo or col >= lo + self.depth_len:
+                    acc[r, c] = -Float32.inf
+
+    @cute.jit
+    def rescale_pending_P(self, tOrP, row_scale, acc_shape_S):
+        """Scale the rows of a sequence block's P (bf16, waiting for its P.V) like O."""
+        tmp = cute.make_rmem_tensor(acc_shape_S, Float32)
+        tmp_frgA = layout_utils.reshape_acc_to_frgA(tmp)
+        tmp_frgA.store(tOrP.load().to(Float32))
+        tmp_mn = layout_utils.reshape_acc_to_mn(tmp)
+        for r in cutlass.range_constexpr(cute.size(row_scale)):
+            tmp_mn[r, None].store(tmp_mn[r, None].load() * row_scale[r])
+        fa_utils.cvt_f16(tmp_frgA, tOrP)
+
+    @cute.jit
+    def warp_step(self, w_args, d_state, step, buf, pipeline_kd, pipeline_vd, softmax, acc_O, tOrP,
+                  acc_shape_S, pending: cutlass.Constexpr):
+        """One warp step: S = Q_w K_d^T (16 rows x 16 keys), mask, the online softmax, O and a pending
+        P rescaled, O += P_d V_d. `buf` is this warp's buffer of the stage."""
+        if const_expr(self.probe == "nomath"):
+            for pipe in (pipeline_kd, pipeline_vd):
+                pipe.consumer_wait(d_state, pipe.consumer_try_wait(d_state))
+                pipe.consumer_release(d_state)
+        else:
+            w = self.warp_depth_setup(*w_args)
+            acc_S = cute.make_rmem_tensor(w["thr_qk"].partition_shape_C((ROWS_PER_GROUP, WARP_KEYS)), Float32)
+            acc_S.fill(0.0)
+            pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
+            sm80_helpers.gemm(w["thr_qk"], acc_S, w["rQ"], w["rK"], w["sQ"], w["sK"][None, None, None, buf],
+                              w["copy_q"], w["copy_k"])
+            pipeline_kd.consumer_release(d_state)
+            self.warp_mask(acc_S, step, w["coords"])
+            row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
+            softmax.rescale_O(acc_O, row_scale)
+            if const_expr(pending):
+                if row_scale[0] < 1.0 or row_scale[1] < 1.0:
+                    self.rescale_pending_P(tOrP, row_scale, acc_shape_S)
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            fa_utils.cvt_f16(acc_S, rP)
+            pipeline_vd.consumer_wait(d_state, pipeline_vd.consumer_try_wait(d_state))
+            sm80_helpers.gemm_rs(w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
+                                 w["sVt"][None, None, None, buf], w["copy_v"])
+            pipeline_vd.consumer_release(d_state)
+        d_state.advance()
+        return d_state
+
+    @cute.jit
+    def spread_steps(self, w, d_state, done, due, group, warp_idx, pipeline_kd, pipeline_vd, softmax, acc_O,
+                     tOrP, acc_shape_S, pending: cutlass.Constexpr):
+        """The warp steps from `done` up to `due`; returns the pipeline state and the new count."""
+        units = self.tile_m // WARP_ROWS
+        while done < due:
+            buf = d_state.index * units + group * (ROWS_PER_GROUP // WARP_ROWS) + warp_idx
+            d_state = self.warp_step(w, d_state, done, buf, pipeline_kd, pipeline_vd, softmax, acc_O, tOrP,
+                                     acc_shape_S, pending)
+            done += 1
+        return d_state, done
+
