@@ -82,11 +82,17 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
         # its stages without computing (the traffic without the math)
-        if probe not in ("", "rows0", "nomath"):
-            raise ValueError(f"probe must be '', 'rows0' or 'nomath', got {probe!r}")
+        # "late" ("spread" only): every warp step after the tile's last block (the spread loop's code
+        # without the spreading; results correct)
+        if probe not in ("", "rows0", "nomath", "late"):
+            raise ValueError(f"probe must be '', 'rows0', 'nomath' or 'late', got {probe!r}")
         self.probe = probe
         self.pos_per_unit = max(self.unit_rows // qhead_per_kvhead, 1)
         self.depth_steps = -(-self.pos_per_unit * depth_len // self.depth_tile)
+
+    def spread_due(self, blocks_done, n_total):
+        """"spread": the warp steps due once `blocks_done` of the tile's `n_total` sequence blocks ran."""
+        return 0 if self.probe == "late" else blocks_done * self.depth_steps // n_total
 
     def depth_units(self) -> int:
         """Depth buffers a stage holds: one per consumer group, one per warp for "spread"."""
@@ -451,7 +457,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
             if const_expr(spread):  # warp steps add to O before the first P.V
                 acc_O.fill(0.0)
                 O_acc = True
-                d_state, done = steps_to(d_state, done, self.depth_steps // n_total, pending=True)
+                d_state, done = steps_to(d_state, done, self.spread_due(1, n_total), pending=True)
             n_block_max -= 1
             for i in cutlass.range(n_block_max - n_causal, unroll=1):
                 kv_state = one_block(kv_state, n_block=n_block_max - 1 - i,
@@ -459,7 +465,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                                      mask_fn=partial(mask_fn, mask_seqlen=False))
                 O_acc = True
                 if const_expr(spread):
-                    d_state, done = steps_to(d_state, done, (i + 2) * self.depth_steps // n_total, pending=True)
+                    d_state, done = steps_to(d_state, done, self.spread_due(i + 2, n_total), pending=True)
             n_block_max = cutlass.min(n_block_max, n_causal)
             # the blocks below the diagonal; "offset" runs the depth phase after the block `at`, a
             # different block per tile, so that the tiles of one wave ask for their depth bytes at
@@ -479,8 +485,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                 O_acc = True
                 n -= 1
                 if const_expr(spread):
-                    d_state, done = steps_to(d_state, done,
-                                             (n_total - (n + 1 - n_block_min)) * self.depth_steps // n_total,
+                    d_state, done = steps_to(d_state, done, self.spread_due(n_total - (n + 1 - n_block_min), n_total),
                                              pending=True)
                 if const_expr(self.placement == "offset"):
                     if i == at and n >= n_block_min:

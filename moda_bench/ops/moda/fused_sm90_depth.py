@@ -20,7 +20,9 @@ from functools import partial
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
+from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute import ampere_helpers as sm80_helpers
 from flash_attn.cute import utils as fa_utils
 from quack import layout_utils
@@ -28,6 +30,15 @@ from quack import layout_utils
 ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = 16  # depth keys of one warp step (K of its P.V, one mma.sync K)
+
+
+@dsl_user_op
+def opaque_thread_idx(*, loc=None, ip=None) -> Int32:
+    """threadIdx.x read by a volatile asm: the compiler cannot hoist what depends on it out of the
+    sequence loop, so a warp step's addresses are computed in the step and hold no registers
+    across the loop (hoisted, they made the loop spill)."""
+    return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %tid.x;", "=r", has_side_effects=True,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 class DepthSteps:
@@ -109,7 +120,7 @@ class DepthSteps:
     def warp_depth_setup(self, tiled_qk, tiled_pv, tidx, group, sQ, sKd, sVd, acc_O):
         """This thread's operands of the warp steps: the group's Q rows (A), the warp's depth K and
         V buffers (B, indexed by buffer), ldmatrix copies, and O viewed as mma.sync's C fragment."""
-        lane = tidx % 128
+        lane = opaque_thread_idx() % 128
         thr_qk = tiled_qk.get_slice(lane)
         thr_pv = tiled_pv.get_slice(lane)
         sQg = cute.local_tile(sQ, (ROWS_PER_GROUP, self.tile_hdim), (group, 0))
