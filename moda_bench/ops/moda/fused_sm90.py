@@ -82,17 +82,12 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
         # its stages without computing (the traffic without the math)
-        # "late" ("spread" only): every warp step after the tile's last block (the spread loop's code
-        # without the spreading; results correct)
+        # "late" ("spread" only): every warp step after the tile's last block (results correct)
         if probe not in ("", "rows0", "nomath", "late"):
             raise ValueError(f"probe must be '', 'rows0', 'nomath' or 'late', got {probe!r}")
         self.probe = probe
         self.pos_per_unit = max(self.unit_rows // qhead_per_kvhead, 1)
         self.depth_steps = -(-self.pos_per_unit * depth_len // self.depth_tile)
-
-    def spread_due(self, blocks_done, n_total):
-        """"spread": the warp steps due once `blocks_done` of the tile's `n_total` sequence blocks ran."""
-        return 0 if self.probe == "late" else blocks_done * self.depth_steps // n_total
 
     def depth_units(self) -> int:
         """Depth buffers a stage holds: one per consumer group, one per warp for "spread"."""
@@ -392,7 +387,6 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         spread = self.placement == "spread"
         if const_expr(spread):
             w = (tiled_mma_qk_d, tiled_mma_pv_d, tidx, group, sQ, sKd, sVd, acc_O)  # set up in each step
-            warp_in_group = cute.arch.make_warp_uniform((tidx % 128) // 32)
             acc_shape_S = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         else:
             thr_mma_qk_d = tiled_mma_qk_d.get_slice(tidx)
@@ -427,7 +421,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                                 smem_copy_params=no_smem_p, softmax=softmax, seqlen=seqlen,
                                 check_inf=True)
             if const_expr(spread):
-                steps_to = partial(self.spread_steps, w, group=group, warp_idx=warp_in_group, pipeline_kd=pipeline_kd,
+                steps_to = partial(self.spread_steps, w, pipeline_kd=pipeline_kd,
                                    pipeline_vd=pipeline_vd, softmax=softmax, acc_O=acc_O, tOrP=tOrP,
                                    acc_shape_S=acc_shape_S)
             else:
@@ -435,9 +429,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                                 pipeline_vd=pipeline_vd, tOrPd=tOrPd, softmax=softmax, seqlen=seqlen, acc_O=acc_O,
                                 mask_d=mask_d, no_smem_p=no_smem_p)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
-            # "spread": after the k-th of the tile's n sequence blocks, the warp steps up to k*steps//n
-            n_total = cutlass.max(n_block_max - n_block_min, 1)
-            done = Int32(0)
+            done = Int32(0)  # "spread": warp steps run in this tile
             n_causal = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             O_acc = False
@@ -454,47 +446,53 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                 kv_state = self.first_half_block_overlap(
                     n_block_max - 1, mma_qk, kv_state, pipeline_k, tOrP, no_smem_p, softmax, seqlen,
                     mask_fn=mask_fn, is_first_block=True)
-            if const_expr(spread):  # warp steps add to O before the first P.V
+            if const_expr(spread):  # warp steps may add to O before the first P.V
                 acc_O.fill(0.0)
                 O_acc = True
-                d_state, done = steps_to(d_state, done, self.spread_due(1, n_total), pending=True)
             n_block_max -= 1
             for i in cutlass.range(n_block_max - n_causal, unroll=1):
                 kv_state = one_block(kv_state, n_block=n_block_max - 1 - i,
                                      mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
                                      mask_fn=partial(mask_fn, mask_seqlen=False))
                 O_acc = True
-                if const_expr(spread):
-                    d_state, done = steps_to(d_state, done, self.spread_due(i + 2, n_total), pending=True)
             n_block_max = cutlass.min(n_block_max, n_causal)
-            # the blocks below the diagonal; "offset" runs the depth phase after the block `at`, a
-            # different block per tile, so that the tiles of one wave ask for their depth bytes at
-            # different times: the pending P.V is completed first, and the next block restarts
-            # FA4's QK/PV chain
-            at = (m_block * 5 + head_idx * 3 + batch_idx) % cutlass.max(n_block_max - n_block_min, 1)
-            n = n_block_max - 1
-            i = Int32(0)
-            while n >= n_block_min:
-                if const_expr(self.placement == "offset" and self.prefetch_lead > 0):
-                    # the depth blocks past the smem stages into L2 a few blocks before the phase
-                    if i == cutlass.max(at - self.prefetch_lead, 0) and tidx == 0:
-                        self.prefetch_depth(self.depth_copies(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block,
-                                                              head_idx, batch_idx), self.depth_stages)
-                kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
-                                     mask_fn=None)
-                O_acc = True
-                n -= 1
-                if const_expr(spread):
-                    d_state, done = steps_to(d_state, done, self.spread_due(n_total - (n + 1 - n_block_min), n_total),
-                                             pending=True)
-                if const_expr(self.placement == "offset"):
-                    if i == at and n >= n_block_min:
-                        kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=False)
-                        d_state = depth(d_state, start=False)
-                        depth_done = True
-                        kv_state = self.continue_block(kv_state, n, mma_qk, pipeline_k, tOrP, softmax, acc_O, None)
+            n = n_block_max - 1  # the blocks below the diagonal
+            if const_expr(spread):
+                # chunks of `chunk` blocks (FA4's loop alone inside), a warp step after each while
+                # steps remain; the rest after the tile's last block
+                chunk = cutlass.max((n_block_max - n_block_min) // self.depth_steps, 1)
+                while n >= n_block_min:
+                    stop = cutlass.max(n - chunk, n_block_min - 1)
+                    while n > stop:
+                        kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=False),
+                                             mask_fn=None)
                         n -= 1
-                i += 1
+                    if const_expr(self.probe != "late"):
+                        d_state, done = steps_to(d_state, done, cutlass.min(done + 1, self.depth_steps), pending=True)
+            else:
+                # "offset" runs the depth phase after the block `at`, a different block per tile, so
+                # that the tiles of one wave ask for their depth bytes at different times: the pending
+                # P.V is completed first, and the next block restarts FA4's QK/PV chain
+                i = Int32(0)
+                at = (m_block * 5 + head_idx * 3 + batch_idx) % cutlass.max(n_block_max - n_block_min, 1)
+                while n >= n_block_min:
+                    if const_expr(self.placement == "offset" and self.prefetch_lead > 0):
+                        # the depth blocks past the smem stages into L2 a few blocks before the phase
+                        if i == cutlass.max(at - self.prefetch_lead, 0) and tidx == 0:
+                            self.prefetch_depth(self.depth_copies(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block,
+                                                                  head_idx, batch_idx), self.depth_stages)
+                    kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=not O_acc),
+                                         mask_fn=None)
+                    O_acc = True
+                    n -= 1
+                    if const_expr(self.placement == "offset"):
+                        if i == at and n >= n_block_min:
+                            kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=False)
+                            d_state = depth(d_state, start=False)
+                            depth_done = True
+                            kv_state = self.continue_block(kv_state, n, mma_qk, pipeline_k, tOrP, softmax, acc_O, None)
+                            n -= 1
+                    i += 1
             kv_state = self.last_half_block_overlap(kv_state, pipeline_v, mma_pv, zero_init=not O_acc)
             if const_expr(spread):
                 d_state, done = steps_to(d_state, done, self.depth_steps, pending=False)

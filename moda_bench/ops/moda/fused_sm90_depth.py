@@ -198,12 +198,14 @@ class DepthSteps:
         return d_state
 
     @cute.jit
-    def spread_steps(self, w, d_state, done, due, group, warp_idx, pipeline_kd, pipeline_vd, softmax, acc_O,
+    def spread_steps(self, w, d_state, done, due, pipeline_kd, pipeline_vd, softmax, acc_O,
                      tOrP, acc_shape_S, pending: cutlass.Constexpr):
         """The warp steps from `done` up to `due`; returns the pipeline state and the new count."""
         units = self.tile_m // WARP_ROWS
         while done < due:
-            buf = d_state.index * units + group * (ROWS_PER_GROUP // WARP_ROWS) + warp_idx
+            # this warp's buffer of the stage: consumer warps are the CTA's warps 4.. (unit = warp - 4)
+            unit = cute.arch.make_warp_uniform(opaque_thread_idx() // 32 - 4)
+            buf = d_state.index * units + unit
             d_state = self.warp_step(w, d_state, done, buf, pipeline_kd, pipeline_vd, softmax, acc_O, tOrP,
                                      acc_shape_S, pending)
             done += 1
