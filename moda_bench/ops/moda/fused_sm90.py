@@ -75,8 +75,10 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         self.placement = placement
         self.depth_len = depth_len
         self.depth_stages = depth_stages
-        # "spread" runs warp steps (fused_sm90_depth): a stage holds WARP_KEYS rows per warp
-        self.depth_tile = WARP_KEYS if placement == "spread" else depth_tile
+        # "spread" runs warp steps (fused_sm90_depth): a stage holds depth_tile rows per warp
+        if placement == "spread" and depth_tile not in WARP_KEYS:
+            raise ValueError(f"placement 'spread' takes depth_tile in {WARP_KEYS}, got {depth_tile}")
+        self.depth_tile = depth_tile
         self.unit_rows = WARP_ROWS if placement == "spread" else ROWS_PER_GROUP  # rows a depth buffer serves
         self.prefetch_lead = prefetch_lead  # "offset": sequence blocks between the L2 prefetch and the phase
         # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
@@ -515,8 +517,8 @@ def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int |
     """The compiled launch for these tensors' dtype, head size, G and L (cached per process);
     depth_tile and placement None: `default_depth_tile`, `default_placement`."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
-    depth_tile = default_depth_tile(d) if depth_tile is None else depth_tile
     placement = default_placement(q.shape[1]) if placement is None else placement
+    depth_tile = default_depth_tile(d, placement) if depth_tile is None else depth_tile
     key = (q.dtype, d, G, L, depth_tile, depth_stages, placement, prefetch_lead, probe)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
@@ -558,8 +560,11 @@ def default_placement(T: int) -> str:
     return "offset"
 
 
-def default_depth_tile(d: int) -> int:
-    """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory)."""
+def default_depth_tile(d: int, placement: str = "offset") -> int:
+    """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory); per warp 16
+    for "spread"."""
+    if placement == "spread":
+        return 16
     return 64 if d <= 64 else 32
 
 

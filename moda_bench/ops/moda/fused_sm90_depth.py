@@ -29,7 +29,7 @@ from quack import layout_utils
 
 ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
-WARP_KEYS = 16  # depth keys of one warp step (K of its P.V, one mma.sync K)
+WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
 
 
 @dsl_user_op
@@ -139,16 +139,16 @@ class DepthSteps:
             rVt=thr_pv.make_fragment_B(thr_pv.partition_B(sVdt[None, None, 0])),
             sQ=copy_q.partition_S(sQg), sK=copy_k.partition_S(sKd), sVt=copy_v.partition_S(sVdt),
             coords=layout_utils.reshape_acc_to_mn(
-                thr_qk.partition_C(cute.make_identity_tensor((ROWS_PER_GROUP, WARP_KEYS)))),
+                thr_qk.partition_C(cute.make_identity_tensor((ROWS_PER_GROUP, self.depth_tile)))),
         )
 
     @cute.jit
     def warp_mask(self, acc_S, step, coords):
         """-inf where the warp's depth key is not of the score row's position: the warp's keys are
-        its positions' L keys each, in order, WARP_KEYS a step."""
+        its positions' L keys each, in order, depth_tile a step."""
         acc = layout_utils.reshape_acc_to_mn(acc_S)
         for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
-            lo = (coords[r, 0][0] % WARP_ROWS) // self.qhead_per_kvhead * self.depth_len - step * WARP_KEYS
+            lo = (coords[r, 0][0] % WARP_ROWS) // self.qhead_per_kvhead * self.depth_len - step * self.depth_tile
             for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
                 col = coords[r, c][1]
                 if col < lo or col >= lo + self.depth_len:
@@ -176,7 +176,7 @@ class DepthSteps:
                 pipe.consumer_release(d_state)
         else:
             w = self.warp_depth_setup(*w_args)
-            acc_S = cute.make_rmem_tensor(w["thr_qk"].partition_shape_C((ROWS_PER_GROUP, WARP_KEYS)), Float32)
+            acc_S = cute.make_rmem_tensor(w["thr_qk"].partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
             acc_S.fill(0.0)
             pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
             sm80_helpers.gemm(w["thr_qk"], acc_S, w["rQ"], w["rK"], w["sQ"], w["sK"][None, None, None, buf],
@@ -184,9 +184,9 @@ class DepthSteps:
             pipeline_kd.consumer_release(d_state)
             self.warp_mask(acc_S, step, w["coords"])
             row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
-            softmax.rescale_O(acc_O, row_scale)
-            if const_expr(pending):
-                if row_scale[0] < 1.0 or row_scale[1] < 1.0:
+            if row_scale[0] < 1.0 or row_scale[1] < 1.0:  # the row maximum grew (rare after a few blocks)
+                softmax.rescale_O(acc_O, row_scale)
+                if const_expr(pending):
                     self.rescale_pending_P(tOrP, row_scale, acc_shape_S)
             rP = cute.make_fragment_like(acc_S, self.dtype)
             fa_utils.cvt_f16(acc_S, rP)
