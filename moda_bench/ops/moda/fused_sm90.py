@@ -51,7 +51,8 @@ from quack import copy_utils, layout_utils, sm90_utils
 
 from moda_bench.ops.moda.fused_sm90_depth import ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps
 
-PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
+PLACEMENTS = ("offset", "first", "spread")
+PROBES = ("", "rows0", "nomath", "late", "qk1", "qk4")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
 
 
 class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
@@ -84,9 +85,10 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
         # its stages without computing (the traffic without the math)
-        # "late" ("spread" only): every warp step after the tile's last block (results correct)
-        if probe not in ("", "rows0", "nomath", "late"):
-            raise ValueError(f"probe must be '', 'rows0', 'nomath' or 'late', got {probe!r}")
+        # "late" ("spread" only): every warp step after the tile's last block (results correct);
+        # "qk1" / "qk4" ("spread"): the warp step's QK in 1 or 4 accumulator chains (default 2)
+        if probe not in PROBES:
+            raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
         self.probe = probe
         self.pos_per_unit = max(self.unit_rows // qhead_per_kvhead, 1)
         self.depth_steps = -(-self.pos_per_unit * depth_len // self.depth_tile)
@@ -512,13 +514,14 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
 _COMPILED: dict = {}
 
 
-def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int | None, depth_stages: int,
+def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int | None, depth_stages: int | None,
               placement: str | None, prefetch_lead: int, probe: str = ""):
     """The compiled launch for these tensors' dtype, head size, G and L (cached per process);
     depth_tile and placement None: `default_depth_tile`, `default_placement`."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
     placement = default_placement(q.shape[1]) if placement is None else placement
     depth_tile = default_depth_tile(d, placement) if depth_tile is None else depth_tile
+    depth_stages = default_depth_stages(placement) if depth_stages is None else depth_stages
     key = (q.dtype, d, G, L, depth_tile, depth_stages, placement, prefetch_lead, probe)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
@@ -561,15 +564,22 @@ def default_placement(T: int) -> str:
 
 
 def default_depth_tile(d: int, placement: str = "offset") -> int:
-    """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory); per warp 16
-    for "spread"."""
+    """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory); per warp 32
+    for "spread" (H200, forward / FA4 at T=4096: 1.330 with 32 keys in one stage, 1.402 with 16
+    in two)."""
     if placement == "spread":
-        return 16
+        return 32
     return 64 if d <= 64 else 32
 
 
+def default_depth_stages(placement: str) -> int:
+    """Depth stages: 2, and 1 for "spread", whose 32-key warp stages fill the shared memory and
+    are loaded while the chunk of sequence blocks before their step runs."""
+    return 1 if placement == "spread" else 2
+
+
 def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = None, *,
-                            depth_tile: int | None = None, depth_stages: int = 2,
+                            depth_tile: int | None = None, depth_stages: int | None = None,
                             placement: str | None = None, prefetch_lead: int = 0):
     """Compile only (works under torch's FakeTensorMode with FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH set)."""
     out, lse, kd, vd, L, scale = _operands(q, k, v, k_depth, v_depth, scale)
@@ -577,7 +587,7 @@ def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = Non
 
 
 def moda_fused_sm90_fwd(q, k, v, k_depth, v_depth, scale: float | None = None, *,
-                        depth_tile: int | None = None, depth_stages: int = 2, placement: str | None = None,
+                        depth_tile: int | None = None, depth_stages: int | None = None, placement: str | None = None,
                         prefetch_lead: int = 0, probe: str = ""):
     """out (B,T,Hq,d) and lse (B,Hq,T) fp32 of causal MoDA; k_depth/v_depth (B,T,L,Hk,d), L >= 1."""
     out, lse, kd, vd, L, scale = _operands(q, k, v, k_depth, v_depth, scale)
