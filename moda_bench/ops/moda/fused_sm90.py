@@ -52,7 +52,7 @@ from quack import copy_utils, layout_utils, sm90_utils
 from moda_bench.ops.moda.fused_sm90_depth import ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps
 
 PLACEMENTS = ("offset", "first", "spread")
-PROBES = ("", "rows0", "nomath", "late", "qk1", "qk4")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
+PROBES = ("", "rows0", "nomath", "late", "apart", "qk1", "qk4")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
 
 
 class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
@@ -86,6 +86,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
         # its stages without computing (the traffic without the math)
         # "late" ("spread" only): every warp step after the tile's last block (results correct);
+        # "apart" ("spread"): each warp step after its chunk's last block, not inside it (correct);
         # "qk1" / "qk4" ("spread"): the warp step's QK in 1 or 4 accumulator chains (default 2)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
@@ -467,12 +468,26 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                 chunk = cutlass.max((n_block_max - n_block_min) // self.depth_steps, 1)
                 while n >= n_block_min:
                     stop = cutlass.max(n - chunk, n_block_min - 1)
-                    while n > stop:
+                    while n > stop + 1:
                         kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=False),
                                              mask_fn=None)
                         n -= 1
-                    if const_expr(self.probe != "late"):
-                        d_state, done = steps_to(d_state, done, cutlass.min(done + 1, self.depth_steps), pending=True)
+                    if const_expr(self.probe in ("late", "apart", "nomath")):
+                        kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=False),
+                                             mask_fn=None)
+                        if const_expr(self.probe != "late"):  # the step after the block
+                            d_state, done = steps_to(d_state, done, cutlass.min(done + 1, self.depth_steps),
+                                                     pending=True)
+                    else:  # the chunk's last block with the step inside
+                        if done < self.depth_steps:
+                            kv_state, d_state = self.block_with_step(
+                                kv_state, n, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O, tOrP, softmax, w,
+                                d_state, done, pipeline_kd, pipeline_vd)
+                            done += 1
+                        else:
+                            kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=False),
+                                                 mask_fn=None)
+                    n -= 1
             else:
                 # "offset" runs the depth phase after the block `at`, a different block per tile, so
                 # that the tiles of one wave ask for their depth bytes at different times: the pending
