@@ -78,7 +78,8 @@
 #               FUSED_VARIANTS depth tile x stages (default 64x2;128x1;32x2)
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
-#               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/fused-limit)
+#               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/$FUSED_RUN, default fused-limit;
+#               FUSED_PROVIDERS overrides the providers)
 #   fused-ab    moda-overlap with and without the fused forward (fa4_fused_fwd) in one process, beside FA4: T=4096
 #               graph (fwd, bwd, fwd+bwd) and eager (fwd, fwd+bwd), T=16K/32K eager fwd, bwd, fwd+bwd (overlap_probe)
 #   doctor      moda-bench doctor (GPU, health canary)
@@ -261,10 +262,10 @@ for s in "$@"; do
     fused-gl) FV="--variants '${FUSED_VARIANTS:-64x2;64x2:offset:0}' --timer ${FUSED_TIMER:-graph} --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv"
            stage fused-gl bash -c "timeout 150 python3 tools/fused_sm90_check.py --T 16384 --G 2 $FV; timeout 150 python3 tools/fused_sm90_check.py --T 16384 --L 256 $FV" ;;
     fused-tests) stage fused-tests timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_sm90.py ;;
-    fused-sweep-a) R=$RESULTS/$GPU/fused-limit; P="moda-fused,moda-overlap,moda-fa4,fa4,cudnn"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
+    fused-sweep-a) R=$RESULTS/$GPU/${FUSED_RUN:-fused-limit}; P="${FUSED_PROVIDERS:-moda-fused,moda-overlap,moda-fa4,fa4,cudnn}"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
            stage fused-t4096 $MB sweep $Q --vary T --values 4096 --timer graph,eager --providers $P --out "$R/t4096"
            stage fused-fwd $MB sweep $Q --vary T --values 16384,32768,65536 --pass fwd --providers $P --out "$R/fwd" ;;
-    fused-sweep-b) R=$RESULTS/$GPU/fused-limit; P="moda-fused,moda-overlap,moda-fa4,fa4,cudnn"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
+    fused-sweep-b) R=$RESULTS/$GPU/${FUSED_RUN:-fused-limit}; P="${FUSED_PROVIDERS:-moda-fused,moda-overlap,moda-fa4,fa4,cudnn}"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
            stage fused-fwdbwd $MB sweep $Q --vary T --values 16384,32768 --providers $P --out "$R/fwdbwd"
            stage fused-g2 $MB sweep $Q --vary G --values 2 --providers $P --out "$R/g2"
            stage fused-l256 $MB sweep $Q --vary L --values 256 --providers $P --out "$R/l256" ;;

@@ -52,7 +52,7 @@ from quack import copy_utils, layout_utils, sm90_utils
 from moda_bench.ops.moda.fused_sm90_depth import ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps
 
 PLACEMENTS = ("offset", "first", "spread")
-PROBES = ("", "rows0", "nomath", "late", "apart", "qk1", "qk4")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
+PROBES = ("", "rows0", "nomath", "late", "qk1", "qk4")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
 
 
 class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
@@ -86,7 +86,6 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
         # its stages without computing (the traffic without the math)
         # "late" ("spread" only): every warp step after the tile's last block (results correct);
-        # "apart" ("spread"): each warp step after its chunk's last block, not inside it (correct);
         # "qk1" / "qk4" ("spread"): the warp step's QK in 1 or 4 accumulator chains (default 2)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
@@ -468,26 +467,12 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                 chunk = cutlass.max((n_block_max - n_block_min) // self.depth_steps, 1)
                 while n >= n_block_min:
                     stop = cutlass.max(n - chunk, n_block_min - 1)
-                    while n > stop + 1:
+                    while n > stop:
                         kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=False),
                                              mask_fn=None)
                         n -= 1
-                    if const_expr(self.probe in ("late", "apart", "nomath")):
-                        kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=False),
-                                             mask_fn=None)
-                        if const_expr(self.probe != "late"):  # the step after the block
-                            d_state, done = steps_to(d_state, done, cutlass.min(done + 1, self.depth_steps),
-                                                     pending=True)
-                    else:  # the chunk's last block with the step inside
-                        if done < self.depth_steps:
-                            kv_state, d_state = self.block_with_step(
-                                kv_state, n, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O, tOrP, softmax, w,
-                                d_state, done, pipeline_kd, pipeline_vd)
-                            done += 1
-                        else:
-                            kv_state = one_block(kv_state, n_block=n, mma_pv_fn=partial(mma_pv, zero_init=False),
-                                                 mask_fn=None)
-                    n -= 1
+                    if const_expr(self.probe != "late"):
+                        d_state, done = steps_to(d_state, done, cutlass.min(done + 1, self.depth_steps), pending=True)
             else:
                 # "offset" runs the depth phase after the block `at`, a different block per tile, so
                 # that the tiles of one wave ask for their depth bytes at different times: the pending
@@ -534,7 +519,7 @@ def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int |
     """The compiled launch for these tensors' dtype, head size, G and L (cached per process);
     depth_tile and placement None: `default_depth_tile`, `default_placement`."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
-    placement = default_placement(q.shape[1]) if placement is None else placement
+    placement = default_placement(q.shape[1], d) if placement is None else placement
     depth_tile = default_depth_tile(d, placement) if depth_tile is None else depth_tile
     depth_stages = default_depth_stages(placement) if depth_stages is None else depth_stages
     key = (q.dtype, d, G, L, depth_tile, depth_stages, placement, prefetch_lead, probe)
@@ -571,11 +556,17 @@ def placement_unavailable(placement: str, d: int) -> str | None:
     return None
 
 
-def default_placement(T: int) -> str:
-    """Where a tile's depth phase goes by default: "offset" was faster than "first" at every
-    length measured (H100, G=8, L=64, forward / FA4, graph timer: T=4096 1.470 vs 1.676,
-    16384 1.135 vs 1.202, 65536 1.055 vs 1.062; results/h100/fused-sm90-probes)."""
-    return "offset"
+SPREAD_MAX_T = 16384  # "spread" is the default up to this length (d <= 64)
+
+
+def default_placement(T: int, d: int = 64) -> str:
+    """Where a tile's depth steps go by default: "spread" at d <= 64 up to SPREAD_MAX_T, else
+    "offset". Forward / FA4, graph timer, same process (H200, results/h200/fused-spread):
+    spread / offset 1.330-1.343 / 1.417-1.424 at T=4096, 1.306 / 1.443 at G=2 and 1.333 / 1.449
+    at L=256 (T=16384), level at T=16384 (1.107 / 1.108, 1.119 / 1.127), behind at T=65536 (1.043 /
+    1.033, 1.051 / 1.046). "offset" was faster than "first" at every length (H100: T=4096 1.470 vs
+    1.676, 16384 1.135 vs 1.202, 65536 1.055 vs 1.062; results/h100/fused-sm90-probes)."""
+    return "spread" if d <= 64 and T <= SPREAD_MAX_T else "offset"
 
 
 def default_depth_tile(d: int, placement: str = "offset") -> int:

@@ -21,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute import ampere_helpers as sm80_helpers
 from flash_attn.cute import utils as fa_utils
@@ -215,52 +215,6 @@ class DepthSteps:
             pipeline_vd.consumer_release(d_state)
         d_state.advance()
         return d_state
-
-    @cute.jit
-    def block_with_step(self, kv_state, n_block, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O, tOrP, softmax,
-                        w_args, d_state, step, pipeline_kd, pipeline_vd):
-        """FA4's overlapped block step (QK of block n beside P.V of block n+1) with a warp step inside:
-        its scores are computed while the group's own wgmmas run (after the group let the next one
-        issue), its keys join the block's softmax update, and its P.V follows the block's O rescale.
-        No probe; below-diagonal blocks only (no mask)."""
-        kv_state_v = kv_state.clone()
-        kv_state.advance()
-        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-        self.warp_scheduler_barrier_sync()
-        acc_S = mma_qk(B_idx=kv_state.index, wg_wait=-1)
-        pipeline_v.consumer_wait(kv_state_v, pipeline_v.consumer_try_wait(kv_state_v))
-        mma_pv(B_idx=kv_state_v.index, zero_init=False, wg_wait=-1)
-        self.warp_scheduler_barrier_arrive()
-        # in the shadow of this group's wgmmas: the warp step's scores
-        w = self.warp_depth_setup(*w_args)
-        unit = cute.arch.make_warp_uniform(opaque_thread_idx() // 32 - 4)
-        buf = d_state.index * (self.tile_m // WARP_ROWS) + unit
-        pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
-        acc_Sd = self.warp_qk(w, buf)
-        pipeline_kd.consumer_release(d_state)
-        self.warp_mask(acc_Sd, step, w["coords"])
-        warpgroup.wait_group(1)
-        pipeline_k.consumer_release(kv_state)
-        row_scale = softmax.online_softmax(acc_S, check_inf=True)
-        # the depth keys continue the same update: P(n) and O take its scale too
-        row_scale_d = softmax.online_softmax(acc_Sd, is_first=False, check_inf=True)
-        if row_scale_d[0] < 1.0 or row_scale_d[1] < 1.0:
-            acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-            for r in cutlass.range_constexpr(cute.size(row_scale_d)):
-                acc_S_mn[r, None].store(acc_S_mn[r, None].load() * row_scale_d[r])
-                row_scale[r] = row_scale[r] * row_scale_d[r]
-        warpgroup.wait_group(0)
-        pipeline_v.consumer_release(kv_state_v)
-        fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_S), tOrP)
-        softmax.rescale_O(acc_O, row_scale)
-        rP = cute.make_fragment_like(acc_Sd, self.dtype)
-        fa_utils.cvt_f16(acc_Sd, rP)
-        pipeline_vd.consumer_wait(d_state, pipeline_vd.consumer_try_wait(d_state))
-        sm80_helpers.gemm_rs(w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
-                             w["sVt"][None, None, None, buf], w["copy_v"])
-        pipeline_vd.consumer_release(d_state)
-        d_state.advance()
-        return kv_state, d_state
 
     @cute.jit
     def spread_steps(self, w, d_state, done, due, pipeline_kd, pipeline_vd, softmax, acc_O,
