@@ -52,7 +52,7 @@ from quack import copy_utils, layout_utils, sm90_utils
 from moda_bench.ops.moda.fused_sm90_depth import ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps
 
 PLACEMENTS = ("offset", "first", "spread")
-PROBES = ("", "rows0", "nomath", "late", "qk1", "qk4")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
+PROBES = ("", "rows0", "nomath", "late")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
 
 
 class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
@@ -85,8 +85,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
         # its stages without computing (the traffic without the math)
-        # "late" ("spread" only): every warp step after the tile's last block (results correct);
-        # "qk1" / "qk4" ("spread"): the warp step's QK in 1 or 4 accumulator chains (default 2)
+        # "late" ("spread" only): every warp step after the tile's last block (results correct)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
         self.probe = probe

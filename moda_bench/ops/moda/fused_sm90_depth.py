@@ -143,28 +143,6 @@ class DepthSteps:
         )
 
     @cute.jit
-    def warp_qk(self, w, buf):
-        """S = Q_w K_d^T of one warp step, the d dimension split over two accumulators: a warp's
-        mma.sync waits behind the other groups' queued wgmma at each dependent step, so the chain
-        is kept short (two products deep instead of d/16)."""
-        thr = w["thr_qk"]
-        shape = thr.partition_shape_C((ROWS_PER_GROUP, self.depth_tile))
-        chains = {"qk1": 1, "qk4": 4}.get(self.probe, 2)
-        accs = [cute.make_rmem_tensor(shape, Float32) for _ in range(chains)]
-        rQ, rK = w["rQ"], w["rK"]
-        rQ_v, rK_v = w["copy_q"].retile(rQ), w["copy_k"].retile(rK)
-        n_k = cute.size(rQ.shape[2])
-        for k in cutlass.range_constexpr(n_k):  # one k slice of the operands live at a time
-            cute.copy(w["copy_q"], w["sQ"][None, None, k], rQ_v[None, None, k])
-            cute.copy(w["copy_k"], w["sK"][None, None, k, buf], rK_v[None, None, k])
-            if const_expr(k < chains):
-                accs[k].fill(0.0)
-            cute.gemm(thr, accs[k % chains], rQ[None, None, k], rK[None, None, k], accs[k % chains])
-        for c in cutlass.range_constexpr(1, chains):
-            accs[0].store(accs[0].load() + accs[c].load())
-        return accs[0]
-
-    @cute.jit
     def warp_mask(self, acc_S, step, coords):
         """-inf where the warp's depth key is not of the score row's position: the warp's keys are
         its positions' L keys each, in order, depth_tile a step."""
@@ -198,8 +176,11 @@ class DepthSteps:
                 pipe.consumer_release(d_state)
         else:
             w = self.warp_depth_setup(*w_args)
+            acc_S = cute.make_rmem_tensor(w["thr_qk"].partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
+            acc_S.fill(0.0)
             pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
-            acc_S = self.warp_qk(w, buf)
+            sm80_helpers.gemm(w["thr_qk"], acc_S, w["rQ"], w["rK"], w["sQ"], w["sK"][None, None, None, buf],
+                              w["copy_q"], w["copy_k"])
             pipeline_kd.consumer_release(d_state)
             self.warp_mask(acc_S, step, w["coords"])
             row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
