@@ -127,6 +127,22 @@ def test_kernel_refuses_what_it_cannot_tile():
         MoDAForwardSm90(cutlass.BFloat16, 64, 8, 4, placement="last")
     with pytest.raises(ValueError, match="d <= 64"):
         MoDAForwardSm90(cutlass.BFloat16, 128, 8, 4, placement="spread")
+    with pytest.raises(ValueError, match="depth_tile in"):
+        MoDAForwardSm90(cutlass.BFloat16, 64, 8, 4, placement="spread", depth_tile=64)
+    with pytest.raises(ValueError, match="probe"):
+        MoDAForwardSm90(cutlass.BFloat16, 64, 8, 4, probe="qk1")
+
+
+def test_default_placement_tile_and_stages():
+    if _cute_importable() is not None:
+        pytest.skip("CuTe DSL not importable")
+    from moda_bench.ops.moda import fused_sm90 as f
+    assert f.default_placement(4096, 64) == "spread" and f.default_placement(f.SPREAD_MAX_T, 64) == "spread"
+    assert f.default_placement(f.SPREAD_MAX_T + 1, 64) == "offset" and f.default_placement(4096, 128) == "offset"
+    assert (f.default_depth_tile(64, "spread"), f.default_depth_stages("spread")) == (32, 1)
+    assert (f.default_depth_tile(64), f.default_depth_tile(128), f.default_depth_stages("offset")) == (64, 32, 2)
+    assert f.placement_unavailable("spread", 64) is None and "d <= 64" in f.placement_unavailable("spread", 128)
+    assert "placement must be" in f.placement_unavailable("last", 64)
 
 
 # ------------------------------------------------------------------ GPU
