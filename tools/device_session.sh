@@ -76,6 +76,8 @@
 #               (tools/fused_sm90_check.py --check); needs FA4
 #   fused-time  its forward beside FA4, moda-fa4 and moda-overlap at FUSED_T (default 16K, 32K, 64K, 4096) for the
 #               FUSED_VARIANTS depth tile x stages (default 64x2;128x1;32x2)
+#   fused-ncu   ncu of the fused forward's variants FUSED_NCU_VARIANTS (default: spread, spread without its math,
+#               offset) at the first FUSED_T, one kernel each (NVTX fused0, fused1, ...), into $RESULTS/fused_ncu.csv.gz
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
 #               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/$FUSED_RUN, default fused-limit;
@@ -246,12 +248,19 @@ for s in "$@"; do
              $OP --T 16384 --G 2 --passes fwdbwd --variants '$V'; $OP --T 16384 --L 256 --passes fwdbwd --variants '$V'" ;;
     decode-floor) stage decode-floor timeout 150 python3 tools/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192,32x8192 \
              --copy-floor --splits 1 --budget-s 100 ;;
-    depth-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    depth-ncu|fused-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
              --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio --csv --page details"
-           stage depth-ncu bash -c "timeout 240 $NCU --nvtx-include 'fwd-G8-L64-n12-v0/' --nvtx-include 'bwd-G8-L64-n24-v0/' \
-             --nvtx-include 'fwd-G8-L64-n132-v0/' python3 tools/depth_ncu.py --calls 1 --G 8 --L 64 --programs 12,24,132 \
-             > $RESULTS/depth_ncu.csv; gzip -f $RESULTS/depth_ncu.csv" ;;
+           if [ "$s" = fused-ncu ]; then
+             FN="${FUSED_NCU_VARIANTS:-32x1:spread;32x1:spread:0:nomath;64x2:offset}"
+             INC=$(python3 -c "import sys; print(' '.join(f\"--nvtx-include fused{i}/\" for i in range(len(sys.argv[1].split(';')))))" "$FN")
+             stage fused-ncu bash -c "timeout 300 $NCU $INC python3 tools/fused_sm90_check.py --ncu --T ${FUSED_T:-16384} \
+               --variants '$FN' > $RESULTS/fused_ncu.csv; gzip -f $RESULTS/fused_ncu.csv"
+           else
+             stage depth-ncu bash -c "timeout 240 $NCU --nvtx-include 'fwd-G8-L64-n12-v0/' --nvtx-include 'bwd-G8-L64-n24-v0/' \
+               --nvtx-include 'fwd-G8-L64-n132-v0/' python3 tools/depth_ncu.py --calls 1 --G 8 --L 64 --programs 12,24,132 \
+               > $RESULTS/depth_ncu.csv; gzip -f $RESULTS/depth_ncu.csv"
+           fi ;;
     overlap-realloc) stage overlap-realloc timeout 400 python3 tools/overlap_probe.py --seq fa4 --T 16384,32768 --passes fwdbwd \
              --variants overlap --repeat 3 --max-time 4 --out "$RESULTS/$GPU/overlap_realloc.csv" ;;
     pdl-test) stage pdl-test timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl" ;;

@@ -10,6 +10,7 @@ moda-fa4 and moda-overlap.
    flushed, ratios to FA4 with 95% intervals), for each `--variants` entry
    (depth_tile x depth_stages[:placement], e.g. "64x2;128x1;64x2:first") plus moda-fa4 and
    moda-overlap.
+3. `--ncu`: each variant once in an NVTX range "fused<i>", for `ncu --nvtx-include` (stage fused-ncu).
 CSV rows to $OUT/fused_sm90.csv (appended as they come). Needs CUDA and FA4.
 
     PYTHONPATH=$PWD python3 tools/fused_sm90_check.py --check --T 16384,32768 --variants "64x2;128x1"
@@ -118,9 +119,30 @@ def timing(a, w) -> None:
         torch.cuda.empty_cache()
 
 
+def ncu_calls(a) -> None:
+    """For `ncu --nvtx-include 'fusedI/'`: per variant I (0, 1, ... in --variants order) one warm
+    call, then one call inside the NVTX range "fusedI" (first T of --T only)."""
+    from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
+    from moda_bench.timing import make_inputs
+    T = int(a.T.split(",")[0])
+    ins = make_inputs(1, T, a.G * a.Hk, a.Hk, 64, a.L, requires_grad=False)
+    q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
+    for i, var in enumerate(a.variants.split(";")):
+        tile, stages, place, lead, probe = parse_variant(var)
+        kw = dict(depth_tile=tile, depth_stages=stages, placement=place, prefetch_lead=lead, probe=probe)
+        moda_fused_sm90_fwd(q, k, v, kd, vd, **kw)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(f"fused{i}")
+        moda_fused_sm90_fwd(q, k, v, kd, vd, **kw)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        print(f"# NVTX fused{i} = {var} at T={T} G={a.G} L={a.L}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--ncu", action="store_true", help="only the NVTX-ranged calls for ncu (see ncu_calls)")
     ap.add_argument("--placements", default="offset,first", help="placements the check covers (offset, first, spread)")
     ap.add_argument("--T", default="")
     ap.add_argument("--G", type=int, default=8)
@@ -132,6 +154,9 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fused_sm90.csv"))
     a = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}", flush=True)
+    if a.ncu:
+        ncu_calls(a)
+        return 0
     with open(a.out, "a", newline="") as f:
         w = csv.writer(f)
         w.writerow(["kind", "B", "T", "G", "L", "d", "a", "b", "c", "d2", "e"])

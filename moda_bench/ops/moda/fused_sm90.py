@@ -49,10 +49,9 @@ from flash_attn.cute.softmax import Softmax
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileSchedulerArguments
 from quack import copy_utils, layout_utils, sm90_utils
 
-from moda_bench.ops.moda.fused_sm90_depth import ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps
-
-PLACEMENTS = ("offset", "first", "spread")
-PROBES = ("", "rows0", "nomath", "late")  # timing variants (see MoDAForwardSm90.__init__)  # where a tile's depth steps go among its sequence blocks
+from moda_bench.ops.moda.fused_sm90_depth import (  # noqa: F401 - the placement policy is re-exported
+    PLACEMENTS, PROBES, ROWS_PER_GROUP, SPREAD_MAX_T, WARP_KEYS, WARP_ROWS, DepthSteps, default_depth_stages,
+    default_depth_tile, default_placement, placement_unavailable)
 
 
 class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
@@ -544,43 +543,6 @@ def _operands(q, k, v, k_depth, v_depth, scale):
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, T, device=q.device, dtype=torch.float32)
     return out, lse, kd, vd, L, 1.0 / math.sqrt(d) if scale is None else float(scale)
-
-
-def placement_unavailable(placement: str, d: int) -> str | None:
-    """Why the kernel cannot run `placement` at head size d (None: it can)."""
-    if placement not in PLACEMENTS:
-        return f"placement must be one of {PLACEMENTS}, got {placement!r}"
-    if placement == "spread" and d > 64:
-        return "placement 'spread' needs d <= 64 (its per-warp depth stages do not fit shared memory at d=128)"
-    return None
-
-
-SPREAD_MAX_T = 16384  # "spread" is the default up to this length (d <= 64)
-
-
-def default_placement(T: int, d: int = 64) -> str:
-    """Where a tile's depth steps go by default: "spread" at d <= 64 up to SPREAD_MAX_T, else
-    "offset". Forward / FA4, graph timer, same process (H200, results/h200/fused-spread):
-    spread / offset 1.330-1.343 / 1.417-1.424 at T=4096, 1.306 / 1.443 at G=2 and 1.333 / 1.449
-    at L=256 (T=16384), level at T=16384 (1.107 / 1.108, 1.119 / 1.127), behind at T=65536 (1.043 /
-    1.033, 1.051 / 1.046). "offset" was faster than "first" at every length (H100: T=4096 1.470 vs
-    1.676, 16384 1.135 vs 1.202, 65536 1.055 vs 1.062; results/h100/fused-sm90-probes)."""
-    return "spread" if d <= 64 and T <= SPREAD_MAX_T else "offset"
-
-
-def default_depth_tile(d: int, placement: str = "offset") -> int:
-    """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory); per warp 32
-    for "spread" (H200, forward / FA4 at T=4096: 1.330 with 32 keys in one stage, 1.402 with 16
-    in two)."""
-    if placement == "spread":
-        return 32
-    return 64 if d <= 64 else 32
-
-
-def default_depth_stages(placement: str) -> int:
-    """Depth stages: 2, and 1 for "spread", whose 32-key warp stages fill the shared memory and
-    are loaded while the chunk of sequence blocks before their step runs."""
-    return 1 if placement == "spread" else 2
 
 
 def moda_fused_sm90_compile(q, k, v, k_depth, v_depth, scale: float | None = None, *,

@@ -12,6 +12,7 @@ keys, in two forms:
   block's softmax, rescales O and the pending P of that block when the row maximum grows, and
   adds its P.V to O in place (mma.sync's C fragment is the wgmma C fragment of the same rows).
 Both continue the tile's one online softmax; nothing is merged afterwards.
+Also the placement policy: which placement, warp tile and stage count a shape gets by default.
 Imported only where FA4 imports (this module needs cutlass).
 """
 
@@ -30,6 +31,8 @@ from quack import layout_utils
 ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
+PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
+PROBES = ("", "rows0", "nomath", "late")  # timing variants (see MoDAForwardSm90.__init__)
 
 
 @dsl_user_op
@@ -211,3 +214,39 @@ class DepthSteps:
             done += 1
         return d_state, done
 
+
+def placement_unavailable(placement: str, d: int) -> str | None:
+    """Why the kernel cannot run `placement` at head size d (None: it can)."""
+    if placement not in PLACEMENTS:
+        return f"placement must be one of {PLACEMENTS}, got {placement!r}"
+    if placement == "spread" and d > 64:
+        return "placement 'spread' needs d <= 64 (its per-warp depth stages do not fit shared memory at d=128)"
+    return None
+
+
+SPREAD_MAX_T = 16384  # "spread" is the default up to this length (d <= 64)
+
+
+def default_placement(T: int, d: int = 64) -> str:
+    """Where a tile's depth steps go by default: "spread" at d <= 64 up to SPREAD_MAX_T, else
+    "offset". Forward / FA4, graph timer, same process (H200, results/h200/fused-spread):
+    spread / offset 1.330-1.343 / 1.417-1.424 at T=4096, 1.306 / 1.443 at G=2 and 1.333 / 1.449
+    at L=256 (T=16384), level at T=16384 (1.107 / 1.108, 1.119 / 1.127), behind at T=65536 (1.043 /
+    1.033, 1.051 / 1.046). "offset" was faster than "first" at every length (H100: T=4096 1.470 vs
+    1.676, 16384 1.135 vs 1.202, 65536 1.055 vs 1.062; results/h100/fused-sm90-probes)."""
+    return "spread" if d <= 64 and T <= SPREAD_MAX_T else "offset"
+
+
+def default_depth_tile(d: int, placement: str = "offset") -> int:
+    """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory); per warp 32
+    for "spread" (H200, forward / FA4 at T=4096: 1.330 with 32 keys in one stage, 1.402 with 16
+    in two)."""
+    if placement == "spread":
+        return 32
+    return 64 if d <= 64 else 32
+
+
+def default_depth_stages(placement: str) -> int:
+    """Depth stages: 2, and 1 for "spread", whose 32-key warp stages fill the shared memory and
+    are loaded while the chunk of sequence blocks before their step runs."""
+    return 1 if placement == "spread" else 2
