@@ -6,16 +6,16 @@ Imported only where FA4 imports (`fa4.fa4_unavailable() is None`): this module n
 
 What the kernel is. FA4's sm90 forward (pack_gqa, causal, 192-row tiles on 3 consumer warp
 groups at d <= 64, 128 rows on 2 at d = 128, one producer warp group) with depth added:
-* consumer group w's 64 packed rows are 64/G whole positions (G must divide 64) whose depth keys
-  are the contiguous rows [pos_lo*L, (pos_lo + 64/G)*L) of k_depth viewed (B, T*L, Hk, d);
-  warp 1 of the producer group (idle in FA4) streams them by TMA into `depth_stages` stages of
-  their own depth K and depth V pipelines, a stage one `depth_tile`-row block per group;
-* the depth steps (ceil(64/G * L / depth_tile) a group) run as FA4's own overlapped block steps
-  on those buffers, masked block-diagonally (row r sees depth row c iff r // G == c // L inside
-  the group), in the tile's one online softmax: "first" starts each tile with them, "offset"
-  (the default) runs them after a tile-dependent sequence
-  block (the pending P.V completed first, FA4's QK/P.V chain restarted after), so that the tiles
-  of a wave fetch their depth bytes at different times;
+* a depth unit's rows (a consumer group's 64, or a warp's 16 for "spread") are whole positions
+  (G must divide 64) whose depth keys are one contiguous row range [pos_lo*L, ...) of k_depth
+  viewed (B, T*L, Hk, d); warp 1 of the producer group (idle in FA4) streams them by TMA into
+  `depth_stages` stages of their own depth K and depth V pipelines, a stage one `depth_tile`-row
+  block per unit;
+* the depth steps (fused_sm90_depth) continue the tile's one online softmax: "spread" (the
+  default at d <= 64 up to T=16384) runs a warp step after each chunk of the tile's sequence
+  blocks; "offset" (else) runs all block steps as one phase after a tile-dependent sequence block
+  (the pending P.V completed first, FA4's QK/P.V chain restarted after); "first" starts each tile
+  with them;
 * the epilogue (O by TMA, the LSE over sequence and depth keys together) is FA4's.
 Nothing of FA4's source is copied: the subclass calls FA4's helpers (pipelines, tile scheduler,
 block info, masks, softmax, the per-block MMA step, the epilogue) and writes its own launch,
