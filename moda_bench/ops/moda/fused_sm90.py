@@ -366,7 +366,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
 
     @cute.jit
     def prefetch_depth(self, copies, first_step):
-        """L2 prefetch (TMA) of the tile's depth blocks from `first_step` on, all groups, K and V."""
+        """L2 prefetch (TMA) of the tile's depth blocks from `first_step` on, all units, K and V."""
         for s in cutlass.range(first_step, self.depth_steps, unroll=1):
             for u in cutlass.range_constexpr(self.depth_units()):
                 for kv in cutlass.range_constexpr(2):
@@ -515,7 +515,8 @@ _COMPILED: dict = {}
 def _compiled(q, k, v, out, lse, kd, vd, scale: float, L: int, depth_tile: int | None, depth_stages: int | None,
               placement: str | None, prefetch_lead: int, probe: str = ""):
     """The compiled launch for these tensors' dtype, head size, G and L (cached per process);
-    depth_tile and placement None: `default_depth_tile`, `default_placement`."""
+    placement, depth_tile and depth_stages None: `default_placement`, `default_depth_tile`,
+    `default_depth_stages`."""
     d, G = q.shape[3], q.shape[2] // k.shape[2]
     placement = default_placement(q.shape[1], d) if placement is None else placement
     depth_tile = default_depth_tile(d, placement) if depth_tile is None else depth_tile
