@@ -147,21 +147,39 @@ def pass_flops(pass_: str, B: int, Hq: int, T: int, d: int, L: int) -> float:
     return f * PASS_FACTOR[check_pass(pass_)]
 
 
+def source_digest(files: list[tuple[str, bytes]]) -> str:
+    """10 hex digits of sha256 over (path, contents) pairs in path order: the package's code."""
+    import hashlib
+    h = hashlib.sha256()
+    for path, data in sorted(files):
+        h.update(path.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()[:10]
+
+
+def package_sources() -> list[tuple[str, bytes]]:
+    """This installed package's .py files as ("moda_bench/...", bytes) pairs."""
+    pkg = Path(__file__).resolve().parent
+    return [(p.relative_to(pkg.parent).as_posix(), p.read_bytes()) for p in pkg.rglob("*.py")]
+
+
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
-    """Short commit of the source tree (with -dirty), $MODA_BENCH_GIT_COMMIT where the tree has
-    no .git (a copied checkout), else 'unknown'."""
+    """Short commit of the source tree; where the checkout differs from it, "-dirty+src" and the
+    package's `source_digest`, which names the code actually run even when the .git metadata is
+    older than the files (a copied checkout; `tools/run_json.py` finds the commit it matches).
+    $MODA_BENCH_GIT_COMMIT overrides; no .git: "unknown+src<digest>"."""
     if os.environ.get("MODA_BENCH_GIT_COMMIT"):
         return os.environ["MODA_BENCH_GIT_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
+    src = "+src" + source_digest(package_sources())
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
                              text=True, timeout=5).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=5).stdout.strip()
-        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+        return (sha + ("-dirty" + src if dirty else "")) if sha else "unknown" + src
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return "unknown" + src
 
 
 def user_cache_dir() -> Path:

@@ -6,7 +6,9 @@ A committed run folder `results/<gpu>/<run>/` holds its CSVs, figures and logs p
 adds the commands you give, and takes commit, GPU, versions and the first/last row timestamps
 from the CSVs' own columns (git_commit, gpu, torch_version, triton_version, timestamp). Files
 without those columns (tuning summaries, probes) are ignored. A run.json that already has
-"commands" is updated in place (its other keys are kept). Standard library only, no GPU.
+"commands" is updated in place (its other keys are kept). A commit "<sha>-dirty+src<digest>" (the
+device's .git older than its files) is replaced by the commit whose package has that source
+digest, found among the last 300 (the rows' value kept as "commit_rows"). No GPU.
 
     python3 tools/run_json.py results/h200/paper-tuned \
         --command "moda-bench sweep --preset paper --out results/h200/paper-tuned" \
@@ -40,6 +42,42 @@ def csv_facts(run_dir: Path) -> dict:
     return facts
 
 
+def commit_of_digest(digest: str, repo: Path, depth: int = 300) -> str | None:
+    """The newest of the last `depth` commits whose moda_bench/*.py have this source digest
+    (moda_bench.schema.source_digest), or None."""
+    import subprocess
+    from moda_bench.schema import source_digest
+
+    def git(*args, **kw):
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, check=True, **kw).stdout
+
+    for sha in git("rev-list", f"--max-count={depth}", "HEAD", text=True).split():
+        paths = [p for p in git("ls-tree", "-r", "--name-only", sha, "--", "moda_bench", text=True).split("\n")
+                 if p.endswith(".py")]
+        out = git("cat-file", "--batch", input="".join(f"{sha}:{p}\n" for p in paths).encode())
+        files, pos = [], 0
+        for p in paths:  # "<oid> blob <size>\n<bytes>\n" per path
+            head_end = out.index(b"\n", pos)
+            size = int(out[pos:head_end].split()[2])
+            files.append((p, out[head_end + 1:head_end + 1 + size]))
+            pos = head_end + 1 + size + 1
+        if source_digest(files) == digest:
+            return sha[:12]
+    return None
+
+
+def resolve_commits(facts: dict, repo: Path) -> None:
+    """Rows made from a checkout whose .git was older than its files say "<sha>-dirty+src<digest>":
+    "commit" becomes the commit with that code (the rows' value kept as "commit_rows")."""
+    values = facts.get("commit")
+    values = [values] if isinstance(values, str) else list(values or [])
+    found = {v: commit_of_digest(v.rsplit("+src", 1)[1], repo) for v in values if "+src" in v}
+    if found and all(found.values()):
+        facts["commit_rows"] = facts["commit"]
+        resolved = sorted({found.get(v, v) for v in values})
+        facts["commit"] = resolved[0] if len(resolved) == 1 else resolved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
@@ -52,7 +90,9 @@ def main() -> None:
     doc = dict(old) if "commands" in old else {"options": old} if old else {}
     if a.command:
         doc["commands"] = a.command
-    doc.update(csv_facts(a.run_dir))
+    facts = csv_facts(a.run_dir)
+    resolve_commits(facts, Path(__file__).resolve().parents[1])
+    doc.update(facts)
     for item in a.set:
         key, _, value = item.partition("=")
         *parents, leaf = key.split(".")
