@@ -84,7 +84,8 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # timing probes (wrong results): "rows0" every tile reads the first depth rows (L2-resident:
         # the depth phase without its DRAM traffic), "nomath" the depth phase waits for and frees
         # its stages without computing (the traffic without the math)
-        # "late" ("spread" only): every warp step after the tile's last block (results correct)
+        # "late" ("spread" only): every warp step after the tile's last block (results correct);
+        # "noqk" / "nomask" / "nopv" ("spread"): a warp step without that part (DepthSteps.warp_step)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
         self.probe = probe

@@ -32,7 +32,7 @@ ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
 PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
-PROBES = ("", "rows0", "nomath", "late")  # timing variants (see MoDAForwardSm90.__init__)
+PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv")  # timing variants (MoDAForwardSm90.__init__)
 
 
 @dsl_user_op
@@ -171,8 +171,10 @@ class DepthSteps:
     @cute.jit
     def warp_step(self, w_args, d_state, step, buf, pipeline_kd, pipeline_vd, softmax, acc_O, tOrP,
                   acc_shape_S, pending: cutlass.Constexpr):
-        """One warp step: S = Q_w K_d^T (16 rows x 16 keys), mask, the online softmax, O and a pending
-        P rescaled, O += P_d V_d. `buf` is this warp's buffer of the stage."""
+        """One warp step: S = Q_w K_d^T (16 rows x depth_tile keys), mask, the online softmax, O and a
+        pending P rescaled, O += P_d V_d. `buf` is this warp's buffer of the stage. Timing probes
+        (wrong results) leave out a part: "nomath" all of it, "noqk" the QK product (S = 0),
+        "nomask" the mask, "nopv" the P.V product."""
         if const_expr(self.probe == "nomath"):
             for pipe in (pipeline_kd, pipeline_vd):
                 pipe.consumer_wait(d_state, pipe.consumer_try_wait(d_state))
@@ -182,10 +184,12 @@ class DepthSteps:
             acc_S = cute.make_rmem_tensor(w["thr_qk"].partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
             acc_S.fill(0.0)
             pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
-            sm80_helpers.gemm(w["thr_qk"], acc_S, w["rQ"], w["rK"], w["sQ"], w["sK"][None, None, None, buf],
-                              w["copy_q"], w["copy_k"])
+            if const_expr(self.probe != "noqk"):
+                sm80_helpers.gemm(w["thr_qk"], acc_S, w["rQ"], w["rK"], w["sQ"], w["sK"][None, None, None, buf],
+                                  w["copy_q"], w["copy_k"])
             pipeline_kd.consumer_release(d_state)
-            self.warp_mask(acc_S, step, w["coords"])
+            if const_expr(self.probe != "nomask"):
+                self.warp_mask(acc_S, step, w["coords"])
             row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
             if row_scale[0] < 1.0 or row_scale[1] < 1.0:  # the row maximum grew (rare after a few blocks)
                 softmax.rescale_O(acc_O, row_scale)
@@ -194,8 +198,9 @@ class DepthSteps:
             rP = cute.make_fragment_like(acc_S, self.dtype)
             fa_utils.cvt_f16(acc_S, rP)
             pipeline_vd.consumer_wait(d_state, pipeline_vd.consumer_try_wait(d_state))
-            sm80_helpers.gemm_rs(w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
-                                 w["sVt"][None, None, None, buf], w["copy_v"])
+            if const_expr(self.probe != "nopv"):
+                sm80_helpers.gemm_rs(w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
+                                     w["sVt"][None, None, None, buf], w["copy_v"])
             pipeline_vd.consumer_release(d_state)
         d_state.advance()
         return d_state
