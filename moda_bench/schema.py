@@ -171,15 +171,17 @@ def git_commit() -> str:
     if os.environ.get("MODA_BENCH_GIT_COMMIT"):
         return os.environ["MODA_BENCH_GIT_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
-    src = "+src" + source_digest(package_sources())
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
                              text=True, timeout=5).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=5).stdout.strip()
-        return (sha + ("-dirty" + src if dirty else "")) if sha else "unknown" + src
+        if sha and not dirty:
+            return sha
+        prefix = sha + "-dirty" if sha else "unknown"
     except (OSError, subprocess.SubprocessError):
-        return "unknown" + src
+        prefix = "unknown"
+    return prefix + "+src" + source_digest(package_sources())
 
 
 def user_cache_dir() -> Path:

@@ -22,6 +22,7 @@ import csv
 import os
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -31,13 +32,14 @@ CHECK_SHAPES = [  # B, T, G, L, d, Hk
 ]
 
 
-def parse_variant(text: str):
+def parse_variant(text: str) -> dict:
     """"TILExSTAGES[:placement[:lead[:probe]]]" (placement offset, first or spread, lead the L2 prefetch's
-    blocks ahead, default 0 (none); probe rows0 or nomath, timing only) -> (depth_tile, depth_stages,
-    placement, prefetch_lead, probe)."""
+    blocks ahead, default 0 (none); probe one of fused_sm90_depth.PROBES, timing only) -> the keyword
+    arguments of `moda_fused_sm90_fwd` (depth_tile, depth_stages, placement, prefetch_lead, probe)."""
     head, place, lead, probe = (text.split(":") + ["", "", ""])[:4]
     tile, stages = (int(x) for x in head.split("x"))
-    return tile, stages, place or "offset", int(lead) if lead else 0, probe
+    return dict(depth_tile=tile, depth_stages=stages, placement=place or "offset",
+                prefetch_lead=int(lead) if lead else 0, probe=probe)
 
 
 def err(a, b):
@@ -95,10 +97,7 @@ def timing(a, w) -> None:
                "moda-fa4": lambda: moda_fa4(q, k, v, kd, vd),
                "moda-overlap": lambda: moda_fa4(q, k, v, kd, vd, config=ocfg)}
         for var in a.variants.split(";"):
-            tile, stages, place, lead, probe = parse_variant(var)
-            fns[f"fused[{var}]"] = (lambda t, s, p, n, pr: lambda: moda_fused_sm90_fwd(
-                q, k, v, kd, vd, depth_tile=t, depth_stages=s, placement=p, prefetch_lead=n, probe=pr))(
-                tile, stages, place, lead, probe)
+            fns[f"fused[{var}]"] = partial(moda_fused_sm90_fwd, q, k, v, kd, vd, **parse_variant(var))
         for name in list(fns):
             try:
                 fns[name]()
@@ -128,8 +127,7 @@ def ncu_calls(a) -> None:
     ins = make_inputs(1, T, a.G * a.Hk, a.Hk, 64, a.L, requires_grad=False)
     q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
     for i, var in enumerate(a.variants.split(";")):
-        tile, stages, place, lead, probe = parse_variant(var)
-        kw = dict(depth_tile=tile, depth_stages=stages, placement=place, prefetch_lead=lead, probe=probe)
+        kw = parse_variant(var)
         moda_fused_sm90_fwd(q, k, v, kd, vd, **kw)
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_push(f"fused{i}")

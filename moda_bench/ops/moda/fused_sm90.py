@@ -389,7 +389,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_O, tOrP, tOrVt)
         spread = self.placement == "spread"
         if const_expr(spread):
-            w = (tiled_mma_qk_d, tiled_mma_pv_d, tidx, group, sQ, sKd, sVd, acc_O)  # set up in each step
+            w = (tiled_mma_qk_d, tiled_mma_pv_d, group, sQ, sKd, sVd, acc_O)  # set up in each step
             acc_shape_S = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         else:
             thr_mma_qk_d = tiled_mma_qk_d.get_slice(tidx)

@@ -112,15 +112,15 @@ class DepthSteps:
 
     # ------------------------------------------------------------------ warp steps (mma.sync)
     def warp_depth_mmas(self):
-        """The mma.sync tiled MMAs of one consumer group (4 warps along M): QK (64 x 16 keys) and
-        P.V (64 x d)."""
+        """The mma.sync tiled MMAs of one consumer group (4 warps along M), for QK (64 x depth_tile
+        keys) and P.V (64 x d)."""
         def tiled():
             return cute.make_tiled_mma(warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (4, 1, 1),
                                        permutation_mnk=(ROWS_PER_GROUP, 16, 16))
         return tiled(), tiled()
 
     @cute.jit
-    def warp_depth_setup(self, tiled_qk, tiled_pv, tidx, group, sQ, sKd, sVd, acc_O):
+    def warp_depth_setup(self, tiled_qk, tiled_pv, group, sQ, sKd, sVd, acc_O):
         """This thread's operands of the warp steps: the group's Q rows (A), the warp's depth K and
         V buffers (B, indexed by buffer), ldmatrix copies, and O viewed as mma.sync's C fragment."""
         lane = opaque_thread_idx() % 128
