@@ -78,6 +78,8 @@
 #               FUSED_VARIANTS depth tile x stages (default 64x2;128x1;32x2)
 #   fused-ncu   ncu of the fused forward's variants FUSED_NCU_VARIANTS (default: spread, spread without its math,
 #               offset) at the first FUSED_T, one kernel each (NVTX fused0, fused1, ...), into $RESULTS/fused_ncu.csv.gz
+#   fused-sass  ncu's per-instruction view (SASS, stall samples) of FUSED_NCU_VARIANTS (default: spread and spread
+#               without its math) at the first FUSED_T, into $RESULTS/fused_sass.csv.gz
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
 #               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/$FUSED_RUN, default fused-limit;
@@ -248,7 +250,7 @@ for s in "$@"; do
              $OP --T 16384 --G 2 --passes fwdbwd --variants '$V'; $OP --T 16384 --L 256 --passes fwdbwd --variants '$V'" ;;
     decode-floor) stage decode-floor timeout 150 python3 tools/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192,32x8192 \
              --copy-floor --splits 1 --budget-s 100 ;;
-    depth-ncu|fused-ncu) NCU="ncu --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    depth-ncu|fused-ncu) NCU="ncu --clock-control none --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
              --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio --csv --page details"
            if [ "$s" = fused-ncu ]; then
@@ -263,6 +265,12 @@ for s in "$@"; do
            fi ;;
     overlap-realloc) stage overlap-realloc timeout 400 python3 tools/overlap_probe.py --seq fa4 --T 16384,32768 --passes fwdbwd \
              --variants overlap --repeat 3 --max-time 4 --out "$RESULTS/$GPU/overlap_realloc.csv" ;;
+    fused-sass) FN="${FUSED_NCU_VARIANTS:-32x1:spread;32x1:spread:0:nomath}"
+           INC=$(python3 -c "import sys; print(' '.join(f\"--nvtx-include fused{i}/\" for i in range(len(sys.argv[1].split(';')))))" "$FN")
+           stage fused-sass bash -c "timeout 300 ncu --clock-control none --nvtx $INC --import-source no --section SourceCounters \
+               --section WarpStateStats --section InstructionStats -f -o $RESULTS/fused_sass python3 tools/fused_sm90_check.py --ncu \
+               --T ${FUSED_T:-16384} --variants '$FN' && ncu -i $RESULTS/fused_sass.ncu-rep --page source --csv --print-source sass \
+               > $RESULTS/fused_sass.csv; gzip -f $RESULTS/fused_sass.csv; rm -f $RESULTS/fused_sass.ncu-rep" ;;
     pdl-test) stage pdl-test timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl" ;;
     fused-check) stage fused-check timeout 180 python3 tools/fused_sm90_check.py --check --placements "${FUSED_PLACEMENTS:-offset,first}" \
              --out "$RESULTS/$GPU/fused_sm90_check.csv" ;;
