@@ -44,6 +44,7 @@ from moda_bench.ops.moda.validate import MoDAShape
 DEPTH_MODES = ("split", "stream", "fused", "overlap")
 FWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
 BWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
+BWD_DEPTH_KERNELS = ("triton", "cute")  # the "persist" backward's depth kernel (MoDAConfig.bwd_depth_kernel)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ class MoDAConfig:
               sequence K/V tiles of the q-major pass, the q/do tiles of the key-major pass
               (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
     fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
+    bwd_depth_kernel  moda-fa4's "persist" backward only: "triton" (`kernel_depth.depth_bwd`) or "cute"
+              (`depth_bwd_sm90`, independent warps; Triton's where it cannot take the inputs).
     """
 
     block_m: int = 64
@@ -136,6 +139,7 @@ class MoDAConfig:
     bwd_depth_ctas: int = 0
     side_priority: bool = False
     fa4_fused_fwd: bool = False
+    bwd_depth_kernel: str = "triton"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -329,6 +333,8 @@ def _check(cfg: MoDAConfig, G: int) -> None:
         raise ValueError(f"config fwd_depth={cfg.fwd_depth!r} must be one of {FWD_DEPTH_MODES}")
     if cfg.bwd_depth not in BWD_DEPTH_MODES:
         raise ValueError(f"config bwd_depth={cfg.bwd_depth!r} must be one of {BWD_DEPTH_MODES}")
+    if cfg.bwd_depth_kernel not in BWD_DEPTH_KERNELS:
+        raise ValueError(f"config bwd_depth_kernel={cfg.bwd_depth_kernel!r} must be one of {BWD_DEPTH_KERNELS}")
     for name in ("depth_ctas", "bwd_depth_ctas"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")

@@ -319,15 +319,30 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
     return _merge(o, lse_ht, od, lsed)
 
 
+def _cute_depth_bwd_problem(q, kd, G: int) -> Optional[str]:
+    """Why the CuTe depth backward (`depth_bwd_sm90`) cannot take these inputs (None: it can)."""
+    if _fused_arch_problem(q.device) is not None:
+        return "the CuTe depth backward is an sm_90 (Hopper) kernel"
+    from moda_bench.ops.moda.depth_bwd_sm90 import unavailable
+    return unavailable(q, kd, G)
+
+
 def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend, depth_grad=True):
     if shape.L == 0:
         dq, dk, dv = backend.bwd(q, k, v, o, do, lse_ht, scale)
         return dq, dk, dv, None, None
     if cfg.bwd_depth == "persist":  # the streaming depth kernel (delta per item) beside the sequence backward
-        def depth():
-            return depth_bwd(do, q, o, lse_th, kd, vd, scale, shape.G, persist_programs(cfg.bwd_depth_ctas, q.device),
-                             depth_grad=depth_grad, block_m=cfg.bwd_depth_block_m, stages=cfg.bwd_depth_stages,
-                             num_warps=cfg.bwd_depth_warps)
+        programs = persist_programs(cfg.bwd_depth_ctas, q.device)
+        if cfg.bwd_depth_kernel == "cute" and _cute_depth_bwd_problem(q, kd, shape.G) is None:
+            from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+
+            def depth():
+                return depth_bwd_sm90(do, q, o, lse_th, kd, vd, scale, shape.G, programs, depth_grad=depth_grad)
+        else:
+            def depth():
+                return depth_bwd(do, q, o, lse_th, kd, vd, scale, shape.G, programs, depth_grad=depth_grad,
+                                 block_m=cfg.bwd_depth_block_m, stages=cfg.bwd_depth_stages,
+                                 num_warps=cfg.bwd_depth_warps)
         side = True
     else:
         depth_cfg = cfg.replace(bwd_depth="split")

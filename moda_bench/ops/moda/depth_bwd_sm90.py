@@ -1,0 +1,400 @@
+"""The depth part of MoDA's backward as a CuTe DSL kernel of independent warps (issue 20, the
+backward of `moda-overlap` / `moda-fused`).
+
+Owns: `DepthBwdSm90` (the kernel) and `depth_bwd_sm90` (compile cache and launch), a drop-in for
+`kernel_depth.depth_bwd`: given the merged out and lse of the whole MoDA softmax, the depth keys'
+share of dq and, with depth_grad, dk_depth and dv_depth. Imported only where FA4 imports (it
+needs cutlass); the caller falls back to the Triton kernel where `unavailable` says why.
+
+Why a second kernel. The Triton streaming kernel's program is one chain of small dependent
+products on 4 warps (one a scheduler): ~32 GB/s a program on the H100 and H200, so the overlap
+route's backward takes 96 SMs' worth of programs from FA4 at T=4096 (docs/FUSED_PROTOTYPES.md,
+"What bounds a depth program"). Here every warp is its own program: no CTA barrier, no shared
+pipeline; the warps of a CTA hide each other's latency.
+
+What a warp does. A unit is 16 folded rows r = t*G + g of one KV head (16/G whole positions; G
+must divide 16) and their positions' depth keys, one contiguous row range of k_depth viewed
+(B, T*L, Hk, d). The warp walks its units (unit u = warp, warp + all warps, ...; KV head fastest)
+as one flat loop over (unit, 32-key step) with its own cp.async pipeline of `stages` steps (the
+next unit's q and do rows ride with its first step). Per step, with mma.sync m16n8k16 and
+ldmatrix operands, in the transposed form (keys as M, so P^T and dS^T feed the next products
+from registers):
+    S^T = K_d Q^T,  P^T = exp2(S^T * scale*log2(e) - lse2) masked to the key's own position,
+    dP^T = V_d dO^T,  dS^T = P^T * (dP^T - delta),
+    dV_d = P^T dO,  dK_d = scale * dS^T Q   (stored through the step's shared buffers),
+    dQ += scale * dS K_d                    (dS^T through a per-warp scratch, ldmatrix.trans).
+A depth key is read by its own position's G rows only, so a warp writes its keys' gradients
+alone: no atomics. lse2 = lse*log2(e) (+inf past T) and delta = rowsum(o*do) are computed per
+unit from global memory.
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp
+from flash_attn.cute import ampere_helpers as sm80_helpers
+from flash_attn.cute import utils as fa_utils
+from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned, to_cute_tensor
+from quack import layout_utils
+
+WARP_ROWS = 16  # folded rows of a unit (one mma.sync M, or N in the transposed products)
+STEP_KEYS = 32  # depth keys a step
+LOG2E = math.log2(math.e)
+
+
+def unavailable(q, kd, G: int) -> str | None:
+    """Why this kernel cannot run these inputs (None if it can): the caller then uses Triton's."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"depth_bwd_sm90 needs bf16 or fp16 inputs, got {q.dtype}"
+    if q.shape[3] != 64:
+        return f"depth_bwd_sm90 is built for head size 64, got {q.shape[3]}"
+    if G > WARP_ROWS or WARP_ROWS % G:
+        return f"depth_bwd_sm90 needs G to divide {WARP_ROWS}, got G={G}"
+    if kd.numel() >= 2 ** 31 or q.numel() >= 2 ** 31:
+        return "depth_bwd_sm90 indexes with 32-bit offsets: a depth tensor of 2^31 elements or more"
+    return None
+
+
+class DepthBwdSm90:
+    """The depth backward over 16-row units, one warp each (see module)."""
+
+    def __init__(self, dtype, head_dim: int, G: int, L: int, *, warps: int = 8, stages: int = 2,
+                 depth_grad: bool = True):
+        assert WARP_ROWS % G == 0 and head_dim % 16 == 0 and L >= 1 and stages >= 2
+        self.dtype, self.D, self.G, self.L = dtype, head_dim, G, L
+        self.P = WARP_ROWS // G  # positions a unit
+        self.steps = -(-self.P * L // STEP_KEYS)  # 32-key steps a unit
+        self.warps, self.stages, self.depth_grad = warps, stages, depth_grad
+
+    # ------------------------------------------------------------------ launch
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mDO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mKd: cute.Tensor, mVd: cute.Tensor, mDQ: cute.Tensor, mDKd: cute.Tensor, mDVd: cute.Tensor,
+                 scale: Float32, programs: Int32, stream: cuda.CUstream = None):
+        mQ, mDO, mO, mKd, mVd, mDQ, mDKd, mDVd = [assume_tensor_aligned(t)
+                                                   for t in (mQ, mDO, mO, mKd, mVd, mDQ, mDKd, mDVd)]
+        D, W, S = self.D, self.warps, self.stages
+        atom = sm80_helpers.get_smem_layout_atom(self.dtype, D)
+        sKV_layout = cute.tile_to_shape(atom, (STEP_KEYS, D, W * S), (0, 1, 2))
+        sRow_layout = cute.tile_to_shape(atom, (WARP_ROWS, D, W * S), (0, 1, 2))
+        sScr_layout = cute.make_ordered_layout((STEP_KEYS, WARP_ROWS, W), order=(1, 0, 2))
+        sStat_layout = cute.make_ordered_layout((WARP_ROWS, 2, W), order=(0, 1, 2))
+
+        @cute.struct
+        class Storage:
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sRow_layout)], 1024]
+            sDO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sRow_layout)], 1024]
+            sScr: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sScr_layout)], 128]
+            sStat: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sStat_layout)], 128]
+
+        mma = cute.make_tiled_mma(warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (1, 1, 1),
+                                  permutation_mnk=(16, 16, 16))
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                  num_bits_per_copy=128)
+        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        thr = cute.make_ordered_layout((32 // (D // 8), D // 8), order=(1, 0))
+        val = cute.make_layout((1, 8))
+        copy_in = cute.make_tiled_copy_tv(g2s, thr, val)
+        copy_out = cute.make_tiled_copy_tv(vec, thr, val)
+        scale_log2 = scale * LOG2E
+        self.kernel(mQ, mDO, mO, mLSE, mKd, mVd, mDQ, mDKd, mDVd, scale, scale_log2, sKV_layout, sRow_layout,
+                    sScr_layout, sStat_layout, mma, copy_in, copy_out, Storage).launch(
+            grid=[programs, 1, 1], block=[32 * W, 1, 1], smem=Storage.size_in_bytes(), stream=stream)
+
+    # ------------------------------------------------------------------ the kernel
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mDO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mKd: cute.Tensor,
+               mVd: cute.Tensor, mDQ: cute.Tensor, mDKd: cute.Tensor, mDVd: cute.Tensor, scale: Float32,
+               scale_log2: Float32, sKV_layout: cute.ComposedLayout, sRow_layout: cute.ComposedLayout,
+               sScr_layout: cute.Layout, sStat_layout: cute.Layout, mma: cute.TiledMma, copy_in: cute.TiledCopy,
+               copy_out: cute.TiledCopy, Storage: cutlass.Constexpr):
+        D, W, S, G, P, L, NS = self.D, self.warps, self.stages, self.G, self.P, self.L, self.steps
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        nblk, _, _ = cute.arch.grid_dim()
+        wid = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        smem = cutlass.utils.SmemAllocator()
+        st = smem.allocate(Storage)
+        sK = st.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sV = st.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sQ = st.sQ.get_tensor(sRow_layout.outer, swizzle=sRow_layout.inner)
+        sDO = st.sDO.get_tensor(sRow_layout.outer, swizzle=sRow_layout.inner)
+        sScr = st.sScr.get_tensor(sScr_layout)[None, None, wid]
+        sStat = st.sStat.get_tensor(sStat_layout)[None, None, wid]
+
+        B, T, Hq = mQ.shape[0], mQ.shape[1], mQ.shape[2]
+        TL, Hk = mKd.shape[1], mKd.shape[2]
+        slabs = (T + P - 1) // P
+        n_units = slabs * B * Hk
+        gw = bidx * W + wid
+        nw = nblk * W
+        my_units = (n_units - gw + nw - 1) // nw  # gw < nw, so never negative
+        total = my_units * NS
+
+        thr_mma = mma.get_slice(lane)
+        ld = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ld_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        cpA = cute.make_tiled_copy_A(ld, mma).get_slice(lane)
+        cpB = cute.make_tiled_copy_B(ld, mma).get_slice(lane)
+        cpAt = cute.make_tiled_copy_A(ld_t, mma).get_slice(lane)
+        cpBt = cute.make_tiled_copy_B(ld_t, mma).get_slice(lane)
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                                         num_bits_per_copy=32), mma).get_slice(lane)
+        cin = copy_in.get_slice(lane)
+        cout = copy_out.get_slice(lane)
+
+        # operand partitions (slot mode last)
+        sQt, sDOt, sKt = (layout_utils.transpose_view(x) for x in (sQ, sDO, sK))
+        pK_A, pV_A = cpA.partition_S(sK), cpA.partition_S(sV)  # S^T, dP^T: keys as M
+        pQ_B, pDO_B = cpB.partition_S(sQ), cpB.partition_S(sDO)  # rows as N, d as K
+        pDOt_B, pQt_B = cpBt.partition_S(sDOt), cpBt.partition_S(sQt)  # dV, dK: d as N, rows as K
+        pKt_B = cpBt.partition_S(sKt)  # dQ: d as N, keys as K
+        pScr_A = cpAt.partition_S(layout_utils.transpose_view(sScr))  # dQ: rows as M, keys as K
+        rK = thr_mma.make_fragment_A(thr_mma.partition_A(sK[None, None, 0]))
+        rQ = thr_mma.make_fragment_B(thr_mma.partition_B(sQ[None, None, 0]))
+        rDOt = thr_mma.make_fragment_B(thr_mma.partition_B(sDOt[None, None, 0]))
+        rKt = thr_mma.make_fragment_B(thr_mma.partition_B(sKt[None, None, 0]))
+        rScr = thr_mma.make_fragment_A(thr_mma.partition_A(layout_utils.transpose_view(sScr)))
+        cS = thr_mma.partition_C(cute.make_identity_tensor((STEP_KEYS, WARP_ROWS)))
+        shape_S = thr_mma.partition_shape_C((STEP_KEYS, WARP_ROWS))
+        shape_KV = thr_mma.partition_shape_C((STEP_KEYS, D))
+        acc_dQ = cute.make_rmem_tensor(thr_mma.partition_shape_C((WARP_ROWS, D)), Float32)
+        acc_dQ.fill(0.0)
+        rLse = cute.make_rmem_tensor(shape_S, Float32)
+        rDelta = cute.make_rmem_tensor(shape_S, Float32)
+        rowc_kv = cin.partition_S(cute.make_identity_tensor((STEP_KEYS, D)))
+        rowc_r = cin.partition_S(cute.make_identity_tensor((WARP_ROWS, D)))
+
+        # zero this warp's buffers once: rows a step leaves unloaded (past the tensor) stay finite
+        for x in (sK, sV):
+            for i in cutlass.range(lane, STEP_KEYS * D, 32, unroll=1):
+                for s in cutlass.range_constexpr(S):
+                    x[i % STEP_KEYS, i // STEP_KEYS, wid * S + s] = self.dtype(0.0)
+        for x in (sQ, sDO):
+            for i in cutlass.range(lane, WARP_ROWS * D, 32, unroll=1):
+                for s in cutlass.range_constexpr(S):
+                    x[i % WARP_ROWS, i // WARP_ROWS, wid * S + s] = self.dtype(0.0)
+        cute.arch.sync_warp()
+
+        # prologue: steps 0 .. S-2 in flight
+        for f in cutlass.range_constexpr(S - 1):
+            if f < total:
+                self.load_step(f, gw, nw, B, T, TL, Hk, slabs, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
+                               rowc_kv, rowc_r, wid)
+            cute.arch.cp_async_commit_group()
+
+        for f in cutlass.range(total, unroll=1):
+            if f + S - 1 < total:
+                self.load_step(f + S - 1, gw, nw, B, T, TL, Hk, slabs, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin,
+                               copy_in, rowc_kv, rowc_r, wid)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(S - 1)
+            cute.arch.sync_warp()
+            k = f // NS
+            s = f - k * NS
+            u = gw + k * nw
+            slab = u // (B * Hk)
+            bh = u - slab * (B * Hk)
+            b = bh // Hk
+            j = bh - b * Hk
+            t0 = slab * P
+            kslot = wid * S + f % S
+            rslot = wid * S + k % S
+            nk = cutlass.min(T - t0, P) * L  # the unit's depth keys
+            if s == 0:
+                self.unit_stats(mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T)
+                acc_dQ.fill(0.0)
+            # S^T = K Q^T and P^T
+            acc_S = cute.make_rmem_tensor(shape_S, Float32)
+            acc_S.fill(0.0)
+            sm80_helpers.gemm(thr_mma, acc_S, rK, rQ, pK_A[None, None, None, kslot], pQ_B[None, None, None, rslot],
+                              cpA, cpB)
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                m, n = cS[i]
+                ko = s * STEP_KEYS + m
+                p = cute.math.exp2(acc_S[i] * scale_log2 - rLse[i], fastmath=True)
+                acc_S[i] = Float32(0.0)
+                if ko < nk and ko // L == n // G:
+                    acc_S[i] = p
+            # dP^T = V dO^T, dS^T = P^T (dP^T - delta)
+            acc_dP = cute.make_rmem_tensor(shape_S, Float32)
+            acc_dP.fill(0.0)
+            sm80_helpers.gemm(thr_mma, acc_dP, rK, rQ, pV_A[None, None, None, kslot],
+                              pDO_B[None, None, None, rslot], cpA, cpB)
+            for i in cutlass.range_constexpr(cute.size(acc_dP)):
+                acc_dP[i] = acc_S[i] * (acc_dP[i] - rDelta[i])
+            rP = fa_utils.cvt_f16(acc_S, self.dtype)
+            rdS = fa_utils.cvt_f16(acc_dP, self.dtype)
+            # dS^T to the scratch for dQ (read back as dS by ldmatrix.trans)
+            cute.copy(r2s, r2s.retile(rdS), r2s.partition_D(sScr))
+            cute.arch.sync_warp()
+            if const_expr(self.depth_grad):
+                # dV = P^T dO into the V buffer (free after dP^T), stored after the step's dQ
+                acc_G = cute.make_rmem_tensor(shape_KV, Float32)
+                acc_G.fill(0.0)
+                sm80_helpers.gemm_rs(thr_mma, acc_G, layout_utils.reshape_acc_to_frgA(rP), rDOt,
+                                     pDOt_B[None, None, None, rslot], cpBt)
+                cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)),
+                          r2s.partition_D(sV[None, None, kslot]))
+            # dQ += dS K
+            sm80_helpers.gemm(thr_mma, acc_dQ, rScr, rKt, pScr_A, pKt_B[None, None, None, kslot], cpAt, cpBt)
+            if const_expr(self.depth_grad):
+                # dK = scale * dS^T Q into the K buffer (free after dQ)
+                acc_G = cute.make_rmem_tensor(shape_KV, Float32)
+                acc_G.fill(0.0)
+                sm80_helpers.gemm_rs(thr_mma, acc_G, layout_utils.reshape_acc_to_frgA(rdS), rDOt,
+                                     pQt_B[None, None, None, rslot], cpBt)
+                for i in cutlass.range_constexpr(cute.size(acc_G)):
+                    acc_G[i] = acc_G[i] * scale
+                cute.arch.sync_warp()  # every lane's dQ ldmatrix of K is done
+                cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)),
+                          r2s.partition_D(sK[None, None, kslot]))
+                cute.arch.sync_warp()
+                row0 = t0 * L + s * STEP_KEYS  # the step's first depth row of (b, j)
+                lim = cutlass.min(nk - s * STEP_KEYS, STEP_KEYS)
+                self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out, rowc_kv,
+                                lim)
+                self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc_kv,
+                                lim)
+            if s == NS - 1:
+                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                    acc_dQ[i] = acc_dQ[i] * scale
+                cute.arch.sync_warp()
+                cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_dQ, self.dtype)), r2s.partition_D(sQ[None, None, rslot]))
+                cute.arch.sync_warp()
+                self.store_rows(sQ[None, None, rslot], self.rows_tile(mDQ, b, j, t0), cout, copy_out, rowc_r,
+                                cutlass.min(T - t0, P) * G)
+            cute.arch.sync_warp()
+        cute.arch.cp_async_wait_group(0)
+
+    # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def rows_tile(self, mX: cute.Tensor, b, j, t0):
+        """The unit's 16 folded rows (r = t*G + g, t from t0) of (b, KV head j) as a (16, D) tensor."""
+        x = cute.domain_offset((b, t0, j * self.G, 0), mX)
+        return cute.make_tensor(x.iterator, cute.make_layout(((self.G, self.P), self.D),
+                                                             stride=((mX.stride[2], mX.stride[1]), 1)))
+
+    @cute.jit
+    def depth_tile(self, mX: cute.Tensor, b, j, row0):
+        """STEP_KEYS depth rows from row0 of (b, KV head j) of a (B, T*L, Hk, D) tensor."""
+        x = cute.domain_offset((b, row0, j, 0), mX)
+        return cute.make_tensor(x.iterator, cute.make_layout((STEP_KEYS, self.D), stride=(mX.stride[1], 1)))
+
+    @cute.jit
+    def load_step(self, f, gw, nw, B, T, TL, Hk, slabs, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
+                  rowc_kv, rowc_r, wid):
+        """cp.async of flat step f's depth K and V rows (and, at a unit's first step, its q and do rows)."""
+        NS, S, P, L = self.steps, self.stages, self.P, self.L
+        k = f // NS
+        s = f - k * NS
+        u = gw + k * nw
+        slab = u // (B * Hk)
+        bh = u - slab * (B * Hk)
+        b = bh // Hk
+        j = bh - b * Hk
+        t0 = slab * P
+        if s == 0:
+            rlim = cutlass.min(T - t0, P) * self.G
+            for src, dst in ((mQ, sQ), (mDO, sDO)):
+                g = cin.partition_S(self.rows_tile(src, b, j, t0))
+                d = cin.partition_D(dst[None, None, wid * S + k % S])
+                for n in cutlass.range_constexpr(cute.size(g, mode=[1])):
+                    if rowc_r[0, n, 0][0] < rlim:
+                        cute.copy(copy_in, g[None, n, None], d[None, n, None])
+        row0 = t0 * L + s * STEP_KEYS
+        klim = TL - row0
+        for src, dst in ((mKd, sK), (mVd, sV)):
+            g = cin.partition_S(self.depth_tile(src, b, j, row0))
+            d = cin.partition_D(dst[None, None, wid * S + f % S])
+            for n in cutlass.range_constexpr(cute.size(g, mode=[1])):
+                if rowc_kv[0, n, 0][0] < klim:
+                    cute.copy(copy_in, g[None, n, None], d[None, n, None])
+
+    @cute.jit
+    def unit_stats(self, mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T):
+        """lse2 (+inf past T) and delta = rowsum(o*do) of the unit's rows, into this thread's fragments."""
+        G, D = self.G, self.D
+        r = lane // 2
+        half = lane % 2
+        t = t0 + r // G
+        lse2 = Float32(float("inf"))
+        dot = Float32(0.0)
+        if t < T:
+            o = cute.make_rmem_tensor((D // 2,), self.dtype)
+            do = cute.make_rmem_tensor((D // 2,), self.dtype)
+            cute.autovec_copy(cute.local_tile(self.rows_tile(mO, b, j, t0)[r, None], (D // 2,), (half,)), o)
+            cute.autovec_copy(cute.local_tile(self.rows_tile(mDO, b, j, t0)[r, None], (D // 2,), (half,)), do)
+            of = o.load().to(Float32)
+            dof = do.load().to(Float32)
+            dot = (of * dof).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            lse2 = mLSE[b, t, j * G + r % G] * LOG2E
+        dot = dot + cute.arch.shuffle_sync_bfly(dot, offset=1)
+        if half == 0:
+            sStat[r, 0] = lse2
+            sStat[r, 1] = dot
+        cute.arch.sync_warp()
+        for i in cutlass.range_constexpr(cute.size(rLse)):
+            n = cS[i][1]
+            rLse[i] = sStat[n, 0]
+            rDelta[i] = sStat[n, 1]
+
+    @cute.jit
+    def store_rows(self, src_s, dst_g, cout, copy_out, rowc, lim):
+        """Rows [0, lim) of a shared tile to global memory, 16 bytes a thread a copy."""
+        s = cout.partition_S(src_s)
+        d = cout.partition_D(dst_g)
+        r = cute.make_fragment_like(s)
+        cute.autovec_copy(s, r)
+        for n in cutlass.range_constexpr(cute.size(s, mode=[1])):
+            if rowc[0, n, 0][0] < lim:
+                cute.copy(copy_out, r[None, n, None], d[None, n, None])
+
+
+# ---------------------------------------------------------------------- host side
+_COMPILED: dict = {}
+
+
+def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, stages: int, depth_grad: bool):
+    q = args[0]
+    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad)
+    if key not in _COMPILED:
+        dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
+        kern = DepthBwdSm90(dtype, q.shape[3], G, L, warps=warps, stages=stages, depth_grad=depth_grad)
+        cargs = [to_cute_tensor(t) for t in args[:3]]
+        cargs.append(to_cute_tensor(args[3], assumed_align=4))
+        cargs += [to_cute_tensor(t) for t in args[4:]]
+        _COMPILED[key] = cute.compile(kern, *cargs, scale, programs,
+                                      cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+                                      options="--enable-tvm-ffi")
+    return _COMPILED[key]
+
+
+def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, depth_grad: bool = True,
+                   warps: int = 8, stages: int = 2):
+    """(dq share (q's dtype), dk_depth, dv_depth) given the merged o and lse (B,T,Hq) fp32; dk_depth =
+    dv_depth = None without depth_grad. `programs` CTAs of `warps` independent warps. Same contract as
+    `kernel_depth.depth_bwd`; `unavailable` says which inputs it cannot take."""
+    why = unavailable(q, kd, G)
+    if why:
+        raise ValueError(why)
+    B, T, Hq, d = q.shape
+    L, Hk = kd.shape[2], kd.shape[3]
+    kdv, vdv = kd.reshape(B, T * L, Hk, d), vd.reshape(B, T * L, Hk, d)
+    dq = torch.empty_like(q)
+    dkd = torch.empty_like(kd) if depth_grad else None
+    dvd = torch.empty_like(vd) if depth_grad else None
+    gk = dkd.view(B, T * L, Hk, d) if depth_grad else kdv  # never written without depth_grad
+    gv = dvd.view(B, T * L, Hk, d) if depth_grad else vdv
+    args = (q, do, o, lse, kdv, vdv, dq, gk, gv)
+    n_units = -(-T // (WARP_ROWS // G)) * B * Hk
+    programs = max(1, min(programs, -(-n_units // warps)))
+    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad)(*args, float(scale), programs)
+    return dq, dkd, dvd

@@ -1,0 +1,172 @@
+"""GPU check and timing of the CuTe depth backward (`moda_bench.ops.moda.depth_bwd_sm90`, issue 20)
+against the Triton streaming kernel it can replace (`kernel_depth.depth_bwd`).
+
+1. `--check`: at odd shapes (T not a multiple of a unit, G 1/2/4/8/16, L 1/3/5/64/256, B 1-2), both
+   kernels against an fp64 reference of the depth share (dq share, dk_depth, dv_depth from the
+   given o and lse), depth_grad on and off. A line per shape and kernel: max |err| / max |ref| of
+   each output; "ok" when the CuTe kernel's errors are within 2x Triton's (+1e-3).
+2. `--rates`: each kernel alone at several program counts (T, G, L from the flags), interleaved
+   rounds of `moda_bench.timing.time_interleaved` against Triton at the first count; the depth
+   bytes (k/v depth read, their gradients written) per program and second.
+Rows go to --out (CSV) as they come. One verdict line `DEPTH BWD: ...`; never exits non-zero.
+
+    PYTHONPATH=$PWD python3 tools/depth_bwd_check.py --check --rates --out /tmp/depth_bwd.csv
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = [(1, 1000, 8, 64), (2, 777, 1, 3), (1, 999, 2, 256), (1, 517, 8, 1), (1, 1001, 16, 64), (2, 333, 4, 5),
+          (1, 4099, 8, 64), (1, 130, 16, 1)]
+
+
+def inputs(B, T, G, L, Hk=2, d=64, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    Hq = G * Hk
+
+    def r(*s):
+        return torch.randn(*s, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16)
+    q, do, o = r(B, T, Hq, d), r(B, T, Hq, d), r(B, T, Hq, d)
+    kd, vd = r(B, T, L, Hk, d), r(B, T, L, Hk, d)
+    scale = 1.0 / math.sqrt(d)
+    # lse: the depth keys' own log-sum-exp plus a positive share for the (absent) sequence keys
+    s = torch.einsum("bthgd,btlhd->bthgl", q.double().view(B, T, Hk, G, d), kd.double()) * scale
+    lse = (torch.logsumexp(s, -1) + torch.rand(B, T, Hk, G, device="cuda", generator=g).double())
+    return q, do, o, lse.reshape(B, T, Hq).float().contiguous(), kd, vd, scale
+
+
+def reference(q, do, o, lse, kd, vd, scale):
+    B, T, Hq, d = q.shape
+    L, Hk = kd.shape[2], kd.shape[3]
+    G = Hq // Hk
+    q4, do4, o4 = (x.double().view(B, T, Hk, G, d) for x in (q, do, o))
+    kd6, vd6 = kd.double(), vd.double()
+    s = torch.einsum("bthgd,btlhd->bthgl", q4, kd6) * scale
+    p = torch.exp(s - lse.double().view(B, T, Hk, G, 1))
+    dp = torch.einsum("bthgd,btlhd->bthgl", do4, vd6)
+    delta = (o4 * do4).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dq = torch.einsum("bthgl,btlhd->bthgd", ds, kd6).reshape(B, T, Hq, d) * scale
+    dkd = torch.einsum("bthgl,bthgd->btlhd", ds, q4) * scale
+    dvd = torch.einsum("bthgl,bthgd->btlhd", p, do4)
+    return dq, dkd, dvd
+
+
+def rel(a, b):
+    if a is None or b is None:
+        return float("nan")
+    return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def check(w, verbose) -> bool:
+    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    from moda_bench.ops.moda.kernel_depth import depth_bwd
+    all_ok = True
+    for (B, T, G, L) in SHAPES:
+        q, do, o, lse, kd, vd, scale = inputs(B, T, G, L)
+        ref = reference(q, do, o, lse, kd, vd, scale)
+        for dg in (True, False):
+            errs = {}
+            for name, fn in (("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg)),
+                             ("cute", lambda: depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg))):
+                try:
+                    out = fn()
+                    torch.cuda.synchronize()
+                    errs[name] = [rel(out[0], ref[0])] + ([rel(out[1], ref[1]), rel(out[2], ref[2])] if dg else [])
+                except Exception as exc:  # noqa: BLE001
+                    print(f"check B={B} T={T} G={G} L={L} dg={int(dg)} {name}: failed: {type(exc).__name__}: "
+                          f"{str(exc)[:400]}", flush=True)
+                    if verbose:
+                        traceback.print_exc()
+                    errs[name] = None
+            ok = errs.get("cute") is not None and errs.get("triton") is not None and all(
+                c <= 2 * t + 1e-3 for c, t in zip(errs["cute"], errs["triton"]))
+            all_ok &= ok
+            for name, e in errs.items():
+                es = " ".join(f"{x:.2e}" for x in e) if e else "failed"
+                print(f"check B={B} T={T} G={G} L={L} depth_grad={int(dg)} {name:6s} {es}", flush=True)
+                w.writerow(["check", B, T, G, L, int(dg), name, es, "ok" if ok else "BAD"])
+    return all_ok
+
+
+def rates(a, w) -> None:
+    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    from moda_bench.ops.moda.kernel_depth import depth_bwd
+    from moda_bench.timing import RoundRule, time_interleaved
+    q, do, o, lse, kd, vd, scale = inputs(1, a.T, a.G, a.L, Hk=8)
+    counts = [int(x) for x in a.programs.split(",")]
+    fns = {}
+    for n in counts:
+        fns[f"triton-{n}"] = (lambda n=n: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, n))
+        for wv in a.warps.split(","):
+            fns[f"cute-{n}-w{wv}"] = (lambda n=n, wv=int(wv): depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n,
+                                                                           warps=wv, stages=a.stages))
+    for name in list(fns):
+        try:
+            fns[name]()
+        except Exception as exc:  # noqa: BLE001
+            print(f"rates {name}: failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+            del fns[name]
+    torch.cuda.synchronize()
+    base = f"triton-{counts[0]}"
+    res = time_interleaved(fns, baseline=base if base in fns else next(iter(fns)), timer="graph",
+                           rule=RoundRule(max_time_s=a.max_time))
+    gb = 4 * kd.numel() * kd.element_size() / 1e9
+    for name in fns:
+        m = res.measurements[name]
+        r, lo, hi = res.ratios.get(name, (1.0, 1.0, 1.0))
+        n = int(name.split("-")[1])
+        print(f"rates T={a.T} G={a.G} L={a.L} {name:14s} {m.median_ms:8.3f} ms  x{r:.3f} [{lo:.3f}-{hi:.3f}]  "
+              f"{gb / m.median_ms * 1e3 / n:6.1f} GB/s a program", flush=True)
+        w.writerow(["rate", 1, a.T, a.G, a.L, 1, name, f"{m.median_ms:.4f}", f"{r:.4f} [{lo:.4f}-{hi:.4f}]"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--rates", action="store_true")
+    ap.add_argument("--T", type=int, default=16384)
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--L", type=int, default=64)
+    ap.add_argument("--programs", default="24,12,48,132")
+    ap.add_argument("--warps", default="8")
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--max-time", type=float, default=3.0)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("DEPTH BWD: not run: no GPU")
+        return 0
+    print(f"# {torch.cuda.get_device_name()}", flush=True)
+    f = open(a.out, "a", newline="") if a.out else open(os.devnull, "w")
+    w = csv.writer(f)
+    verdict = []
+    t0 = time.time()
+    try:
+        if a.check:
+            verdict.append("check " + ("all ok" if check(w, a.verbose) else "NOT ok"))
+        if a.rates:
+            rates(a, w)
+            verdict.append("rates done")
+    except Exception as exc:  # noqa: BLE001
+        verdict.append(f"failed: {type(exc).__name__}: {str(exc)[:300]}")
+        traceback.print_exc()
+    f.close()
+    print(f"DEPTH BWD: {'; '.join(verdict)} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
