@@ -80,6 +80,7 @@
 #               offset) at the first FUSED_T, one kernel each (NVTX fused0, fused1, ...), into $RESULTS/fused_ncu.csv.gz
 #   fused-sass  ncu's per-instruction view (SASS, stall samples) of FUSED_NCU_VARIANTS (default: spread and spread
 #               without its math) at the first FUSED_T, into $RESULTS/fused_sass.csv.gz
+#   cute-bwd-tests  GPU tests of the CuTe depth backward (tests/test_depth_bwd_sm90.py)
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
 #               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/$FUSED_RUN, default fused-limit;
@@ -279,6 +280,7 @@ for s in "$@"; do
     fused-gl) FV="--variants '${FUSED_VARIANTS:-64x2;64x2:offset:0}' --timer ${FUSED_TIMER:-graph} --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv"
            stage fused-gl bash -c "timeout 150 python3 tools/fused_sm90_check.py --T 16384 --G 2 $FV; timeout 150 python3 tools/fused_sm90_check.py --T 16384 --L 256 $FV" ;;
     fused-tests) stage fused-tests timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_sm90.py ;;
+    cute-bwd-tests) stage cute-bwd-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_depth_bwd_sm90.py ;;
     fused-sweep-a) R=$RESULTS/$GPU/${FUSED_RUN:-fused-limit}; P="${FUSED_PROVIDERS:-moda-fused,moda-overlap,moda-fa4,fa4,cudnn}"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
            stage fused-t4096 $MB sweep $Q --vary T --values 4096 --timer graph,eager --providers $P --out "$R/t4096"
            stage fused-fwd $MB sweep $Q --vary T --values 16384,32768,65536 --pass fwd --providers $P --out "$R/fwd" ;;

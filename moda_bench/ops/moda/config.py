@@ -38,12 +38,10 @@ from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.validate import MoDAShape
 
 
-# Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth), in the tuner's order;
-# plus "tma" (descriptor-load kernels: `kernel_fwd_tma` sequence and depth in one program,
-# `kernel_bwd_tma` the folded-row backward) and "persist" (moda-fa4's streaming `kernel_depth`).
+# Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth), in the tuner's order; plus "tma"
+# (descriptor kernels: `kernel_fwd_tma`, the folded-row `kernel_bwd_tma`) and "persist" (`kernel_depth`).
 DEPTH_MODES = ("split", "stream", "fused", "overlap")
-FWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
-BWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
+FWD_DEPTH_MODES = BWD_DEPTH_MODES = DEPTH_MODES + ("tma", "persist")
 BWD_DEPTH_KERNELS = ("triton", "cute")  # the "persist" backward's depth kernel (MoDAConfig.bwd_depth_kernel)
 
 
@@ -102,8 +100,7 @@ class MoDAConfig:
               sequence K/V tiles of the q-major pass, the q/do tiles of the key-major pass
               (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
     fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
-    bwd_depth_kernel  moda-fa4's "persist" backward only: "triton" (`kernel_depth.depth_bwd`) or "cute"
-              (`depth_bwd_sm90`, independent warps; Triton's where it cannot take the inputs).
+    bwd_depth_kernel  "persist" backward's depth kernel: "triton" (kernel_depth) or "cute" (depth_bwd_sm90).
     """
 
     block_m: int = 64
@@ -329,12 +326,10 @@ def _check(cfg: MoDAConfig, G: int) -> None:
         v = getattr(cfg, name)
         if v < 16 or v & (v - 1):
             raise ValueError(f"config {name}={v} must be a power of two >= 16")
-    if cfg.fwd_depth not in FWD_DEPTH_MODES:
-        raise ValueError(f"config fwd_depth={cfg.fwd_depth!r} must be one of {FWD_DEPTH_MODES}")
-    if cfg.bwd_depth not in BWD_DEPTH_MODES:
-        raise ValueError(f"config bwd_depth={cfg.bwd_depth!r} must be one of {BWD_DEPTH_MODES}")
-    if cfg.bwd_depth_kernel not in BWD_DEPTH_KERNELS:
-        raise ValueError(f"config bwd_depth_kernel={cfg.bwd_depth_kernel!r} must be one of {BWD_DEPTH_KERNELS}")
+    for name, modes in (("fwd_depth", FWD_DEPTH_MODES), ("bwd_depth", BWD_DEPTH_MODES),
+                        ("bwd_depth_kernel", BWD_DEPTH_KERNELS)):
+        if getattr(cfg, name) not in modes:
+            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be one of {modes}")
     for name in ("depth_ctas", "bwd_depth_ctas"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")

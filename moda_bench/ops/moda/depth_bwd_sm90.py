@@ -41,22 +41,17 @@ from flash_attn.cute import utils as fa_utils
 from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned, to_cute_tensor
 from quack import layout_utils
 
+from moda_bench.ops.moda.validate import MoDAShape, cute_bwd_shape_problem
+
 WARP_ROWS = 16  # folded rows of a unit (one mma.sync M, or N in the transposed products)
 STEP_KEYS = 32  # depth keys a step
 LOG2E = math.log2(math.e)
 
 
 def unavailable(q, kd, G: int) -> str | None:
-    """Why this kernel cannot run these inputs (None if it can): the caller then uses Triton's."""
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return f"depth_bwd_sm90 needs bf16 or fp16 inputs, got {q.dtype}"
-    if q.shape[3] != 64:
-        return f"depth_bwd_sm90 is built for head size 64, got {q.shape[3]}"
-    if G > WARP_ROWS or WARP_ROWS % G:
-        return f"depth_bwd_sm90 needs G to divide {WARP_ROWS}, got G={G}"
-    if kd.numel() >= 2 ** 31 or q.numel() >= 2 ** 31:
-        return "depth_bwd_sm90 indexes with 32-bit offsets: a depth tensor of 2^31 elements or more"
-    return None
+    """Why this kernel cannot take these inputs (None if it can; `fa4.cute_bwd_shape_problem`)."""
+    B, T, Hq, d = q.shape
+    return cute_bwd_shape_problem(MoDAShape(B, T, Hq, kd.shape[3], d, kd.shape[2]), q.dtype)
 
 
 class DepthBwdSm90:
@@ -122,10 +117,10 @@ class DepthBwdSm90:
         lane = tidx % 32
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
-        sK = st.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        sV = st.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        sQ = st.sQ.get_tensor(sRow_layout.outer, swizzle=sRow_layout.inner)
-        sDO = st.sDO.get_tensor(sRow_layout.outer, swizzle=sRow_layout.inner)
+        sK = st.sK.get_tensor(sKV_layout)  # composed layouts: an element swizzle (not the pointer's byte swizzle)
+        sV = st.sV.get_tensor(sKV_layout)
+        sQ = st.sQ.get_tensor(sRow_layout)
+        sDO = st.sDO.get_tensor(sRow_layout)
         sScr = st.sScr.get_tensor(sScr_layout)[None, None, wid]
         sStat = st.sStat.get_tensor(sStat_layout)[None, None, wid]
 

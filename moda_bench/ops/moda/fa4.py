@@ -40,7 +40,7 @@ from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l
 from moda_bench.ops.moda.kernel import MERGE_BLOCK, Concurrent, moda_bwd, moda_fwd, wants_depth_grad
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
-from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs
+from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
 from moda_bench.ops.moda.triton_utils import lse_merge
 
 FA4_DISTRIBUTION = "flash-attn-4"
@@ -273,6 +273,16 @@ def _fused_shape_problem(shape: MoDAShape, dtype) -> Optional[str]:
     return None
 
 
+def cute_bwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]:
+    """Why the "persist" backward cannot run its depth part as the CuTe kernel
+    (`depth_bwd_sm90`, `MoDAConfig.bwd_depth_kernel="cute"`) here (None: it can): it needs FA4's
+    CuTe DSL, an sm_90 GPU and `cute_bwd_shape_problem`'s shapes. moda_fa4 then runs Triton's."""
+    why = cute_bwd_shape_problem(shape, dtype) or fa4_unavailable(device)
+    if why is None and _fused_arch_problem(device) is not None:
+        why = "the CuTe depth backward is an sm_90 (Hopper) kernel"
+    return why
+
+
 def _fused_arch_problem(device) -> Optional[str]:
     idx = torch.device(device if device is not None else "cuda").index
     if torch.cuda.get_device_capability(idx if idx is not None else torch.cuda.current_device())[0] != 9:
@@ -319,21 +329,13 @@ def _forward(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, backend:
     return _merge(o, lse_ht, od, lsed)
 
 
-def _cute_depth_bwd_problem(q, kd, G: int) -> Optional[str]:
-    """Why the CuTe depth backward (`depth_bwd_sm90`) cannot take these inputs (None: it can)."""
-    if _fused_arch_problem(q.device) is not None:
-        return "the CuTe depth backward is an sm_90 (Hopper) kernel"
-    from moda_bench.ops.moda.depth_bwd_sm90 import unavailable
-    return unavailable(q, kd, G)
-
-
 def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend, depth_grad=True):
     if shape.L == 0:
         dq, dk, dv = backend.bwd(q, k, v, o, do, lse_ht, scale)
         return dq, dk, dv, None, None
     if cfg.bwd_depth == "persist":  # the streaming depth kernel (delta per item) beside the sequence backward
         programs = persist_programs(cfg.bwd_depth_ctas, q.device)
-        if cfg.bwd_depth_kernel == "cute" and _cute_depth_bwd_problem(q, kd, shape.G) is None:
+        if cfg.bwd_depth_kernel == "cute" and cute_bwd_unavailable(shape, q.dtype, q.device) is None:
             from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
 
             def depth():

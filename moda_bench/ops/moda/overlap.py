@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from moda_bench.ops.moda.config import MoDAConfig, group_pad, op_config, resolve_config
+from moda_bench.ops.moda.fa4 import cute_bwd_unavailable
 from moda_bench.ops.moda.kernel_fwd_tma import num_sms
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
@@ -41,9 +42,16 @@ DETACHED_BWD = 0.6
 # within 1%. The backward's 128-row 8-warp items stream 37 against 32 GB/s alone but cost 7-10%
 # beside FA4 at G=2 and L=256, so the backward keeps 64 rows and 4 warps.
 FWD_BLOCK_M, FWD_WARPS, BWD_BLOCK_M, BWD_WARPS, STAGES = 256, 8, 64, 4, 3
+# The backward's depth part as the CuTe kernel of independent warps (`depth_bwd_sm90`, where it takes
+# the shape): 52 against Triton's 29 GB/s a program at T=16384, G=8, L=64 (59 / 41 at G=2 and at
+# L=256, 45 / 21 at G=16; H100, alone, results/h100/depth-bwd-cute), so it needs fewer SMs beside
+# FA4. Beside FA4, fwd+bwd, H100, graph timer at T=4096: 96 programs 1.50x, 64 1.44x, 40 1.38x,
+# 32 1.34x, 24 1.35x, 16 1.79x (Triton's 96: 1.52x); T=16384 16-24 programs and T=32768 12 level
+# with Triton's within the intervals: a share of 8/132 at the calibration point, at least 12.
+CUTE_BWD_SHARE, CUTE_BWD_MIN = 8 / 132, 12
 
 
-def overlap_programs(shape: MoDAShape, sms: int, share: float) -> int:
+def overlap_programs(shape: MoDAShape, sms: int, share: float, minimum: int = MIN_PROGRAMS) -> int:
     """Programs of a streaming depth launch: share * sms at the calibration point, scaled by the
     shape's depth work per sequence FLOP, between MIN_PROGRAMS and all SMs (rounded up: a depth
     tail after FA4 costs far more than a program too many, 8 programs at T=16384 gave 1.57x FA4's
@@ -51,18 +59,23 @@ def overlap_programs(shape: MoDAShape, sms: int, share: float) -> int:
     and its rows from G = 8 on, ~ L / T: a program's item of G rows is compute-bound there (H100,
     G=32 at the 1/G count ran 3.65x FA4, G=16 1.24x, G=4 1.12x and G=2 1.31x; paper-overlap)."""
     scale = (shape.L / BASE_L) * (BASE_T / max(shape.T, 1)) * (BASE_G / min(max(shape.G, 1), BASE_G))
-    return max(MIN_PROGRAMS, min(sms, math.ceil(share * sms * scale - 1e-9)))
+    return max(minimum, min(sms, math.ceil(share * sms * scale - 1e-9)))
 
 
 def overlap_heuristic(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
     """moda-fa4's resolved config with the "persist" placement on both passes, the side stream at
-    the highest priority and the program counts of `overlap_programs` for this GPU (what
+    the highest priority, the CuTe depth backward where it takes the shape (`fa4.cute_bwd_unavailable`;
+    else Triton's) and the program counts of `overlap_programs` for this GPU (what
     `moda-bench tune --op moda-overlap` starts from and must beat)."""
     sms = num_sms(device)
-    bwd_share = BWD_SHARE * (1.0 if depth_grad else DETACHED_BWD)
+    detached = 1.0 if depth_grad else DETACHED_BWD
+    if cute_bwd_unavailable(shape, dtype, device) is None:
+        kernel, bwd = "cute", overlap_programs(shape, sms, CUTE_BWD_SHARE * detached, CUTE_BWD_MIN)
+    else:
+        kernel, bwd = "triton", overlap_programs(shape, sms, BWD_SHARE * detached)
     return resolve_config(shape, dtype, op="moda-fa4").replace(
-        fwd_depth="persist", bwd_depth="persist", side_priority=True,
-        depth_ctas=overlap_programs(shape, sms, FWD_SHARE), bwd_depth_ctas=overlap_programs(shape, sms, bwd_share),
+        fwd_depth="persist", bwd_depth="persist", side_priority=True, bwd_depth_kernel=kernel,
+        depth_ctas=overlap_programs(shape, sms, FWD_SHARE), bwd_depth_ctas=bwd,
         depth_block_m=max(FWD_BLOCK_M, group_pad(shape.G)), bwd_depth_block_m=max(BWD_BLOCK_M, group_pad(shape.G)),
         depth_stages=STAGES, bwd_depth_stages=STAGES, depth_warps=FWD_WARPS, bwd_depth_warps=BWD_WARPS)
 

@@ -1,4 +1,5 @@
-"""Input checking shared by every MoDA implementation.
+"""Input checking shared by every MoDA implementation, and the shapes a specialised kernel takes
+(`cute_bwd_shape_problem`: the CuTe depth backward, kept here so that it is known without cutlass).
 
 Layouts (spec section 1): q (B, T, Hq, d); k, v (B, T, Hk, d);
 k_depth, v_depth (B, T, L, Hk, d) or both None (L = 0).
@@ -79,3 +80,19 @@ def check_inputs(
     check_head_dim(q, head_dims)
     check_cuda(q, need_cuda)
     return MoDAShape(B=B, T=T, Hq=Hq, Hk=Hk, d=d, L=L)
+
+
+def cute_bwd_shape_problem(shape: MoDAShape, dtype) -> str | None:
+    """The shapes `depth_bwd_sm90` takes: L >= 1, G dividing 16 (a warp's 16 rows are whole
+    positions), d = 64, fp16/bf16, and every element offset within a signed 32-bit integer."""
+    if shape.L < 1:
+        return "L = 0 has no depth part"
+    if shape.G > 16 or 16 % shape.G:
+        return f"G={shape.G} does not divide 16 (a warp's 16 rows must be whole positions)"
+    if shape.d != 64:
+        return f"head size d={shape.d}: the CuTe depth backward is built for d = 64"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {dtype}: the CuTe depth backward takes fp16/bf16"
+    if max(shape.B * shape.T * shape.L * shape.Hk, shape.B * shape.T * shape.Hq) * shape.d > 2 ** 31:
+        return "the CuTe depth backward indexes with 32-bit offsets: a tensor of more than 2^31 elements"
+    return None

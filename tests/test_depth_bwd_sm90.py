@@ -1,0 +1,204 @@
+"""The depth backward as a CuTe DSL kernel of independent warps (`moda_bench.ops.moda.depth_bwd_sm90`,
+`MoDAConfig.bwd_depth_kernel="cute"`, moda-overlap's default backward where it takes the shape).
+
+CPU: which shapes it takes (`fa4.cute_bwd_shape_problem`, one reason each), the config field,
+the heuristic's choice of kernel and program counts, and moda_fa4 with the field set where the
+kernel cannot run (the torch sequence backend on the CPU: Triton's depth kernel under the
+interpreter, against fp64); where the CuTe DSL imports, the kernel compiles for sm_90a with fake
+tensors at odd shapes (no GPU needed).
+GPU (`-m gpu`, FA4 on an sm_90 GPU): the depth share of dq and dk_depth, dv_depth against an
+fp64 reference at odd T (not a multiple of a warp's positions), G 1/2/4/8/16, L 1/3/5/64/256,
+depth_grad on and off (max |err| / max |ref| < 1e-2 in bf16), bitwise equal across program
+counts and warps; moda_fa4 with it against the whole problem's reference.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+from helpers import check_against_reference, random_inputs
+from moda_bench.ops.moda import MoDAConfig, MoDAShape
+from moda_bench.ops.moda.config import check_config
+from moda_bench.ops.moda.fa4 import TORCH_BACKEND, cute_bwd_unavailable, fa4_unavailable, moda_fa4
+from moda_bench.ops.moda.validate import cute_bwd_shape_problem
+
+FA4_REASON = fa4_unavailable()
+
+
+def _shape(B=1, T=100, G=8, L=4, d=64, Hk=2):
+    return MoDAShape(B=B, T=T, Hq=G * Hk, Hk=Hk, d=d, L=L)
+
+
+@pytest.mark.parametrize("shape,dtype,needle", [
+    (_shape(L=0), torch.bfloat16, "L = 0"),
+    (_shape(G=3), torch.bfloat16, "G=3 does not divide 16"),
+    (_shape(G=32), torch.bfloat16, "G=32 does not divide 16"),
+    (_shape(d=128), torch.bfloat16, "d=128"),
+    (_shape(), torch.float32, "fp16/bf16"),
+    (_shape(B=2, T=16384, L=256, Hk=8), torch.bfloat16, "32-bit offsets"),
+])
+def test_shape_problem_names_the_reason(shape, dtype, needle):
+    why = cute_bwd_shape_problem(shape, dtype)
+    assert why is not None and needle in why and "\n" not in why
+
+
+def test_shapes_it_takes():
+    for G in (1, 2, 4, 8, 16):
+        assert cute_bwd_shape_problem(_shape(G=G, L=1), torch.bfloat16) is None
+    # exactly 2^31 elements (T=16384, L=256, Hk=8, d=64, B=1): every offset still fits
+    assert cute_bwd_shape_problem(_shape(T=16384, L=256, Hk=8), torch.float16) is None
+
+
+def test_unavailable_without_fa4_says_so():
+    if FA4_REASON is None:
+        pytest.skip("FA4 installed here")
+    assert cute_bwd_unavailable(_shape(), torch.bfloat16) == FA4_REASON
+
+
+def test_config_field_default_round_trip_and_check():
+    assert MoDAConfig().bwd_depth_kernel == "triton"
+    cfg = MoDAConfig(bwd_depth="persist", bwd_depth_kernel="cute")
+    assert MoDAConfig.from_dict(cfg.to_dict()) == cfg
+    check_config(cfg, 8)
+    with pytest.raises(ValueError, match="bwd_depth_kernel='tilelang' must be one of"):
+        check_config(MoDAConfig(bwd_depth_kernel="tilelang"), 8)
+
+
+def test_heuristic_picks_the_kernel_and_its_program_counts(monkeypatch):
+    from moda_bench.ops.moda import overlap
+    monkeypatch.setattr(overlap, "num_sms", lambda device=None: 132)
+    monkeypatch.setattr(overlap, "cute_bwd_unavailable", lambda *a, **k: "not here")
+    base = overlap.overlap_heuristic(_shape(T=4096, L=64, Hk=8), torch.bfloat16)
+    assert (base.bwd_depth_kernel, base.bwd_depth_ctas) == ("triton", 96)
+    monkeypatch.setattr(overlap, "cute_bwd_unavailable", lambda *a, **k: None)
+    counts = {}
+    for T, G, L, dg in ((4096, 8, 64, True), (16384, 8, 64, True), (65536, 8, 64, True), (16384, 2, 64, True),
+                        (16384, 8, 256, True), (4096, 8, 64, False)):
+        cfg = overlap.overlap_heuristic(_shape(T=T, G=G, L=L, Hk=8), torch.bfloat16, depth_grad=dg)
+        assert cfg.bwd_depth_kernel == "cute" and cfg.bwd_depth == "persist"
+        assert cfg.depth_ctas == overlap.overlap_programs(_shape(T=T, G=G, L=L, Hk=8), 132, overlap.FWD_SHARE)
+        counts[(T, G, L, dg)] = cfg.bwd_depth_ctas
+    # 8/132 of the SMs at T=16384, G=8, L=64 scaled by the depth work per FLOP, at least 12
+    assert counts == {(4096, 8, 64, True): 32, (16384, 8, 64, True): 12, (65536, 8, 64, True): 12,
+                      (16384, 2, 64, True): 32, (16384, 8, 256, True): 32, (4096, 8, 64, False): 20}
+
+
+def test_field_falls_back_to_triton_where_the_kernel_cannot_run():
+    """On the CPU (no sm_90, the torch sequence backend) "cute" runs Triton's depth kernel: the
+    same out, lse and gradients as "triton", all against fp64."""
+    fn = lambda *a, **k: moda_fa4(*a, return_lse=True, backend=TORCH_BACKEND, **k)  # noqa: E731
+    for kernel in ("triton", "cute"):
+        cfg = MoDAConfig(fwd_depth="persist", bwd_depth="persist", depth_ctas=2, bwd_depth_ctas=3,
+                         bwd_depth_kernel=kernel)
+        errs = check_against_reference(fn, 1, 37, 8, 2, 32, 5, torch.float32, seed=11, tol=1e-4, config=cfg)
+        assert {"dk_depth", "dv_depth"} <= set(errs)
+
+
+# ------------------------------------------------------------------ CuTe DSL present: compile only
+def _cute_importable():
+    try:
+        import cutlass.cute  # noqa: F401
+        import flash_attn.cute.ampere_helpers  # noqa: F401
+        return None
+    except Exception as exc:  # noqa: BLE001 - any import failure means: skip
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+COMPILE = [(8, 64, 8, True), (1, 3, 8, True), (2, 256, 8, True), (16, 1, 8, True), (4, 5, 8, False), (8, 64, 4, True)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_cute_importable() is not None, reason=f"CuTe DSL / FA4 not importable: {_cute_importable()}")
+@pytest.mark.parametrize("G,L,warps,dg", COMPILE, ids=[f"G{g}-L{l}-w{w}-dg{int(d)}" for g, l, w, d in COMPILE])
+def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, dg):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    for name, value in (("FLASH_ATTENTION_ARCH", "sm_90a"), ("CUTE_DSL_ARCH", "sm_90a")):
+        if name not in os.environ:
+            monkeypatch.setenv(name, value)
+    from moda_bench.ops.moda import depth_bwd_sm90 as m
+    monkeypatch.setattr(m, "_COMPILED", {})
+    with FakeTensorMode():
+        B, T, Hk, d = 1, 333, 2, 64
+        q = torch.empty(B, T, Hk * G, d, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(B, T, Hk * G, dtype=torch.float32, device="cuda")
+        kd = torch.empty(B, T * L, Hk, d, dtype=torch.bfloat16, device="cuda")
+        args = (q, q, q, lse, kd, kd, q, kd, kd)
+        assert m._compiled(args, 0.125, 4, G, L, warps, 2, dg) is not None
+    assert len(m._COMPILED) == 1
+
+
+# ------------------------------------------------------------------ GPU
+def _gpu_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA"
+    return cute_bwd_unavailable(_shape(), torch.bfloat16)
+
+
+needs_cute = pytest.mark.skipif(_gpu_reason() is not None, reason=f"CuTe depth backward unavailable: {_gpu_reason()}")
+GPU_GRID = [(1, 1000, 8, 64), (2, 777, 1, 3), (1, 999, 2, 256), (1, 517, 8, 1), (1, 1001, 16, 64), (2, 333, 4, 5)]
+
+
+def _depth_inputs(B, T, G, L, Hk=2, d=64, seed=0):
+    torch.manual_seed(seed)
+    q, do, o = (torch.randn(B, T, G * Hk, d, device="cuda").to(torch.bfloat16) for _ in range(3))
+    kd, vd = (torch.randn(B, T, L, Hk, d, device="cuda").to(torch.bfloat16) for _ in range(2))
+    scale = 1.0 / math.sqrt(d)
+    s = torch.einsum("bthgd,btlhd->bthgl", q.double().view(B, T, Hk, G, d), kd.double()) * scale
+    lse = torch.logsumexp(s, -1) + torch.rand(B, T, Hk, G, device="cuda", dtype=torch.float64)  # + the sequence keys
+    return q, do, o, lse.reshape(B, T, G * Hk).float().contiguous(), kd, vd, scale
+
+
+def _depth_reference(q, do, o, lse, kd, vd, scale):
+    B, T, Hq, d = q.shape
+    Hk = kd.shape[3]
+    G = Hq // Hk
+    q4, do4, o4 = (x.double().view(B, T, Hk, G, d) for x in (q, do, o))
+    p = torch.exp(torch.einsum("bthgd,btlhd->bthgl", q4, kd.double()) * scale - lse.double().view(B, T, Hk, G, 1))
+    ds = p * (torch.einsum("bthgd,btlhd->bthgl", do4, vd.double()) - (o4 * do4).sum(-1, keepdim=True))
+    return (torch.einsum("bthgl,btlhd->bthgd", ds, kd.double()).reshape(B, T, Hq, d) * scale,
+            torch.einsum("bthgl,bthgd->btlhd", ds, q4) * scale, torch.einsum("bthgl,bthgd->btlhd", p, do4))
+
+
+def _rel(a, ref):
+    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("depth_grad", [True, False], ids=["grad", "detached"])
+@pytest.mark.parametrize("B,T,G,L", GPU_GRID, ids=[f"B{b}-T{t}-G{g}-L{l}" for b, t, g, l in GPU_GRID])
+def test_gpu_against_fp64(B, T, G, L, depth_grad):
+    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    ins = _depth_inputs(B, T, G, L, seed=T + G + L)
+    ref = _depth_reference(*ins)
+    q, do, o, lse, kd, vd, scale = ins
+    dq, dkd, dvd = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 7, depth_grad=depth_grad)
+    errs = [_rel(dq, ref[0])] + ([_rel(dkd, ref[1]), _rel(dvd, ref[2])] if depth_grad else [])
+    assert all(e < 1e-2 for e in errs), errs
+    assert depth_grad or (dkd is None and dvd is None)
+
+
+@pytest.mark.gpu
+@needs_cute
+def test_gpu_bitwise_across_programs_and_warps():
+    """A unit is one warp's from start to end: the program count and warps per program change nothing."""
+    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    q, do, o, lse, kd, vd, scale = _depth_inputs(2, 3001, 8, 64, Hk=4, seed=5)
+    first = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, 8, 132)
+    for n, w in ((1, 8), (13, 8), (24, 4)):
+        other = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, 8, n, warps=w)
+        assert all(torch.equal(a, b) for a, b in zip(first, other))
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("T,G,L", [(1999, 8, 64), (1023, 2, 1), (777, 16, 256)])
+def test_gpu_moda_fa4_with_it(T, G, L):
+    if FA4_REASON is not None:
+        pytest.skip(f"FA4 unavailable: {FA4_REASON}")
+    cfg = MoDAConfig(fwd_depth="persist", bwd_depth="persist", depth_ctas=16, bwd_depth_ctas=12, side_priority=True,
+                     bwd_depth_kernel="cute")
+    fn = lambda *a, **k: moda_fa4(*a, return_lse=True, **k)  # noqa: E731
+    check_against_reference(fn, 1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T + L, tol=1e-2,
+                            ref_dtype=torch.float32, config=cfg)
