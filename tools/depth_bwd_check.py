@@ -8,6 +8,10 @@ against the Triton streaming kernel it can replace (`kernel_depth.depth_bwd`).
 2. `--rates`: each kernel alone at several program counts (T, G, L from the flags), interleaved
    rounds of `moda_bench.timing.time_interleaved` against Triton at the first count; the depth
    bytes (k/v depth read, their gradients written) per program and second.
+3. `--host`: host time a call (200 calls issued back to back, then with the GPU's time) of each
+   kernel at the first program count (CuTe) and three times it (Triton), T, G, L from the flags.
+4. `--ncu`: each kernel once at the first program count in an NVTX range ("dbwd-cute",
+   "dbwd-triton") for `ncu --nvtx-include` (stage depth-bwd-sass of tools/device_session.sh).
 Rows go to --out (CSV) as they come. One verdict line `DEPTH BWD: ...`; never exits non-zero.
 
     PYTHONPATH=$PWD python3 tools/depth_bwd_check.py --check --rates --out /tmp/depth_bwd.csv
@@ -132,10 +136,48 @@ def rates(a, w) -> None:
         w.writerow(["rate", 1, a.T, a.G, a.L, 1, name, f"{m.median_ms:.4f}", f"{r:.4f} [{lo:.4f}-{hi:.4f}]"])
 
 
+def host(a) -> None:
+    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    from moda_bench.ops.moda.kernel_depth import depth_bwd
+    q, do, o, lse, kd, vd, scale = inputs(1, a.T, a.G, a.L, Hk=8)
+    n = int(a.programs.split(",")[0])
+    for name, fn in (("cute", lambda: depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n)),
+                     ("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, 3 * n))):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        t, calls = time.perf_counter(), 200
+        for _ in range(calls):
+            fn()
+        issued = (time.perf_counter() - t) / calls * 1e6
+        torch.cuda.synchronize()
+        total = (time.perf_counter() - t) / calls * 1e6
+        print(f"host {name}: {issued:.1f} us a call issued, {total:.1f} us a call with the GPU", flush=True)
+
+
+def ncu_calls(a) -> None:
+    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    from moda_bench.ops.moda.kernel_depth import depth_bwd
+    q, do, o, lse, kd, vd, scale = inputs(1, a.T, a.G, a.L, Hk=8)
+    n = int(a.programs.split(",")[0])
+    for name, fn in (("cute", lambda: depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n, warps=int(a.warps.split(",")[0]),
+                                                     stages=a.stages)),
+                     ("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, n))):
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(f"dbwd-{name}")
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        print(f"# NVTX dbwd-{name} at T={a.T} G={a.G} L={a.L}, {n} programs", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--rates", action="store_true")
+    ap.add_argument("--host", action="store_true")
+    ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--T", type=int, default=16384)
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--L", type=int, default=64)
@@ -160,6 +202,12 @@ def main() -> int:
         if a.rates:
             rates(a, w)
             verdict.append("rates done")
+        if a.host:
+            host(a)
+            verdict.append("host done")
+        if a.ncu:
+            ncu_calls(a)
+            verdict.append("ncu calls done")
     except Exception as exc:  # noqa: BLE001
         verdict.append(f"failed: {type(exc).__name__}: {str(exc)[:300]}")
         traceback.print_exc()

@@ -80,6 +80,8 @@
 #               offset) at the first FUSED_T, one kernel each (NVTX fused0, fused1, ...), into $RESULTS/fused_ncu.csv.gz
 #   fused-sass  ncu's per-instruction view (SASS, stall samples) of FUSED_NCU_VARIANTS (default: spread and spread
 #               without its math) at the first FUSED_T, into $RESULTS/fused_sass.csv.gz
+#   depth-bwd-sass  ncu of the CuTe and Triton depth backward kernels alone (T=16384, G=8, L=64, 24 programs):
+#               details and the per-instruction SASS view into $RESULTS/depth_bwd_{ncu,sass}.csv.gz
 #   cute-bwd-tests  GPU tests of the CuTe depth backward (tests/test_depth_bwd_sm90.py)
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
@@ -272,6 +274,13 @@ for s in "$@"; do
                --section WarpStateStats --section InstructionStats -f -o $RESULTS/fused_sass python3 tools/fused_sm90_check.py --ncu \
                --T ${FUSED_T:-16384} --variants '$FN' && ncu -i $RESULTS/fused_sass.ncu-rep --page source --csv --print-source sass \
                > $RESULTS/fused_sass.csv; gzip -f $RESULTS/fused_sass.csv; rm -f $RESULTS/fused_sass.ncu-rep" ;;
+    depth-bwd-sass) stage depth-bwd-sass bash -c "timeout 300 ncu --clock-control none --nvtx --nvtx-include dbwd-cute/ \
+               --nvtx-include dbwd-triton/ --import-source no --section SpeedOfLight --section WarpStateStats \
+               --section SchedulerStats --section Occupancy --section SourceCounters --section InstructionStats \
+               -f -o $RESULTS/depth_bwd_sass python3 tools/depth_bwd_check.py --ncu --programs 24 && \
+               ncu -i $RESULTS/depth_bwd_sass.ncu-rep --page details --csv > $RESULTS/depth_bwd_ncu.csv; \
+               ncu -i $RESULTS/depth_bwd_sass.ncu-rep --page source --csv --print-source sass > $RESULTS/depth_bwd_sass.csv; \
+               gzip -f $RESULTS/depth_bwd_ncu.csv $RESULTS/depth_bwd_sass.csv; rm -f $RESULTS/depth_bwd_sass.ncu-rep" ;;
     pdl-test) stage pdl-test timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl" ;;
     fused-check) stage fused-check timeout 180 python3 tools/fused_sm90_check.py --check --placements "${FUSED_PLACEMENTS:-offset,first}" \
              --out "$RESULTS/$GPU/fused_sm90_check.csv" ;;
