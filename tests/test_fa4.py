@@ -220,3 +220,23 @@ def test_merge_route_under_the_tma_default(monkeypatch):
     cfg = MoDAConfig(fwd_depth="tma", block_m=128, block_n=64, num_warps=8, block_l=32)
     check_against_reference(_torch_route, 1, 37, 8, 1, 32, 70, torch.float32, seed=11, tol=1e-4, config=cfg)
     assert seen and all(c.fwd_depth == "split" and c.block_l == 64 for c in seen)
+
+
+def test_fa4_unavailable_is_answered_once_per_device(monkeypatch):
+    """moda_fa4 asks on every call (forward and, for the CuTe depth backward, backward): the package
+    metadata lookup (~0.3 ms) must not be paid each time."""
+    from importlib import metadata
+    from moda_bench.ops.moda import fa4 as fa4_mod
+    calls = []
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: calls.append(name) or real(name))
+    fa4_mod._fa4_unavailable_on.cache_clear()
+    try:
+        first = [fa4_unavailable() for _ in range(3)]
+        assert len(set(first)) == 1 and len(calls) == 1
+        assert fa4_unavailable("cpu") is not None and len(calls) == 2  # another device: asked once more
+        fa4_unavailable("cpu")
+        assert len(calls) == 2
+        assert "cannot query the CUDA device" in fa4_unavailable("not-a-device")
+    finally:
+        fa4_mod._fa4_unavailable_on.cache_clear()

@@ -64,7 +64,20 @@ def _import_problem() -> Optional[str]:
 def fa4_unavailable(device=None) -> Optional[str]:
     """One line saying why FlashAttention-4 cannot run on `device` (default: the current CUDA
     device): flash-attn-4 not installed or not importable, no CUDA, a non-CUDA device, or a GPU
-    that is not sm90/sm100. None when it can run. Never raises."""
+    that is not sm90/sm100. None when it can run. Never raises. Answered once per device and
+    process (what it reads does not change; the package metadata lookup alone costs ~0.3 ms, and
+    moda_fa4 asks on every call)."""
+    try:
+        key = None if device is None else str(torch.device(device))
+    except Exception as exc:  # a malformed device
+        return f"cannot query the CUDA device {device!r} ({type(exc).__name__}: {exc})"
+    if key is None or key == "cuda":
+        key = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cuda"
+    return _fa4_unavailable_on(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _fa4_unavailable_on(device: str) -> Optional[str]:
     from importlib import metadata
     try:
         metadata.version(FA4_DISTRIBUTION)
@@ -73,7 +86,7 @@ def fa4_unavailable(device=None) -> Optional[str]:
     if not torch.cuda.is_available():
         return "FlashAttention-4 needs CUDA, which is not available"
     try:
-        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        dev = torch.device(device)
         if dev.type != "cuda":
             return f"FlashAttention-4 needs a CUDA device, got {dev}"
         major, minor = torch.cuda.get_device_capability(dev)
