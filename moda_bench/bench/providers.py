@@ -329,11 +329,12 @@ def _overlap_prepared(inputs, point, chunk, fused: bool) -> Prepared:
         cfg = cfg.replace(fa4_fused_fwd=True)
         eta = point.G / 64  # a depth product's useful rows: one position's G of a group's 64
         detail = (f"FA4 {fa4.fa4_version()} sm90 forward with the depth tiles inside (fused_sm90); backward FA4 + "
-                  f"{cfg.bwd_depth_ctas} persistent depth programs")
+                  f"{cfg.bwd_depth_ctas} persistent depth programs ({cfg.bwd_depth_kernel})")
     else:
         eta = kernel_depth.utilization(point.G, point.L, cfg.depth_block_m) if point.L else math.nan
-        progs = f", {cfg.depth_ctas}/{cfg.bwd_depth_ctas} depth programs" if cfg is not None else ""
-        detail = f"FA4 {fa4.fa4_version()} sequence + persistent Triton depth kernels beside it{progs}"
+        progs = (f", {cfg.depth_ctas}/{cfg.bwd_depth_ctas} depth programs (backward: {cfg.bwd_depth_kernel})"
+                 if cfg is not None else "")
+        detail = f"FA4 {fa4.fa4_version()} sequence + persistent depth kernels beside it{progs}"
     return Prepared(lambda: overlap.moda_overlap(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
                                                  config=cfg, **kw),
                     impl_detail=detail + _detail_depth(point, point.L), config=cfg.to_dict() if cfg is not None else {},
