@@ -106,3 +106,22 @@ def load_tool(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def cute_import_problem(*modules: str) -> str | None:
+    """Why the CuTe DSL kernels cannot be compiled here (cutlass or one of `modules` does not
+    import), or None; the compile-only tests skip with it."""
+    try:
+        import cutlass.cute  # noqa: F401
+        for name in modules:
+            importlib.import_module(name)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any import failure means: skip
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def cute_sm90_env(monkeypatch) -> None:
+    """Compile for sm_90a without a GPU (FA4's and the DSL's arch variables, unless set)."""
+    for name, value in (("FLASH_ATTENTION_ARCH", "sm_90a"), ("CUTE_DSL_ARCH", "sm_90a")):
+        if name not in os.environ:
+            monkeypatch.setenv(name, value)

@@ -12,12 +12,11 @@ depth_grad on and off (max |err| / max |ref| < 1e-2 in bf16), bitwise equal acro
 counts and warps; moda_fa4 with it against the whole problem's reference.
 """
 import math
-import os
 
 import pytest
 import torch
 
-from helpers import check_against_reference, random_inputs
+from helpers import check_against_reference, cute_import_problem, cute_sm90_env
 from moda_bench.ops.moda import MoDAConfig, MoDAShape
 from moda_bench.ops.moda.config import check_config
 from moda_bench.ops.moda.fa4 import TORCH_BACKEND, cute_bwd_unavailable, fa4_unavailable, moda_fa4
@@ -97,12 +96,7 @@ def test_field_falls_back_to_triton_where_the_kernel_cannot_run():
 
 # ------------------------------------------------------------------ CuTe DSL present: compile only
 def _cute_importable():
-    try:
-        import cutlass.cute  # noqa: F401
-        import flash_attn.cute.ampere_helpers  # noqa: F401
-        return None
-    except Exception as exc:  # noqa: BLE001 - any import failure means: skip
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return cute_import_problem("flash_attn.cute.ampere_helpers")
 
 
 COMPILE = [(8, 64, 8, True), (1, 3, 8, True), (2, 256, 8, True), (16, 1, 8, True), (4, 5, 8, False), (8, 64, 4, True)]
@@ -113,9 +107,7 @@ COMPILE = [(8, 64, 8, True), (1, 3, 8, True), (2, 256, 8, True), (16, 1, 8, True
 @pytest.mark.parametrize("G,L,warps,dg", COMPILE, ids=[f"G{g}-L{l}-w{w}-dg{int(d)}" for g, l, w, d in COMPILE])
 def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, dg):
     from torch._subclasses.fake_tensor import FakeTensorMode
-    for name, value in (("FLASH_ATTENTION_ARCH", "sm_90a"), ("CUTE_DSL_ARCH", "sm_90a")):
-        if name not in os.environ:
-            monkeypatch.setenv(name, value)
+    cute_sm90_env(monkeypatch)
     from moda_bench.ops.moda import depth_bwd_sm90 as m
     monkeypatch.setattr(m, "_COMPILED", {})
     with FakeTensorMode():

@@ -10,13 +10,11 @@ fused forward against a float32 reference of the whole problem (relative error <
 odd T (not a multiple of the 192-row tile or the 128-key block), G 1, 2, 8, 16, L 1, 64, 256,
 d 64 and 128, with depth_grad on and off; and its out bitwise equal run to run.
 """
-import itertools
-import os
 
 import pytest
 import torch
 
-from helpers import check_against_reference, random_inputs
+from helpers import check_against_reference, cute_import_problem, cute_sm90_env, random_inputs
 from moda_bench.ops.moda import MoDAConfig, MoDAShape
 from moda_bench.ops.moda.fa4 import TORCH_BACKEND, fa4_unavailable, fused_fwd_unavailable, moda_fa4
 
@@ -83,12 +81,7 @@ def test_provider_registered_and_skips():
 
 # ------------------------------------------------------------------ CuTe DSL present: compile only
 def _cute_importable():
-    try:
-        import cutlass.cute  # noqa: F401
-        import flash_attn.cute.flash_fwd_sm90  # noqa: F401
-        return None
-    except Exception as exc:  # noqa: BLE001 - any import failure means: skip
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return cute_import_problem("flash_attn.cute.flash_fwd_sm90")
 
 
 COMPILE = [(8, 64, 64, "offset"), (8, 64, 64, "first"), (1, 3, 64, "offset"), (16, 1, 64, "offset"),
@@ -101,9 +94,7 @@ COMPILE = [(8, 64, 64, "offset"), (8, 64, 64, "first"), (1, 3, 64, "offset"), (1
 @pytest.mark.parametrize("G,L,d,placement", COMPILE, ids=[f"G{g}-L{l}-d{d}-{p}" for g, l, d, p in COMPILE])
 def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, d, placement):
     from torch._subclasses.fake_tensor import FakeTensorMode
-    for name, value in (("FLASH_ATTENTION_ARCH", "sm_90a"), ("CUTE_DSL_ARCH", "sm_90a")):
-        if name not in os.environ:
-            monkeypatch.setenv(name, value)
+    cute_sm90_env(monkeypatch)
     from moda_bench.ops.moda import fused_sm90
     monkeypatch.setattr(fused_sm90, "_COMPILED", {})
     with FakeTensorMode():

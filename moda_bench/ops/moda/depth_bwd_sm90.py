@@ -181,25 +181,18 @@ class DepthBwdSm90:
         # prologue: steps 0 .. S-2 in flight
         for f in cutlass.range_constexpr(S - 1):
             if f < total:
-                self.load_step(f, gw, nw, B, T, TL, Hk, slabs, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
-                               rowc_kv, rowc_r, wid)
+                self.load_step(f, gw, nw, B, T, TL, Hk, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in, rowc_kv,
+                               rowc_r, wid)
             cute.arch.cp_async_commit_group()
 
         for f in cutlass.range(total, unroll=1):
             if f + S - 1 < total:
-                self.load_step(f + S - 1, gw, nw, B, T, TL, Hk, slabs, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin,
-                               copy_in, rowc_kv, rowc_r, wid)
+                self.load_step(f + S - 1, gw, nw, B, T, TL, Hk, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
+                               rowc_kv, rowc_r, wid)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(S - 1)
             cute.arch.sync_warp()
-            k = f // NS
-            s = f - k * NS
-            u = gw + k * nw
-            slab = u // (B * Hk)
-            bh = u - slab * (B * Hk)
-            b = bh // Hk
-            j = bh - b * Hk
-            t0 = slab * P
+            k, s, b, j, t0 = self.flat_step(f, gw, nw, B, Hk)
             kslot = wid * S + f % S
             rslot = wid * S + k % S
             nk = cutlass.min(T - t0, P) * L  # the unit's depth keys
@@ -284,18 +277,21 @@ class DepthBwdSm90:
         return cute.make_tensor(x.iterator, cute.make_layout((STEP_KEYS, self.D), stride=(mX.stride[1], 1)))
 
     @cute.jit
-    def load_step(self, f, gw, nw, B, T, TL, Hk, slabs, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
-                  rowc_kv, rowc_r, wid):
-        """cp.async of flat step f's depth K and V rows (and, at a unit's first step, its q and do rows)."""
-        NS, S, P, L = self.steps, self.stages, self.P, self.L
-        k = f // NS
-        s = f - k * NS
+    def flat_step(self, f, gw, nw, B, Hk):
+        """Flat step f of warp gw (of nw): its unit's index among the warp's (k), the step in the unit
+        (s), and the unit's batch, KV head and first position (units KV head fastest)."""
+        k = f // self.steps
         u = gw + k * nw
         slab = u // (B * Hk)
         bh = u - slab * (B * Hk)
-        b = bh // Hk
-        j = bh - b * Hk
-        t0 = slab * P
+        return k, f - k * self.steps, bh // Hk, bh - (bh // Hk) * Hk, slab * self.P
+
+    @cute.jit
+    def load_step(self, f, gw, nw, B, T, TL, Hk, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in, rowc_kv, rowc_r,
+                  wid):
+        """cp.async of flat step f's depth K and V rows (and, at a unit's first step, its q and do rows)."""
+        S, P, L = self.stages, self.P, self.L
+        k, s, b, j, t0 = self.flat_step(f, gw, nw, B, Hk)
         if s == 0:
             rlim = cutlass.min(T - t0, P) * self.G
             for src, dst in ((mQ, sQ), (mDO, sDO)):
