@@ -430,7 +430,7 @@ def test_tune_command_overlap_errors(_isolated):
         r = CliRunner().invoke(app, ["tune", *args])
         return r.exit_code, re.sub(r"[\s│╭╮╰╯─]+", " ", r.output)
     code, text = run("--op", "moda-overlap", "--kernels", "fwd_ctas,fwd")
-    assert code != 0 and "moda-overlap tunes only fwd_items, fwd_ctas, bwd_items, bwd_ctas" in text
+    assert code != 0 and "moda-overlap tunes only fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas" in text
     code, text = run("--op", "moda-overlap", "--L", "0")
     assert code != 0 and "no depth launches at L=0" in text
     code, text = run("--kernels", "bwd_ctas")
@@ -455,7 +455,7 @@ def test_overlap_item_groups_search_the_streaming_items():
     with pytest.raises(ValueError, match="persist"):
         tu.search_space(shape(), "fwd_items", default_config(shape()))
     # opt-in: `tune --op moda-overlap` searches the counts unless --kernels names the item groups
-    assert tu.OVERLAP_DEFAULT == ("fwd_ctas", "bwd_ctas") and set(tu.OVERLAP_DEFAULT) < set(tu.OVERLAP_GROUPS)
+    assert tu.OVERLAP_DEFAULT == ("fwd_ctas", "bwd_kernel", "bwd_ctas") and set(tu.OVERLAP_DEFAULT) < set(tu.OVERLAP_GROUPS)
 
 
 class ItemsFakeTimer(CtasFakeTimer):
@@ -482,3 +482,44 @@ def test_tune_shape_overlap_tunes_items_then_counts(_isolated):
     assert c.depth_block_m == 64 and (c.bwd_depth_stages, c.bwd_depth_warps) == (4, 8)
     assert c.depth_ctas == 20 and c.bwd_depth_ctas == 40
     assert c.fwd_depth == c.bwd_depth == "persist"
+
+
+def test_bwd_kernel_group_offers_the_other_kernel_at_the_same_share():
+    """bwd_kernel: the base's backward depth kernel first, then the other at the count that takes the
+    same share of the SMs (Triton's 96 <-> CuTe's 32); CuTe only where it takes the shape; Triton's
+    item group has nothing to move under CuTe."""
+    from moda_bench.ops.moda.overlap import overlap_heuristic, same_share_bwd_programs
+    sh = shape()
+    base = overlap_heuristic(sh, "bfloat16", "cpu").replace(bwd_depth_ctas=96)
+    assert base.bwd_depth_kernel == "triton"   # no FA4 here: the heuristic keeps Triton's kernel
+    space = tu.search_space(sh, "bwd_kernel", base)
+    assert space == [base, base.replace(bwd_depth_kernel="cute", bwd_depth_ctas=32)]
+    back = tu.search_space(sh, "bwd_kernel", space[1])
+    assert back == [space[1], space[1].replace(bwd_depth_kernel="triton", bwd_depth_ctas=96)]
+    assert same_share_bwd_programs(24, "cute") == 12 and same_share_bwd_programs(12, "triton") == 36
+    assert tu.search_space(shape(G=32), "bwd_kernel", overlap_heuristic(shape(G=32), "bfloat16", "cpu")) == \
+        [overlap_heuristic(shape(G=32), "bfloat16", "cpu")]   # G=32 does not divide 16
+    assert tu.search_space(sh, "bwd_items", space[1]) == [space[1]]
+    assert all(tu.prune_reason(c, sh, "bwd_kernel") is None for c in space)
+    with pytest.raises(ValueError, match="bwd_kernel tunes"):
+        tu.search_space(sh, "bwd_kernel", default_config(sh))
+
+
+class KernelFakeTimer(CtasFakeTimer):
+    """As CtasFakeTimer, but CuTe's backward programs stream 3x Triton's: its best count is a third."""
+
+    def time(self, cfg, pass_, final=False):
+        if cfg.bwd_depth_kernel != "cute" or pass_ == "fwd":
+            return super().time(cfg, pass_, final)
+        bwd = 1.8 + max(0, 14 - cfg.bwd_depth_ctas) * 0.05 + cfg.bwd_depth_ctas * 0.002
+        return bwd if pass_ == "bwd" else super().time(cfg, "fwd") + bwd
+
+
+def test_tune_shape_overlap_picks_the_backward_kernel_then_its_count(_isolated):
+    from moda_bench.ops.moda.overlap import overlap_heuristic
+    sh = shape()
+    base = overlap_heuristic(sh, "bfloat16", "cpu").replace(depth_ctas=20, bwd_depth_ctas=40)
+    res = tu.tune_shape(sh, "bfloat16", KernelFakeTimer(), kernels=tu.OVERLAP_DEFAULT, budget=12, op="moda-overlap",
+                        default=base)
+    assert res.decision == "tuned" and res.config.bwd_depth_kernel == "cute"
+    assert res.config.bwd_depth_ctas == 14 and res.config.depth_ctas == 20

@@ -132,8 +132,9 @@ def tune_command(
         "T from 1024.")] = None,
     kernels: Annotated[str, typer.Option(
         "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
-        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_items, fwd_ctas, bwd_items, bwd_ctas "
-        "(moda-overlap's streaming depth items and program counts; fwd_ctas, bwd_ctas by default).")] = DEFAULT_KERNELS,
+        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_items, fwd_ctas, bwd_kernel, bwd_items, "
+        "bwd_ctas (moda-overlap's streaming depth items, backward depth kernel and program counts; fwd_ctas, bwd_kernel, "
+        "bwd_ctas by default).")] = DEFAULT_KERNELS,
     budget: Annotated[int, typer.Option(
         "--budget", "--max-candidates", min=1, help="Most candidates timed per kernel and shape.")] = 40,
     cache: Annotated[Optional[Path], typer.Option(
@@ -156,7 +157,7 @@ def tune_command(
     op: Annotated[str, typer.Option(
         "--op", help="Operator to tune: moda (the Triton kernel), moda-fa4 (its depth launches beside FA4; "
         "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its streaming depth kernels: "
-        "fwd_items, fwd_ctas, bwd_items, bwd_ctas; needs FA4 and L > 0).")] = "moda",
+        "fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas; needs FA4 and L > 0).")] = "moda",
 ) -> None:
     """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:

@@ -20,13 +20,16 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise), timed on the backward pass with the fwd and bwd_q winners
           fixed.
-  fwd_items, fwd_ctas, bwd_items, bwd_ctas  moda-overlap's knobs, in that order (by default only
-          the two counts, OVERLAP_DEFAULT; the item groups when --kernels names them): the items of
-          its streaming depth kernels (rows per item x depth steps in flight x warps:
-          depth_block_m x depth_stages x depth_warps, and the bwd_ fields) and the programs of
-          its forward / backward depth launch (depth_ctas, bwd_depth_ctas: its heuristic's count
-          times CTAS_FACTORS); timed on the forward / backward pass. A program's rate sets how
-          many programs the depth bytes need, so each pass's items come before its count.
+  fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas  moda-overlap's knobs, in that order (by
+          default the counts and the backward's kernel, OVERLAP_DEFAULT; the item groups when
+          --kernels names them): the items of its streaming depth kernels (rows per item x depth
+          steps in flight x warps: depth_block_m x depth_stages x depth_warps, and the bwd_ fields
+          of Triton's backward kernel), the backward's depth kernel (bwd_depth_kernel: the base's
+          and the other, "cute" or "triton", at the count that takes the same share of the SMs)
+          and the programs of its forward / backward depth launch (depth_ctas, bwd_depth_ctas: the
+          base's count times CTAS_FACTORS); timed on the forward / backward pass. A program's rate
+          sets how many programs the depth bytes need, so each pass's kernel and items come before
+          its count.
 The two depth groups start with one candidate per placement (the base's other fields), since
 the placement decides most of what the depth part costs; the tile groups start with a seeded
 random sample (`candidate_configs`).
@@ -53,12 +56,13 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
 DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
-OVERLAP_GROUPS = ("fwd_items", "fwd_ctas", "bwd_items", "bwd_ctas")  # moda-overlap's knobs, tuning order
+OVERLAP_GROUPS = ("fwd_items", "fwd_ctas", "bwd_kernel", "bwd_items", "bwd_ctas")  # moda-overlap's knobs, in order
 # what `tune --op moda-overlap` searches unless --kernels names groups: the program counts only. With
 # the item groups too (H100, budget 8, 2026-11-25, results/h100/tuning-overlap-items) the per-pass
 # picks did not add up: G=2 0.980 [0.975-0.985] and L=256 0.998 of the heuristic's fwd+bwd time,
-# T=4096 1.082, where the counts alone won 0.954 and 0.956 (results/h100/tuning-overlap)
-OVERLAP_DEFAULT = ("fwd_ctas", "bwd_ctas")
+# T=4096 1.082, where the counts alone won 0.954 and 0.956 (results/h100/tuning-overlap); the backward's
+# kernel (CuTe or Triton) since 2026-11-26: CuTe's program streams 1.5-2.2x Triton's bytes
+OVERLAP_DEFAULT = ("fwd_ctas", "bwd_kernel", "bwd_ctas")
 KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order of moda and moda-fa4 (moda-overlap: OVERLAP_GROUPS)
 DEFAULT_BUDGET = 40
 DEFAULT_SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
@@ -95,6 +99,7 @@ KERNEL_FIELDS = {
                   "bwd_depth_after"),
     "fwd_ctas": ("depth_ctas",),
     "bwd_ctas": ("bwd_depth_ctas",),
+    "bwd_kernel": ("bwd_depth_kernel", "bwd_depth_ctas"),
     "fwd_items": ("depth_block_m", "depth_stages", "depth_warps"),
     "bwd_items": ("bwd_depth_block_m", "bwd_depth_stages", "bwd_depth_warps"),
 }
@@ -296,6 +301,23 @@ def _depth_search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list
     return out
 
 
+def _bwd_kernel_space(shape: MoDAShape, base: MoDAConfig) -> list[MoDAConfig]:
+    """moda-overlap's backward depth kernel: the base's, then the other at the count that takes the
+    same share of the SMs (`overlap.same_share_bwd_programs`); CuTe's only where it takes the shape."""
+    import torch
+
+    from moda_bench.ops.moda.overlap import same_share_bwd_programs
+    from moda_bench.ops.moda.validate import cute_bwd_shape_problem
+    if base.bwd_depth != "persist" or base.bwd_depth_ctas <= 0:
+        raise ValueError(f"bwd_kernel tunes moda-overlap's backward depth kernel; the base config has bwd_depth="
+                         f"{base.bwd_depth!r}, bwd_depth_ctas={base.bwd_depth_ctas}")
+    other = "triton" if base.bwd_depth_kernel == "cute" else "cute"
+    if other == "cute" and cute_bwd_shape_problem(shape, torch.bfloat16) is not None:
+        return [base]
+    return [base, base.replace(bwd_depth_kernel=other,
+                               bwd_depth_ctas=same_share_bwd_programs(base.bwd_depth_ctas, other))]
+
+
 def _row_choices(gp: int) -> tuple[int, ...]:
     """Row-block values: multiples of GP that are >= GP (GP itself when GP > 128)."""
     vals = tuple(v for v in ROW_BLOCKS if v >= gp and v % gp == 0)
@@ -312,7 +334,11 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
     """
     if kernel in DEPTH_GROUPS:
         return list(dict.fromkeys(_depth_search_space(shape, kernel, base)))
+    if kernel == "bwd_kernel":
+        return _bwd_kernel_space(shape, base)
     if kernel in ITEM_ROWS:
+        if kernel == "bwd_items" and base.bwd_depth_kernel == "cute":  # Triton's items: nothing to move
+            return [base]
         if base.fwd_depth != "persist":
             raise ValueError(f"{kernel} tunes moda-overlap's streaming items; the base config's fwd_depth is "
                              f"{base.fwd_depth!r}, not 'persist'")

@@ -62,6 +62,14 @@ def overlap_programs(shape: MoDAShape, sms: int, share: float, minimum: int = MI
     return max(minimum, min(sms, math.ceil(share * sms * scale - 1e-9)))
 
 
+def same_share_bwd_programs(n: int, to_kernel: str) -> int:
+    """The backward program count on `to_kernel` ("cute" or "triton") that takes the share of the SMs
+    n programs of the other kernel take under `overlap_heuristic` (the tuner's other-kernel candidate)."""
+    if to_kernel == "cute":
+        return max(CUTE_BWD_MIN, math.ceil(n * CUTE_BWD_SHARE / BWD_SHARE - 1e-9))
+    return max(MIN_PROGRAMS, math.ceil(n * BWD_SHARE / CUTE_BWD_SHARE - 1e-9))
+
+
 def overlap_heuristic(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
     """moda-fa4's resolved config with the "persist" placement on both passes, the side stream at
     the highest priority, the CuTe depth backward where it takes the shape (`fa4.cute_bwd_unavailable`;
