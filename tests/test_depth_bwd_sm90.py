@@ -120,6 +120,17 @@ def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, dg):
     assert len(m._COMPILED) == 1
 
 
+def test_kernel_refuses_more_shared_memory_than_an_sm_has():
+    if _cute_importable() is not None:
+        pytest.skip("CuTe DSL not importable")
+    import cutlass
+    from moda_bench.ops.moda.depth_bwd_sm90 import DepthBwdSm90
+    DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=8, stages=2)
+    DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=4, stages=4)
+    with pytest.raises(ValueError, match="8 warps x 3 stages need ~297 KB of shared memory, more than 227 KB"):
+        DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=8, stages=3)
+
+
 # ------------------------------------------------------------------ GPU
 def _gpu_reason():
     if not torch.cuda.is_available():

@@ -4,13 +4,14 @@ backward of `moda-overlap` / `moda-fused`).
 Owns: `DepthBwdSm90` (the kernel) and `depth_bwd_sm90` (compile cache and launch), a drop-in for
 `kernel_depth.depth_bwd`: given the merged out and lse of the whole MoDA softmax, the depth keys'
 share of dq and, with depth_grad, dk_depth and dv_depth. Imported only where FA4 imports (it
-needs cutlass); the caller falls back to the Triton kernel where `unavailable` says why.
+needs cutlass); moda_fa4 falls back to the Triton kernel where `fa4.cute_bwd_unavailable` says why.
 
 Why a second kernel. The Triton streaming kernel's program is one chain of small dependent
-products on 4 warps (one a scheduler): ~32 GB/s a program on the H100 and H200, so the overlap
-route's backward takes 96 SMs' worth of programs from FA4 at T=4096 (docs/FUSED_PROTOTYPES.md,
+products on 4 warps (one a scheduler): ~29-32 GB/s a program on the H100 and H200, so the overlap
+route's backward took 96 SMs' worth of programs from FA4 at T=4096 (docs/FUSED_PROTOTYPES.md,
 "What bounds a depth program"). Here every warp is its own program: no CTA barrier, no shared
-pipeline; the warps of a CTA hide each other's latency.
+pipeline; the 8 warps of a CTA hide each other's latency: 52 GB/s a program (H100, T=16384, G=8,
+L=64; "The backward's depth part as independent warps").
 
 What a warp does. A unit is 16 folded rows r = t*G + g of one KV head (16/G whole positions; G
 must divide 16) and their positions' depth keys, one contiguous row range of k_depth viewed
@@ -45,11 +46,12 @@ from moda_bench.ops.moda.validate import MoDAShape, cute_bwd_shape_problem
 
 WARP_ROWS = 16  # folded rows of a unit (one mma.sync M, or N in the transposed products)
 STEP_KEYS = 32  # depth keys a step
+SMEM_LIMIT = 232448  # opt-in shared memory a block on the H100 / H200 (227 KB)
 LOG2E = math.log2(math.e)
 
 
 def unavailable(q, kd, G: int) -> str | None:
-    """Why this kernel cannot take these inputs (None if it can; `fa4.cute_bwd_shape_problem`)."""
+    """Why this kernel cannot take these inputs (None if it can; `validate.cute_bwd_shape_problem`)."""
     B, T, Hq, d = q.shape
     return cute_bwd_shape_problem(MoDAShape(B, T, Hq, kd.shape[3], d, kd.shape[2]), q.dtype)
 
@@ -64,6 +66,10 @@ class DepthBwdSm90:
         self.P = WARP_ROWS // G  # positions a unit
         self.steps = -(-self.P * L // STEP_KEYS)  # 32-key steps a unit
         self.warps, self.stages, self.depth_grad = warps, stages, depth_grad
+        smem = warps * (stages * (STEP_KEYS + WARP_ROWS) * head_dim * 2 * dtype.width // 8 + 1024 + 128)
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"depth_bwd_sm90: {warps} warps x {stages} stages need ~{smem // 1024} KB of shared "
+                             f"memory, more than {SMEM_LIMIT // 1024} KB (8 warps take 2 stages at d=64)")
 
     # ------------------------------------------------------------------ launch
     @cute.jit
