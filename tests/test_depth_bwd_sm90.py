@@ -20,6 +20,7 @@ from helpers import check_against_reference, cute_import_problem, cute_sm90_env
 from moda_bench.ops.moda import MoDAConfig, MoDAShape
 from moda_bench.ops.moda.config import check_config
 from moda_bench.ops.moda.fa4 import TORCH_BACKEND, cute_bwd_unavailable, fa4_unavailable, moda_fa4
+from moda_bench.ops.moda.reference import depth_backward_reference, moda_reference
 from moda_bench.ops.moda.validate import cute_bwd_shape_problem
 
 FA4_REASON = fa4_unavailable()
@@ -94,6 +95,31 @@ def test_field_falls_back_to_triton_where_the_kernel_cannot_run():
         assert {"dk_depth", "dv_depth"} <= set(errs)
 
 
+def test_depth_backward_reference_is_the_depth_part_of_autograd():
+    """The fp64 depth-share oracle the GPU tests use: with the whole softmax's out and lse, its
+    dk_depth and dv_depth are autograd's of `moda_reference`, and its dq share plus the sequence
+    keys' share (the same formula over the causal sequence keys) is autograd's dq."""
+    torch.manual_seed(3)
+    B, T, G, Hk, L, d = 2, 7, 2, 2, 3, 8
+    scale = 1.0 / math.sqrt(d)
+    q = torch.randn(B, T, G * Hk, d, dtype=torch.float64, requires_grad=True)
+    kd, vd = (torch.randn(B, T, L, Hk, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    k, v = (torch.randn(B, T, Hk, d, dtype=torch.float64) for _ in range(2))
+    do = torch.randn(B, T, G * Hk, d, dtype=torch.float64)
+    out, lse = moda_reference(q, k, v, kd, vd, return_lse=True)
+    dq, dkd, dvd = torch.autograd.grad(out, (q, kd, vd), do)
+    out, lse = out.detach(), lse.double()  # moda_reference returns lse in fp32: agreement to ~1e-7
+    dq_d, dkd_r, dvd_r = depth_backward_reference(q.detach(), do, out, lse, kd.detach(), vd.detach(), scale)
+    assert torch.allclose(dkd_r, dkd, atol=1e-6) and torch.allclose(dvd_r, dvd, atol=1e-6)
+    ks, vs = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    p = torch.exp((torch.einsum("bthd,bshd->bths", q.detach(), ks) * scale).masked_fill(~causal[:, None], -torch.inf)
+                  - lse[..., None])
+    ds = p * (torch.einsum("bthd,bshd->bths", do, vs) - (out * do).sum(-1)[..., None])
+    dq_s = torch.einsum("bths,bshd->bthd", ds, ks) * scale
+    assert torch.allclose(dq_s + dq_d, dq, atol=1e-6)
+
+
 # ------------------------------------------------------------------ CuTe DSL present: compile only
 def _cute_importable():
     return cute_import_problem("flash_attn.cute.ampere_helpers")
@@ -152,17 +178,6 @@ def _depth_inputs(B, T, G, L, Hk=2, d=64, seed=0):
     return q, do, o, lse.reshape(B, T, G * Hk).float().contiguous(), kd, vd, scale
 
 
-def _depth_reference(q, do, o, lse, kd, vd, scale):
-    B, T, Hq, d = q.shape
-    Hk = kd.shape[3]
-    G = Hq // Hk
-    q4, do4, o4 = (x.double().view(B, T, Hk, G, d) for x in (q, do, o))
-    p = torch.exp(torch.einsum("bthgd,btlhd->bthgl", q4, kd.double()) * scale - lse.double().view(B, T, Hk, G, 1))
-    ds = p * (torch.einsum("bthgd,btlhd->bthgl", do4, vd.double()) - (o4 * do4).sum(-1, keepdim=True))
-    return (torch.einsum("bthgl,btlhd->bthgd", ds, kd.double()).reshape(B, T, Hq, d) * scale,
-            torch.einsum("bthgl,bthgd->btlhd", ds, q4) * scale, torch.einsum("bthgl,bthgd->btlhd", p, do4))
-
-
 def _rel(a, ref):
     return ((a.double() - ref).abs().max() / ref.abs().max()).item()
 
@@ -174,7 +189,7 @@ def _rel(a, ref):
 def test_gpu_against_fp64(B, T, G, L, depth_grad):
     from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
     ins = _depth_inputs(B, T, G, L, seed=T + G + L)
-    ref = _depth_reference(*ins)
+    ref = depth_backward_reference(*ins)
     q, do, o, lse, kd, vd, scale = ins
     dq, dkd, dvd = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 7, depth_grad=depth_grad)
     errs = [_rel(dq, ref[0])] + ([_rel(dkd, ref[1]), _rel(dvd, ref[2])] if depth_grad else [])

@@ -50,23 +50,6 @@ def inputs(B, T, G, L, Hk=2, d=64, seed=0):
     return q, do, o, lse.reshape(B, T, Hq).float().contiguous(), kd, vd, scale
 
 
-def reference(q, do, o, lse, kd, vd, scale):
-    B, T, Hq, d = q.shape
-    L, Hk = kd.shape[2], kd.shape[3]
-    G = Hq // Hk
-    q4, do4, o4 = (x.double().view(B, T, Hk, G, d) for x in (q, do, o))
-    kd6, vd6 = kd.double(), vd.double()
-    s = torch.einsum("bthgd,btlhd->bthgl", q4, kd6) * scale
-    p = torch.exp(s - lse.double().view(B, T, Hk, G, 1))
-    dp = torch.einsum("bthgd,btlhd->bthgl", do4, vd6)
-    delta = (o4 * do4).sum(-1, keepdim=True)
-    ds = p * (dp - delta)
-    dq = torch.einsum("bthgl,btlhd->bthgd", ds, kd6).reshape(B, T, Hq, d) * scale
-    dkd = torch.einsum("bthgl,bthgd->btlhd", ds, q4) * scale
-    dvd = torch.einsum("bthgl,bthgd->btlhd", p, do4)
-    return dq, dkd, dvd
-
-
 def rel(a, b):
     if a is None or b is None:
         return float("nan")
@@ -76,10 +59,11 @@ def rel(a, b):
 def check(w, verbose) -> bool:
     from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
     from moda_bench.ops.moda.kernel_depth import depth_bwd
+    from moda_bench.ops.moda.reference import depth_backward_reference
     all_ok = True
     for (B, T, G, L) in SHAPES:
         q, do, o, lse, kd, vd, scale = inputs(B, T, G, L)
-        ref = reference(q, do, o, lse, kd, vd, scale)
+        ref = depth_backward_reference(q, do, o, lse, kd, vd, scale)
         for dg in (True, False):
             errs = {}
             for name, fn in (("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg)),

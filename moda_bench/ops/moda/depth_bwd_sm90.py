@@ -301,19 +301,13 @@ class DepthBwdSm90:
         if s == 0:
             rlim = cutlass.min(T - t0, P) * self.G
             for src, dst in ((mQ, sQ), (mDO, sDO)):
-                g = cin.partition_S(self.rows_tile(src, b, j, t0))
-                d = cin.partition_D(dst[None, None, wid * S + k % S])
-                for n in cutlass.range_constexpr(cute.size(g, mode=[1])):
-                    if rowc_r[0, n, 0][0] < rlim:
-                        cute.copy(copy_in, g[None, n, None], d[None, n, None])
+                self.copy_rows(copy_in, cin.partition_S(self.rows_tile(src, b, j, t0)),
+                               cin.partition_D(dst[None, None, wid * S + k % S]), rowc_r, rlim)
         row0 = t0 * L + s * STEP_KEYS
         klim = TL - row0
         for src, dst in ((mKd, sK), (mVd, sV)):
-            g = cin.partition_S(self.depth_tile(src, b, j, row0))
-            d = cin.partition_D(dst[None, None, wid * S + f % S])
-            for n in cutlass.range_constexpr(cute.size(g, mode=[1])):
-                if rowc_kv[0, n, 0][0] < klim:
-                    cute.copy(copy_in, g[None, n, None], d[None, n, None])
+            self.copy_rows(copy_in, cin.partition_S(self.depth_tile(src, b, j, row0)),
+                           cin.partition_D(dst[None, None, wid * S + f % S]), rowc_kv, klim)
 
     @cute.jit
     def unit_stats(self, mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T):
@@ -350,9 +344,15 @@ class DepthBwdSm90:
         d = cout.partition_D(dst_g)
         r = cute.make_fragment_like(s)
         cute.autovec_copy(s, r)
-        for n in cutlass.range_constexpr(cute.size(s, mode=[1])):
+        self.copy_rows(copy_out, r, d, rowc, lim)
+
+    @cute.jit
+    def copy_rows(self, copy, src, dst, rowc, lim):
+        """The row iterations n of a tiled copy's partitions whose row (`rowc`, the identity tile's
+        partition) is below `lim`."""
+        for n in cutlass.range_constexpr(cute.size(src, mode=[1])):
             if rowc[0, n, 0][0] < lim:
-                cute.copy(copy_out, r[None, n, None], d[None, n, None])
+                cute.copy(copy, src[None, n, None], dst[None, n, None])
 
 
 # ---------------------------------------------------------------------- host side

@@ -271,7 +271,7 @@ def fused_fwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]
     forward (`fused_sm90`) is FA4's sm90 kernel with the depth tiles of whole positions inside
     each 64-row consumer group, so it needs FA4, an sm_90 GPU, L >= 1, G dividing 64, d 64 or
     128 and fp16/bf16."""
-    return _fused_shape_problem(shape, dtype) or fa4_unavailable(device) or _fused_arch_problem(device)
+    return _fused_shape_problem(shape, dtype) or fa4_unavailable(device) or _sm90_problem(device)
 
 
 def _fused_shape_problem(shape: MoDAShape, dtype) -> Optional[str]:
@@ -290,16 +290,14 @@ def cute_bwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]:
     """Why the "persist" backward cannot run its depth part as the CuTe kernel
     (`depth_bwd_sm90`, `MoDAConfig.bwd_depth_kernel="cute"`) here (None: it can): it needs FA4's
     CuTe DSL, an sm_90 GPU and `cute_bwd_shape_problem`'s shapes. moda_fa4 then runs Triton's."""
-    why = cute_bwd_shape_problem(shape, dtype) or fa4_unavailable(device)
-    if why is None and _fused_arch_problem(device) is not None:
-        why = "the CuTe depth backward is an sm_90 (Hopper) kernel"
-    return why
+    return (cute_bwd_shape_problem(shape, dtype) or fa4_unavailable(device)
+            or _sm90_problem(device, "the CuTe depth backward"))
 
 
-def _fused_arch_problem(device) -> Optional[str]:
+def _sm90_problem(device, kernel: str = "the fused forward") -> Optional[str]:
     idx = torch.device(device if device is not None else "cuda").index
     if torch.cuda.get_device_capability(idx if idx is not None else torch.cuda.current_device())[0] != 9:
-        return "the fused forward is an sm_90 (Hopper) kernel"
+        return f"{kernel} is an sm_90 (Hopper) kernel"
     return None
 
 
@@ -307,7 +305,7 @@ def _fused_forward(q, k, v, kd, vd, scale, shape: MoDAShape):
     """The forward as one kernel (MoDAConfig.fa4_fused_fwd): o, lse (B,Hq,T), lse (B,T,Hq).
     FA4 itself was checked by `moda_fa4` (its backend needs FA4); only the shape and the GPU
     generation are checked here, not the package metadata again on every call."""
-    why = _fused_shape_problem(shape, q.dtype) or _fused_arch_problem(q.device)
+    why = _fused_shape_problem(shape, q.dtype) or _sm90_problem(q.device)
     if why is not None:
         raise ValueError(f"MoDAConfig.fa4_fused_fwd: {why}")
     from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd

@@ -55,3 +55,18 @@ def moda_reference(
     if return_lse:
         return out, lse.permute(0, 2, 1).float()
     return out
+
+
+def depth_backward_reference(q, do, o, lse, k_depth, v_depth, scale: float):
+    """The depth keys' part of MoDA's backward in float64, given the whole softmax's out and lse
+    (B,T,Hq), as `kernel_depth.depth_bwd` and `depth_bwd_sm90` compute it: (dq share (B,T,Hq,d),
+    dk_depth, dv_depth (B,T,L,Hk,d)). Each row's delta = rowsum(o * do)."""
+    B, T, Hq, d = q.shape
+    Hk = k_depth.shape[3]
+    G = Hq // Hk
+    q4, do4, o4 = (x.double().view(B, T, Hk, G, d) for x in (q, do, o))
+    kd, vd = k_depth.double(), v_depth.double()
+    p = torch.exp(torch.einsum("bthgd,btlhd->bthgl", q4, kd) * scale - lse.double().view(B, T, Hk, G, 1))
+    ds = p * (torch.einsum("bthgd,btlhd->bthgl", do4, vd) - (o4 * do4).sum(-1, keepdim=True))
+    return (torch.einsum("bthgl,btlhd->bthgd", ds, kd).reshape(B, T, Hq, d) * scale,
+            torch.einsum("bthgl,bthgd->btlhd", ds, q4) * scale, torch.einsum("bthgl,bthgd->btlhd", p, do4))
