@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SHAPES = [(1, 1000, 8, 64), (2, 777, 1, 3), (1, 999, 2, 256), (1, 517, 8, 1), (1, 1001, 16, 64), (2, 333, 4, 5),
-          (1, 4099, 8, 64), (1, 130, 16, 1)]
+          (1, 4099, 8, 64), (1, 130, 16, 1), (1, 1003, 4, 32), (2, 555, 1, 64), (1, 261, 16, 128)]
 
 
 def inputs(B, T, G, L, Hk=2, d=64, seed=0):
@@ -98,8 +98,10 @@ def rates(a, w) -> None:
     for n in counts:
         fns[f"triton-{n}"] = (lambda n=n: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, n))
         for wv in a.warps.split(","):
-            fns[f"cute-{n}-w{wv}"] = (lambda n=n, wv=int(wv): depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n,
-                                                                           warps=wv, stages=a.stages))
+            for sp in a.split.split(","):
+                fns[f"cute-{n}-w{wv}" + ("" if sp == "1" else "-nosplit")] = (
+                    lambda n=n, wv=int(wv), sp=sp == "1": depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n,
+                                                                         warps=wv, stages=a.stages, split=sp))
     for name in list(fns):
         try:
             fns[name]()
@@ -168,6 +170,7 @@ def main() -> int:
     ap.add_argument("--programs", default="24,12,48,132")
     ap.add_argument("--warps", default="8")
     ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--split", default="1", help="--rates: the CuTe kernel's split (1), both n-tiles (0), or 1,0")
     ap.add_argument("--max-time", type=float, default=3.0)
     ap.add_argument("--out", default="")
     ap.add_argument("--verbose", action="store_true")

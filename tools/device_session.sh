@@ -83,6 +83,10 @@
 #   depth-bwd-sass  ncu of the CuTe and Triton depth backward kernels alone (T=16384, G=8, L=64, 24 programs):
 #               details and the per-instruction SASS view into $RESULTS/depth_bwd_{ncu,sass}.csv.gz
 #   cute-bwd-tests  GPU tests of the CuTe depth backward (tests/test_depth_bwd_sm90.py)
+#   depth-bwd-ab  the CuTe depth backward against fp64 at odd shapes, then alone with and without its split
+#               (one n-tile a step) beside Triton's kernel at G=8/L=64, G=2, G=4, L=256 (T=16384, 24 programs)
+#   fused-mask-ab  the fused forward (spread, offset) against fp64, then its row-wise mask against the
+#               score-by-score one ("cellmask") at FUSED_T (default 16384,4096,32768), graph timer
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
 #               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/$FUSED_RUN, default fused-limit;
@@ -289,6 +293,13 @@ for s in "$@"; do
     fused-gl) FV="--variants '${FUSED_VARIANTS:-64x2;64x2:offset:0}' --timer ${FUSED_TIMER:-graph} --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv"
            stage fused-gl bash -c "timeout 150 python3 tools/fused_sm90_check.py --T 16384 --G 2 $FV; timeout 150 python3 tools/fused_sm90_check.py --T 16384 --L 256 $FV" ;;
     fused-tests) stage fused-tests timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_sm90.py ;;
+    depth-bwd-ab) R=$RESULTS/$GPU/${DBWD_RUN:-depth-bwd-split}; mkdir -p "$R"; DB="python3 tools/depth_bwd_check.py"
+           stage depth-bwd-ab bash -c "timeout 200 $DB --check --out $R/check.csv; for s in '8 64' '2 64' '4 64' '8 256'; do set -- \$s;
+               timeout 100 $DB --rates --G \$1 --L \$2 --programs 24 --split 1,0 --max-time ${MAX_TIME} --out $R/rates.csv; done" ;;
+    fused-mask-ab) R=$RESULTS/$GPU/${FUSED_RUN:-fused-rowmask}; mkdir -p "$R"
+           stage fused-mask-ab bash -c "timeout 200 python3 tools/fused_sm90_check.py --check --placements spread,offset --out $R/check.csv; \
+               timeout 300 python3 tools/fused_sm90_check.py --T ${FUSED_T:-16384,4096,32768} --timer graph --max-time ${MAX_TIME} \
+               --variants '32x1:spread;32x1:spread:0:cellmask;64x2:offset;64x2:offset:0:cellmask' --out $R/time.csv" ;;
     cute-bwd-tests) stage cute-bwd-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_depth_bwd_sm90.py ;;
     fused-sweep-a) R=$RESULTS/$GPU/${FUSED_RUN:-fused-limit}; P="${FUSED_PROVIDERS:-moda-fused,moda-overlap,moda-fa4,fa4,cudnn}"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
            stage fused-t4096 $MB sweep $Q --vary T --values 4096 --timer graph,eager --providers $P --out "$R/t4096"

@@ -60,12 +60,15 @@ class DepthBwdSm90:
     """The depth backward over 16-row units, one warp each (see module)."""
 
     def __init__(self, dtype, head_dim: int, G: int, L: int, *, warps: int = 8, stages: int = 2,
-                 depth_grad: bool = True):
+                 depth_grad: bool = True, split: bool = True):
         assert WARP_ROWS % G == 0 and head_dim % 16 == 0 and L >= 1 and stages >= 2
         self.dtype, self.D, self.G, self.L = dtype, head_dim, G, L
         self.P = WARP_ROWS // G  # positions a unit
         self.steps = -(-self.P * L // STEP_KEYS)  # 32-key steps a unit
         self.warps, self.stages, self.depth_grad = warps, stages, depth_grad
+        # a step's keys are one position's and its rows one n-tile (8 rows): products on that n-tile only
+        # (split=False keeps both n-tiles: the A/B of tools/depth_bwd_check.py --rates)
+        self.split = split and L % STEP_KEYS == 0 and G <= 8
         smem = warps * (stages * (STEP_KEYS + WARP_ROWS) * head_dim * 2 * dtype.width // 8 + 1024 + 128)
         if smem > SMEM_LIMIT:
             raise ValueError(f"depth_bwd_sm90: {warps} warps x {stages} stages need ~{smem // 1024} KB of shared "
@@ -203,27 +206,23 @@ class DepthBwdSm90:
             rslot = wid * S + k % S
             nk = cutlass.min(T - t0, P) * L  # the unit's depth keys
             if s == 0:
-                self.unit_stats(mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T)
+                self.unit_stats(mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T, scale)
                 acc_dQ.fill(0.0)
-            # S^T = K Q^T and P^T
+            # P^T and dS^T (scale folded in), on the live n-tile only where a step's keys are one position's
             acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            acc_S.fill(0.0)
-            sm80_helpers.gemm(thr_mma, acc_S, rK, rQ, pK_A[None, None, None, kslot], pQ_B[None, None, None, rslot],
-                              cpA, cpB)
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                m, n = cS[i]
-                ko = s * STEP_KEYS + m
-                p = cute.math.exp2(acc_S[i] * scale_log2 - rLse[i], fastmath=True)
-                acc_S[i] = Float32(0.0)
-                if ko < nk and ko // L == n // G:
-                    acc_S[i] = p
-            # dP^T = V dO^T, dS^T = P^T (dP^T - delta)
             acc_dP = cute.make_rmem_tensor(shape_S, Float32)
+            acc_S.fill(0.0)
             acc_dP.fill(0.0)
-            sm80_helpers.gemm(thr_mma, acc_dP, rK, rQ, pV_A[None, None, None, kslot],
-                              pDO_B[None, None, None, rslot], cpA, cpB)
-            for i in cutlass.range_constexpr(cute.size(acc_dP)):
-                acc_dP[i] = acc_S[i] * (acc_dP[i] - rDelta[i])
+            ops = (thr_mma, acc_S, acc_dP, rK, rQ, pK_A[None, None, None, kslot], pV_A[None, None, None, kslot],
+                   pQ_B[None, None, None, rslot], pDO_B[None, None, None, rslot], cpA, cpB, cS, rLse, rDelta,
+                   scale, scale_log2, s, nk)
+            if const_expr(self.split):
+                if (s * STEP_KEYS // L) // (8 // G) == 0:  # the n-tile (8 rows) of the step's position
+                    self.step_scores(*ops, 0)
+                else:
+                    self.step_scores(*ops, 1)
+            else:
+                self.step_scores(*ops, None)
             rP = fa_utils.cvt_f16(acc_S, self.dtype)
             rdS = fa_utils.cvt_f16(acc_dP, self.dtype)
             # dS^T to the scratch for dQ (read back as dS by ldmatrix.trans)
@@ -240,13 +239,11 @@ class DepthBwdSm90:
             # dQ += dS K
             sm80_helpers.gemm(thr_mma, acc_dQ, rScr, rKt, pScr_A, pKt_B[None, None, None, kslot], cpAt, cpBt)
             if const_expr(self.depth_grad):
-                # dK = scale * dS^T Q into the K buffer (free after dQ)
+                # dK = dS^T Q into the K buffer (free after dQ)
                 acc_G = cute.make_rmem_tensor(shape_KV, Float32)
                 acc_G.fill(0.0)
                 sm80_helpers.gemm_rs(thr_mma, acc_G, layout_utils.reshape_acc_to_frgA(rdS), rDOt,
                                      pQt_B[None, None, None, rslot], cpBt)
-                for i in cutlass.range_constexpr(cute.size(acc_G)):
-                    acc_G[i] = acc_G[i] * scale
                 cute.arch.sync_warp()  # every lane's dQ ldmatrix of K is done
                 cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)),
                           r2s.partition_D(sK[None, None, kslot]))
@@ -258,8 +255,6 @@ class DepthBwdSm90:
                 self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc_kv,
                                 lim)
             if s == NS - 1:
-                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                    acc_dQ[i] = acc_dQ[i] * scale
                 cute.arch.sync_warp()
                 cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_dQ, self.dtype)), r2s.partition_D(sQ[None, None, rslot]))
                 cute.arch.sync_warp()
@@ -269,6 +264,49 @@ class DepthBwdSm90:
         cute.arch.cp_async_wait_group(0)
 
     # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def step_scores(self, thr_mma, acc_S, acc_dP, rK, rQ, sK, sV, sQ, sDO, cpA, cpB, cS, rLse, rDelta, scale,
+                    scale_log2, s, nk, live: cutlass.Constexpr):
+        """A step's P^T = exp2(S^T scale log2e - lse2) masked, into acc_S, and dS^T = scale P^T (dP^T -
+        delta) into acc_dP (S^T = K Q^T, dP^T = V dO^T; rDelta holds scale * delta), on n-tile `live`
+        only (None: both). Where a step's keys are one position's (L % 32 == 0), rows past T need no
+        mask (their lse2 is +inf) and at G=8 the live n-tile's rows are all that position's."""
+        G, L = self.G, self.L
+        self.gemm_tile(thr_mma, acc_S, rK, rQ, sK, sQ, cpA, cpB, live)
+        per_tile = cute.size(acc_S) // 2  # values of one n-tile (n-tiles are the last mode)
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            if const_expr(live is None or i // per_tile == live):
+                m, n = cS[i]
+                p = cute.math.exp2(acc_S[i] * scale_log2 - rLse[i], fastmath=True)
+                if const_expr(self.split and G == 8 or self.L % STEP_KEYS == 0 and G == WARP_ROWS):
+                    acc_S[i] = p
+                elif const_expr(self.L % STEP_KEYS == 0):
+                    acc_S[i] = Float32(0.0)
+                    if s * STEP_KEYS // L == n // G:
+                        acc_S[i] = p
+                else:
+                    ko = s * STEP_KEYS + m
+                    acc_S[i] = Float32(0.0)
+                    if ko < nk and ko // L == n // G:
+                        acc_S[i] = p
+        self.gemm_tile(thr_mma, acc_dP, rK, rQ, sV, sDO, cpA, cpB, live)
+        for i in cutlass.range_constexpr(cute.size(acc_dP)):
+            if const_expr(live is None or i // per_tile == live):
+                acc_dP[i] = acc_S[i] * (acc_dP[i] * scale - rDelta[i])
+
+    @cute.jit
+    def gemm_tile(self, thr_mma, acc, rA, rB, sA, sB, cpA, cpB, nt: cutlass.Constexpr):
+        """acc += A B from shared memory (ldmatrix), all of acc (nt None) or its n-tile nt only."""
+        if const_expr(nt is None):
+            sm80_helpers.gemm(thr_mma, acc, rA, rB, sA, sB, cpA, cpB)
+        else:
+            vA, vB = cpA.retile(rA), cpB.retile(rB)
+            for k in cutlass.range_constexpr(cute.size(rA.shape[2])):
+                cute.copy(cpA, sA[None, None, k], vA[None, None, k])
+                cute.copy(cpB, sB[None, None, k], vB[None, None, k])
+                c = cute.append_ones(acc[None, None, nt])
+                cute.gemm(thr_mma, c, rA[None, None, k], cute.append_ones(rB[None, nt, k]), c)
+
     @cute.jit
     def rows_tile(self, mX: cute.Tensor, b, j, t0):
         """The unit's 16 folded rows (r = t*G + g, t from t0) of (b, KV head j) as a (16, D) tensor."""
@@ -310,8 +348,9 @@ class DepthBwdSm90:
                            cin.partition_D(dst[None, None, wid * S + f % S]), rowc_kv, klim)
 
     @cute.jit
-    def unit_stats(self, mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T):
-        """lse2 (+inf past T) and delta = rowsum(o*do) of the unit's rows, into this thread's fragments."""
+    def unit_stats(self, mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T, scale):
+        """lse2 (+inf past T) and scale * delta (delta = rowsum(o*do)) of the unit's rows, into this
+        thread's fragments."""
         G, D = self.G, self.D
         r = lane // 2
         half = lane % 2
@@ -335,7 +374,7 @@ class DepthBwdSm90:
         for i in cutlass.range_constexpr(cute.size(rLse)):
             n = cS[i][1]
             rLse[i] = sStat[n, 0]
-            rDelta[i] = sStat[n, 1]
+            rDelta[i] = sStat[n, 1] * scale
 
     @cute.jit
     def store_rows(self, src_s, dst_g, cout, copy_out, rowc, lim):
@@ -359,12 +398,13 @@ class DepthBwdSm90:
 _COMPILED: dict = {}
 
 
-def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, stages: int, depth_grad: bool):
+def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, stages: int, depth_grad: bool,
+              split: bool = True):
     q = args[0]
-    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad)
+    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, split)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
-        kern = DepthBwdSm90(dtype, q.shape[3], G, L, warps=warps, stages=stages, depth_grad=depth_grad)
+        kern = DepthBwdSm90(dtype, q.shape[3], G, L, warps=warps, stages=stages, depth_grad=depth_grad, split=split)
         cargs = [to_cute_tensor(t) for t in args[:3]]
         cargs.append(to_cute_tensor(args[3], assumed_align=4))
         cargs += [to_cute_tensor(t) for t in args[4:]]
@@ -375,10 +415,11 @@ def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, sta
 
 
 def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, depth_grad: bool = True,
-                   warps: int = 8, stages: int = 2):
+                   warps: int = 8, stages: int = 2, split: bool = True):
     """(dq share (q's dtype), dk_depth, dv_depth) given the merged o and lse (B,T,Hq) fp32; dk_depth =
     dv_depth = None without depth_grad. `programs` CTAs of `warps` independent warps. Same contract as
-    `kernel_depth.depth_bwd`; `unavailable` says which inputs it cannot take."""
+    `kernel_depth.depth_bwd`; `unavailable` says which inputs it cannot take. `split` (where L is a
+    multiple of 32 and G <= 8) scores only the n-tile of a step's position."""
     why = unavailable(q, kd, G)
     if why:
         raise ValueError(why)
@@ -393,5 +434,5 @@ def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *
     args = (q, do, o, lse, kdv, vdv, dq, gk, gv)
     n_units = -(-T // (WARP_ROWS // G)) * B * Hk
     programs = max(1, min(programs, -(-n_units // warps)))
-    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad)(*args, float(scale), programs)
+    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad, split)(*args, float(scale), programs)
     return dq, dkd, dvd

@@ -86,6 +86,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         # its stages without computing (the traffic without the math)
         # "late" ("spread" only): every warp step after the tile's last block (results correct);
         # "noqk" / "nomask" / "nopv" ("spread"): a warp step without that part (DepthSteps.warp_step)
+        # "cellmask" (results correct): the mask score by score even where L is a multiple of the step
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
         self.probe = probe

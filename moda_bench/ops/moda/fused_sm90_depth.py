@@ -32,7 +32,7 @@ ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
 PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
-PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv")  # timing variants (MoDAForwardSm90.__init__)
+PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask")  # variants (MoDAForwardSm90.__init__)
 
 
 @dsl_user_op
@@ -51,17 +51,25 @@ class DepthSteps:
     @cute.jit
     def depth_mask(self, acc_S, n_block, thr_mma, group, mask_seqlen=None):
         """-inf where the depth row's position is not the score row's (same group, see module);
-        n_block is the depth step."""
+        n_block is the depth step. Where L is a multiple of depth_tile, row by row."""
         coords = layout_utils.reshape_acc_to_mn(
             thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.depth_tile))))
         acc = layout_utils.reshape_acc_to_mn(acc_S)
-        for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
-            pos = (coords[r, 0][0] - group * ROWS_PER_GROUP) // self.qhead_per_kvhead
-            lo = pos * self.depth_len - n_block * self.depth_tile
-            for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
-                col = coords[r, c][1]
-                if col < lo or col >= lo + self.depth_len:
-                    acc[r, c] = -Float32.inf
+        if const_expr(self.depth_len % self.depth_tile == 0 and self.probe != "cellmask"):
+            # the step's keys are one position's: a score row is all in or all out
+            live = n_block * self.depth_tile // self.depth_len
+            for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
+                if (coords[r, 0][0] - group * ROWS_PER_GROUP) // self.qhead_per_kvhead != live:
+                    for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                        acc[r, c] = -Float32.inf
+        else:
+            for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
+                pos = (coords[r, 0][0] - group * ROWS_PER_GROUP) // self.qhead_per_kvhead
+                lo = pos * self.depth_len - n_block * self.depth_tile
+                for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                    col = coords[r, c][1]
+                    if col < lo or col >= lo + self.depth_len:
+                        acc[r, c] = -Float32.inf
 
     def group_gemm(self, gemm, group, B_idx, **kw):
         """A depth product on this group's block of the stage (buffer stage * groups + group)."""
@@ -148,14 +156,24 @@ class DepthSteps:
     @cute.jit
     def warp_mask(self, acc_S, step, coords):
         """-inf where the warp's depth key is not of the score row's position: the warp's keys are
-        its positions' L keys each, in order, depth_tile a step."""
+        its positions' L keys each, in order, depth_tile a step (where L is a multiple of depth_tile,
+        row by row: 2 instructions a row instead of 2 a score)."""
         acc = layout_utils.reshape_acc_to_mn(acc_S)
-        for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
-            lo = (coords[r, 0][0] % WARP_ROWS) // self.qhead_per_kvhead * self.depth_len - step * self.depth_tile
-            for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
-                col = coords[r, c][1]
-                if col < lo or col >= lo + self.depth_len:
-                    acc[r, c] = -Float32.inf
+        if const_expr(self.depth_len % self.depth_tile == 0 and self.probe != "cellmask"):
+            # a step's keys are one position's: a score row is all in or all out (none out at G=16)
+            if const_expr(self.qhead_per_kvhead < WARP_ROWS):
+                pos = step * self.depth_tile // self.depth_len
+                for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
+                    if (coords[r, 0][0] % WARP_ROWS) // self.qhead_per_kvhead != pos:
+                        for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                            acc[r, c] = -Float32.inf
+        else:
+            for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
+                lo = (coords[r, 0][0] % WARP_ROWS) // self.qhead_per_kvhead * self.depth_len - step * self.depth_tile
+                for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                    col = coords[r, c][1]
+                    if col < lo or col >= lo + self.depth_len:
+                        acc[r, c] = -Float32.inf
 
     @cute.jit
     def rescale_pending_P(self, tOrP, row_scale, acc_shape_S):
