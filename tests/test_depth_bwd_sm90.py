@@ -125,13 +125,15 @@ def _cute_importable():
     return cute_import_problem("flash_attn.cute.ampere_helpers")
 
 
-COMPILE = [(8, 64, 8, True), (1, 3, 8, True), (2, 256, 8, True), (16, 1, 8, True), (4, 5, 8, False), (8, 64, 4, True)]
+COMPILE = [(8, 64, 8, 2, 32, True), (1, 3, 8, 2, 32, True), (2, 256, 8, 2, 32, True), (16, 1, 8, 2, 32, True),
+           (4, 5, 8, 2, 32, False), (8, 64, 4, 2, 32, True), (8, 64, 8, 4, 16, True), (16, 16, 8, 3, 16, True)]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(_cute_importable() is not None, reason=f"CuTe DSL / FA4 not importable: {_cute_importable()}")
-@pytest.mark.parametrize("G,L,warps,dg", COMPILE, ids=[f"G{g}-L{l}-w{w}-dg{int(d)}" for g, l, w, d in COMPILE])
-def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, dg):
+@pytest.mark.parametrize("G,L,warps,stages,keys,dg", COMPILE,
+                         ids=[f"G{g}-L{l}-w{w}-s{s}-k{k}-dg{int(d)}" for g, l, w, s, k, d in COMPILE])
+def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, stages, keys, dg):
     from torch._subclasses.fake_tensor import FakeTensorMode
     cute_sm90_env(monkeypatch)
     from moda_bench.ops.moda import depth_bwd_sm90 as m
@@ -142,7 +144,7 @@ def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, dg):
         lse = torch.empty(B, T, Hk * G, dtype=torch.float32, device="cuda")
         kd = torch.empty(B, T * L, Hk, d, dtype=torch.bfloat16, device="cuda")
         args = (q, q, q, lse, kd, kd, q, kd, kd)
-        assert m._compiled(args, 0.125, 4, G, L, warps, 2, dg) is not None
+        assert m._compiled(args, 0.125, 4, G, L, warps, stages, dg, keys) is not None
     assert len(m._COMPILED) == 1
 
 
@@ -153,8 +155,14 @@ def test_kernel_refuses_more_shared_memory_than_an_sm_has():
     from moda_bench.ops.moda.depth_bwd_sm90 import DepthBwdSm90
     DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=8, stages=2)
     DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=4, stages=4)
-    with pytest.raises(ValueError, match="8 warps x 3 stages need ~297 KB of shared memory, more than 227 KB"):
+    with pytest.raises(ValueError, match="8 warps x 3 stages need ~270 KB of shared memory, more than 227 KB"):
         DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=8, stages=3)
+    # 16-key steps: 4 stages fit where a unit has enough steps to keep two q/do slots ...
+    assert DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=8, stages=4, step_keys=16).rslots == 2
+    # ... and a unit of one step (G=16, L=16) keeps a slot per unit in flight
+    assert DepthBwdSm90(cutlass.BFloat16, 64, 16, 16, warps=8, stages=3, step_keys=16).rslots == 3
+    with pytest.raises(ValueError, match="8 warps x 4 stages need"):
+        DepthBwdSm90(cutlass.BFloat16, 64, 16, 16, warps=8, stages=4, step_keys=16)
 
 
 # ------------------------------------------------------------------ GPU

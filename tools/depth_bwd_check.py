@@ -56,7 +56,7 @@ def rel(a, b):
     return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def check(w, verbose) -> bool:
+def check(w, verbose, configs="8x2x32") -> bool:
     from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
     from moda_bench.ops.moda.kernel_depth import depth_bwd
     from moda_bench.ops.moda.reference import depth_backward_reference
@@ -66,8 +66,12 @@ def check(w, verbose) -> bool:
         ref = depth_backward_reference(q, do, o, lse, kd, vd, scale)
         for dg in (True, False):
             errs = {}
-            for name, fn in (("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg)),
-                             ("cute", lambda: depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg))):
+            runs = [("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg))]
+            for c in configs.split(","):  # warps x stages x keys a step
+                wv, sv, kv = (int(x) for x in c.split("x"))
+                runs.append((f"cute-{c}", lambda wv=wv, sv=sv, kv=kv: depth_bwd_sm90(
+                    do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg, warps=wv, stages=sv, step_keys=kv)))
+            for name, fn in runs:
                 try:
                     out = fn()
                     torch.cuda.synchronize()
@@ -78,8 +82,9 @@ def check(w, verbose) -> bool:
                     if verbose:
                         traceback.print_exc()
                     errs[name] = None
-            ok = errs.get("cute") is not None and errs.get("triton") is not None and all(
-                c <= 2 * t + 1e-3 for c, t in zip(errs["cute"], errs["triton"]))
+            ok = errs.get("triton") is not None and all(
+                errs.get(n) is not None and all(c <= 2 * t + 1e-3 for c, t in zip(errs[n], errs["triton"]))
+                for n, _ in runs[1:])
             all_ok &= ok
             for name, e in errs.items():
                 es = " ".join(f"{x:.2e}" for x in e) if e else "failed"
@@ -97,11 +102,10 @@ def rates(a, w) -> None:
     fns = {}
     for n in counts:
         fns[f"triton-{n}"] = (lambda n=n: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, n))
-        for wv in a.warps.split(","):
-            for sp in a.split.split(","):
-                fns[f"cute-{n}-w{wv}" + ("" if sp == "1" else "-nosplit")] = (
-                    lambda n=n, wv=int(wv), sp=sp == "1": depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n,
-                                                                         warps=wv, stages=a.stages, split=sp))
+        for c in a.configs.split(","):
+            wv, sv, kv = (int(x) for x in c.split("x"))
+            fns[f"cute-{n}-{c}"] = (lambda n=n, wv=wv, sv=sv, kv=kv: depth_bwd_sm90(
+                do, q, o, lse, kd, vd, scale, a.G, n, warps=wv, stages=sv, step_keys=kv))
     for name in list(fns):
         try:
             fns[name]()
@@ -170,7 +174,8 @@ def main() -> int:
     ap.add_argument("--programs", default="24,12,48,132")
     ap.add_argument("--warps", default="8")
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--split", default="1", help="--rates: the CuTe kernel's split (1), both n-tiles (0), or 1,0")
+    ap.add_argument("--configs", default="8x2x32",
+                    help="--check, --rates: the CuTe kernel's warps x stages x depth keys a step, ','-separated")
     ap.add_argument("--max-time", type=float, default=3.0)
     ap.add_argument("--out", default="")
     ap.add_argument("--verbose", action="store_true")
@@ -185,7 +190,7 @@ def main() -> int:
     t0 = time.time()
     try:
         if a.check:
-            verdict.append("check " + ("all ok" if check(w, a.verbose) else "NOT ok"))
+            verdict.append("check " + ("all ok" if check(w, a.verbose, a.configs) else "NOT ok"))
         if a.rates:
             rates(a, w)
             verdict.append("rates done")

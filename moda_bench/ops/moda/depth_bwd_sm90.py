@@ -60,19 +60,20 @@ class DepthBwdSm90:
     """The depth backward over 16-row units, one warp each (see module)."""
 
     def __init__(self, dtype, head_dim: int, G: int, L: int, *, warps: int = 8, stages: int = 2,
-                 depth_grad: bool = True, split: bool = True):
-        assert WARP_ROWS % G == 0 and head_dim % 16 == 0 and L >= 1 and stages >= 2
-        self.dtype, self.D, self.G, self.L = dtype, head_dim, G, L
+                 depth_grad: bool = True, step_keys: int = STEP_KEYS):
+        assert WARP_ROWS % G == 0 and head_dim % 16 == 0 and L >= 1 and stages >= 2 and step_keys in (16, 32)
+        self.dtype, self.D, self.G, self.L, self.step_keys = dtype, head_dim, G, L, step_keys
         self.P = WARP_ROWS // G  # positions a unit
-        self.steps = -(-self.P * L // STEP_KEYS)  # 32-key steps a unit
+        self.steps = -(-self.P * L // step_keys)  # steps a unit
         self.warps, self.stages, self.depth_grad = warps, stages, depth_grad
-        # a step's keys are one position's and its rows one n-tile (8 rows): products on that n-tile only
-        # (split=False keeps both n-tiles: the A/B of tools/depth_bwd_check.py --rates)
-        self.split = split and L % STEP_KEYS == 0 and G <= 8
-        smem = warps * (stages * (STEP_KEYS + WARP_ROWS) * head_dim * 2 * dtype.width // 8 + 1024 + 128)
+        # q/do row slots: a unit's rows stay until its last step while the loads run stages - 1 steps ahead
+        self.rslots = min(stages, (stages - 2) // self.steps + 2)
+        row_bytes = head_dim * dtype.width // 8
+        smem = warps * (2 * row_bytes * (stages * step_keys + self.rslots * WARP_ROWS) + step_keys * WARP_ROWS * 2
+                        + 256) + 4096  # K/V stages, q/do slots, scratch, stats; alignment
         if smem > SMEM_LIMIT:
             raise ValueError(f"depth_bwd_sm90: {warps} warps x {stages} stages need ~{smem // 1024} KB of shared "
-                             f"memory, more than {SMEM_LIMIT // 1024} KB (8 warps take 2 stages at d=64)")
+                             f"memory, more than {SMEM_LIMIT // 1024} KB (at d=64, 8 warps take 2 stages of 32 keys)")
 
     # ------------------------------------------------------------------ launch
     @cute.jit
@@ -83,9 +84,9 @@ class DepthBwdSm90:
                                                    for t in (mQ, mDO, mO, mKd, mVd, mDQ, mDKd, mDVd)]
         D, W, S = self.D, self.warps, self.stages
         atom = sm80_helpers.get_smem_layout_atom(self.dtype, D)
-        sKV_layout = cute.tile_to_shape(atom, (STEP_KEYS, D, W * S), (0, 1, 2))
-        sRow_layout = cute.tile_to_shape(atom, (WARP_ROWS, D, W * S), (0, 1, 2))
-        sScr_layout = cute.make_ordered_layout((STEP_KEYS, WARP_ROWS, W), order=(1, 0, 2))
+        sKV_layout = cute.tile_to_shape(atom, (self.step_keys, D, W * S), (0, 1, 2))
+        sRow_layout = cute.tile_to_shape(atom, (WARP_ROWS, D, W * self.rslots), (0, 1, 2))
+        sScr_layout = cute.make_ordered_layout((self.step_keys, WARP_ROWS, W), order=(1, 0, 2))
         sStat_layout = cute.make_ordered_layout((WARP_ROWS, 2, W), order=(0, 1, 2))
 
         @cute.struct
@@ -166,76 +167,86 @@ class DepthBwdSm90:
         rDOt = thr_mma.make_fragment_B(thr_mma.partition_B(sDOt[None, None, 0]))
         rKt = thr_mma.make_fragment_B(thr_mma.partition_B(sKt[None, None, 0]))
         rScr = thr_mma.make_fragment_A(thr_mma.partition_A(layout_utils.transpose_view(sScr)))
-        cS = thr_mma.partition_C(cute.make_identity_tensor((STEP_KEYS, WARP_ROWS)))
-        shape_S = thr_mma.partition_shape_C((STEP_KEYS, WARP_ROWS))
-        shape_KV = thr_mma.partition_shape_C((STEP_KEYS, D))
+        cS = thr_mma.partition_C(cute.make_identity_tensor((self.step_keys, WARP_ROWS)))
+        shape_S = thr_mma.partition_shape_C((self.step_keys, WARP_ROWS))
+        shape_KV = thr_mma.partition_shape_C((self.step_keys, D))
         acc_dQ = cute.make_rmem_tensor(thr_mma.partition_shape_C((WARP_ROWS, D)), Float32)
         acc_dQ.fill(0.0)
         rLse = cute.make_rmem_tensor(shape_S, Float32)
         rDelta = cute.make_rmem_tensor(shape_S, Float32)
-        rowc_kv = cin.partition_S(cute.make_identity_tensor((STEP_KEYS, D)))
+        # the next unit's o and do half-rows and lse2, loaded a step ahead (unit_stats uses them)
+        rO = cute.make_rmem_tensor((D // 2,), self.dtype)
+        rDO = cute.make_rmem_tensor((D // 2,), self.dtype)
+        rL = cute.make_rmem_tensor((1,), Float32)
+        rowc_kv = cin.partition_S(cute.make_identity_tensor((self.step_keys, D)))
         rowc_r = cin.partition_S(cute.make_identity_tensor((WARP_ROWS, D)))
 
         # zero this warp's buffers once: rows a step leaves unloaded (past the tensor) stay finite
         for x in (sK, sV):
-            for i in cutlass.range(lane, STEP_KEYS * D, 32, unroll=1):
+            for i in cutlass.range(lane, self.step_keys * D, 32, unroll=1):
                 for s in cutlass.range_constexpr(S):
-                    x[i % STEP_KEYS, i // STEP_KEYS, wid * S + s] = self.dtype(0.0)
+                    x[i % self.step_keys, i // self.step_keys, wid * S + s] = self.dtype(0.0)
         for x in (sQ, sDO):
             for i in cutlass.range(lane, WARP_ROWS * D, 32, unroll=1):
-                for s in cutlass.range_constexpr(S):
-                    x[i % WARP_ROWS, i // WARP_ROWS, wid * S + s] = self.dtype(0.0)
+                for s in cutlass.range_constexpr(self.rslots):
+                    x[i % WARP_ROWS, i // WARP_ROWS, wid * self.rslots + s] = self.dtype(0.0)
         cute.arch.sync_warp()
 
-        # prologue: steps 0 .. S-2 in flight
+        # the warp's step counters (unit k, step s, batch b, KV head j, first position t0), advanced by
+        # adding the warp stride nw in the units' mixed radix (KV head, batch, slab): no division a step
+        radix = (nw % Hk, (nw // Hk) % B, nw // (Hk * B) * P, B, Hk)
+        cur = self.flat_step(Int32(0), gw, nw, B, Hk)
+        # prologue: steps 0 .. S-2 in flight, the first unit's o, do and lse2 in registers
+        if total > 0:
+            self.prefetch_stats(mO, mDO, mLSE, rO, rDO, rL, lane, cur[2], cur[3], cur[4], T)
+        ld = cur
         for f in cutlass.range_constexpr(S - 1):
             if f < total:
-                self.load_step(f, gw, nw, B, T, TL, Hk, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in, rowc_kv,
-                               rowc_r, wid)
+                self.load_step(f, *ld, T, TL, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in, rowc_kv, rowc_r, wid)
             cute.arch.cp_async_commit_group()
+            ld = self.next_step(*ld, *radix)
+        lk, ls, lb, lj, lt = ld
+        k, s, b, j, t0 = cur
 
         for f in cutlass.range(total, unroll=1):
             if f + S - 1 < total:
-                self.load_step(f + S - 1, gw, nw, B, T, TL, Hk, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
+                self.load_step(f + S - 1, lk, ls, lb, lj, lt, T, TL, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
                                rowc_kv, rowc_r, wid)
+            lk, ls, lb, lj, lt = self.next_step(lk, ls, lb, lj, lt, *radix)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(S - 1)
             cute.arch.sync_warp()
-            k, s, b, j, t0 = self.flat_step(f, gw, nw, B, Hk)
             kslot = wid * S + f % S
-            rslot = wid * S + k % S
+            rslot = wid * self.rslots + k % self.rslots
             nk = cutlass.min(T - t0, P) * L  # the unit's depth keys
             if s == 0:
-                self.unit_stats(mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T, scale)
+                self.unit_stats(sStat, rLse, rDelta, cS, lane, rO, rDO, rL, scale)
                 acc_dQ.fill(0.0)
-            # P^T and dS^T (scale folded in), on the live n-tile only where a step's keys are one position's
+            if s == NS - 1 and f + 1 < total:  # the next unit's stats, hidden behind this step
+                b1, j1, t1 = self.next_unit(b, j, t0, *radix)
+                self.prefetch_stats(mO, mDO, mLSE, rO, rDO, rL, lane, b1, j1, t1, T)
+            # P^T and dS^T (scale folded in)
             acc_S = cute.make_rmem_tensor(shape_S, Float32)
             acc_dP = cute.make_rmem_tensor(shape_S, Float32)
             acc_S.fill(0.0)
             acc_dP.fill(0.0)
-            ops = (thr_mma, acc_S, acc_dP, rK, rQ, pK_A[None, None, None, kslot], pV_A[None, None, None, kslot],
-                   pQ_B[None, None, None, rslot], pDO_B[None, None, None, rslot], cpA, cpB, cS, rLse, rDelta,
-                   scale, scale_log2, s, nk)
-            if const_expr(self.split):
-                if (s * STEP_KEYS // L) // (8 // G) == 0:  # the n-tile (8 rows) of the step's position
-                    self.step_scores(*ops, 0)
-                else:
-                    self.step_scores(*ops, 1)
-            else:
-                self.step_scores(*ops, None)
+            self.step_scores(thr_mma, acc_S, acc_dP, rK, rQ, pK_A[None, None, None, kslot],
+                             pV_A[None, None, None, kslot], pQ_B[None, None, None, rslot],
+                             pDO_B[None, None, None, rslot], cpA, cpB, cS, rLse, rDelta, scale, scale_log2, s, nk)
             rP = fa_utils.cvt_f16(acc_S, self.dtype)
             rdS = fa_utils.cvt_f16(acc_dP, self.dtype)
             # dS^T to the scratch for dQ (read back as dS by ldmatrix.trans)
             cute.copy(r2s, r2s.retile(rdS), r2s.partition_D(sScr))
             cute.arch.sync_warp()
+            row0 = t0 * L + s * self.step_keys  # the step's first depth row of (b, j)
+            lim = cutlass.min(nk - s * self.step_keys, self.step_keys)
             if const_expr(self.depth_grad):
                 # dV = P^T dO into the V buffer (free after dP^T), stored after the step's dQ
                 acc_G = cute.make_rmem_tensor(shape_KV, Float32)
                 acc_G.fill(0.0)
                 sm80_helpers.gemm_rs(thr_mma, acc_G, layout_utils.reshape_acc_to_frgA(rP), rDOt,
                                      pDOt_B[None, None, None, rslot], cpBt)
-                cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)),
-                          r2s.partition_D(sV[None, None, kslot]))
+                cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)), r2s.partition_D(sV[None, None, kslot]))
             # dQ += dS K
             sm80_helpers.gemm(thr_mma, acc_dQ, rScr, rKt, pScr_A, pKt_B[None, None, None, kslot], cpAt, cpBt)
             if const_expr(self.depth_grad):
@@ -245,15 +256,10 @@ class DepthBwdSm90:
                 sm80_helpers.gemm_rs(thr_mma, acc_G, layout_utils.reshape_acc_to_frgA(rdS), rDOt,
                                      pQt_B[None, None, None, rslot], cpBt)
                 cute.arch.sync_warp()  # every lane's dQ ldmatrix of K is done
-                cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)),
-                          r2s.partition_D(sK[None, None, kslot]))
+                cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)), r2s.partition_D(sK[None, None, kslot]))
                 cute.arch.sync_warp()
-                row0 = t0 * L + s * STEP_KEYS  # the step's first depth row of (b, j)
-                lim = cutlass.min(nk - s * STEP_KEYS, STEP_KEYS)
-                self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out, rowc_kv,
-                                lim)
-                self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc_kv,
-                                lim)
+                self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out, rowc_kv, lim)
+                self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc_kv, lim)
             if s == NS - 1:
                 cute.arch.sync_warp()
                 cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_dQ, self.dtype)), r2s.partition_D(sQ[None, None, rslot]))
@@ -261,51 +267,36 @@ class DepthBwdSm90:
                 self.store_rows(sQ[None, None, rslot], self.rows_tile(mDQ, b, j, t0), cout, copy_out, rowc_r,
                                 cutlass.min(T - t0, P) * G)
             cute.arch.sync_warp()
+            k, s, b, j, t0 = self.next_step(k, s, b, j, t0, *radix)
         cute.arch.cp_async_wait_group(0)
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
     def step_scores(self, thr_mma, acc_S, acc_dP, rK, rQ, sK, sV, sQ, sDO, cpA, cpB, cS, rLse, rDelta, scale,
-                    scale_log2, s, nk, live: cutlass.Constexpr):
-        """A step's P^T = exp2(S^T scale log2e - lse2) masked, into acc_S, and dS^T = scale P^T (dP^T -
-        delta) into acc_dP (S^T = K Q^T, dP^T = V dO^T; rDelta holds scale * delta), on n-tile `live`
-        only (None: both). Where a step's keys are one position's (L % 32 == 0), rows past T need no
-        mask (their lse2 is +inf) and at G=8 the live n-tile's rows are all that position's."""
-        G, L = self.G, self.L
-        self.gemm_tile(thr_mma, acc_S, rK, rQ, sK, sQ, cpA, cpB, live)
-        per_tile = cute.size(acc_S) // 2  # values of one n-tile (n-tiles are the last mode)
+                    scale_log2, s, nk):
+        """A step's P^T = exp2(S^T scale log2e - lse2) masked to the key's own position, into acc_S, and
+        dS^T = scale P^T (dP^T - delta) into acc_dP (S^T = K Q^T, dP^T = V dO^T; rDelta holds scale *
+        delta). Where a step's keys are one position's (L a multiple of the step), rows past T need no
+        mask (their lse2 is +inf), and at G=16 (one position a unit) no row does."""
+        G, L, SK = self.G, self.L, self.step_keys
+        sm80_helpers.gemm(thr_mma, acc_S, rK, rQ, sK, sQ, cpA, cpB)
         for i in cutlass.range_constexpr(cute.size(acc_S)):
-            if const_expr(live is None or i // per_tile == live):
-                m, n = cS[i]
-                p = cute.math.exp2(acc_S[i] * scale_log2 - rLse[i], fastmath=True)
-                if const_expr(self.split and G == 8 or self.L % STEP_KEYS == 0 and G == WARP_ROWS):
+            m, n = cS[i]
+            p = cute.math.exp2(acc_S[i] * scale_log2 - rLse[i], fastmath=True)
+            if const_expr(L % SK == 0 and G == WARP_ROWS):
+                acc_S[i] = p
+            elif const_expr(L % SK == 0):
+                acc_S[i] = Float32(0.0)
+                if s * SK // L == n // G:
                     acc_S[i] = p
-                elif const_expr(self.L % STEP_KEYS == 0):
-                    acc_S[i] = Float32(0.0)
-                    if s * STEP_KEYS // L == n // G:
-                        acc_S[i] = p
-                else:
-                    ko = s * STEP_KEYS + m
-                    acc_S[i] = Float32(0.0)
-                    if ko < nk and ko // L == n // G:
-                        acc_S[i] = p
-        self.gemm_tile(thr_mma, acc_dP, rK, rQ, sV, sDO, cpA, cpB, live)
+            else:
+                ko = s * SK + m
+                acc_S[i] = Float32(0.0)
+                if ko < nk and ko // L == n // G:
+                    acc_S[i] = p
+        sm80_helpers.gemm(thr_mma, acc_dP, rK, rQ, sV, sDO, cpA, cpB)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            if const_expr(live is None or i // per_tile == live):
-                acc_dP[i] = acc_S[i] * (acc_dP[i] * scale - rDelta[i])
-
-    @cute.jit
-    def gemm_tile(self, thr_mma, acc, rA, rB, sA, sB, cpA, cpB, nt: cutlass.Constexpr):
-        """acc += A B from shared memory (ldmatrix), all of acc (nt None) or its n-tile nt only."""
-        if const_expr(nt is None):
-            sm80_helpers.gemm(thr_mma, acc, rA, rB, sA, sB, cpA, cpB)
-        else:
-            vA, vB = cpA.retile(rA), cpB.retile(rB)
-            for k in cutlass.range_constexpr(cute.size(rA.shape[2])):
-                cute.copy(cpA, sA[None, None, k], vA[None, None, k])
-                cute.copy(cpB, sB[None, None, k], vB[None, None, k])
-                c = cute.append_ones(acc[None, None, nt])
-                cute.gemm(thr_mma, c, rA[None, None, k], cute.append_ones(rB[None, nt, k]), c)
+            acc_dP[i] = acc_S[i] * (acc_dP[i] * scale - rDelta[i])
 
     @cute.jit
     def rows_tile(self, mX: cute.Tensor, b, j, t0):
@@ -316,9 +307,9 @@ class DepthBwdSm90:
 
     @cute.jit
     def depth_tile(self, mX: cute.Tensor, b, j, row0):
-        """STEP_KEYS depth rows from row0 of (b, KV head j) of a (B, T*L, Hk, D) tensor."""
+        """self.step_keys depth rows from row0 of (b, KV head j) of a (B, T*L, Hk, D) tensor."""
         x = cute.domain_offset((b, row0, j, 0), mX)
-        return cute.make_tensor(x.iterator, cute.make_layout((STEP_KEYS, self.D), stride=(mX.stride[1], 1)))
+        return cute.make_tensor(x.iterator, cute.make_layout((self.step_keys, self.D), stride=(mX.stride[1], 1)))
 
     @cute.jit
     def flat_step(self, f, gw, nw, B, Hk):
@@ -331,44 +322,70 @@ class DepthBwdSm90:
         return k, f - k * self.steps, bh // Hk, bh - (bh // Hk) * Hk, slab * self.P
 
     @cute.jit
-    def load_step(self, f, gw, nw, B, T, TL, Hk, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in, rowc_kv, rowc_r,
+    def next_unit(self, b, j, t0, nj, nb, nt0, B, Hk):
+        """The warp's next unit (its unit index plus nw, whose digits are nj, nb, nt0 / P)."""
+        j = j + nj
+        b = b + nb
+        t0 = t0 + nt0
+        if j >= Hk:
+            j = j - Hk
+            b = b + 1
+        if b >= B:
+            b = b - B
+            t0 = t0 + self.P
+        return b, j, t0
+
+    @cute.jit
+    def next_step(self, k, s, b, j, t0, nj, nb, nt0, B, Hk):
+        """The counters of the warp's next flat step."""
+        s = s + 1
+        if s == self.steps:
+            s = Int32(0)
+            k = k + 1
+            b, j, t0 = self.next_unit(b, j, t0, nj, nb, nt0, B, Hk)
+        return k, s, b, j, t0
+
+    @cute.jit
+    def load_step(self, f, k, s, b, j, t0, T, TL, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in, rowc_kv, rowc_r,
                   wid):
-        """cp.async of flat step f's depth K and V rows (and, at a unit's first step, its q and do rows)."""
+        """cp.async of flat step f's depth K and V rows (and, at a unit's first step, its q and do rows);
+        (k, s, b, j, t0) its counters."""
         S, P, L = self.stages, self.P, self.L
-        k, s, b, j, t0 = self.flat_step(f, gw, nw, B, Hk)
         if s == 0:
             rlim = cutlass.min(T - t0, P) * self.G
             for src, dst in ((mQ, sQ), (mDO, sDO)):
                 self.copy_rows(copy_in, cin.partition_S(self.rows_tile(src, b, j, t0)),
-                               cin.partition_D(dst[None, None, wid * S + k % S]), rowc_r, rlim)
-        row0 = t0 * L + s * STEP_KEYS
+                               cin.partition_D(dst[None, None, wid * self.rslots + k % self.rslots]), rowc_r, rlim)
+        row0 = t0 * L + s * self.step_keys
         klim = TL - row0
         for src, dst in ((mKd, sK), (mVd, sV)):
             self.copy_rows(copy_in, cin.partition_S(self.depth_tile(src, b, j, row0)),
                            cin.partition_D(dst[None, None, wid * S + f % S]), rowc_kv, klim)
 
     @cute.jit
-    def unit_stats(self, mO, mDO, mLSE, sStat, rLse, rDelta, cS, lane, b, j, t0, T, scale):
-        """lse2 (+inf past T) and scale * delta (delta = rowsum(o*do)) of the unit's rows, into this
-        thread's fragments."""
+    def prefetch_stats(self, mO, mDO, mLSE, rO, rDO, rL, lane, b, j, t0, T):
+        """Issue the loads of a unit's o and do half-rows (lane: row lane // 2, half lane % 2) and its
+        lse2 (+inf past T; o = do = 0 there) into registers; `unit_stats` reduces them a step later."""
         G, D = self.G, self.D
         r = lane // 2
-        half = lane % 2
         t = t0 + r // G
-        lse2 = Float32(float("inf"))
-        dot = Float32(0.0)
+        rL[0] = Float32(float("inf"))
+        rO.fill(0.0)
+        rDO.fill(0.0)
         if t < T:
-            o = cute.make_rmem_tensor((D // 2,), self.dtype)
-            do = cute.make_rmem_tensor((D // 2,), self.dtype)
-            cute.autovec_copy(cute.local_tile(self.rows_tile(mO, b, j, t0)[r, None], (D // 2,), (half,)), o)
-            cute.autovec_copy(cute.local_tile(self.rows_tile(mDO, b, j, t0)[r, None], (D // 2,), (half,)), do)
-            of = o.load().to(Float32)
-            dof = do.load().to(Float32)
-            dot = (of * dof).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            lse2 = mLSE[b, t, j * G + r % G] * LOG2E
+            for src, dst in ((mO, rO), (mDO, rDO)):
+                cute.autovec_copy(cute.local_tile(self.rows_tile(src, b, j, t0)[r, None], (D // 2,), (lane % 2,)), dst)
+            rL[0] = mLSE[b, t, j * G + r % G] * LOG2E
+
+    @cute.jit
+    def unit_stats(self, sStat, rLse, rDelta, cS, lane, rO, rDO, rL, scale):
+        """lse2 (+inf past T) and scale * delta (delta = rowsum(o*do)) of the unit's rows, from the
+        registers `prefetch_stats` loaded, into this thread's fragments."""
+        r = lane // 2
+        dot = (rO.load().to(Float32) * rDO.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         dot = dot + cute.arch.shuffle_sync_bfly(dot, offset=1)
-        if half == 0:
-            sStat[r, 0] = lse2
+        if lane % 2 == 0:
+            sStat[r, 0] = rL[0]
             sStat[r, 1] = dot
         cute.arch.sync_warp()
         for i in cutlass.range_constexpr(cute.size(rLse)):
@@ -399,12 +416,13 @@ _COMPILED: dict = {}
 
 
 def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, stages: int, depth_grad: bool,
-              split: bool = True):
+              step_keys: int = STEP_KEYS):
     q = args[0]
-    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, split)
+    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, step_keys)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
-        kern = DepthBwdSm90(dtype, q.shape[3], G, L, warps=warps, stages=stages, depth_grad=depth_grad, split=split)
+        kern = DepthBwdSm90(dtype, q.shape[3], G, L, warps=warps, stages=stages, depth_grad=depth_grad,
+                            step_keys=step_keys)
         cargs = [to_cute_tensor(t) for t in args[:3]]
         cargs.append(to_cute_tensor(args[3], assumed_align=4))
         cargs += [to_cute_tensor(t) for t in args[4:]]
@@ -415,11 +433,10 @@ def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, sta
 
 
 def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, depth_grad: bool = True,
-                   warps: int = 8, stages: int = 2, split: bool = True):
+                   warps: int = 8, stages: int = 2, step_keys: int = STEP_KEYS):
     """(dq share (q's dtype), dk_depth, dv_depth) given the merged o and lse (B,T,Hq) fp32; dk_depth =
     dv_depth = None without depth_grad. `programs` CTAs of `warps` independent warps. Same contract as
-    `kernel_depth.depth_bwd`; `unavailable` says which inputs it cannot take. `split` (where L is a
-    multiple of 32 and G <= 8) scores only the n-tile of a step's position."""
+    `kernel_depth.depth_bwd`; `unavailable` says which inputs it cannot take."""
     why = unavailable(q, kd, G)
     if why:
         raise ValueError(why)
@@ -434,5 +451,5 @@ def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *
     args = (q, do, o, lse, kdv, vdv, dq, gk, gv)
     n_units = -(-T // (WARP_ROWS // G)) * B * Hk
     programs = max(1, min(programs, -(-n_units // warps)))
-    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad, split)(*args, float(scale), programs)
+    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad, step_keys)(*args, float(scale), programs)
     return dq, dkd, dvd
