@@ -47,7 +47,10 @@ FWD_BLOCK_M, FWD_WARPS, BWD_BLOCK_M, BWD_WARPS, STAGES = 256, 8, 64, 4, 3
 # L=256, 45 / 21 at G=16; H100, alone, results/h100/depth-bwd-cute), so it needs fewer SMs beside
 # FA4. Beside FA4, fwd+bwd, H100, graph timer at T=4096: 96 programs 1.50x, 64 1.44x, 40 1.38x,
 # 32 1.34x, 24 1.35x, 16 1.79x (Triton's 96: 1.52x); T=16384 16-24 programs and T=32768 12 level
-# with Triton's within the intervals: a share of 8/132 at the calibration point, at least 12.
+# with Triton's within the intervals: a share of 8/132 at the calibration point, at least 12. After the
+# thirteenth session's cuts (54 GB/s a program; results/h100/fused-s13), moda-fused in one process each:
+# T=4096 (graph) 40 1.343x, 32 1.312x, 28 1.288x, 24 1.303x, but G=2 32 1.270x against 28 1.302x and
+# L=256 32 1.294x against 28 1.311x: no single share is best on all three, so 8/132 stays.
 CUTE_BWD_SHARE, CUTE_BWD_MIN = 8 / 132, 12
 
 
