@@ -10,23 +10,26 @@ Why a second kernel. The Triton streaming kernel's program is one chain of small
 products on 4 warps (one a scheduler): ~29-32 GB/s a program on the H100 and H200, so the overlap
 route's backward took 96 SMs' worth of programs from FA4 at T=4096 (docs/FUSED_PROTOTYPES.md,
 "What bounds a depth program"). Here every warp is its own program: no CTA barrier, no shared
-pipeline; the 8 warps of a CTA hide each other's latency: 52 GB/s a program (H100, T=16384, G=8,
-L=64; "The backward's depth part as independent warps").
+pipeline; the 8 warps of a CTA hide each other's latency: 54 GB/s a program (H100, T=16384, G=8,
+L=64; "The backward's depth part as independent warps"). What bounds it now is the SM's
+shared-memory pipe (~400 wavefronts a step, L1/TEX at 88%; "The thirteenth session"): fewer
+instructions, a deeper pipeline, 16-key steps or more warps did not raise it.
 
 What a warp does. A unit is 16 folded rows r = t*G + g of one KV head (16/G whole positions; G
 must divide 16) and their positions' depth keys, one contiguous row range of k_depth viewed
 (B, T*L, Hk, d). The warp walks its units (unit u = warp, warp + all warps, ...; KV head fastest)
-as one flat loop over (unit, 32-key step) with its own cp.async pipeline of `stages` steps (the
-next unit's q and do rows ride with its first step). Per step, with mma.sync m16n8k16 and
+as one flat loop over (unit, step of `step_keys` keys, default 32) with its own cp.async pipeline
+of `stages` steps (the next unit's q and do rows ride with its first step; its step counters are
+advanced, not divided out). Per step, with mma.sync m16n8k16 and
 ldmatrix operands, in the transposed form (keys as M, so P^T and dS^T feed the next products
 from registers):
     S^T = K_d Q^T,  P^T = exp2(S^T * scale*log2(e) - lse2) masked to the key's own position,
-    dP^T = V_d dO^T,  dS^T = P^T * (dP^T - delta),
-    dV_d = P^T dO,  dK_d = scale * dS^T Q   (stored through the step's shared buffers),
-    dQ += scale * dS K_d                    (dS^T through a per-warp scratch, ldmatrix.trans).
+    dP^T = V_d dO^T,  dS^T = scale * P^T * (dP^T - delta),
+    dV_d = P^T dO,  dK_d = dS^T Q   (stored through the step's shared buffers),
+    dQ += dS K_d                    (dS^T through a per-warp scratch, ldmatrix.trans).
 A depth key is read by its own position's G rows only, so a warp writes its keys' gradients
 alone: no atomics. lse2 = lse*log2(e) (+inf past T) and delta = rowsum(o*do) are computed per
-unit from global memory.
+unit from o, do and lse loaded into registers a step ahead.
 """
 
 import math
@@ -314,7 +317,8 @@ class DepthBwdSm90:
     @cute.jit
     def flat_step(self, f, gw, nw, B, Hk):
         """Flat step f of warp gw (of nw): its unit's index among the warp's (k), the step in the unit
-        (s), and the unit's batch, KV head and first position (units KV head fastest)."""
+        (s), and the unit's batch, KV head and first position (units KV head fastest). By division:
+        the kernel decodes its first step so and advances from there (`next_step`)."""
         k = f // self.steps
         u = gw + k * nw
         slab = u // (B * Hk)
