@@ -148,6 +148,25 @@ def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, stages, k
     assert len(m._COMPILED) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(_cute_importable() is not None, reason=f"CuTe DSL / FA4 not importable: {_cute_importable()}")
+def test_compiles_without_held_rows(monkeypatch):
+    """keep_rows=False (q and do re-read from shared memory every step, the A/B of
+    tools/depth_bwd_check.py) still compiles, under its own cache key."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cute_sm90_env(monkeypatch)
+    from moda_bench.ops.moda import depth_bwd_sm90 as m
+    monkeypatch.setattr(m, "_COMPILED", {})
+    with FakeTensorMode():
+        q = torch.empty(1, 333, 16, 64, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(1, 333, 16, dtype=torch.float32, device="cuda")
+        kd = torch.empty(1, 333 * 64, 2, 64, dtype=torch.bfloat16, device="cuda")
+        args = (q, q, q, lse, kd, kd, q, kd, kd)
+        for keep in (True, False):
+            assert m._compiled(args, 0.125, 4, 8, 64, 8, 2, True, 32, keep) is not None
+    assert len(m._COMPILED) == 2
+
+
 def test_kernel_refuses_more_shared_memory_than_an_sm_has():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")

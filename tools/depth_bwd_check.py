@@ -67,10 +67,11 @@ def check(w, verbose, configs="8x2x32") -> bool:
         for dg in (True, False):
             errs = {}
             runs = [("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg))]
-            for c in configs.split(","):  # warps x stages x keys a step
-                wv, sv, kv = (int(x) for x in c.split("x"))
-                runs.append((f"cute-{c}", lambda wv=wv, sv=sv, kv=kv: depth_bwd_sm90(
-                    do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg, warps=wv, stages=sv, step_keys=kv)))
+            for c in configs.split(","):  # warps x stages x keys a step, "k": q and do held a unit
+                wv, sv, kv = (int(x) for x in c.rstrip("k").split("x"))
+                runs.append((f"cute-{c}", lambda wv=wv, sv=sv, kv=kv, kr=c.endswith("k"): depth_bwd_sm90(
+                    do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg, warps=wv, stages=sv, step_keys=kv,
+                    keep_rows=kr)))
             for name, fn in runs:
                 try:
                     out = fn()
@@ -103,9 +104,9 @@ def rates(a, w) -> None:
     for n in counts:
         fns[f"triton-{n}"] = (lambda n=n: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, n))
         for c in a.configs.split(","):
-            wv, sv, kv = (int(x) for x in c.split("x"))
-            fns[f"cute-{n}-{c}"] = (lambda n=n, wv=wv, sv=sv, kv=kv: depth_bwd_sm90(
-                do, q, o, lse, kd, vd, scale, a.G, n, warps=wv, stages=sv, step_keys=kv))
+            wv, sv, kv = (int(x) for x in c.rstrip("k").split("x"))
+            fns[f"cute-{n}-{c}"] = (lambda n=n, wv=wv, sv=sv, kv=kv, kr=c.endswith("k"): depth_bwd_sm90(
+                do, q, o, lse, kd, vd, scale, a.G, n, warps=wv, stages=sv, step_keys=kv, keep_rows=kr))
     for name in list(fns):
         try:
             fns[name]()
@@ -175,7 +176,8 @@ def main() -> int:
     ap.add_argument("--warps", default="8")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--configs", default="8x2x32",
-                    help="--check, --rates: the CuTe kernel's warps x stages x depth keys a step, ','-separated")
+                    help="--check, --rates: the CuTe kernel's warps x stages x depth keys a step, 'k' at the end "
+                         "to hold a unit's q and do operands in registers, ','-separated")
     ap.add_argument("--max-time", type=float, default=3.0)
     ap.add_argument("--out", default="")
     ap.add_argument("--verbose", action="store_true")

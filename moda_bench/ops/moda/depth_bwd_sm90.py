@@ -63,12 +63,13 @@ class DepthBwdSm90:
     """The depth backward over 16-row units, one warp each (see module)."""
 
     def __init__(self, dtype, head_dim: int, G: int, L: int, *, warps: int = 8, stages: int = 2,
-                 depth_grad: bool = True, step_keys: int = STEP_KEYS):
+                 depth_grad: bool = True, step_keys: int = STEP_KEYS, keep_rows: bool = True):
         assert WARP_ROWS % G == 0 and head_dim % 16 == 0 and L >= 1 and stages >= 2 and step_keys in (16, 32)
         self.dtype, self.D, self.G, self.L, self.step_keys = dtype, head_dim, G, L, step_keys
         self.P = WARP_ROWS // G  # positions a unit
         self.steps = -(-self.P * L // step_keys)  # steps a unit
         self.warps, self.stages, self.depth_grad = warps, stages, depth_grad
+        self.keep_rows = keep_rows  # q and do operand fragments loaded once a unit, not every step
         # q/do row slots: a unit's rows stay until its last step while the loads run stages - 1 steps ahead
         self.rslots = min(stages, (stages - 2) // self.steps + 2)
         row_bytes = head_dim * dtype.width // 8
@@ -167,6 +168,7 @@ class DepthBwdSm90:
         pScr_A = cpAt.partition_S(layout_utils.transpose_view(sScr))  # dQ: rows as M, keys as K
         rK = thr_mma.make_fragment_A(thr_mma.partition_A(sK[None, None, 0]))
         rQ = thr_mma.make_fragment_B(thr_mma.partition_B(sQ[None, None, 0]))
+        rDOb = thr_mma.make_fragment_B(thr_mma.partition_B(sDO[None, None, 0]))  # dO as B (rQ: q or, without keep_rows, dO)
         rDOt = thr_mma.make_fragment_B(thr_mma.partition_B(sDOt[None, None, 0]))
         rKt = thr_mma.make_fragment_B(thr_mma.partition_B(sKt[None, None, 0]))
         rScr = thr_mma.make_fragment_A(thr_mma.partition_A(layout_utils.transpose_view(sScr)))
@@ -225,6 +227,12 @@ class DepthBwdSm90:
             if s == 0:
                 self.unit_stats(sStat, rLse, rDelta, cS, lane, rO, rDO, rL, scale)
                 acc_dQ.fill(0.0)
+                if const_expr(self.keep_rows):  # the unit's q and do as B operands, held for its steps
+                    vQ = cpB.retile(rQ)
+                    vDO = cpB.retile(rDOb)
+                    for kk in cutlass.range_constexpr(cute.size(vQ.shape[2])):
+                        cute.copy(cpB, pQ_B[None, None, kk, rslot], vQ[None, None, kk])
+                        cute.copy(cpB, pDO_B[None, None, kk, rslot], vDO[None, None, kk])
             if s == NS - 1 and f + 1 < total:  # the next unit's stats, hidden behind this step
                 b1, j1, t1 = self.next_unit(b, j, t0, *radix)
                 self.prefetch_stats(mO, mDO, mLSE, rO, rDO, rL, lane, b1, j1, t1, T)
@@ -233,7 +241,7 @@ class DepthBwdSm90:
             acc_dP = cute.make_rmem_tensor(shape_S, Float32)
             acc_S.fill(0.0)
             acc_dP.fill(0.0)
-            self.step_scores(thr_mma, acc_S, acc_dP, rK, rQ, pK_A[None, None, None, kslot],
+            self.step_scores(thr_mma, acc_S, acc_dP, rK, rQ, rDOb, pK_A[None, None, None, kslot],
                              pV_A[None, None, None, kslot], pQ_B[None, None, None, rslot],
                              pDO_B[None, None, None, rslot], cpA, cpB, cS, rLse, rDelta, scale, scale_log2, s, nk)
             rP = fa_utils.cvt_f16(acc_S, self.dtype)
@@ -275,14 +283,14 @@ class DepthBwdSm90:
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
-    def step_scores(self, thr_mma, acc_S, acc_dP, rK, rQ, sK, sV, sQ, sDO, cpA, cpB, cS, rLse, rDelta, scale,
+    def step_scores(self, thr_mma, acc_S, acc_dP, rK, rQ, rDOb, sK, sV, sQ, sDO, cpA, cpB, cS, rLse, rDelta, scale,
                     scale_log2, s, nk):
         """A step's P^T = exp2(S^T scale log2e - lse2) masked to the key's own position, into acc_S, and
         dS^T = scale P^T (dP^T - delta) into acc_dP (S^T = K Q^T, dP^T = V dO^T; rDelta holds scale *
         delta). Where a step's keys are one position's (L a multiple of the step), rows past T need no
         mask (their lse2 is +inf), and at G=16 (one position a unit) no row does."""
         G, L, SK = self.G, self.L, self.step_keys
-        sm80_helpers.gemm(thr_mma, acc_S, rK, rQ, sK, sQ, cpA, cpB)
+        sm80_helpers.gemm(thr_mma, acc_S, rK, rQ, sK, sQ, cpA, cpB, B_in_regs=self.keep_rows)
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             m, n = cS[i]
             p = cute.math.exp2(acc_S[i] * scale_log2 - rLse[i], fastmath=True)
@@ -297,7 +305,8 @@ class DepthBwdSm90:
                 acc_S[i] = Float32(0.0)
                 if ko < nk and ko // L == n // G:
                     acc_S[i] = p
-        sm80_helpers.gemm(thr_mma, acc_dP, rK, rQ, sV, sDO, cpA, cpB)
+        sm80_helpers.gemm(thr_mma, acc_dP, rK, rDOb if const_expr(self.keep_rows) else rQ, sV, sDO, cpA, cpB,
+                          B_in_regs=self.keep_rows)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             acc_dP[i] = acc_S[i] * (acc_dP[i] * scale - rDelta[i])
 
@@ -420,13 +429,13 @@ _COMPILED: dict = {}
 
 
 def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, stages: int, depth_grad: bool,
-              step_keys: int = STEP_KEYS):
+              step_keys: int = STEP_KEYS, keep_rows: bool = True):
     q = args[0]
-    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, step_keys)
+    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, step_keys, keep_rows)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
         kern = DepthBwdSm90(dtype, q.shape[3], G, L, warps=warps, stages=stages, depth_grad=depth_grad,
-                            step_keys=step_keys)
+                            step_keys=step_keys, keep_rows=keep_rows)
         cargs = [to_cute_tensor(t) for t in args[:3]]
         cargs.append(to_cute_tensor(args[3], assumed_align=4))
         cargs += [to_cute_tensor(t) for t in args[4:]]
@@ -437,7 +446,7 @@ def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, sta
 
 
 def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, depth_grad: bool = True,
-                   warps: int = 8, stages: int = 2, step_keys: int = STEP_KEYS):
+                   warps: int = 8, stages: int = 2, step_keys: int = STEP_KEYS, keep_rows: bool = True):
     """(dq share (q's dtype), dk_depth, dv_depth) given the merged o and lse (B,T,Hq) fp32; dk_depth =
     dv_depth = None without depth_grad. `programs` CTAs of `warps` independent warps. Same contract as
     `kernel_depth.depth_bwd`; `unavailable` says which inputs it cannot take."""
@@ -455,5 +464,5 @@ def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *
     args = (q, do, o, lse, kdv, vdv, dq, gk, gv)
     n_units = -(-T // (WARP_ROWS // G)) * B * Hk
     programs = max(1, min(programs, -(-n_units // warps)))
-    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad, step_keys)(*args, float(scale), programs)
+    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad, step_keys, keep_rows)(*args, float(scale), programs)
     return dq, dkd, dvd
