@@ -10,10 +10,11 @@ Why a second kernel. The Triton streaming kernel's program is one chain of small
 products on 4 warps (one a scheduler): ~29-32 GB/s a program on the H100 and H200, so the overlap
 route's backward took 96 SMs' worth of programs from FA4 at T=4096 (docs/FUSED_PROTOTYPES.md,
 "What bounds a depth program"). Here every warp is its own program: no CTA barrier, no shared
-pipeline; the 8 warps of a CTA hide each other's latency: 54 GB/s a program (H100, T=16384, G=8,
+pipeline; the 8 warps of a CTA hide each other's latency: 57 GB/s a program (H100, T=16384, G=8,
 L=64; "The backward's depth part as independent warps"). What bounds it now is the SM's
 shared-memory pipe (~400 wavefronts a step, L1/TEX at 88%; "The thirteenth session"): fewer
-instructions, a deeper pipeline, 16-key steps or more warps did not raise it.
+instructions, a deeper pipeline, 16-key steps or more warps did not raise it; fewer wavefronts
+did (`keep_rows`: a unit's q and dO operands held in registers, +4-7%).
 
 What a warp does. A unit is 16 folded rows r = t*G + g of one KV head (16/G whole positions; G
 must divide 16) and their positions' depth keys, one contiguous row range of k_depth viewed
