@@ -56,7 +56,14 @@ def rel(a, b):
     return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def check(w, verbose, configs="8x2x32") -> bool:
+def cute_config(text: str) -> dict:
+    """"WARPSxSTAGESxKEYS[k]" -> keyword arguments of `depth_bwd_sm90` (k: keep_rows, the kernel's
+    default; without it a unit's q and do operands are re-read every step)."""
+    warps, stages, keys = (int(x) for x in text.rstrip("k").split("x"))
+    return dict(warps=warps, stages=stages, step_keys=keys, keep_rows=text.endswith("k"))
+
+
+def check(w, verbose, configs="8x2x32k") -> bool:
     from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
     from moda_bench.ops.moda.kernel_depth import depth_bwd
     from moda_bench.ops.moda.reference import depth_backward_reference
@@ -67,11 +74,9 @@ def check(w, verbose, configs="8x2x32") -> bool:
         for dg in (True, False):
             errs = {}
             runs = [("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg))]
-            for c in configs.split(","):  # warps x stages x keys a step, "k": q and do held a unit
-                wv, sv, kv = (int(x) for x in c.rstrip("k").split("x"))
-                runs.append((f"cute-{c}", lambda wv=wv, sv=sv, kv=kv, kr=c.endswith("k"): depth_bwd_sm90(
-                    do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg, warps=wv, stages=sv, step_keys=kv,
-                    keep_rows=kr)))
+            for c in configs.split(","):
+                runs.append((f"cute-{c}", lambda kw=cute_config(c): depth_bwd_sm90(
+                    do, q, o, lse, kd, vd, scale, G, 24, depth_grad=dg, **kw)))
             for name, fn in runs:
                 try:
                     out = fn()
@@ -104,9 +109,8 @@ def rates(a, w) -> None:
     for n in counts:
         fns[f"triton-{n}"] = (lambda n=n: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, n))
         for c in a.configs.split(","):
-            wv, sv, kv = (int(x) for x in c.rstrip("k").split("x"))
-            fns[f"cute-{n}-{c}"] = (lambda n=n, wv=wv, sv=sv, kv=kv, kr=c.endswith("k"): depth_bwd_sm90(
-                do, q, o, lse, kd, vd, scale, a.G, n, warps=wv, stages=sv, step_keys=kv, keep_rows=kr))
+            fns[f"cute-{n}-{c}"] = (lambda n=n, kw=cute_config(c): depth_bwd_sm90(
+                do, q, o, lse, kd, vd, scale, a.G, n, **kw))
     for name in list(fns):
         try:
             fns[name]()
@@ -175,7 +179,7 @@ def main() -> int:
     ap.add_argument("--programs", default="24,12,48,132")
     ap.add_argument("--warps", default="8")
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--configs", default="8x2x32",
+    ap.add_argument("--configs", default="8x2x32k",
                     help="--check, --rates: the CuTe kernel's warps x stages x depth keys a step, 'k' at the end "
                          "to hold a unit's q and do operands in registers, ','-separated")
     ap.add_argument("--max-time", type=float, default=3.0)

@@ -85,7 +85,7 @@
 #   cute-bwd-tests  GPU tests of the CuTe depth backward (tests/test_depth_bwd_sm90.py)
 #   depth-bwd-ab  the CuTe depth backward against fp64 at odd shapes, then alone beside Triton's kernel at
 #               G=8/L=64, G=2, G=16, L=256 (T=16384, DBWD_PROGRAMS programs, default 24), in the configurations
-#               DBWD_CONFIGS (warps x stages x keys a step, default 8x2x32,8x4x16)
+#               DBWD_CONFIGS (warps x stages x keys a step, k: q/do held; default 8x2x32k,8x2x32)
 #   fused-mask-ab  the fused forward (spread, offset) against fp64, then its row-wise mask against the
 #               score-by-score one ("cellmask") at FUSED_T (default 16384,4096,32768), graph timer
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
@@ -295,8 +295,8 @@ for s in "$@"; do
            stage fused-gl bash -c "timeout 150 python3 tools/fused_sm90_check.py --T 16384 --G 2 $FV; timeout 150 python3 tools/fused_sm90_check.py --T 16384 --L 256 $FV" ;;
     fused-tests) stage fused-tests timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_sm90.py ;;
     depth-bwd-ab) R=$RESULTS/$GPU/${DBWD_RUN:-depth-bwd-split}; mkdir -p "$R"; DB="python3 tools/depth_bwd_check.py"
-           stage depth-bwd-ab bash -c "timeout 200 $DB --check --configs ${DBWD_CONFIGS:-8x2x32,8x4x16} --out $R/check.csv; for s in '8 64' '2 64' '16 64' '8 256'; do set -- \$s;
-               timeout 100 $DB --rates --G \$1 --L \$2 --programs ${DBWD_PROGRAMS:-24} --configs ${DBWD_CONFIGS:-8x2x32,8x4x16} --max-time ${MAX_TIME} --out $R/rates.csv; done" ;;
+           stage depth-bwd-ab bash -c "timeout 200 $DB --check --configs ${DBWD_CONFIGS:-8x2x32k,8x2x32} --out $R/check.csv; for s in '8 64' '2 64' '16 64' '8 256'; do set -- \$s;
+               timeout 100 $DB --rates --G \$1 --L \$2 --programs ${DBWD_PROGRAMS:-24} --configs ${DBWD_CONFIGS:-8x2x32k,8x2x32} --max-time ${MAX_TIME} --out $R/rates.csv; done" ;;
     fused-mask-ab) R=$RESULTS/$GPU/${FUSED_RUN:-fused-rowmask}; mkdir -p "$R"
            stage fused-mask-ab bash -c "timeout 200 python3 tools/fused_sm90_check.py --check --placements spread,offset --out $R/check.csv; \
                timeout 300 python3 tools/fused_sm90_check.py --T ${FUSED_T:-16384,4096,32768} --timer graph --max-time ${MAX_TIME} \

@@ -169,7 +169,7 @@ class DepthBwdSm90:
         pScr_A = cpAt.partition_S(layout_utils.transpose_view(sScr))  # dQ: rows as M, keys as K
         rK = thr_mma.make_fragment_A(thr_mma.partition_A(sK[None, None, 0]))
         rQ = thr_mma.make_fragment_B(thr_mma.partition_B(sQ[None, None, 0]))
-        rDOb = thr_mma.make_fragment_B(thr_mma.partition_B(sDO[None, None, 0]))  # dO as B (rQ: q or, without keep_rows, dO)
+        rDOb = thr_mma.make_fragment_B(thr_mma.partition_B(sDO[None, None, 0]))  # dO as B operand
         rDOt = thr_mma.make_fragment_B(thr_mma.partition_B(sDOt[None, None, 0]))
         rKt = thr_mma.make_fragment_B(thr_mma.partition_B(sKt[None, None, 0]))
         rScr = thr_mma.make_fragment_A(thr_mma.partition_A(layout_utils.transpose_view(sScr)))
@@ -201,7 +201,7 @@ class DepthBwdSm90:
         # the warp's step counters (unit k, step s, batch b, KV head j, first position t0), advanced by
         # adding the warp stride nw in the units' mixed radix (KV head, batch, slab): no division a step
         radix = (nw % Hk, (nw // Hk) % B, nw // (Hk * B) * P, B, Hk)
-        cur = self.flat_step(Int32(0), gw, nw, B, Hk)
+        cur = (Int32(0), Int32(0), *self.unit_coords(gw, B, Hk))  # unit k = 0, step s = 0: unit gw
         # prologue: steps 0 .. S-2 in flight, the first unit's o, do and lse2 in registers
         if total > 0:
             self.prefetch_stats(mO, mDO, mLSE, rO, rDO, rL, lane, cur[2], cur[3], cur[4], T)
@@ -306,8 +306,7 @@ class DepthBwdSm90:
                 acc_S[i] = Float32(0.0)
                 if ko < nk and ko // L == n // G:
                     acc_S[i] = p
-        sm80_helpers.gemm(thr_mma, acc_dP, rK, rDOb if const_expr(self.keep_rows) else rQ, sV, sDO, cpA, cpB,
-                          B_in_regs=self.keep_rows)
+        sm80_helpers.gemm(thr_mma, acc_dP, rK, rDOb, sV, sDO, cpA, cpB, B_in_regs=self.keep_rows)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             acc_dP[i] = acc_S[i] * (acc_dP[i] * scale - rDelta[i])
 
@@ -325,15 +324,13 @@ class DepthBwdSm90:
         return cute.make_tensor(x.iterator, cute.make_layout((self.step_keys, self.D), stride=(mX.stride[1], 1)))
 
     @cute.jit
-    def flat_step(self, f, gw, nw, B, Hk):
-        """Flat step f of warp gw (of nw): its unit's index among the warp's (k), the step in the unit
-        (s), and the unit's batch, KV head and first position (units KV head fastest). By division:
-        the kernel decodes its first step so and advances from there (`next_step`)."""
-        k = f // self.steps
-        u = gw + k * nw
+    def unit_coords(self, u, B, Hk):
+        """Unit u's batch, KV head and first position (units KV head fastest, then batch, then slab of
+        P positions), by division: the kernel decodes a warp's first unit so and advances from there
+        (`next_unit`)."""
         slab = u // (B * Hk)
         bh = u - slab * (B * Hk)
-        return k, f - k * self.steps, bh // Hk, bh - (bh // Hk) * Hk, slab * self.P
+        return bh // Hk, bh - (bh // Hk) * Hk, slab * self.P
 
     @cute.jit
     def next_unit(self, b, j, t0, nj, nb, nt0, B, Hk):
