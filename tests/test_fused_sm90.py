@@ -86,7 +86,7 @@ def _cute_importable():
 
 COMPILE = [(8, 64, 64, "offset"), (8, 64, 64, "first"), (1, 3, 64, "offset"), (16, 1, 64, "offset"),
            (2, 256, 64, "first"), (8, 64, 128, "offset"), (8, 64, 64, "spread"), (1, 3, 64, "spread"),
-           (32, 7, 64, "spread")]
+           (32, 7, 64, "spread"), (4, 32, 64, "spread"), (16, 64, 64, "spread")]
 
 
 @pytest.mark.slow

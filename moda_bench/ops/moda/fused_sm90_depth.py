@@ -11,6 +11,9 @@ keys, in two forms:
   sequence blocks compute. A warp step changes nothing of FA4's QK/P.V chain: it runs after a
   block's softmax, rescales O and the pending P of that block when the row maximum grows, and
   adds its P.V to O in place (mma.sync's C fragment is the wgmma C fragment of the same rows).
+  At d = 64 its operands come from ldmatrix at addresses computed in the step from the thread
+  index by a few bit operations, the other chunks as XOR constants (`lane_rows`): CuTe's
+  partitions cost about 140 integer instructions a step there (probe "cuteaddr" keeps them).
 Both continue the tile's one online softmax; nothing is merged afterwards.
 Also the placement policy: which placement, warp tile and stage count a shape gets by default.
 Imported only where FA4 imports (this module needs cutlass).
@@ -23,6 +26,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
+from cutlass._mlir import ir
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute import ampere_helpers as sm80_helpers
 from flash_attn.cute import utils as fa_utils
@@ -32,7 +36,9 @@ ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
 PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
-PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask")  # variants (MoDAForwardSm90.__init__)
+PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr")  # variants (MoDAForwardSm90.__init__)
+ROW_BYTES = 128  # a 64-wide bf16 row of the shared tiles: one 128-byte swizzle row (Swizzle<3,4,3> on bytes)
+SWIZZLE_ROWS = 8  # rows of one swizzle period (1024 bytes); offsets by whole periods commute with the swizzle
 
 
 @dsl_user_op
@@ -42,6 +48,18 @@ def opaque_thread_idx(*, loc=None, ip=None) -> Int32:
     across the loop (hoisted, they made the loop spill)."""
     return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %tid.x;", "=r", has_side_effects=True,
                                  is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def ldsm_x4(addr: Int32, trans: bool, *, loc=None, ip=None):
+    """ldmatrix .x4 (four 8x8 b16 matrices, `trans`: each transposed) from the shared-memory byte address
+    this lane supplies: four b32 registers, matrix i's fragment in register i. Volatile, so that it
+    stays after the pipeline wait that makes its stage valid and inside the step (not hoisted)."""
+    op = "ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") + ".shared.b16"
+    res = llvm.inline_asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"), [Int32(addr).ir_value(loc=loc, ip=ip)],
+                          op + " {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 class DepthSteps:
@@ -153,18 +171,81 @@ class DepthSteps:
                 thr_qk.partition_C(cute.make_identity_tensor((ROWS_PER_GROUP, self.depth_tile)))),
         )
 
+    def raw_operands(self) -> bool:
+        """Whether the warp steps load their operands by hand-addressed ldmatrix (`warp_qk`, `warp_pv`):
+        64-wide rows (one 128-byte swizzle row each); the probe "cuteaddr" keeps CuTe's copies."""
+        return self.tile_hdim == 64 and self.tile_hdimv == 64 and self.probe != "cuteaddr"
+
     @cute.jit
-    def warp_mask(self, acc_S, step, coords):
+    def lane_rows(self, group, sQ, sKd, sVd, buf):
+        """This lane's ldmatrix row addresses (shared-memory bytes, swizzled) of a warp step: the
+        Q row of its first k-chunk, the depth K and V rows of its first chunk in buffer `buf`, and
+        its score rows' index in the warp (lane // 4; the other is 8 more).
+        Q (A operand) and V (transposed B) follow matrix i = lane // 8 of an .x4 load at row
+        lane % 16 and chunk lane // 16; K (B) at key (lane // 16) * 8 + lane % 8 and chunk
+        (lane // 8) % 2. Every row's swizzle phase is lane % 8. The other chunks are an XOR of the
+        chunk bits (chunk c + 2j: XOR 32 j bytes), the other 16-row blocks an added 2048 bytes
+        (two swizzle periods), both applied by `warp_qk` and `warp_pv` as constants."""
+        # bit operations throughout: a signed % or // costs sign fix-ups (the thread index is >= 0)
+        tid = opaque_thread_idx()
+        lane = tid & 31
+        phase = lane & 7
+        row_qv = lane & 15
+        chunk_qv = ((lane >> 4) ^ phase) << 4
+        row_q = group * ROWS_PER_GROUP + ((tid >> 5) & 3) * WARP_ROWS + row_qv
+        q_addr = sQ.iterator.toint() + row_q * ROW_BYTES + chunk_qv
+        buf_bytes = buf * (self.depth_tile * ROW_BYTES)
+        v_addr = sVd.iterator.toint() + buf_bytes + row_qv * ROW_BYTES + chunk_qv
+        row_k = ((lane >> 4) << 3) + phase
+        k_addr = sKd.iterator.toint() + buf_bytes + row_k * ROW_BYTES + ((((lane >> 3) & 1) ^ phase) << 4)
+        return q_addr, k_addr, v_addr, cutlass.Uint32(lane >> 2)
+
+    @cute.jit
+    def warp_qk(self, tiled_qk, q_addr, k_addr, acc_S):
+        """S += Q_w K_d^T from hand-addressed ldmatrix loads into CuTe's mma.sync fragments (their
+        register order is CuTe's partition order: A ((2,2,2),1,k) and B ((2,2),n,k) with 8-key
+        n-atoms in order, the i-th b32 of an .x4 load being matrix i's fragment)."""
+        rQ = tiled_qk.make_fragment_A(tiled_qk.partition_shape_A((ROWS_PER_GROUP, self.tile_hdim)))
+        rK = tiled_qk.make_fragment_B(tiled_qk.partition_shape_B((self.depth_tile, self.tile_hdim)))
+        rQ32, rK32 = cute.recast_tensor(rQ, Int32), cute.recast_tensor(rK, Int32)
+        for kk in cutlass.range_constexpr(self.tile_hdim // 16):
+            regs = ldsm_x4(q_addr ^ (kk * 32), False)
+            for j in cutlass.range_constexpr(4):
+                rQ32[4 * kk + j] = regs[j]
+            for npair in cutlass.range_constexpr(self.depth_tile // 16):
+                regs = ldsm_x4((k_addr ^ (kk * 32)) + npair * SWIZZLE_ROWS * 2 * ROW_BYTES, False)
+                for j in cutlass.range_constexpr(4):
+                    rK32[8 * kk + 4 * npair + j] = regs[j]
+            cute.gemm(tiled_qk, acc_S, rQ[None, None, kk], rK[None, None, kk], acc_S)
+
+    @cute.jit
+    def warp_pv(self, tiled_pv, v_addr, rP, acc_O):
+        """O += P_d V_d from hand-addressed transposed ldmatrix loads (B fragment ((2,2),n,k): n-atoms
+        of 8 columns of d, k-steps of 16 keys)."""
+        rV = tiled_pv.make_fragment_B(tiled_pv.partition_shape_B((self.tile_hdimv, self.depth_tile)))
+        rV32 = cute.recast_tensor(rV, Int32)
+        rPA = layout_utils.reshape_acc_to_frgA(rP)
+        for ks in cutlass.range_constexpr(self.depth_tile // 16):
+            for dpair in cutlass.range_constexpr(self.tile_hdimv // 16):
+                regs = ldsm_x4((v_addr ^ (dpair * 32)) + ks * SWIZZLE_ROWS * 2 * ROW_BYTES, True)
+                for j in cutlass.range_constexpr(4):
+                    rV32[16 * ks + 4 * dpair + j] = regs[j]
+            cute.gemm(tiled_pv, acc_O, rPA[None, None, ks], rV[None, None, ks], acc_O)
+
+    @cute.jit
+    def warp_mask(self, acc_S, step, coords, row16=None):
         """-inf where the warp's depth key is not of the score row's position: the warp's keys are
         its positions' L keys each, in order, depth_tile a step (where L is a multiple of depth_tile,
-        row by row: 2 instructions a row instead of 2 a score)."""
+        row by row: 2 instructions a row instead of 2 a score). The row-wise form takes the score
+        rows from `row16` (lane // 4) where given, else from `coords`."""
         acc = layout_utils.reshape_acc_to_mn(acc_S)
         if const_expr(self.depth_len % self.depth_tile == 0 and self.probe != "cellmask"):
             # a step's keys are one position's: a score row is all in or all out (none out at G=16)
             if const_expr(self.qhead_per_kvhead < WARP_ROWS):
-                pos = step * self.depth_tile // self.depth_len
+                pos = cutlass.Uint32(step) // (self.depth_len // self.depth_tile)  # steps count from 0
                 for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
-                    if (coords[r, 0][0] % WARP_ROWS) // self.qhead_per_kvhead != pos:
+                    row = (row16 + 8 * r) if const_expr(row16 is not None) else coords[r, 0][0] % WARP_ROWS
+                    if row // self.qhead_per_kvhead != pos:
                         for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
                             acc[r, c] = -Float32.inf
         else:
@@ -197,6 +278,25 @@ class DepthSteps:
             for pipe in (pipeline_kd, pipeline_vd):
                 pipe.consumer_wait(d_state, pipe.consumer_try_wait(d_state))
                 pipe.consumer_release(d_state)
+        elif const_expr(self.raw_operands()):
+            tiled_qk, tiled_pv, group, sQ, sKd, sVd, acc_O_g = w_args
+            q_addr, k_addr, v_addr, row16 = self.lane_rows(group, sQ, sKd, sVd, buf)
+            acc_S = cute.make_rmem_tensor(tiled_qk.partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
+            acc_S.fill(0.0)
+            pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
+            if const_expr(self.probe != "noqk"):
+                self.warp_qk(tiled_qk, q_addr, k_addr, acc_S)
+            pipeline_kd.consumer_release(d_state)
+            if const_expr(self.probe != "nomask"):
+                coords = None
+                if const_expr(self.depth_len % self.depth_tile != 0 or self.probe == "cellmask"):
+                    coords = layout_utils.reshape_acc_to_mn(tiled_qk.get_slice(opaque_thread_idx() % 128).partition_C(
+                        cute.make_identity_tensor((ROWS_PER_GROUP, self.depth_tile))))
+                self.warp_mask(acc_S, step, coords, row16)
+            self.warp_softmax_pv(acc_S, softmax, acc_O, tOrP, acc_shape_S, pending, pipeline_vd, d_state,
+                                 partial(self.warp_pv, tiled_pv, v_addr, acc_O=cute.make_tensor(
+                                     acc_O.iterator, cute.make_layout(tiled_pv.partition_shape_C(
+                                         (ROWS_PER_GROUP, self.tile_hdimv))))))
         else:
             w = self.warp_depth_setup(*w_args)
             acc_S = cute.make_rmem_tensor(w["thr_qk"].partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
@@ -208,20 +308,29 @@ class DepthSteps:
             pipeline_kd.consumer_release(d_state)
             if const_expr(self.probe != "nomask"):
                 self.warp_mask(acc_S, step, w["coords"])
-            row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
-            if row_scale[0] < 1.0 or row_scale[1] < 1.0:  # the row maximum grew (rare after a few blocks)
-                softmax.rescale_O(acc_O, row_scale)
-                if const_expr(pending):
-                    self.rescale_pending_P(tOrP, row_scale, acc_shape_S)
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            fa_utils.cvt_f16(acc_S, rP)
-            pipeline_vd.consumer_wait(d_state, pipeline_vd.consumer_try_wait(d_state))
-            if const_expr(self.probe != "nopv"):
-                sm80_helpers.gemm_rs(w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
-                                     w["sVt"][None, None, None, buf], w["copy_v"])
-            pipeline_vd.consumer_release(d_state)
+            self.warp_softmax_pv(acc_S, softmax, acc_O, tOrP, acc_shape_S, pending, pipeline_vd, d_state,
+                                 lambda rP: sm80_helpers.gemm_rs(
+                                     w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
+                                     w["sVt"][None, None, None, buf], w["copy_v"]))
         d_state.advance()
         return d_state
+
+    @cute.jit
+    def warp_softmax_pv(self, acc_S, softmax, acc_O, tOrP, acc_shape_S, pending: cutlass.Constexpr, pipeline_vd,
+                        d_state, pv):
+        """The rest of a warp step after its masked scores: the online softmax, O and a pending P
+        rescaled where the row maximum grew, then `pv(P)` (O += P_d V_d) once the stage's V is in."""
+        row_scale = softmax.online_softmax(acc_S, is_first=False, check_inf=True)
+        if row_scale[0] < 1.0 or row_scale[1] < 1.0:  # the row maximum grew (rare after a few blocks)
+            softmax.rescale_O(acc_O, row_scale)
+            if const_expr(pending):
+                self.rescale_pending_P(tOrP, row_scale, acc_shape_S)
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        fa_utils.cvt_f16(acc_S, rP)
+        pipeline_vd.consumer_wait(d_state, pipeline_vd.consumer_try_wait(d_state))
+        if const_expr(self.probe != "nopv"):
+            pv(rP)
+        pipeline_vd.consumer_release(d_state)
 
     @cute.jit
     def spread_steps(self, w, d_state, done, due, pipeline_kd, pipeline_vd, softmax, acc_O,
@@ -230,7 +339,7 @@ class DepthSteps:
         units = self.tile_m // WARP_ROWS
         while done < due:
             # this warp's buffer of the stage: consumer warps are the CTA's warps 4.. (unit = warp - 4)
-            unit = cute.arch.make_warp_uniform(opaque_thread_idx() // 32 - 4)
+            unit = cute.arch.make_warp_uniform((opaque_thread_idx() >> 5) - 4)
             buf = d_state.index * units + unit
             d_state = self.warp_step(w, d_state, done, buf, pipeline_kd, pipeline_vd, softmax, acc_O, tOrP,
                                      acc_shape_S, pending)
