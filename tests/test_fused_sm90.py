@@ -128,8 +128,8 @@ def test_default_placement_tile_and_stages():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
     from moda_bench.ops.moda import fused_sm90 as f
-    assert f.default_placement(4096, 64) == "spread" and f.default_placement(f.SPREAD_MAX_T, 64) == "spread"
-    assert f.default_placement(f.SPREAD_MAX_T + 1, 64) == "offset" and f.default_placement(4096, 128) == "offset"
+    assert all(f.default_placement(T, 64) == "spread" for T in (1000, 4096, 16384, 65536, 131072))
+    assert f.default_placement(4096, 128) == "offset" and f.default_placement(65536, 128) == "offset"
     assert (f.default_depth_tile(64, "spread"), f.default_depth_stages("spread")) == (32, 1)
     assert (f.default_depth_tile(64), f.default_depth_tile(128), f.default_depth_stages("offset")) == (64, 32, 2)
     assert f.placement_unavailable("spread", 64) is None and "d <= 64" in f.placement_unavailable("spread", 128)

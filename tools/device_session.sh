@@ -87,7 +87,8 @@
 #               G=8/L=64, G=2, G=16, L=256 (T=16384, DBWD_PROGRAMS programs, default 24), in the configurations
 #               DBWD_CONFIGS (warps x stages x keys a step, k: q/do held; default 8x2x32k,8x2x32)
 #   fused-mask-ab  the fused forward (spread, offset) against fp64, then its row-wise mask against the
-#               score-by-score one ("cellmask") at FUSED_T (default 16384,4096,32768), graph timer
+#               score-by-score one ("cellmask") at FUSED_T (default 16384,4096,32768), graph timer; other
+#               variants by FUSED_VARIANTS (tile x stages:placement:lead:probe, e.g. 32x1:spread:0:cuteaddr)
 #   fused-tests GPU tests of the fused forward (tests/test_fused_sm90.py: gradients vs reference, determinism)
 #   fused-sweep-a, fused-sweep-b  issue 20's rows with moda-fused beside moda-overlap, moda-fa4, FA4, cuDNN: T=4096 (graph, eager),
 #               16K/32K/64K forward, 16K/32K fwd+bwd, G=2, L=256 (into $RESULTS/$GPU/$FUSED_RUN, default fused-limit;
@@ -300,7 +301,7 @@ for s in "$@"; do
     fused-mask-ab) R=$RESULTS/$GPU/${FUSED_RUN:-fused-rowmask}; mkdir -p "$R"
            stage fused-mask-ab bash -c "timeout 200 python3 tools/fused_sm90_check.py --check --placements spread,offset --out $R/check.csv; \
                timeout 300 python3 tools/fused_sm90_check.py --T ${FUSED_T:-16384,4096,32768} --timer graph --max-time ${MAX_TIME} \
-               --variants '32x1:spread;32x1:spread:0:cellmask;64x2:offset;64x2:offset:0:cellmask' --out $R/time.csv" ;;
+               --variants '${FUSED_VARIANTS:-32x1:spread;32x1:spread:0:cellmask;64x2:offset;64x2:offset:0:cellmask}' --out $R/time.csv" ;;
     cute-bwd-tests) stage cute-bwd-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_depth_bwd_sm90.py ;;
     fused-sweep-a) R=$RESULTS/$GPU/${FUSED_RUN:-fused-limit}; P="${FUSED_PROVIDERS:-moda-fused,moda-overlap,moda-fa4,fa4,cudnn}"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
            stage fused-t4096 $MB sweep $Q --vary T --values 4096 --timer graph,eager --providers $P --out "$R/t4096"

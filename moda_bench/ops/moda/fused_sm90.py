@@ -50,7 +50,7 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileScheduler
 from quack import copy_utils, layout_utils, sm90_utils
 
 from moda_bench.ops.moda.fused_sm90_depth import (  # noqa: F401 - the placement policy is re-exported
-    PLACEMENTS, PROBES, ROWS_PER_GROUP, SPREAD_MAX_T, WARP_KEYS, WARP_ROWS, DepthSteps, default_depth_stages,
+    PLACEMENTS, PROBES, ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps, default_depth_stages,
     default_depth_tile, default_placement, placement_unavailable)
 
 

@@ -356,17 +356,15 @@ def placement_unavailable(placement: str, d: int) -> str | None:
     return None
 
 
-SPREAD_MAX_T = 16384  # "spread" is the default up to this length (d <= 64)
-
-
 def default_placement(T: int, d: int = 64) -> str:
-    """Where a tile's depth steps go by default: "spread" at d <= 64 up to SPREAD_MAX_T, else
-    "offset". Forward / FA4, graph timer, same process (H200, results/h200/fused-spread):
-    spread / offset 1.330-1.343 / 1.417-1.424 at T=4096, 1.306 / 1.443 at G=2 and 1.333 / 1.449
-    at L=256 (T=16384), level at T=16384 (1.107 / 1.108, 1.119 / 1.127), behind at T=65536 (1.043 /
-    1.033, 1.051 / 1.046). "offset" was faster than "first" at every length (H100: T=4096 1.470 vs
-    1.676, 16384 1.135 vs 1.202, 65536 1.055 vs 1.062; results/h100/fused-sm90-probes)."""
-    return "spread" if d <= 64 and T <= SPREAD_MAX_T else "offset"
+    """Where a tile's depth steps go by default: "spread" at d <= 64 (at every length), else
+    "offset". Forward / FA4, graph timer, one process (H100, results/h100/fused-s14-addr, with the
+    hand-addressed warp steps): spread / offset 1.355 / 1.415 at T=4096, 1.104 / 1.139 at 16384,
+    1.072 / 1.089 at 32768, 1.048 / 1.063 at 65536. Before those steps "spread" was behind at
+    T=65536 (H200: 1.043 / 1.033, results/h200/fused-spread) and the default stopped at 16384.
+    "offset" was faster than "first" at every length (H100: T=4096 1.470 vs 1.676, 16384 1.135 vs
+    1.202, 65536 1.055 vs 1.062; results/h100/fused-sm90-probes). T is kept for a length rule."""
+    return "spread" if d <= 64 else "offset"
 
 
 def default_depth_tile(d: int, placement: str = "offset") -> int:
