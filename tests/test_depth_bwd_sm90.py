@@ -150,9 +150,9 @@ def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, stages, k
 
 @pytest.mark.slow
 @pytest.mark.skipif(_cute_importable() is not None, reason=f"CuTe DSL / FA4 not importable: {_cute_importable()}")
-def test_compiles_without_held_rows(monkeypatch):
-    """keep_rows=False (q and do re-read from shared memory every step, the A/B of
-    tools/depth_bwd_check.py) still compiles, under its own cache key."""
+def test_compiles_without_held_rows_or_tma_store(monkeypatch):
+    """keep_rows=False (q and do re-read from shared memory every step) and tma_store=False (dK / dV
+    by vector stores), the A/Bs of tools/depth_bwd_check.py, still compile, under their own keys."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     cute_sm90_env(monkeypatch)
     from moda_bench.ops.moda import depth_bwd_sm90 as m
@@ -162,9 +162,9 @@ def test_compiles_without_held_rows(monkeypatch):
         lse = torch.empty(1, 333, 16, dtype=torch.float32, device="cuda")
         kd = torch.empty(1, 333 * 64, 2, 64, dtype=torch.bfloat16, device="cuda")
         args = (q, q, q, lse, kd, kd, q, kd, kd)
-        for keep in (True, False):
-            assert m._compiled(args, 0.125, 4, 8, 64, 8, 2, True, 32, keep) is not None
-    assert len(m._COMPILED) == 2
+        for keep, tma in ((True, True), (False, True), (True, False)):
+            assert m._compiled(args, 0.125, 4, 8, 64, 8, 2, True, 32, keep, tma) is not None
+    assert len(m._COMPILED) == 3
 
 
 def test_kernel_refuses_more_shared_memory_than_an_sm_has():
@@ -234,6 +234,19 @@ def test_gpu_bitwise_across_programs_and_warps():
     for n, w in ((1, 8), (13, 8), (24, 4)):
         other = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, 8, n, warps=w)
         assert all(torch.equal(a, b) for a, b in zip(first, other))
+
+
+@pytest.mark.gpu
+@needs_cute
+@pytest.mark.parametrize("T,G,L", [(1000, 8, 64), (517, 2, 5), (333, 16, 3)])
+def test_gpu_tma_store_equals_vector_stores(T, G, L):
+    """A full step's dK / dV rows by TMA and by vector stores are the same bytes (partial steps,
+    T's tail and L not a multiple of the step, take the vector stores either way)."""
+    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    q, do, o, lse, kd, vd, scale = _depth_inputs(2, T, G, L, Hk=2, seed=T)
+    tma = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 11)
+    vec = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 11, tma_store=False)
+    assert all(torch.equal(a, b) for a, b in zip(tma, vec))
 
 
 @pytest.mark.gpu

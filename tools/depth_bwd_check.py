@@ -57,10 +57,12 @@ def rel(a, b):
 
 
 def cute_config(text: str) -> dict:
-    """"WARPSxSTAGESxKEYS[k]" -> keyword arguments of `depth_bwd_sm90` (k: keep_rows, the kernel's
-    default; without it a unit's q and do operands are re-read every step)."""
-    warps, stages, keys = (int(x) for x in text.rstrip("k").split("x"))
-    return dict(warps=warps, stages=stages, step_keys=keys, keep_rows=text.endswith("k"))
+    """"WARPSxSTAGESxKEYS[k][n]" -> keyword arguments of `depth_bwd_sm90` (k: keep_rows, the kernel's
+    default; without it a unit's q and do operands are re-read every step; n: no TMA store, a step's
+    dK / dV rows leave by vector stores from its buffers as before the fourteenth session)."""
+    flags = text.split("x")[-1].lstrip("0123456789")
+    warps, stages, keys = (int(x) for x in text[:len(text) - len(flags)].split("x"))
+    return dict(warps=warps, stages=stages, step_keys=keys, keep_rows="k" in flags, tma_store="n" not in flags)
 
 
 def check(w, verbose, configs="8x2x32k") -> bool:

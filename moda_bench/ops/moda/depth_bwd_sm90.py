@@ -42,9 +42,11 @@ import torch
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 from flash_attn.cute import ampere_helpers as sm80_helpers
+from flash_attn.cute import copy_utils as fa_copy
 from flash_attn.cute import utils as fa_utils
 from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned, to_cute_tensor
-from quack import layout_utils
+from cutlass.utils import LayoutEnum
+from quack import layout_utils, sm90_utils
 
 from moda_bench.ops.moda.validate import MoDAShape, cute_bwd_shape_problem
 
@@ -64,13 +66,15 @@ class DepthBwdSm90:
     """The depth backward over 16-row units, one warp each (see module)."""
 
     def __init__(self, dtype, head_dim: int, G: int, L: int, *, warps: int = 8, stages: int = 2,
-                 depth_grad: bool = True, step_keys: int = STEP_KEYS, keep_rows: bool = True):
+                 depth_grad: bool = True, step_keys: int = STEP_KEYS, keep_rows: bool = True,
+                 tma_store: bool = True):
         assert WARP_ROWS % G == 0 and head_dim % 16 == 0 and L >= 1 and stages >= 2 and step_keys in (16, 32)
         self.dtype, self.D, self.G, self.L, self.step_keys = dtype, head_dim, G, L, step_keys
         self.P = WARP_ROWS // G  # positions a unit
         self.steps = -(-self.P * L // step_keys)  # steps a unit
         self.warps, self.stages, self.depth_grad = warps, stages, depth_grad
         self.keep_rows = keep_rows  # q and do operand fragments loaded once a unit, not every step
+        self.tma_store = tma_store and depth_grad  # a full step's dK / dV rows leave by TMA from its buffers
         # q/do row slots: a unit's rows stay until its last step while the loads run stages - 1 steps ahead
         self.rslots = min(stages, (stages - 2) // self.steps + 2)
         row_bytes = head_dim * dtype.width // 8
@@ -113,15 +117,29 @@ class DepthBwdSm90:
         copy_in = cute.make_tiled_copy_tv(g2s, thr, val)
         copy_out = cute.make_tiled_copy_tv(vec, thr, val)
         scale_log2 = scale * LOG2E
-        self.kernel(mQ, mDO, mO, mLSE, mKd, mVd, mDQ, mDKd, mDVd, scale, scale_log2, sKV_layout, sRow_layout,
-                    sScr_layout, sStat_layout, mma, copy_in, copy_out, Storage).launch(
+        tma_dK = tma_dV = mDKt = mDVt = None
+        # the K / V buffers as TMA sees them: the same bytes (rows of D, 128-byte swizzle, slots in
+        # order), its swizzle on the pointer (sKV_layout's element swizzle made TMA split a step's box
+        # into 64 stores)
+        sKV_tma = sm90_utils.make_smem_layout(self.dtype, LayoutEnum.ROW_MAJOR, (self.step_keys, D), W * S)
+        if const_expr(self.tma_store):
+            slot = cute.select(sKV_tma, mode=[0, 1])
+            tma_dK, mDKt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDKd, slot,
+                                                       (self.step_keys, D))
+            tma_dV, mDVt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDVd, slot,
+                                                       (self.step_keys, D))
+        self.kernel(mQ, mDO, mO, mLSE, mKd, mVd, mDQ, mDKd, mDVd, mDKt, mDVt, tma_dK, tma_dV, scale, scale_log2,
+                    sKV_layout, sKV_tma, sRow_layout, sScr_layout, sStat_layout, mma, copy_in, copy_out,
+                    Storage).launch(
             grid=[programs, 1, 1], block=[32 * W, 1, 1], smem=Storage.size_in_bytes(), stream=stream)
 
     # ------------------------------------------------------------------ the kernel
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mDO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mKd: cute.Tensor,
-               mVd: cute.Tensor, mDQ: cute.Tensor, mDKd: cute.Tensor, mDVd: cute.Tensor, scale: Float32,
-               scale_log2: Float32, sKV_layout: cute.ComposedLayout, sRow_layout: cute.ComposedLayout,
+               mVd: cute.Tensor, mDQ: cute.Tensor, mDKd: cute.Tensor, mDVd: cute.Tensor, mDKt, mDVt,
+               tma_dK, tma_dV, scale: Float32,
+               scale_log2: Float32, sKV_layout: cute.ComposedLayout, sKV_tma: cute.ComposedLayout,
+               sRow_layout: cute.ComposedLayout,
                sScr_layout: cute.Layout, sStat_layout: cute.Layout, mma: cute.TiledMma, copy_in: cute.TiledCopy,
                copy_out: cute.TiledCopy, Storage: cutlass.Constexpr):
         D, W, S, G, P, L, NS = self.D, self.warps, self.stages, self.G, self.P, self.L, self.steps
@@ -134,6 +152,8 @@ class DepthBwdSm90:
         st = smem.allocate(Storage)
         sK = st.sK.get_tensor(sKV_layout)  # composed layouts: an element swizzle (not the pointer's byte swizzle)
         sV = st.sV.get_tensor(sKV_layout)
+        sK_tma = st.sK.get_tensor(sKV_tma.outer, swizzle=sKV_tma.inner)  # the same bytes, for TMA
+        sV_tma = st.sV.get_tensor(sKV_tma.outer, swizzle=sKV_tma.inner)
         sQ = st.sQ.get_tensor(sRow_layout)
         sDO = st.sDO.get_tensor(sRow_layout)
         sScr = st.sScr.get_tensor(sScr_layout)[None, None, wid]
@@ -215,6 +235,10 @@ class DepthBwdSm90:
         k, s, b, j, t0 = cur
 
         for f in cutlass.range(total, unroll=1):
+            if const_expr(self.tma_store):  # the slot loaded next was the last step's TMA source
+                if lane == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
             if f + S - 1 < total:
                 self.load_step(f + S - 1, lk, ls, lb, lj, lt, T, TL, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
                                rowc_kv, rowc_r, wid)
@@ -269,9 +293,29 @@ class DepthBwdSm90:
                                      pQt_B[None, None, None, rslot], cpBt)
                 cute.arch.sync_warp()  # every lane's dQ ldmatrix of K is done
                 cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_G, self.dtype)), r2s.partition_D(sK[None, None, kslot]))
-                cute.arch.sync_warp()
-                self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out, rowc_kv, lim)
-                self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc_kv, lim)
+                if const_expr(self.tma_store):
+                    if lim == self.step_keys:  # a full step: its rows are the unit's alone
+                        cute.arch.fence_view_async_shared()  # this lane's shared stores, visible to TMA
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            for atom, src, dst in ((tma_dK, sK_tma, mDKt), (tma_dV, sV_tma, mDVt)):
+                                store, _, _ = fa_copy.tma_get_copy_fn(
+                                    atom, 0, cute.make_layout(1), src[None, None, kslot],
+                                    self.depth_box(dst, b, j, row0), single_stage=True)
+                                store()
+                            cute.arch.cp_async_bulk_commit_group()
+                    else:
+                        cute.arch.sync_warp()
+                        self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out,
+                                        rowc_kv, lim)
+                        self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out,
+                                        rowc_kv, lim)
+                else:
+                    cute.arch.sync_warp()
+                    self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out, rowc_kv,
+                                    lim)
+                    self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc_kv,
+                                    lim)
             if s == NS - 1:
                 cute.arch.sync_warp()
                 cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_dQ, self.dtype)), r2s.partition_D(sQ[None, None, rslot]))
@@ -281,6 +325,9 @@ class DepthBwdSm90:
             cute.arch.sync_warp()
             k, s, b, j, t0 = self.next_step(k, s, b, j, t0, *radix)
         cute.arch.cp_async_wait_group(0)
+        if const_expr(self.tma_store):
+            if lane == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # before the CTA's shared memory goes
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
@@ -322,6 +369,13 @@ class DepthBwdSm90:
         """self.step_keys depth rows from row0 of (b, KV head j) of a (B, T*L, Hk, D) tensor."""
         x = cute.domain_offset((b, row0, j, 0), mX)
         return cute.make_tensor(x.iterator, cute.make_layout((self.step_keys, self.D), stride=(mX.stride[1], 1)))
+
+    @cute.jit
+    def depth_box(self, mT: cute.Tensor, b, j, row0):
+        """The TMA box of a step's depth rows from row0 of (b, KV head j): a (step_keys, D) tile of
+        the (B, T*L, Hk, D) TMA coordinate tensor."""
+        x = cute.domain_offset((0, row0, 0, 0), mT)[b, None, j, None]
+        return cute.local_tile(x, (self.step_keys, self.D), (0, 0))
 
     @cute.jit
     def unit_coords(self, u, B, Hk):
@@ -427,13 +481,13 @@ _COMPILED: dict = {}
 
 
 def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, stages: int, depth_grad: bool,
-              step_keys: int = STEP_KEYS, keep_rows: bool = True):
+              step_keys: int = STEP_KEYS, keep_rows: bool = True, tma_store: bool = True):
     q = args[0]
-    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, step_keys, keep_rows)
+    key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, step_keys, keep_rows, tma_store)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
         kern = DepthBwdSm90(dtype, q.shape[3], G, L, warps=warps, stages=stages, depth_grad=depth_grad,
-                            step_keys=step_keys, keep_rows=keep_rows)
+                            step_keys=step_keys, keep_rows=keep_rows, tma_store=tma_store)
         cargs = [to_cute_tensor(t) for t in args[:3]]
         cargs.append(to_cute_tensor(args[3], assumed_align=4))
         cargs += [to_cute_tensor(t) for t in args[4:]]
@@ -444,7 +498,8 @@ def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, sta
 
 
 def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, depth_grad: bool = True,
-                   warps: int = 8, stages: int = 2, step_keys: int = STEP_KEYS, keep_rows: bool = True):
+                   warps: int = 8, stages: int = 2, step_keys: int = STEP_KEYS, keep_rows: bool = True,
+                   tma_store: bool = True):
     """(dq share (q's dtype), dk_depth, dv_depth) given the merged o and lse (B,T,Hq) fp32; dk_depth =
     dv_depth = None without depth_grad. `programs` CTAs of `warps` independent warps. Same contract as
     `kernel_depth.depth_bwd`; `unavailable` says which inputs it cannot take."""
@@ -462,5 +517,6 @@ def depth_bwd_sm90(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *
     args = (q, do, o, lse, kdv, vdv, dq, gk, gv)
     n_units = -(-T // (WARP_ROWS // G)) * B * Hk
     programs = max(1, min(programs, -(-n_units // warps)))
-    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad, step_keys, keep_rows)(*args, float(scale), programs)
+    _compiled(args, float(scale), programs, G, L, warps, stages, depth_grad, step_keys, keep_rows,
+              tma_store)(*args, float(scale), programs)
     return dq, dkd, dvd
