@@ -124,10 +124,11 @@ class DepthBwdSm90:
         sKV_tma = sm90_utils.make_smem_layout(self.dtype, LayoutEnum.ROW_MAJOR, (self.step_keys, D), W * S)
         if const_expr(self.tma_store):
             slot = cute.select(sKV_tma, mode=[0, 1])
-            tma_dK, mDKt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDKd, slot,
-                                                       (self.step_keys, D))
-            tma_dV, mDVt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDVd, slot,
-                                                       (self.step_keys, D))
+            # the box tiles a tensor's first two modes: (T*L, D, Hk, B), the same memory
+            tma_dK, mDKt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), self.rows_first(mDKd),
+                                                       slot, (self.step_keys, D))
+            tma_dV, mDVt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), self.rows_first(mDVd),
+                                                       slot, (self.step_keys, D))
         self.kernel(mQ, mDO, mO, mLSE, mKd, mVd, mDQ, mDKd, mDVd, mDKt, mDVt, tma_dK, tma_dV, scale, scale_log2,
                     sKV_layout, sKV_tma, sRow_layout, sScr_layout, sStat_layout, mma, copy_in, copy_out,
                     Storage).launch(
@@ -236,8 +237,7 @@ class DepthBwdSm90:
 
         for f in cutlass.range(total, unroll=1):
             if const_expr(self.tma_store):  # the slot loaded next was the last step's TMA source
-                if lane == 0:
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the whole warp (its store's lane among them)
                 cute.arch.sync_warp()
             if f + S - 1 < total:
                 self.load_step(f + S - 1, lk, ls, lb, lj, lt, T, TL, mQ, mDO, mKd, mVd, sQ, sDO, sK, sV, cin, copy_in,
@@ -297,13 +297,13 @@ class DepthBwdSm90:
                     if lim == self.step_keys:  # a full step: its rows are the unit's alone
                         cute.arch.fence_view_async_shared()  # this lane's shared stores, visible to TMA
                         cute.arch.sync_warp()
-                        if lane == 0:
-                            for atom, src, dst in ((tma_dK, sK_tma, mDKt), (tma_dV, sV_tma, mDVt)):
-                                store, _, _ = fa_copy.tma_get_copy_fn(
-                                    atom, 0, cute.make_layout(1), src[None, None, kslot],
-                                    self.depth_box(dst, b, j, row0), single_stage=True)
-                                store()
-                            cute.arch.cp_async_bulk_commit_group()
+                        # the whole warp calls the store: the DSL elects the one lane that issues it
+                        for atom, src, dst in ((tma_dK, sK_tma, mDKt), (tma_dV, sV_tma, mDVt)):
+                            store, _, _ = fa_copy.tma_get_copy_fn(
+                                atom, 0, cute.make_layout(1), src[None, None, kslot],
+                                self.depth_box(dst, b, j, row0), single_stage=True)
+                            store()
+                        cute.arch.cp_async_bulk_commit_group()
                     else:
                         cute.arch.sync_warp()
                         self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out,
@@ -326,8 +326,7 @@ class DepthBwdSm90:
             k, s, b, j, t0 = self.next_step(k, s, b, j, t0, *radix)
         cute.arch.cp_async_wait_group(0)
         if const_expr(self.tma_store):
-            if lane == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)  # before the CTA's shared memory goes
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # before the CTA's shared memory goes
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
@@ -370,11 +369,16 @@ class DepthBwdSm90:
         x = cute.domain_offset((b, row0, j, 0), mX)
         return cute.make_tensor(x.iterator, cute.make_layout((self.step_keys, self.D), stride=(mX.stride[1], 1)))
 
+    @staticmethod
+    def rows_first(mX: cute.Tensor) -> cute.Tensor:
+        """A (B, T*L, Hk, D) tensor viewed (T*L, D, Hk, B): the modes a TMA box tiles come first."""
+        return cute.make_tensor(mX.iterator, cute.select(mX.layout, mode=[1, 3, 2, 0]))
+
     @cute.jit
     def depth_box(self, mT: cute.Tensor, b, j, row0):
         """The TMA box of a step's depth rows from row0 of (b, KV head j): a (step_keys, D) tile of
-        the (B, T*L, Hk, D) TMA coordinate tensor."""
-        x = cute.domain_offset((0, row0, 0, 0), mT)[b, None, j, None]
+        the (T*L, D, Hk, B) TMA coordinate tensor (`rows_first`)."""
+        x = cute.domain_offset((row0, 0, 0, 0), mT)[None, None, j, b]
         return cute.local_tile(x, (self.step_keys, self.D), (0, 0))
 
     @cute.jit
