@@ -11,10 +11,14 @@ products on 4 warps (one a scheduler): ~29-32 GB/s a program on the H100 and H20
 route's backward took 96 SMs' worth of programs from FA4 at T=4096 (docs/FUSED_PROTOTYPES.md,
 "What bounds a depth program"). Here every warp is its own program: no CTA barrier, no shared
 pipeline; the 8 warps of a CTA hide each other's latency: 57 GB/s a program (H100, T=16384, G=8,
-L=64; "The backward's depth part as independent warps"). What bounds it now is the SM's
+L=64; "The backward's depth part as independent warps"). It was bound by the SM's
 shared-memory pipe (~400 wavefronts a step, L1/TEX at 88%; "The thirteenth session"): fewer
 instructions, a deeper pipeline, 16-key steps or more warps did not raise it; fewer wavefronts
-did (`keep_rows`: a unit's q and dO operands held in registers, +4-7%).
+did (`keep_rows`: a unit's q and dO operands held in registers, +4-7%; `tma_store`: a full
+step's dK and dV rows leave by two TMA bulk stores from its buffers instead of vector loads and
+stores, 64 wavefronts fewer, +11-13%: 63 GB/s a program at G=8, 73 at G=2 and L=256; ~315
+wavefronts a step remain, and its warps now wait as much on load latency as on the pipe;
+"The fourteenth session").
 
 What a warp does. A unit is 16 folded rows r = t*G + g of one KV head (16/G whole positions; G
 must divide 16) and their positions' depth keys, one contiguous row range of k_depth viewed
@@ -26,7 +30,7 @@ ldmatrix operands, in the transposed form (keys as M, so P^T and dS^T feed the n
 from registers):
     S^T = K_d Q^T,  P^T = exp2(S^T * scale*log2(e) - lse2) masked to the key's own position,
     dP^T = V_d dO^T,  dS^T = scale * P^T * (dP^T - delta),
-    dV_d = P^T dO,  dK_d = dS^T Q   (stored through the step's shared buffers),
+    dV_d = P^T dO,  dK_d = dS^T Q   (through the step's shared buffers: TMA for a full step),
     dQ += dS K_d                    (dS^T through a per-warp scratch, ldmatrix.trans).
 A depth key is read by its own position's G rows only, so a warp writes its keys' gradients
 alone: no atomics. lse2 = lse*log2(e) (+inf past T) and delta = rowsum(o*do) are computed per
