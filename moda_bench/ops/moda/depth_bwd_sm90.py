@@ -309,17 +309,9 @@ class DepthBwdSm90:
                             store()
                         cute.arch.cp_async_bulk_commit_group()
                     else:
-                        cute.arch.sync_warp()
-                        self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out,
-                                        rowc_kv, lim)
-                        self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out,
-                                        rowc_kv, lim)
+                        self.store_grads(sK, sV, mDKd, mDVd, kslot, b, j, row0, cout, copy_out, rowc_kv, lim)
                 else:
-                    cute.arch.sync_warp()
-                    self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out, rowc_kv,
-                                    lim)
-                    self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc_kv,
-                                    lim)
+                    self.store_grads(sK, sV, mDKd, mDVd, kslot, b, j, row0, cout, copy_out, rowc_kv, lim)
             if s == NS - 1:
                 cute.arch.sync_warp()
                 cute.copy(r2s, r2s.retile(fa_utils.cvt_f16(acc_dQ, self.dtype)), r2s.partition_D(sQ[None, None, rslot]))
@@ -465,6 +457,14 @@ class DepthBwdSm90:
             n = cS[i][1]
             rLse[i] = sStat[n, 0]
             rDelta[i] = sStat[n, 1] * scale
+
+    @cute.jit
+    def store_grads(self, sK, sV, mDKd, mDVd, kslot, b, j, row0, cout, copy_out, rowc, lim):
+        """A step's dK and dV rows [0, lim) from its K and V buffers by vector stores (a step that is
+        not full, or tma_store off)."""
+        cute.arch.sync_warp()
+        self.store_rows(sK[None, None, kslot], self.depth_tile(mDKd, b, j, row0), cout, copy_out, rowc, lim)
+        self.store_rows(sV[None, None, kslot], self.depth_tile(mDVd, b, j, row0), cout, copy_out, rowc, lim)
 
     @cute.jit
     def store_rows(self, src_s, dst_g, cout, copy_out, rowc, lim):

@@ -39,6 +39,7 @@ PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go amon
 PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr")  # variants (MoDAForwardSm90.__init__)
 ROW_BYTES = 128  # a 64-wide bf16 row of the shared tiles: one 128-byte swizzle row (Swizzle<3,4,3> on bytes)
 SWIZZLE_ROWS = 8  # rows of one swizzle period (1024 bytes); offsets by whole periods commute with the swizzle
+ROWS16_BYTES = 2 * SWIZZLE_ROWS * ROW_BYTES  # the next 16 rows of a tile: two whole swizzle periods further
 
 
 @dsl_user_op
@@ -60,6 +61,13 @@ def ldsm_x4(addr: Int32, trans: bool, *, loc=None, ip=None):
                           op + " {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True,
                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
     return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+def ldsm_into(frag32, first: int, addr, trans: bool):
+    """An .x4 ldmatrix from `addr` into four consecutive b32 registers of a fragment from `first`."""
+    regs = ldsm_x4(addr, trans)
+    for j in range(4):
+        frag32[first + j] = regs[j]
 
 
 class DepthSteps:
@@ -209,13 +217,9 @@ class DepthSteps:
         rK = tiled_qk.make_fragment_B(tiled_qk.partition_shape_B((self.depth_tile, self.tile_hdim)))
         rQ32, rK32 = cute.recast_tensor(rQ, Int32), cute.recast_tensor(rK, Int32)
         for kk in cutlass.range_constexpr(self.tile_hdim // 16):
-            regs = ldsm_x4(q_addr ^ (kk * 32), False)
-            for j in cutlass.range_constexpr(4):
-                rQ32[4 * kk + j] = regs[j]
+            ldsm_into(rQ32, 4 * kk, q_addr ^ (kk * 32), False)
             for npair in cutlass.range_constexpr(self.depth_tile // 16):
-                regs = ldsm_x4((k_addr ^ (kk * 32)) + npair * SWIZZLE_ROWS * 2 * ROW_BYTES, False)
-                for j in cutlass.range_constexpr(4):
-                    rK32[8 * kk + 4 * npair + j] = regs[j]
+                ldsm_into(rK32, 8 * kk + 4 * npair, (k_addr ^ (kk * 32)) + npair * ROWS16_BYTES, False)
             cute.gemm(tiled_qk, acc_S, rQ[None, None, kk], rK[None, None, kk], acc_S)
 
     @cute.jit
@@ -227,9 +231,7 @@ class DepthSteps:
         rPA = layout_utils.reshape_acc_to_frgA(rP)
         for ks in cutlass.range_constexpr(self.depth_tile // 16):
             for dpair in cutlass.range_constexpr(self.tile_hdimv // 16):
-                regs = ldsm_x4((v_addr ^ (dpair * 32)) + ks * SWIZZLE_ROWS * 2 * ROW_BYTES, True)
-                for j in cutlass.range_constexpr(4):
-                    rV32[16 * ks + 4 * dpair + j] = regs[j]
+                ldsm_into(rV32, 16 * ks + 4 * dpair, (v_addr ^ (dpair * 32)) + ks * ROWS16_BYTES, True)
             cute.gemm(tiled_pv, acc_O, rPA[None, None, ks], rV[None, None, ks], acc_O)
 
     @cute.jit
