@@ -175,9 +175,14 @@ class DepthSteps:
             rK=thr_qk.make_fragment_B(thr_qk.partition_B(sKd[None, None, 0])),
             rVt=thr_pv.make_fragment_B(thr_pv.partition_B(sVdt[None, None, 0])),
             sQ=copy_q.partition_S(sQg), sK=copy_k.partition_S(sKd), sVt=copy_v.partition_S(sVdt),
-            coords=layout_utils.reshape_acc_to_mn(
-                thr_qk.partition_C(cute.make_identity_tensor((ROWS_PER_GROUP, self.depth_tile)))),
+            coords=self.score_coords(tiled_qk, thr_qk),
         )
+
+    def score_coords(self, tiled_qk, thr_qk=None):
+        """(row, key) of each of this thread's warp-step scores, rows by columns (the mask's view)."""
+        thr_qk = tiled_qk.get_slice(opaque_thread_idx() % 128) if thr_qk is None else thr_qk
+        return layout_utils.reshape_acc_to_mn(
+            thr_qk.partition_C(cute.make_identity_tensor((ROWS_PER_GROUP, self.depth_tile))))
 
     def raw_operands(self) -> bool:
         """Whether the warp steps load their operands by hand-addressed ldmatrix (`warp_qk`, `warp_pv`):
@@ -209,7 +214,7 @@ class DepthSteps:
         return q_addr, k_addr, v_addr, cutlass.Uint32(lane >> 2)
 
     @cute.jit
-    def warp_qk(self, tiled_qk, q_addr, k_addr, acc_S):
+    def warp_qk(self, tiled_qk, q_addr, k_addr, acc):
         """S += Q_w K_d^T from hand-addressed ldmatrix loads into CuTe's mma.sync fragments (their
         register order is CuTe's partition order: A ((2,2,2),1,k) and B ((2,2),n,k) with 8-key
         n-atoms in order, the i-th b32 of an .x4 load being matrix i's fragment)."""
@@ -220,7 +225,7 @@ class DepthSteps:
             ldsm_into(rQ32, 4 * kk, q_addr ^ (kk * 32), False)
             for npair in cutlass.range_constexpr(self.depth_tile // 16):
                 ldsm_into(rK32, 8 * kk + 4 * npair, (k_addr ^ (kk * 32)) + npair * ROWS16_BYTES, False)
-            cute.gemm(tiled_qk, acc_S, rQ[None, None, kk], rK[None, None, kk], acc_S)
+            cute.gemm(tiled_qk, acc, rQ[None, None, kk], rK[None, None, kk], acc)
 
     @cute.jit
     def warp_pv(self, tiled_pv, v_addr, rP, acc_O):
@@ -280,40 +285,34 @@ class DepthSteps:
             for pipe in (pipeline_kd, pipeline_vd):
                 pipe.consumer_wait(d_state, pipe.consumer_try_wait(d_state))
                 pipe.consumer_release(d_state)
-        elif const_expr(self.raw_operands()):
-            tiled_qk, tiled_pv, group, sQ, sKd, sVd, acc_O_g = w_args
-            q_addr, k_addr, v_addr, row16 = self.lane_rows(group, sQ, sKd, sVd, buf)
+        else:
+            tiled_qk, tiled_pv = w_args[0], w_args[1]
+            coords, row16 = None, None
+            if const_expr(self.raw_operands()):  # the operands by hand-addressed ldmatrix
+                q_addr, k_addr, v_addr, row16 = self.lane_rows(*w_args[2:6], buf)
+                qk = partial(self.warp_qk, tiled_qk, q_addr, k_addr)
+                pv = partial(self.warp_pv, tiled_pv, v_addr, acc_O=cute.make_tensor(
+                    acc_O.iterator, cute.make_layout(tiled_pv.partition_shape_C((ROWS_PER_GROUP, self.tile_hdimv)))))
+            else:  # CuTe's partitions and copies (probe "cuteaddr", or d < 64)
+                w = self.warp_depth_setup(*w_args)
+                coords = w["coords"]
+                qk = partial(sm80_helpers.gemm, w["thr_qk"], tCrA=w["rQ"], tCrB=w["rK"], tCsA=w["sQ"],
+                             tCsB=w["sK"][None, None, None, buf], smem_thr_copy_A=w["copy_q"],
+                             smem_thr_copy_B=w["copy_k"])
+                pv = lambda rP: sm80_helpers.gemm_rs(
+                    w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
+                    w["sVt"][None, None, None, buf], w["copy_v"])
             acc_S = cute.make_rmem_tensor(tiled_qk.partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
             acc_S.fill(0.0)
             pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
             if const_expr(self.probe != "noqk"):
-                self.warp_qk(tiled_qk, q_addr, k_addr, acc_S)
+                qk(acc=acc_S)
             pipeline_kd.consumer_release(d_state)
             if const_expr(self.probe != "nomask"):
-                coords = None
-                if const_expr(self.depth_len % self.depth_tile != 0 or self.probe == "cellmask"):
-                    coords = layout_utils.reshape_acc_to_mn(tiled_qk.get_slice(opaque_thread_idx() % 128).partition_C(
-                        cute.make_identity_tensor((ROWS_PER_GROUP, self.depth_tile))))
+                if const_expr(coords is None and (self.depth_len % self.depth_tile != 0 or self.probe == "cellmask")):
+                    coords = self.score_coords(tiled_qk)  # the score-by-score mask needs each score's column
                 self.warp_mask(acc_S, step, coords, row16)
-            self.warp_softmax_pv(acc_S, softmax, acc_O, tOrP, acc_shape_S, pending, pipeline_vd, d_state,
-                                 partial(self.warp_pv, tiled_pv, v_addr, acc_O=cute.make_tensor(
-                                     acc_O.iterator, cute.make_layout(tiled_pv.partition_shape_C(
-                                         (ROWS_PER_GROUP, self.tile_hdimv))))))
-        else:
-            w = self.warp_depth_setup(*w_args)
-            acc_S = cute.make_rmem_tensor(w["thr_qk"].partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
-            acc_S.fill(0.0)
-            pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
-            if const_expr(self.probe != "noqk"):
-                sm80_helpers.gemm(w["thr_qk"], acc_S, w["rQ"], w["rK"], w["sQ"], w["sK"][None, None, None, buf],
-                                  w["copy_q"], w["copy_k"])
-            pipeline_kd.consumer_release(d_state)
-            if const_expr(self.probe != "nomask"):
-                self.warp_mask(acc_S, step, w["coords"])
-            self.warp_softmax_pv(acc_S, softmax, acc_O, tOrP, acc_shape_S, pending, pipeline_vd, d_state,
-                                 lambda rP: sm80_helpers.gemm_rs(
-                                     w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
-                                     w["sVt"][None, None, None, buf], w["copy_v"]))
+            self.warp_softmax_pv(acc_S, softmax, acc_O, tOrP, acc_shape_S, pending, pipeline_vd, d_state, pv)
         d_state.advance()
         return d_state
 
