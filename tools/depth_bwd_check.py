@@ -157,8 +157,8 @@ def ncu_calls(a) -> None:
     from moda_bench.ops.moda.kernel_depth import depth_bwd
     q, do, o, lse, kd, vd, scale = inputs(1, a.T, a.G, a.L, Hk=8)
     n = int(a.programs.split(",")[0])
-    for name, fn in (("cute", lambda: depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n, warps=int(a.warps.split(",")[0]),
-                                                     stages=a.stages)),
+    kw = cute_config(a.configs.split(",")[0])
+    for name, fn in (("cute", lambda: depth_bwd_sm90(do, q, o, lse, kd, vd, scale, a.G, n, **kw)),
                      ("triton", lambda: depth_bwd(do, q, o, lse, kd, vd, scale, a.G, n))):
         fn()
         torch.cuda.synchronize()
@@ -179,11 +179,10 @@ def main() -> int:
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--L", type=int, default=64)
     ap.add_argument("--programs", default="24,12,48,132")
-    ap.add_argument("--warps", default="8")
-    ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--configs", default="8x2x32k",
-                    help="--check, --rates: the CuTe kernel's warps x stages x depth keys a step, 'k' at the end "
-                         "to hold a unit's q and do operands in registers, ','-separated")
+                    help="the CuTe kernel's warps x stages x depth keys a step, then 'k' to hold a unit's q and do "
+                         "operands in registers, 'n' for no TMA store of dK / dV; ','-separated (--check, --rates; "
+                         "--ncu takes the first)")
     ap.add_argument("--max-time", type=float, default=3.0)
     ap.add_argument("--out", default="")
     ap.add_argument("--verbose", action="store_true")

@@ -85,7 +85,7 @@
 #   cute-bwd-tests  GPU tests of the CuTe depth backward (tests/test_depth_bwd_sm90.py)
 #   depth-bwd-ab  the CuTe depth backward against fp64 at odd shapes, then alone beside Triton's kernel at
 #               G=8/L=64, G=2, G=16, L=256 (T=16384, DBWD_PROGRAMS programs, default 24), in the configurations
-#               DBWD_CONFIGS (warps x stages x keys a step, k: q/do held; default 8x2x32k,8x2x32)
+#               DBWD_CONFIGS (warps x stages x keys a step, k: q/do held, n: no TMA store; default 8x2x32k,8x2x32)
 #   fused-mask-ab  the fused forward (spread, offset) against fp64, then its row-wise mask against the
 #               score-by-score one ("cellmask") at FUSED_T (default 16384,4096,32768), graph timer; other
 #               variants by FUSED_VARIANTS (tile x stages:placement:lead:probe, e.g. 32x1:spread:0:cuteaddr)

@@ -491,6 +491,7 @@ _COMPILED: dict = {}
 def _compiled(args, scale: float, programs: int, G: int, L: int, warps: int, stages: int, depth_grad: bool,
               step_keys: int = STEP_KEYS, keep_rows: bool = True, tma_store: bool = True):
     q = args[0]
+    tma_store = tma_store and depth_grad  # nothing to store without depth_grad: one kernel either way
     key = (q.dtype, q.shape[3], G, L, warps, stages, depth_grad, step_keys, keep_rows, tma_store)
     if key not in _COMPILED:
         dtype = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[q.dtype]
