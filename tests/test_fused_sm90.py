@@ -86,7 +86,8 @@ def _cute_importable():
 
 COMPILE = [(8, 64, 64, "offset"), (8, 64, 64, "first"), (1, 3, 64, "offset"), (16, 1, 64, "offset"),
            (2, 256, 64, "first"), (8, 64, 128, "offset"), (8, 64, 64, "spread"), (1, 3, 64, "spread"),
-           (32, 7, 64, "spread"), (4, 32, 64, "spread"), (16, 64, 64, "spread")]
+           (32, 7, 64, "spread"), (4, 32, 64, "spread"), (16, 64, 64, "spread"), (8, 48, 64, "spread"),
+           (8, 256, 64, "spread")]
 
 
 @pytest.mark.slow
@@ -124,6 +125,29 @@ def test_kernel_refuses_what_it_cannot_tile():
         MoDAForwardSm90(cutlass.BFloat16, 64, 8, 4, probe="qk1")
 
 
+def test_paired_warp_steps_where_two_positions_share_a_warp():
+    """G=8 puts two positions in a warp's 16 rows: steps of 16 keys of each where L is a multiple of
+    16 with the hand-addressed operands; elsewhere (other G, L, d, probes) one position a step."""
+    if _cute_importable() is not None:
+        pytest.skip("CuTe DSL not importable")
+    import cutlass
+    from moda_bench.ops.moda.fused_sm90 import MoDAForwardSm90
+
+    def kern(G, L, d=64, placement="spread", probe=""):
+        return MoDAForwardSm90(cutlass.BFloat16, d, G, L, depth_tile=32 if placement == "spread" else 64,
+                               depth_stages=1, placement=placement, probe=probe)
+    for G, L in ((8, 64), (8, 256), (8, 48), (8, 16)):
+        k = kern(G, L)
+        assert k.paired() and k.step_keys() == 16 and k.depth_box() == (16, 2)
+        assert k.depth_steps == L // 16  # two positions' L keys, 32 a step
+    for G, L, d, placement, probe in ((8, 1, 64, "spread", ""), (8, 40, 64, "spread", ""), (4, 64, 64, "spread", ""),
+                                      (16, 64, 64, "spread", ""), (2, 64, 64, "spread", ""),
+                                      (8, 64, 64, "offset", ""), (8, 64, 64, "spread", "unpaired"),
+                                      (8, 64, 64, "spread", "cuteaddr"), (8, 64, 64, "spread", "cellmask")):
+        k = kern(G, L, d, placement, probe)
+        assert not k.paired() and k.depth_box() == (k.depth_tile, 1) and k.step_keys() == k.depth_tile
+
+
 def test_default_placement_tile_and_stages():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
@@ -145,7 +169,7 @@ def _gpu_reason():
 
 needs_fused = pytest.mark.skipif(_gpu_reason() is not None, reason=f"fused forward unavailable: {_gpu_reason()}")
 GPU_GRID = [(1000, 8, 64, 64), (2047, 1, 1, 64), (777, 2, 256, 64), (1001, 16, 64, 64), (999, 8, 1, 128),
-            (517, 2, 64, 128)]
+            (517, 2, 64, 128), (1003, 8, 48, 64)]
 
 
 def _fused(q, k, v, kd, vd, depth_grad=True, **kw):

@@ -130,6 +130,8 @@ def main() -> int:
     ap.add_argument("--kernels", default="persist", help="depth kernels timed alone: persist, rowblock")
     ap.add_argument("--alone-variants", default="", help="';'-separated config changes for the kernels alone")
     ap.add_argument("--timer", default="eager")
+    ap.add_argument("--depth-grad", choices=("on", "off"), default="on",
+                    help="off: the depth K/V detached (no depth gradients computed or written)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="time every (T, pass) this many times in this process, the inputs allocated anew each "
                          "time behind a pad of 512 MiB x repeat index (where the depth tensors land in memory)")
@@ -153,6 +155,9 @@ def main() -> int:
         pad = torch.empty(rep * 2**29, dtype=torch.uint8, device=dev) if rep else None  # noqa: F841 - held
         for pass_ in a.passes.split(","):
             ins = make_inputs(1, T, shape.Hq, a.Hk, 64, a.L, requires_grad=pass_ != "fwd")
+            dg = a.depth_grad == "on"
+            if not dg:
+                ins = dict(ins, k_depth=ins["k_depth"].detach(), v_depth=ins["v_depth"].detach())
             ins0 = dict(ins, k_depth=None, v_depth=None)
             fns, cfgs, grads = {}, {}, {}
             if seq == "fa4":
@@ -168,7 +173,7 @@ def main() -> int:
                 cfgs[name] = cfg
                 if seq == "fa4":
                     fns[name] = make_pass_fn((lambda c: lambda: moda_fa4(ins["q"], ins["k"], ins["v"], ins["k_depth"],
-                                                                         ins["v_depth"], config=c))(cfg), ins, pass_)
+                                                                         ins["v_depth"], config=c, depth_grad=dg))(cfg), ins, pass_)
                     grads[name] = grad_inputs(ins) if pass_ != "fwd" else None
                 else:
                     side, main_fn = depth_launches(ins, shape, cfg, pass_), fns["cudnn"]

@@ -171,6 +171,12 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                                                       (self.depth_tile, self.tile_hdim), n_depth_bufs)
         self.sVd_layout = sm90_utils.make_smem_layout(mVd.element_type, LayoutEnum.ROW_MAJOR,
                                                       (self.depth_tile, self.tile_hdimv), n_depth_bufs)
+        # the TMA boxes: a unit's block, or ("paired") each of its two positions' halves of it
+        # (the same bytes: a 16-row half is two whole swizzle periods)
+        box_rows, halves = self.depth_box()
+        sKd_tma_layout, sVd_tma_layout = [
+            sm90_utils.make_smem_layout(mX.element_type, LayoutEnum.ROW_MAJOR, (box_rows, hd), n_depth_bufs * halves)
+            for mX, hd in ((mKd, self.tile_hdim), (mVd, self.tile_hdimv))]
         self.sP_layout = None
         Storage = self._storage_cls()
 
@@ -195,8 +201,8 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         atoms = [cpasync.make_tiled_tma_atom(g2s, mX, cute.select(layout, mode=[0, 1]), tile, 1)
                  for mX, layout, tile in [(mK, self.sK_layout, (self.tile_n, self.tile_hdim)),
                                           (mV, self.sV_layout, (self.tile_n, self.tile_hdimv)),
-                                          (mKd, self.sKd_layout, (self.depth_tile, self.tile_hdim)),
-                                          (mVd, self.sVd_layout, (self.depth_tile, self.tile_hdimv))]]
+                                          (mKd, sKd_tma_layout, (box_rows, self.tile_hdim)),
+                                          (mVd, sVd_tma_layout, (box_rows, self.tile_hdimv))]]
         (tma_atom_K, tma_tensor_K), (tma_atom_V, tma_tensor_V), (tma_atom_Kd, tma_tensor_Kd), \
             (tma_atom_Vd, tma_tensor_Vd) = atoms
 
@@ -213,8 +219,8 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         self.kernel(tma_tensor_Q, tma_tensor_K, tma_tensor_V, tma_tensor_O, mLSE, tma_tensor_Kd,
                     tma_tensor_Vd, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, tma_atom_Kd,
                     tma_atom_Vd, softmax_scale_log2, softmax_scale, self.sQ_layout, self.sK_layout,
-                    self.sV_layout, self.sO_layout, self.sKd_layout, self.sVd_layout,
-                    tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, sched_params,
+                    self.sV_layout, self.sO_layout, self.sKd_layout, self.sVd_layout, sKd_tma_layout,
+                    sVd_tma_layout, tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, sched_params,
                     SingleTileLPTScheduler, Storage,
                     ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream,
                              min_blocks_per_mp=1)
@@ -229,6 +235,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
                sKd_layout: cute.ComposedLayout, sVd_layout: cute.ComposedLayout,
+               sKd_tma_layout: cute.ComposedLayout, sVd_tma_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                tiled_mma_qk_d: cute.TiledMma, tiled_mma_pv_d: cute.TiledMma,
                tile_sched_params, TileScheduler: cutlass.Constexpr, Storage: cutlass.Constexpr):
@@ -272,7 +279,9 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                 self.load_sequence(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                                    pipeline_q, pipeline_k, pipeline_v, block_info, seqlen_cls, sched_cls)
             if warp_idx == 1:
-                self.load_depth(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, pipeline_kd, pipeline_vd, sched_cls)
+                sKd_t = storage.sKd.get_tensor(sKd_tma_layout.outer, swizzle=sKd_tma_layout.inner)
+                sVd_t = storage.sVd.get_tensor(sVd_tma_layout.outer, swizzle=sVd_tma_layout.inner)
+                self.load_depth(mKd, mVd, sKd_t, sVd_t, tma_atom_Kd, tma_atom_Vd, pipeline_kd, pipeline_vd, sched_cls)
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             tidx = cute.arch.thread_idx()[0] - 128
@@ -333,6 +342,7 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         scheduler = sched_cls()
         work = scheduler.initial_work_tile_info()
         n_units = self.depth_units()
+        halves = self.depth_box()[1]
         while work.is_valid_tile:
             m_block, head_idx, batch_idx, _ = work.tile_idx
             copies = self.depth_copies(mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block, head_idx, batch_idx)
@@ -341,29 +351,42 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                     pipe.producer_acquire(state)
                     bar = pipe.producer_get_barrier(state)
                     for u in cutlass.range_constexpr(n_units):
-                        copies[u][kv][0](src_idx=s, dst_idx=state.index * n_units + u, tma_bar_ptr=bar)
+                        for h in cutlass.range_constexpr(halves):
+                            copies[u][h][kv][0](src_idx=s, dst_idx=(state.index * n_units + u) * halves + h,
+                                                tma_bar_ptr=bar)
                     pipe.producer_commit(state)
                 state.advance()
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         pipeline_vd.producer_tail(state)
 
+    def depth_box(self):
+        """(rows, boxes) of a unit's TMA block a step: (depth_tile, 1), or (depth_tile / 2, 2) for
+        paired warp steps (`DepthSteps.paired`: 16 keys of each of the warp's two positions)."""
+        return (self.depth_tile // 2, 2) if self.paired() else (self.depth_tile, 1)
+
     @cute.jit
     def depth_copies(self, mKd, mVd, sKd, sVd, tma_atom_Kd, tma_atom_Vd, m_block, head_idx, batch_idx):
-        """Per depth unit, (K, V) of (TMA copy function, gmem blocks): the unit's depth rows
-        [pos_lo * L, ...) in `depth_tile`-row blocks."""
+        """Per depth unit and box, (K, V) of (TMA copy function, gmem blocks): the unit's depth rows
+        [pos_lo * L, ...) in `depth_tile`-row blocks, or (paired) each of its two positions' rows in
+        half blocks."""
         copies = []
+        rows, halves = self.depth_box()
         for u in cutlass.range_constexpr(self.depth_units()):
             row0 = (m_block * self.tile_m + u * self.unit_rows) // self.qhead_per_kvhead * self.depth_len
             if const_expr(self.probe == "rows0"):
                 row0 = u * self.pos_per_unit * self.depth_len
-            pair = []
-            for m, sm, atom, hd in ((mKd, sKd, tma_atom_Kd, self.tile_hdim), (mVd, sVd, tma_atom_Vd, self.tile_hdimv)):
-                g = cute.local_tile(cute.domain_offset((row0, 0), m[None, None, head_idx, batch_idx]),
-                                    (self.depth_tile, hd), (None, 0))
-                fn, _, g_part = copy_utils.tma_get_copy_fn(atom, 0, cute.make_layout(1), g, sm)
-                pair.append((fn, g_part, atom))
-            copies.append(pair)
+            boxes = []
+            for h in cutlass.range_constexpr(halves):
+                pair = []
+                for m, sm, atom, hd in ((mKd, sKd, tma_atom_Kd, self.tile_hdim),
+                                        (mVd, sVd, tma_atom_Vd, self.tile_hdimv)):
+                    g = cute.local_tile(cute.domain_offset((row0 + h * self.depth_len, 0), m[None, None, head_idx, batch_idx]),
+                                        (rows, hd), (None, 0))
+                    fn, _, g_part = copy_utils.tma_get_copy_fn(atom, 0, cute.make_layout(1), g, sm)
+                    pair.append((fn, g_part, atom))
+                boxes.append(pair)
+            copies.append(boxes)
         return copies
 
     @cute.jit
@@ -371,8 +394,9 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
         """L2 prefetch (TMA) of the tile's depth blocks from `first_step` on, all units, K and V."""
         for s in cutlass.range(first_step, self.depth_steps, unroll=1):
             for u in cutlass.range_constexpr(self.depth_units()):
-                for kv in cutlass.range_constexpr(2):
-                    cute.prefetch(copies[u][kv][2], copies[u][kv][1][None, s])
+                for h in cutlass.range_constexpr(self.depth_box()[1]):
+                    for kv in cutlass.range_constexpr(2):
+                        cute.prefetch(copies[u][h][kv][2], copies[u][h][kv][1][None, s])
 
     @cute.jit
     def mma_moda(self, tiled_mma_qk, tiled_mma_pv, tiled_mma_qk_d, tiled_mma_pv_d, mO, mLSE,

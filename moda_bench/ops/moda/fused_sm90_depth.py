@@ -36,7 +36,7 @@ ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
 PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
-PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr")  # variants (MoDAForwardSm90.__init__)
+PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr", "unpaired")  # variants (MoDAForwardSm90.__init__)
 ROW_BYTES = 128  # a 64-wide bf16 row of the shared tiles: one 128-byte swizzle row (Swizzle<3,4,3> on bytes)
 SWIZZLE_ROWS = 8  # rows of one swizzle period (1024 bytes); offsets by whole periods commute with the swizzle
 ROWS16_BYTES = 2 * SWIZZLE_ROWS * ROW_BYTES  # the next 16 rows of a tile: two whole swizzle periods further
@@ -189,6 +189,23 @@ class DepthSteps:
         64-wide rows (one 128-byte swizzle row each); the probe "cuteaddr" keeps CuTe's copies."""
         return self.tile_hdim == 64 and self.tile_hdimv == 64 and self.probe != "cuteaddr"
 
+    def paired(self) -> bool:
+        """Whether a warp step scores its two positions' keys side by side ("paired"): at G=8 a
+        warp's 16 rows are two positions (rows 0-7 and 8-15) and a 32-key step holds 16 keys of
+        each (buffer rows 0-15 and 16-31, two 16-row TMA boxes). Each product runs twice with the
+        other position's half of its A operand (Q, then P) zeroed, so the 16 x 16 scores are all
+        live: the same mma.sync count as a 32-key step of one position, with no mask and half the
+        softmax, conversion and rescale work a step (an unpaired step masks half its rows).
+        Needs the hand-addressed operands and L a multiple of 16; the probe "unpaired" keeps the
+        one-position steps."""
+        return (self.placement == "spread" and self.raw_operands() and self.qhead_per_kvhead * 2 == WARP_ROWS
+                and self.depth_tile == 32 and self.depth_len % (self.depth_tile // 2) == 0
+                and self.probe not in ("unpaired", "cellmask"))
+
+    def step_keys(self) -> int:
+        """Score columns of a warp step: depth_tile, or 16 (a key of each position) when paired."""
+        return self.depth_tile // 2 if self.paired() else self.depth_tile
+
     @cute.jit
     def lane_rows(self, group, sQ, sKd, sVd, buf):
         """This lane's ldmatrix row addresses (shared-memory bytes, swizzled) of a warp step: the
@@ -238,6 +255,48 @@ class DepthSteps:
             for dpair in cutlass.range_constexpr(self.tile_hdimv // 16):
                 ldsm_into(rV32, 16 * ks + 4 * dpair, (v_addr ^ (dpair * 32)) + ks * ROWS16_BYTES, True)
             cute.gemm(tiled_pv, acc_O, rPA[None, None, ks], rV[None, None, ks], acc_O)
+
+    @cute.jit
+    def warp_qk_paired(self, tiled_qk, q_addr, k_addr, acc):
+        """S = Q_w K_d^T of a paired step (`paired`): rows 0-7 against buffer keys 0-15 (their
+        position's), rows 8-15 against keys 16-31. Each half of the keys is scored against all 16
+        rows into its own accumulator; S takes rows 0-7 of the first and rows 8-15 of the second
+        (the other rows, scores against the other position's keys, are dropped)."""
+        half = self.depth_tile // 2
+        rQ = tiled_qk.make_fragment_A(tiled_qk.partition_shape_A((ROWS_PER_GROUP, self.tile_hdim)))
+        rK = [tiled_qk.make_fragment_B(tiled_qk.partition_shape_B((half, self.tile_hdim))) for _ in range(2)]
+        rQ32 = cute.recast_tensor(rQ, Int32)
+        rK32 = [cute.recast_tensor(x, Int32) for x in rK]
+        acc_b = cute.make_fragment_like(acc)
+        acc_b.fill(0.0)
+        accs = (acc, acc_b)
+        for kk in cutlass.range_constexpr(self.tile_hdim // 16):
+            ldsm_into(rQ32, 4 * kk, q_addr ^ (kk * 32), False)
+            for h in cutlass.range_constexpr(2):
+                ldsm_into(rK32[h], 4 * kk, (k_addr ^ (kk * 32)) + h * ROWS16_BYTES, False)
+                cute.gemm(tiled_qk, accs[h], rQ[None, None, kk], rK[h][None, None, kk], accs[h])
+        a_mn, b_mn = layout_utils.reshape_acc_to_mn(acc), layout_utils.reshape_acc_to_mn(acc_b)
+        for c in cutlass.range_constexpr(cute.size(a_mn, mode=[1])):
+            a_mn[1, c] = b_mn[1, c]  # rows 8-15 (this thread's second row)
+
+    @cute.jit
+    def warp_pv_paired(self, tiled_pv, v_addr, rP, acc_O):
+        """O += P_d V_d of a paired step: P's rows 0-7 against buffer keys 0-15, rows 8-15 against
+        keys 16-31. P's A registers 0 and 2 hold rows 0-7 (of the low and high 8 keys), 1 and 3
+        rows 8-15; each half's product takes P with the other half's registers zeroed."""
+        rV = tiled_pv.make_fragment_B(tiled_pv.partition_shape_B((self.tile_hdimv, self.depth_tile)))
+        rV32 = cute.recast_tensor(rV, Int32)
+        rPA = layout_utils.reshape_acc_to_frgA(rP)
+        rP32 = cute.recast_tensor(rPA, Int32)
+        rPh = [cute.make_fragment_like(rPA) for _ in range(2)]
+        zero = Int32(0)
+        for h in cutlass.range_constexpr(2):
+            h32 = cute.recast_tensor(rPh[h], Int32)
+            for j in cutlass.range_constexpr(4):
+                h32[j] = rP32[j] if j % 2 == h else zero
+            for dpair in cutlass.range_constexpr(self.tile_hdimv // 16):
+                ldsm_into(rV32, 16 * h + 4 * dpair, (v_addr ^ (dpair * 32)) + h * ROWS16_BYTES, True)
+            cute.gemm(tiled_pv, acc_O, rPh[h][None, None, 0], rV[None, None, h], acc_O)
 
     @cute.jit
     def warp_mask(self, acc_S, step, coords, row16=None):
@@ -290,8 +349,9 @@ class DepthSteps:
             coords, row16 = None, None
             if const_expr(self.raw_operands()):  # the operands by hand-addressed ldmatrix
                 q_addr, k_addr, v_addr, row16 = self.lane_rows(*w_args[2:6], buf)
-                qk = partial(self.warp_qk, tiled_qk, q_addr, k_addr)
-                pv = partial(self.warp_pv, tiled_pv, v_addr, acc_O=cute.make_tensor(
+                qk = partial(self.warp_qk_paired if const_expr(self.paired()) else self.warp_qk, tiled_qk, q_addr, k_addr)
+                pv = partial(self.warp_pv_paired if const_expr(self.paired()) else self.warp_pv, tiled_pv, v_addr,
+                             acc_O=cute.make_tensor(
                     acc_O.iterator, cute.make_layout(tiled_pv.partition_shape_C((ROWS_PER_GROUP, self.tile_hdimv)))))
             else:  # CuTe's partitions and copies (probe "cuteaddr", or d < 64)
                 w = self.warp_depth_setup(*w_args)
@@ -302,13 +362,13 @@ class DepthSteps:
                 pv = lambda rP: sm80_helpers.gemm_rs(
                     w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
                     w["sVt"][None, None, None, buf], w["copy_v"])
-            acc_S = cute.make_rmem_tensor(tiled_qk.partition_shape_C((ROWS_PER_GROUP, self.depth_tile)), Float32)
+            acc_S = cute.make_rmem_tensor(tiled_qk.partition_shape_C((ROWS_PER_GROUP, self.step_keys())), Float32)
             acc_S.fill(0.0)
             pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
             if const_expr(self.probe != "noqk"):
                 qk(acc=acc_S)
             pipeline_kd.consumer_release(d_state)
-            if const_expr(self.probe != "nomask"):
+            if const_expr(self.probe != "nomask" and not self.paired()):  # a paired step's scores are all live
                 if const_expr(coords is None and (self.depth_len % self.depth_tile != 0 or self.probe == "cellmask")):
                     coords = self.score_coords(tiled_qk)  # the score-by-score mask needs each score's column
                 self.warp_mask(acc_S, step, coords, row16)
