@@ -43,7 +43,6 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.triton_launch import CachedLaunch
 from moda_bench.ops.moda.config import tma_block_l
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
@@ -265,10 +264,6 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
-# repeated launches skip Triton's binding (issue 21's launch tax; ops/triton_launch.py)
-_DQ_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_kv_kernel)
-
-
 def _meta(warps: int, stages: int, maxnreg: int) -> dict:
     meta = dict(num_warps=warps, num_stages=stages)
     if maxnreg and not interpreting():
@@ -309,12 +304,12 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     if use_desc:
         ensure_allocator()
     prec = dot_precision(q.dtype)
-    _DQ_LAUNCH[(B * Hk, n_m)](
+    _dq_kernel[(B * Hk, n_m)](
         q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk,
         RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl, DEPTH=L > 0,
         DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages,
         **_meta(q_warps, q_stages, q_maxnreg))
-    _KV_LAUNCH[(B * Hk, cdiv(T, kv_block_n))](
+    _kv_kernel[(B * Hk, cdiv(T, kv_block_n))](
         q, k, v, do, lse2, delta, dk, dv, scale * LOG2E, scale, B, T, G, Hk, RP, GP=gp, BM=kv_block_m, BN=kv_block_n,
         D=d, USE_DESC=bool(use_desc), PREC=prec, **_meta(kv_warps, kv_stages, kv_maxnreg))
     return dq, dk, dv, dkd, dvd

@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.triton_launch import CachedLaunch
 from moda_bench.ops.moda.triton_utils import dot_precision, mm, mm_acc
 
 LOG2E = 1.4426950408889634
@@ -295,9 +294,6 @@ def num_sms(device) -> int:
     return 4
 
 
-_FWD_LAUNCH = CachedLaunch(moda_fwd_tma_kernel)  # repeated launches skip Triton's binding (issue 21)
-
-
 def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, block_n: int = 64,
                  num_warps: int = 8, num_stages: int = 3, depth_sub: int = 0, block_l: int = 0,
                  depth_stages: int = 2, use_desc: bool = True, ws: bool = False, persistent: bool = False,
@@ -317,7 +313,7 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     if use_desc:
         ensure_allocator()
     grid = (min(n_tiles, num_sms(q.device)),) if persistent else (n_m, B * Hk)
-    _FWD_LAUNCH[grid](
+    moda_fwd_tma_kernel[grid](
         q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles,
         GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc), WS=bool(ws),
         DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent), PREC=dot_precision(q.dtype),
