@@ -10,7 +10,7 @@ groups at d <= 64, 128 rows on 2 at d = 128, one producer warp group) with depth
   (G must divide 64) whose depth keys are one contiguous row range [pos_lo*L, ...) of k_depth
   viewed (B, T*L, Hk, d); warp 1 of the producer group (idle in FA4) streams them by TMA into
   `depth_stages` stages of their own depth K and depth V pipelines, a stage one `depth_tile`-row
-  block per unit;
+  block per unit (for paired warp steps two half blocks, one of each of the warp's positions);
 * the depth steps (fused_sm90_depth) continue the tile's one online softmax: "spread" (the
   default at d <= 64 up to T=16384) runs a warp step after each chunk of the tile's sequence
   blocks; "offset" (else) runs all block steps as one phase after a tile-dependent sequence block

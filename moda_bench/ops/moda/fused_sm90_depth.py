@@ -5,8 +5,8 @@ keys, in two forms:
 * block steps ("offset", "first"): a group's depth keys in `depth_tile`-row blocks, each scored
   against all 64 rows of the group by FA4's own overlapped wgmma block step, masked
   block-diagonally (at G=8 a product is 7/8 masked), run back to back as one phase of the tile;
-* warp steps ("spread"): each warp's 16 rows against 16 of its own depth keys at a time with
-  mma.sync (m16n8k16; at G=8 half of a product is masked, at G=16 none), interleaved one by one
+* warp steps ("spread"): each warp's 16 rows against `depth_tile` (16 or 32, by default 32) of its
+  own depth keys at a time with mma.sync (m16n8k16), interleaved one by one
   between the tile's sequence blocks, so that the producer streams the depth bytes while the
   sequence blocks compute. A warp step changes nothing of FA4's QK/P.V chain: it runs after a
   block's softmax, rescales O and the pending P of that block when the row maximum grows, and
@@ -14,6 +14,10 @@ keys, in two forms:
   At d = 64 its operands come from ldmatrix at addresses computed in the step from the thread
   index by a few bit operations, the other chunks as XOR constants (`lane_rows`): CuTe's
   partitions cost about 140 integer instructions a step there (probe "cuteaddr" keeps them).
+  At G=8 (two positions a warp) and L a multiple of 16 the steps are "paired" (`paired`): a
+  32-key step holds 16 keys of each position, scored into two accumulators whose own rows are
+  kept, so no score row is masked and the softmax does half the work a step (probe "unpaired"
+  keeps the one-position steps, half of whose rows are masked).
 Both continue the tile's one online softmax; nothing is merged afterwards.
 Also the placement policy: which placement, warp tile and stage count a shape gets by default.
 Imported only where FA4 imports (this module needs cutlass).
