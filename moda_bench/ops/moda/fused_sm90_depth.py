@@ -196,10 +196,11 @@ class DepthSteps:
     def paired(self) -> bool:
         """Whether a warp step scores its two positions' keys side by side ("paired"): at G=8 a
         warp's 16 rows are two positions (rows 0-7 and 8-15) and a 32-key step holds 16 keys of
-        each (buffer rows 0-15 and 16-31, two 16-row TMA boxes). Each product runs twice with the
-        other position's half of its A operand (Q, then P) zeroed, so the 16 x 16 scores are all
-        live: the same mma.sync count as a 32-key step of one position, with no mask and half the
-        softmax, conversion and rescale work a step (an unpaired step masks half its rows).
+        each (buffer rows 0-15 and 16-31, two 16-row TMA boxes). QK scores all 16 rows against each
+        half into its own accumulator and keeps that half's rows; P.V runs once a half with the
+        other half's rows of P zeroed. The 16 x 16 scores are all live: the same mma.sync count as
+        a 32-key step of one position, with no mask and half the softmax and conversion work a step
+        (an unpaired step masks half its rows).
         Needs the hand-addressed operands and L a multiple of 16; the probe "unpaired" keeps the
         one-position steps."""
         return (self.placement == "spread" and self.raw_operands() and self.qhead_per_kvhead * 2 == WARP_ROWS
@@ -353,10 +354,11 @@ class DepthSteps:
             coords, row16 = None, None
             if const_expr(self.raw_operands()):  # the operands by hand-addressed ldmatrix
                 q_addr, k_addr, v_addr, row16 = self.lane_rows(*w_args[2:6], buf)
-                qk = partial(self.warp_qk_paired if const_expr(self.paired()) else self.warp_qk, tiled_qk, q_addr, k_addr)
-                pv = partial(self.warp_pv_paired if const_expr(self.paired()) else self.warp_pv, tiled_pv, v_addr,
-                             acc_O=cute.make_tensor(
-                    acc_O.iterator, cute.make_layout(tiled_pv.partition_shape_C((ROWS_PER_GROUP, self.tile_hdimv)))))
+                paired = const_expr(self.paired())
+                acc_O_w = cute.make_tensor(acc_O.iterator, cute.make_layout(
+                    tiled_pv.partition_shape_C((ROWS_PER_GROUP, self.tile_hdimv))))
+                qk = partial(self.warp_qk_paired if paired else self.warp_qk, tiled_qk, q_addr, k_addr)
+                pv = partial(self.warp_pv_paired if paired else self.warp_pv, tiled_pv, v_addr, acc_O=acc_O_w)
             else:  # CuTe's partitions and copies (probe "cuteaddr", or d < 64)
                 w = self.warp_depth_setup(*w_args)
                 coords = w["coords"]
