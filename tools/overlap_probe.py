@@ -149,13 +149,13 @@ def main() -> int:
     w.writerow(["T", "G", "L", "pass", "name", "config", "median_ms", "p20_ms", "p80_ms", "ratio", "lo", "hi",
                 "stop", "repeat"])
     dev = torch.device("cuda")
+    dg = a.depth_grad == "on"
     for T, rep in ((int(x), r) for x in a.T.split(",") for r in range(a.repeat)):
         shape = MoDAShape(1, T, a.G * a.Hk, a.Hk, 64, a.L)
         base = resolve_config(shape, torch.bfloat16, None, op="moda-fa4")
         pad = torch.empty(rep * 2**29, dtype=torch.uint8, device=dev) if rep else None  # noqa: F841 - held
         for pass_ in a.passes.split(","):
             ins = make_inputs(1, T, shape.Hq, a.Hk, 64, a.L, requires_grad=pass_ != "fwd")
-            dg = a.depth_grad == "on"
             if not dg:
                 ins = dict(ins, k_depth=ins["k_depth"].detach(), v_depth=ins["v_depth"].detach())
             ins0 = dict(ins, k_depth=None, v_depth=None)

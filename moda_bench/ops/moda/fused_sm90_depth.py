@@ -252,14 +252,31 @@ class DepthSteps:
     @cute.jit
     def warp_pv(self, tiled_pv, v_addr, rP, acc_O):
         """O += P_d V_d from hand-addressed transposed ldmatrix loads (B fragment ((2,2),n,k): n-atoms
-        of 8 columns of d, k-steps of 16 keys)."""
+        of 8 columns of d, k-steps of 16 keys). In a paired step (`paired`) P's rows 0-7 go against
+        buffer keys 0-15 and rows 8-15 against keys 16-31: P's A registers 0 and 2 hold rows 0-7 (of
+        the low and high 8 keys), 1 and 3 rows 8-15, and each half's product takes P with the other
+        half's registers zeroed (`paired_halves`)."""
         rV = tiled_pv.make_fragment_B(tiled_pv.partition_shape_B((self.tile_hdimv, self.depth_tile)))
         rV32 = cute.recast_tensor(rV, Int32)
         rPA = layout_utils.reshape_acc_to_frgA(rP)
+        rPk = self.paired_halves(rPA) if const_expr(self.paired()) else [rPA[None, None, ks] for ks in
+                                                                          range(self.depth_tile // 16)]
         for ks in cutlass.range_constexpr(self.depth_tile // 16):
             for dpair in cutlass.range_constexpr(self.tile_hdimv // 16):
                 ldsm_into(rV32, 16 * ks + 4 * dpair, (v_addr ^ (dpair * 32)) + ks * ROWS16_BYTES, True)
-            cute.gemm(tiled_pv, acc_O, rPA[None, None, ks], rV[None, None, ks], acc_O)
+            cute.gemm(tiled_pv, acc_O, rPk[ks], rV[None, None, ks], acc_O)
+
+    @cute.jit
+    def paired_halves(self, rPA):
+        """P's A fragment (one 16-key k-step) as two: rows 0-7 only, then rows 8-15 only."""
+        rP32 = cute.recast_tensor(rPA, Int32)
+        rPh = [cute.make_fragment_like(rPA) for _ in range(2)]
+        zero = Int32(0)
+        for h in cutlass.range_constexpr(2):
+            h32 = cute.recast_tensor(rPh[h], Int32)
+            for j in cutlass.range_constexpr(4):
+                h32[j] = rP32[j] if j % 2 == h else zero
+        return [x[None, None, 0] for x in rPh]
 
     @cute.jit
     def warp_qk_paired(self, tiled_qk, q_addr, k_addr, acc):
@@ -283,25 +300,6 @@ class DepthSteps:
         a_mn, b_mn = layout_utils.reshape_acc_to_mn(acc), layout_utils.reshape_acc_to_mn(acc_b)
         for c in cutlass.range_constexpr(cute.size(a_mn, mode=[1])):
             a_mn[1, c] = b_mn[1, c]  # rows 8-15 (this thread's second row)
-
-    @cute.jit
-    def warp_pv_paired(self, tiled_pv, v_addr, rP, acc_O):
-        """O += P_d V_d of a paired step: P's rows 0-7 against buffer keys 0-15, rows 8-15 against
-        keys 16-31. P's A registers 0 and 2 hold rows 0-7 (of the low and high 8 keys), 1 and 3
-        rows 8-15; each half's product takes P with the other half's registers zeroed."""
-        rV = tiled_pv.make_fragment_B(tiled_pv.partition_shape_B((self.tile_hdimv, self.depth_tile)))
-        rV32 = cute.recast_tensor(rV, Int32)
-        rPA = layout_utils.reshape_acc_to_frgA(rP)
-        rP32 = cute.recast_tensor(rPA, Int32)
-        rPh = [cute.make_fragment_like(rPA) for _ in range(2)]
-        zero = Int32(0)
-        for h in cutlass.range_constexpr(2):
-            h32 = cute.recast_tensor(rPh[h], Int32)
-            for j in cutlass.range_constexpr(4):
-                h32[j] = rP32[j] if j % 2 == h else zero
-            for dpair in cutlass.range_constexpr(self.tile_hdimv // 16):
-                ldsm_into(rV32, 16 * h + 4 * dpair, (v_addr ^ (dpair * 32)) + h * ROWS16_BYTES, True)
-            cute.gemm(tiled_pv, acc_O, rPh[h][None, None, 0], rV[None, None, h], acc_O)
 
     @cute.jit
     def warp_mask(self, acc_S, step, coords, row16=None):
@@ -358,7 +356,7 @@ class DepthSteps:
                 acc_O_w = cute.make_tensor(acc_O.iterator, cute.make_layout(
                     tiled_pv.partition_shape_C((ROWS_PER_GROUP, self.tile_hdimv))))
                 qk = partial(self.warp_qk_paired if paired else self.warp_qk, tiled_qk, q_addr, k_addr)
-                pv = partial(self.warp_pv_paired if paired else self.warp_pv, tiled_pv, v_addr, acc_O=acc_O_w)
+                pv = partial(self.warp_pv, tiled_pv, v_addr, acc_O=acc_O_w)
             else:  # CuTe's partitions and copies (probe "cuteaddr", or d < 64)
                 w = self.warp_depth_setup(*w_args)
                 coords = w["coords"]
