@@ -52,6 +52,50 @@ def test_bwd_tma_gradients_fp32(B, T, G, L, d, cfg):
     check_against_reference(_moda_lse, B, T, G * 2, 2, d, L, torch.float32, seed=T + G + L, config=cfg)
 
 
+# the key-major pass beside the dq pass (bwd_kv_beside=1: its rows' lse2 and delta computed in it)
+BESIDE = [3, 4, 5, 6, 8, 9]
+
+
+@pytest.mark.parametrize("i", BESIDE, ids=[f"T{CASES[i][1]}-G{CASES[i][2]}-L{CASES[i][3]}" for i in BESIDE])
+def test_bwd_tma_kv_beside_fp32(i):
+    B, T, G, L, d, cfg = CASES[i]
+    check_against_reference(_moda_lse, B, T, G * 2, 2, d, L, torch.float32, seed=T + G + L,
+                            config=cfg.replace(bwd_kv_beside=1))
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["descriptors", "pointers"])
+def test_bwd_tma_kv_beside_same_gradients(monkeypatch, aligned):
+    """The key-major pass with its own row statistics gives the gradients of the one that reads
+    the dq pass's (the same arithmetic), with descriptor and with pointer loads; padding rows
+    (G=3) add nothing."""
+    if not aligned:
+        monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+    q, k, v, kd, vd, do = random_inputs(2, 31, 6, 2, 32, 3, torch.float32, seed=6)
+    after = _grads(_bt(bwd_q_block_m=16, bwd_kv_block_m=16, bwd_kv_beside=0), (q, k, v, kd, vd), do)[1]
+    beside = _grads(_bt(bwd_q_block_m=16, bwd_kv_block_m=16, bwd_kv_beside=1), (q, k, v, kd, vd), do)[1]
+    for a, b in zip(after, beside):
+        assert rel_err(a, b) < 1e-6
+
+
+def test_kv_beside_rule():
+    """bwd_kv_beside -1 runs the key-major pass beside the dq pass at L > 0 and G <= KV_BESIDE_MAX_G
+    where its grid has at most KV_BESIDE_MAX_WAVES programs a multiprocessor; 0 and 1 decide alone;
+    other values are refused."""
+    from moda_bench.ops.moda.kernel_bwd_tma import KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES, kv_beside
+    cfg = MoDAConfig(bwd_kv_block_n=64)
+    n = int(KV_BESIDE_MAX_WAVES * 132)
+    T = 64 * (n // 8)
+    G = KV_BESIDE_MAX_G
+    assert kv_beside(cfg, 1, T, 8, G, 64, 132)                  # n // 8 * 8 <= n programs
+    assert not kv_beside(cfg, 1, T, 8, G, 0, 132)               # L = 0: the dq pass is short
+    assert not kv_beside(cfg, 1, T, 8, 2 * G, 64, 132)          # long key-major programs
+    assert not kv_beside(cfg, 1, T + 64 * 2, 8, G, 64, 132)     # more than n
+    assert kv_beside(cfg.replace(bwd_kv_beside=1), 4, 65536, 8, 32, 0, 132)
+    assert not kv_beside(cfg.replace(bwd_kv_beside=0), 1, 64, 1, 1, 64, 132)
+    with pytest.raises(ValueError, match="bwd_kv_beside=2"):
+        moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_kv_beside=2))
+
+
 def test_bwd_tma_bf16_default_tiles():
     """The Hopper default's tiles (64 x 64, 4 warps, 128 depth rows a step) on bf16 inputs."""
     cfg = MoDAConfig(bwd_depth="tma", bwd_block_l=config_mod.tma_block_l(8, 64, rows=128))

@@ -1,26 +1,211 @@
-"""Where the host time of one eager MoDA call goes (issue 21's launch tax): issues N fwd+bwd calls of
-`moda_attention` (and of SDPA's flash backend, the FA2 peer) back to back at a short T, where the
-host is slower than the GPU, and prints the host microseconds per call (issue time over N; the
-GPU time of the same call under a CUDA graph for scale) and a cProfile of the moda calls: the
-functions with the most own time and the most cumulative time.
+"""Where the host time and the GPU time of one eager MoDA call go at a short T (issue 21's launch
+tax): issues N fwd+bwd calls of `moda_attention` (and of SDPA's flash backend, the FA2 peer) back
+to back, where the host is slower than the GPU, and prints the host microseconds per call (issue
+time over N; the GPU time of the same call under a CUDA graph for scale) and a cProfile of the
+moda calls: the functions with the most own time and the most cumulative time.
 
     python3 tools/host_probe.py [--T 1024] [--G 8] [--L 64] [--calls 200] [--top 25]
+    python3 tools/host_probe.py --phases      # host us of each step of a call, no profiler
+    python3 tools/host_probe.py --kernels     # GPU us of each kernel of a fwd+bwd (torch.profiler)
+    python3 tools/host_probe.py --variants 'kv_n=32;q_m=32'   # graph-timed configs beside the default
+    python3 tools/host_probe.py --engine      # autograd's own host cost: a Python node against a C++ one
+    python3 tools/host_probe.py --cpu-trace   # torch.profiler's CPU events of the moda calls
 
-A diagnosis tool (its numbers come from Python's clock and cProfile, not the suite's timing).
+--phases times each piece of a call on its own (input checks, config look-up, allocations, the
+launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch with as many
+arguments) by issuing it N times without a profiler. --variants: ';'-separated configs, each a
+','-separated list of field=value of `MoDAConfig` (short names kv_n, kv_m, q_m, q_n, fwd_m for
+bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd with the
+graph timer. A diagnosis tool (its numbers come from Python's clock, cProfile and torch.profiler,
+not the suite's rows).
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import io
+import math
 import pstats
 import time
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from moda_bench.ops.moda import moda_attention
+from moda_bench.ops.moda.config import check_config, resolve_config
+from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
+from moda_bench.ops.moda.validate import check_inputs
 from moda_bench.timing import make_inputs, time_fn
+
+SHORT = {"kv_n": "bwd_kv_block_n", "kv_m": "bwd_kv_block_m", "q_m": "bwd_q_block_m", "q_n": "bwd_q_block_n",
+         "fwd_m": "block_m", "kv_w": "bwd_kv_warps", "q_w": "bwd_q_warps", "kv_s": "bwd_kv_stages",
+         "q_s": "bwd_q_stages", "fwd_n": "block_n", "fwd_w": "num_warps", "fwd_s": "num_stages"}
+
+
+@triton.jit
+def _bare(X, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19,
+          a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, N: tl.constexpr):
+    tl.store(X + tl.program_id(0), a0 + a29)
+
+
+@triton.jit
+def _bare2(X, a0, N: tl.constexpr):
+    tl.store(X + tl.program_id(0), a0)
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Host microseconds a call of fn, issued `calls` times back to back (the GPU drained first)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return 1e6 * dt / calls
+
+
+def phases(x, leaves, calls: int) -> None:
+    q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))
+    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+    cfg = resolve_config(shape, q.dtype)
+    scale = 1.0 / math.sqrt(shape.d)
+    qd, kk, vv, kdd, vdd = (t.detach() for t in (q, k, v, kd, vd))
+    o, lse = moda_fwd(qd, kk, vv, kdd, vdd, scale, shape, cfg)
+    buf = torch.empty(1024, device="cuda", dtype=torch.float32)
+    holder = {}
+
+    def fwd_graph():
+        for t in leaves:
+            t.grad = None
+        holder["o"] = moda_attention(q, k, v, kd, vd)
+
+    def fwdbwd():
+        for t in leaves:
+            t.grad = None
+        moda_attention(q, k, v, kd, vd).backward(do)
+
+    rows = [
+        ("check_inputs", lambda: check_inputs(q, k, v, kd, vd, need_cuda=True)),
+        ("resolve_config + check_config", lambda: check_config(resolve_config(shape, q.dtype), shape.G)),
+        ("torch.empty_like(q)", lambda: torch.empty_like(q)),
+        ("bare Triton launch, 32 args", lambda: _bare[(1,)](buf, *range(30), N=1)),
+        ("bare Triton launch, 2 args", lambda: _bare2[(1,)](buf, 1, N=1)),
+        ("moda_fwd (launches + allocs)", lambda: moda_fwd(qd, kk, vv, kdd, vdd, scale, shape, cfg)),
+        ("moda_bwd (launches + allocs)", lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg)),
+        ("moda_attention forward (graph kept)", fwd_graph),
+        ("moda_attention fwd + backward", fwdbwd),
+    ]
+    print(f"host us per call ({calls} calls each, no profiler); config: {cfg.fwd_depth}/{cfg.bwd_depth}")
+    for name, fn in rows:
+        print(f"  {name:40s} {per_call_us(fn, calls):8.1f}")
+
+
+class _Same(torch.autograd.Function):
+    """The least a Python autograd node can do: pass the gradient through."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def engine(x, moda, fa2, calls: int) -> None:
+    """Host us a call of a fwd+bwd through a Python autograd node and through a C++ one, with the
+    engine's device threads (PyTorch's default) and without (`set_multithreading_enabled(False)`:
+    every node on the calling thread), and the same for moda and FA2."""
+    a = torch.randn(64, device="cuda", requires_grad=True)
+    g = torch.ones(64, device="cuda")
+
+    def py_node():
+        a.grad = None
+        _Same.apply(a).backward(g)
+
+    def cpp_node():
+        a.grad = None
+        (a * 2).backward(g)
+
+    from moda_bench.health import GpuSampler
+    print(f"host us per call ({calls} calls each)        device threads   calling thread   "
+          "device threads, GPU sampler polling (25 ms)")
+    for name, fn in (("Python node fwd+bwd", py_node), ("C++ node fwd+bwd", cpp_node), ("moda fwd+bwd", moda),
+                     ("fa2 fwd+bwd", fa2)):
+        on = per_call_us(fn, calls)
+        with torch.autograd.set_multithreading_enabled(False):
+            off = per_call_us(fn, calls)
+        with GpuSampler(torch.cuda.current_device(), interval_s=0.025) as s:
+            polled = per_call_us(fn, calls)
+        print(f"  {name:38s} {on:10.1f} {off:16.1f} {polled:16.1f} ({len(s.polls)} polls)")
+
+
+def cpu_trace(fn, reps: int = 20, top: int = 30) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    print(f"--- moda: CPU events of {reps} fwd+bwd calls (us totals over all calls)")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=top, max_name_column_width=70))
+
+
+def kernels(fns: dict, reps: int = 20) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    for name, fn in fns.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        tot = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                t = tot.setdefault(e.name, [0, 0.0])
+                t[0] += 1
+                t[1] += e.device_time if hasattr(e, "device_time") else e.cuda_time
+        print(f"--- {name}: GPU us a fwd+bwd by kernel ({reps} calls)")
+        for k_, (n, us) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
+            print(f"  {us / reps:8.1f} us  x{n // reps:<3d} {k_[:110]}")
+        print(f"  {sum(t[1] for t in tot.values()) / reps:8.1f} us  in all")
+
+
+def variants(x, leaves, spec: str) -> None:
+    q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))
+    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+    base = resolve_config(shape, q.dtype)
+    todo = [("default", base)]
+    for item in filter(None, (s.strip() for s in spec.split(";"))):
+        kw = {}
+        for kv in item.split(","):
+            key, val = kv.split("=")
+            key = SHORT.get(key.strip(), key.strip())
+            cur = getattr(base, key)
+            kw[key] = type(cur)(val) if not isinstance(cur, bool) else val.strip() in ("1", "true", "True")
+        todo.append((item, base.replace(**kw)))
+    print(f"graph-timed fwd+bwd at T={shape.T} (default: fwd {base.fwd_depth} m{base.block_m}; bwd {base.bwd_depth} "
+          f"q {base.bwd_q_block_m}x{base.bwd_q_block_n} kv {base.bwd_kv_block_n}x{base.bwd_kv_block_m})")
+    ref = None
+    for name, cfg in todo:
+        def fn(cfg=cfg):
+            moda_attention(q, k, v, kd, vd, config=cfg).backward(do)
+        try:
+            m = time_fn(fn, timer="graph", grad_to_none=leaves)
+            eager = time_fn(fn, timer="eager", grad_to_none=leaves)
+        except Exception as e:  # a config the kernels refuse: say so, go on
+            print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            continue
+        ref = ref or m.median_ms
+        print(f"  {name:40s} graph {1e3 * m.median_ms:8.1f} us ({m.median_ms / ref:.3f}x)  eager {1e3 * eager.median_ms:8.1f} us")
 
 
 def main() -> None:
@@ -31,6 +216,11 @@ def main() -> None:
     p.add_argument("--L", type=int, default=64)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--phases", action="store_true", help="host us of each step of a call, no profiler")
+    p.add_argument("--kernels", action="store_true", help="GPU us of each kernel of a fwd+bwd")
+    p.add_argument("--engine", action="store_true", help="autograd's own host cost, device threads on and off")
+    p.add_argument("--cpu-trace", action="store_true", help="torch.profiler CPU events of the moda calls")
+    p.add_argument("--variants", default=None, help="';'-separated configs to time with the graph timer")
     a = p.parse_args()
     x = make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
     leaves = [t for k, t in x.items() if k != "do" and t is not None]
@@ -49,6 +239,18 @@ def main() -> None:
                                                is_causal=True, enable_gqa=True)
         o.transpose(1, 2).backward(x["do"])
 
+    if a.phases:
+        phases(x, leaves, a.calls)
+    if a.kernels:
+        kernels({"moda": moda, "fa2": fa2})
+    if a.engine:
+        engine(x, moda, fa2, a.calls)
+    if a.cpu_trace:
+        cpu_trace(moda)
+    if a.variants is not None:
+        variants(x, leaves, a.variants)
+    if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None:
+        return
     for name, fn in (("moda", moda), ("fa2", fa2)):
         for _ in range(5):
             fn()

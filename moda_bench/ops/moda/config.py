@@ -7,19 +7,17 @@ call, in this order:
   1. an explicit `config=`;
   2. the installed config source (a function (shape, dtype) -> MoDAConfig | None;
      `moda_bench.tuning.use()` installs the user's tuning cache as one);
-  3. the configs shipped with the package for this GPU (`tuned/<gpu-slug>.json`, package data
-     written by `moda-bench tune --export-shipped`; keyed by triton major.minor, dtype, d, G, L
-     and the power-of-two bucket of T, read lazily once per GPU; none while the directory holds
-     no file for the GPU);
+  3. the configs shipped for this GPU (`tuned/<gpu-slug>.json`, written by `moda-bench tune
+     --export-shipped`; keyed by triton major.minor, dtype, d, G, L and the power-of-two bucket
+     of T, read lazily once per GPU);
   4. `default_config`, a heuristic.
 Nothing installs a source at import. `set_shipped(False)` (what `tuning.using(False)`, `sweep
 --no-tuned` and $MODA_BENCH_NO_TUNING=1 do) skips step 3: heuristic defaults only.
 
-The answer for a (shape, dtype, device) is computed once and memoised: a call costs a dict
-look-up. The memo is dropped when the source is replaced, when the source's `stamp()` (if it
-has one, as the tuning cache does) changes, or on `reset_shipped()`; a source without `stamp`
-is asked at every call. `check_config` is the kernel's rule for a valid config (successes are
-memoised too).
+The answer for a (shape, dtype, device) is memoised (a dict look-up a call), dropped when the
+source is replaced, when its `stamp()` (the tuning cache has one) changes, or on
+`reset_shipped()`; a source without `stamp` is asked at every call. `check_config` is the
+kernel's rule for a valid config (successes memoised too).
 """
 from __future__ import annotations
 
@@ -101,6 +99,8 @@ class MoDAConfig:
               (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
     fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
     bwd_depth_kernel  "persist" backward's depth kernel: "triton" (kernel_depth) or "cute" (depth_bwd_sm90).
+    bwd_kv_beside  "tma" backward: the key-major pass beside the dq pass on a second stream, not
+              after it: 1 always, 0 never, -1 where its grid is small (`kernel_bwd_tma.kv_beside`).
     """
 
     block_m: int = 64
@@ -137,6 +137,7 @@ class MoDAConfig:
     side_priority: bool = False
     fa4_fused_fwd: bool = False
     bwd_depth_kernel: str = "triton"
+    bwd_kv_beside: int = -1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,14 +172,11 @@ FUSED_DEPTH_MAX_T = 2048
 
 
 def tma_default(shape: MoDAShape, dtype=None) -> bool:
-    """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer current GPU,
-    a Triton with device-side tensor descriptors, d <= 64 and 16-bit inputs (what was measured:
-    H100, T = 16384, G = 8, L = 64, d = 64 bf16: 480 TFLOP/s at L = 0 against 437 for the pointer
-    kernel, docs/FUSED_PROTOTYPES.md; the paper preset's rows G = 2..16 improved by 4-7%), and
-    G <= 16 (G = 32 ran 1.022x FA2 with it against 0.983-0.988 in earlier runs without it), and
-    T > FUSED_DEPTH_MAX_T (at T = 1024 the L = 0 path under the graph timer went from 1.090x to
-    1.141x FA2 with it, and moda eager from 1.843x to 1.903x; results/h100/before-short-t,
-    tma-short-t)."""
+    """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer GPU, a Triton
+    with device-side tensor descriptors, 16-bit inputs, d <= 64 (H100, T = 16384, G = 8, d = 64:
+    480 TFLOP/s at L = 0 against 437 for the pointer kernel; paper rows G = 2..16 4-7% faster),
+    G <= 16 (G = 32: 1.022x FA2 with it, 0.983-0.988 without) and T > FUSED_DEPTH_MAX_T (T = 1024:
+    L = 0 graph 1.090x -> 1.141x FA2 with it, moda eager 1.843x -> 1.903x; results/h100/before-short-t, tma-short-t)."""
     if shape.d > 64 or shape.G > 16 or shape.T <= FUSED_DEPTH_MAX_T:
         return False
     return _descriptor_gpu(dtype)
@@ -333,6 +331,8 @@ def _check(cfg: MoDAConfig, G: int) -> None:
     for name in ("depth_ctas", "bwd_depth_ctas"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
+    if cfg.bwd_kv_beside not in (-1, 0, 1):
+        raise ValueError(f"config bwd_kv_beside={cfg.bwd_kv_beside!r} must be -1 (by grid size), 0 or 1")
     for name in ("bwd_q_maxnreg", "bwd_kv_maxnreg"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 0 or (v and not 24 <= v <= 255):

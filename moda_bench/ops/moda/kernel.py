@@ -61,8 +61,8 @@ from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda
                                             moda_bwd_q_kernel)
 from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
                                             moda_merge_kernel)
-from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
-from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma
+from moda_bench.ops.moda.kernel_bwd_tma import kv_beside, moda_bwd_tma
+from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
 from moda_bench.ops.moda.triton_utils import dot_precision
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
@@ -260,7 +260,9 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             kv_block_n=cfg.bwd_kv_block_n, kv_warps=cfg.bwd_kv_warps, kv_stages=cfg.bwd_kv_stages,
                             kv_maxnreg=cfg.bwd_kv_maxnreg, block_l=cfg.bwd_block_l,
                             depth_stages=cfg.bwd_depth_stages, use_desc=tma_usable(q, k, v, kd, vd, L)
-                            and aligned(o, do), depth_grad=depth_grad)
+                            and aligned(o, do), depth_grad=depth_grad,
+                            beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
+                            if kv_beside(cfg, B, T, Hk, G, L, num_sms(q.device)) else None)
     if cfg.bwd_depth == "tma":  # a caller's delta or a depth-only launch: the pointer passes
         cfg = cfg.replace(bwd_depth=pointer_bwd_depth(T), bwd_block_l=pointer_block_l(L))
     n_rows = B * T * Hq

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.moda.config import tma_block_l
+from moda_bench.ops.moda.config import MoDAConfig, tma_block_l
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
@@ -89,15 +89,35 @@ def keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_
 
 
 @triton.jit
-def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP, qk_scale,
-             GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr,
-             PREC: tl.constexpr):
-    """dk, dv of the key tile += the share of the BM folded rows from position t0."""
+def row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+              USE_DESC: tl.constexpr):
+    """(lse2, delta) of the BM folded rows from position t0: lse*log2(e) (+inf on padding rows and
+    rows past T, so that their probabilities are exactly 0) and rowsum(o*do) in fp32."""
+    r = t0 * GP + tl.arange(0, BM)
+    t = r // GP
+    row_ok = (t < T) & (r % GP < G)
+    lse = tl.load(LSE + ((b * T + t).to(tl.int64) * (G * Hk) + j * G + r % GP), mask=row_ok, other=0.0)
+    lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))
+    o = rows_tile(O, odesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC).to(tl.float32)
+    delta = tl.sum(o * tl.where(row_ok[:, None], do.to(tl.float32), 0.0), 1)
+    return lse2, delta
+
+
+@triton.jit
+def _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
+             qk_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
+             USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr):
+    """dk, dv of the key tile += the share of the BM folded rows from position t0. STATS: the rows'
+    lse2 and delta computed here from lse, o and do (no dq pass before this one), else read from
+    the flat buffers the dq pass wrote."""
     q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
-    lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
-    delta = tl.load(DELTA + bh * RP + r)
+    if STATS:
+        lse2, delta = row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP, BM, D, USE_DESC)
+    else:
+        lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
+        delta = tl.load(DELTA + bh * RP + r)
     pT = tl.math.exp2(mm_acc(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
     if MASK:
         pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
@@ -108,10 +128,11 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, 
 
 
 @triton.jit(do_not_specialize=["B", "T", "G", "Hk"])
-def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk, RP,
+def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk, RP,
                GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr,
-               PREC: tl.constexpr):
-    """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN))."""
+               PREC: tl.constexpr, STATS: tl.constexpr):
+    """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
+    computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass."""
     P: tl.constexpr = BM // GP
     NDIAG: tl.constexpr = (BN + P - 1) // P
     bh = tl.program_id(0)
@@ -120,11 +141,14 @@ def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk
     j = bh % Hk
     qdesc = None
     dodesc = None
+    odesc = None
     kdesc = None
     vdesc = None
     if USE_DESC:
         qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
         dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
+        if STATS:
+            odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
         kdesc = keys_desc(K, B, T, Hk, BN, D)
         vdesc = keys_desc(V, B, T, Hk, BN, D)
     k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
@@ -134,11 +158,11 @@ def _kv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk
     dv = tl.zeros([BN, D], tl.float32)
     diag_end = tl.minimum(n0 + NDIAG * P, T)
     for t0 in range(n0, diag_end, P):  # positions whose rows see only part of the tile
-        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
-                          qk_scale, GP, BM, D, True, USE_DESC, PREC)
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
+                          Hk, RP, qk_scale, GP, BM, D, True, USE_DESC, PREC, STATS)
     for t0 in tl.range(diag_end, T, P):
-        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
-                          qk_scale, GP, BM, D, False, USE_DESC, PREC)
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
+                          Hk, RP, qk_scale, GP, BM, D, False, USE_DESC, PREC, STATS)
     ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
     tl.store(DK + ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=(kn < T)[:, None])
     tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
@@ -271,6 +295,23 @@ def _meta(warps: int, stages: int, maxnreg: int) -> dict:
     return meta
 
 
+# The key-major pass runs beside the dq pass (bwd_kv_beside = -1) where the depth part makes the
+# dq pass long (L > 0), its programs are short (G <= KV_BESIDE_MAX_G) and the key-major grid,
+# B*Hk*cdiv(T, bwd_kv_block_n) programs, is at most KV_BESIDE_MAX_WAVES a multiprocessor. H100,
+# fwd+bwd, graph timer, Hk=8, one process each (results/h100/kv-beside-s16): T=1024 (128 programs
+# of up to 128 steps on 132 SMs) G=8 L=64 370 -> 346 us, G=1 228 -> 211, G=2 230 -> 228, L=256
+# 808 -> 755, but G=16 574 -> 669 and L=0 213 -> 283; T=2048 (256 programs) 830 -> 818 us at
+# L=64, 531 -> 640 at L=0; T=4096 (512) 1.95 -> 2.48 ms.
+KV_BESIDE_MAX_WAVES, KV_BESIDE_MAX_G = 1.0, 8
+
+
+def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int) -> bool:
+    """Whether the "tma" backward runs its key-major pass beside the dq pass (cfg.bwd_kv_beside)."""
+    if cfg.bwd_kv_beside >= 0:
+        return bool(cfg.bwd_kv_beside)
+    return L > 0 and G <= KV_BESIDE_MAX_G and B * Hk * cdiv(T, cfg.bwd_kv_block_n) <= KV_BESIDE_MAX_WAVES * n_sms
+
+
 def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
     """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
     block_l 0: about 128 depth rows a step, `config.tma_block_l`), BL at most next_pow2(L) unless a
@@ -282,10 +323,17 @@ def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
-                 use_desc: bool = True, depth_grad: bool = True):
+                 use_desc: bool = True, depth_grad: bool = True, beside=None):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
-    checks shapes. Row blocks smaller than GP are widened to GP."""
+    checks shapes. Row blocks smaller than GP are widened to GP.
+
+    beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
+    function beside(main, side) instead gets the two launches as callables, to run them
+    concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
+    and delta itself (`row_stats`), main() the dq pass. Where the key-major grid leaves most of
+    the GPU's program slots empty (short T), its long programs then share the SMs with the dq
+    pass instead of running after it."""
     B, T, Hq, d = q.shape
     Hk = k.shape[2]
     L = 0 if kd is None else kd.shape[2]
@@ -304,12 +352,23 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     if use_desc:
         ensure_allocator()
     prec = dot_precision(q.dtype)
-    _dq_kernel[(B * Hk, n_m)](
-        q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk,
-        RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl, DEPTH=L > 0,
-        DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages,
-        **_meta(q_warps, q_stages, q_maxnreg))
-    _kv_kernel[(B * Hk, cdiv(T, kv_block_n))](
-        q, k, v, do, lse2, delta, dk, dv, scale * LOG2E, scale, B, T, G, Hk, RP, GP=gp, BM=kv_block_m, BN=kv_block_n,
-        D=d, USE_DESC=bool(use_desc), PREC=prec, **_meta(kv_warps, kv_stages, kv_maxnreg))
+
+    def dq_pass():
+        _dq_kernel[(B * Hk, n_m)](
+            q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G,
+            Hk, RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl, DEPTH=L > 0,
+            DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages,
+            **_meta(q_warps, q_stages, q_maxnreg))
+
+    def kv_pass(stats: bool):
+        _kv_kernel[(B * Hk, cdiv(T, kv_block_n))](
+            q, k, v, do, o, lse, lse2, delta, dk, dv, scale * LOG2E, scale, B, T, G, Hk, RP, GP=gp, BM=kv_block_m,
+            BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats,
+            **_meta(kv_warps, kv_stages, kv_maxnreg))
+
+    if beside is None:
+        dq_pass()
+        kv_pass(False)
+    else:
+        beside(dq_pass, lambda: kv_pass(True))
     return dq, dk, dv, dkd, dvd
