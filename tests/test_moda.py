@@ -114,6 +114,27 @@ def test_scale_argument():
     assert rel_err(out, ref) < 1e-5
 
 
+def test_lse_gradient_is_not_materialised(monkeypatch):
+    """With return_lse the backward gets None for lse's (non-differentiable) gradient, not a
+    zero-filled tensor, and the gradients equal those of the call without it."""
+    from moda_bench.ops.moda import kernel as kernel_mod
+    seen = []
+    real = kernel_mod._MoDAFunction.backward
+    monkeypatch.setattr(kernel_mod._MoDAFunction, "backward",
+                        staticmethod(lambda ctx, do, dlse: seen.append(dlse) or real(ctx, do, dlse)))
+    q, k, v, kd, vd, do = random_inputs(1, 19, 4, 2, 32, 3, torch.float32, seed=1)
+    grads = []
+    for lse in (False, True):
+        for x in (q, k, v, kd, vd):
+            x.grad = None
+        out = moda_attention(q, k, v, kd, vd, return_lse=lse)
+        (out[0] if lse else out).backward(do)
+        grads.append([x.grad.clone() for x in (q, k, v, kd, vd)])
+    assert seen == [None, None]
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_l0_is_causal_gqa():
     """L = 0 equals SDPA's causal attention with the KV heads repeated."""
     q, k, v, _, _, _ = random_inputs(2, 37, 8, 2, 32, 0, torch.float32)

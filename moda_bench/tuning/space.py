@@ -18,8 +18,8 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           (x bwd_q_maxnreg 0 / 168 when the base's backward is "tma"), timed on the backward
           pass with the forward winner fixed;
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
-          bwd_kv_maxnreg likewise), timed on the backward pass with the fwd and bwd_q winners
-          fixed.
+          bwd_kv_maxnreg likewise, x bwd_kv_beside: the base's, never, always), timed on the
+          backward pass with the fwd and bwd_q winners fixed.
   fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas  moda-overlap's knobs, in that order (by
           default the counts and the backward's kernel, OVERLAP_DEFAULT; the item groups when
           --kernels names them): the items of its streaming depth kernels (rows per item x depth
@@ -87,12 +87,14 @@ ITEM_ROWS = {"fwd_items": (64, 128, 256), "bwd_items": (32, 64, 128)}
 ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)
 ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
+MINUS_OK = ("bwd_kv_beside",)  # -1 means "decided by the shape" (check_config takes -1, 0, 1)
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {
     "fwd": ("block_m", "block_n", "num_warps", "num_stages", "depth_sub", "block_l"),
     "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages", "bwd_q_maxnreg"),
-    "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages", "bwd_kv_maxnreg"),
+    "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages", "bwd_kv_maxnreg",
+               "bwd_kv_beside"),
     # depth groups: placement first, then the fields of the depth-only launch
     "fwd_depth": ("fwd_depth", "depth_block_m", "depth_warps", "depth_after"),
     "bwd_depth": ("bwd_depth", "bwd_depth_block_m", "bwd_depth_warps", "bwd_block_l", "bwd_depth_stages",
@@ -206,7 +208,8 @@ def config_problems(cfg: MoDAConfig, G: int) -> list[str]:
     """
     bad = [f"{f.name}={getattr(cfg, f.name)!r} is not a positive integer" for f in fields(cfg)
            if f.type in (int, "int")
-           and (type(getattr(cfg, f.name)) is not int or getattr(cfg, f.name) < (0 if f.name in ZERO_OK else 1))]
+           and (type(getattr(cfg, f.name)) is not int
+                or getattr(cfg, f.name) < (-1 if f.name in MINUS_OK else 0 if f.name in ZERO_OK else 1))]
     bad += [f"{f.name}={getattr(cfg, f.name)!r} is not a bool" for f in fields(cfg)
             if f.type in (bool, "bool") and type(getattr(cfg, f.name)) is not bool]
     bad += [f"{name}={getattr(cfg, name)} is not 1..16 warps" for name in ("num_warps", "bwd_q_warps", "bwd_kv_warps",
@@ -371,8 +374,11 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
                                            bwd_q_block_m=max(base.bwd_q_block_m, m)))
     elif kernel in ("bwd_q", "bwd_kv"):
         names = KERNEL_FIELDS[kernel]
-        regs = MAXNREG if base.bwd_depth == "tma" else (getattr(base, names[4]),)
-        for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs):
+        tma = base.bwd_depth == "tma"
+        regs = MAXNREG if tma else (getattr(base, names[4]),)
+        beside = tuple(dict.fromkeys((base.bwd_kv_beside, 0, 1))) if tma else (base.bwd_kv_beside,)
+        for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
+                                      *([beside] if kernel == "bwd_kv" else [])):
             out.append(base.replace(**dict(zip(names, vals))))
     else:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

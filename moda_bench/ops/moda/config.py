@@ -332,7 +332,7 @@ def _check(cfg: MoDAConfig, G: int) -> None:
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
     if cfg.bwd_kv_beside not in (-1, 0, 1):
-        raise ValueError(f"config bwd_kv_beside={cfg.bwd_kv_beside!r} must be -1 (by grid size), 0 or 1")
+        raise ValueError(f"config bwd_kv_beside={cfg.bwd_kv_beside!r} must be -1 (by shape), 0 or 1")
     for name in ("bwd_q_maxnreg", "bwd_kv_maxnreg"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 0 or (v and not 24 <= v <= 255):

@@ -389,10 +389,13 @@ class MoDAFA4Function(torch.autograd.Function):
         ctx.scale, ctx.shape, ctx.cfg, ctx.backend = scale, shape, cfg, backend
         ctx.depth_grad = depth_grad
         ctx.mark_non_differentiable(lse_th)
+        ctx.set_materialize_grads(False)  # no zero-filled tensor for lse's gradient at every backward
         return o, lse_th
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if do is None:  # only lse (not differentiable) reached the loss
+            return (None,) * 10
         q, k, v, kd, vd, o, lse_ht, lse_th = ctx.saved_tensors
         grads = _backward(do.contiguous(), q, k, v, kd, vd, o, lse_ht, lse_th, ctx.scale, ctx.shape, ctx.cfg,
                           ctx.backend, wants_depth_grad(ctx, ctx.depth_grad))

@@ -358,10 +358,13 @@ class _MoDAFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, kd, vd, o, lse)
         ctx.scale, ctx.shape, ctx.cfg, ctx.depth_grad = scale, shape, cfg, depth_grad
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zero-filled tensor for lse's gradient at every backward
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if do is None:  # only lse (not differentiable) reached the loss
+            return (None,) * 9
         q, k, v, kd, vd, o, lse = ctx.saved_tensors
         dq, dk, dv, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, ctx.scale, ctx.shape, ctx.cfg,
                                         depth_grad=wants_depth_grad(ctx, ctx.depth_grad))
