@@ -78,22 +78,63 @@ def test_bwd_tma_kv_beside_same_gradients(monkeypatch, aligned):
 
 
 def test_kv_beside_rule():
-    """bwd_kv_beside -1 runs the key-major pass beside the dq pass at L > 0 and G <= KV_BESIDE_MAX_G
-    where its grid has at most KV_BESIDE_MAX_WAVES programs a multiprocessor; 0 and 1 decide alone;
+    """bwd_kv_beside -1 runs the key-major pass beside the dq pass under a CUDA graph capture, at
+    L > 0 and G <= KV_BESIDE_MAX_G, where its grid has at most KV_BESIDE_MAX_WAVES programs a
+    multiprocessor (eager calls there are host-bound: they keep the order); 0 and 1 decide alone;
     other values are refused."""
     from moda_bench.ops.moda.kernel_bwd_tma import KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES, kv_beside
     cfg = MoDAConfig(bwd_kv_block_n=64)
     n = int(KV_BESIDE_MAX_WAVES * 132)
     T = 64 * (n // 8)
     G = KV_BESIDE_MAX_G
-    assert kv_beside(cfg, 1, T, 8, G, 64, 132)                  # n // 8 * 8 <= n programs
-    assert not kv_beside(cfg, 1, T, 8, G, 0, 132)               # L = 0: the dq pass is short
-    assert not kv_beside(cfg, 1, T, 8, 2 * G, 64, 132)          # long key-major programs
-    assert not kv_beside(cfg, 1, T + 64 * 2, 8, G, 64, 132)     # more than n
+    assert kv_beside(cfg, 1, T, 8, G, 64, 132, capturing=True)           # n // 8 * 8 <= n programs
+    assert not kv_beside(cfg, 1, T, 8, G, 64, 132, capturing=False)      # eager: host-bound there
+    assert not kv_beside(cfg, 1, T, 8, G, 64, 132)                       # no capture running here
+    assert not kv_beside(cfg, 1, T, 8, G, 0, 132, capturing=True)        # L = 0: the dq pass is short
+    assert not kv_beside(cfg, 1, T, 8, 2 * G, 64, 132, capturing=True)   # long key-major programs
+    assert not kv_beside(cfg, 1, T + 64 * 2, 8, G, 64, 132, capturing=True)  # more than n
     assert kv_beside(cfg.replace(bwd_kv_beside=1), 4, 65536, 8, 32, 0, 132)
-    assert not kv_beside(cfg.replace(bwd_kv_beside=0), 1, 64, 1, 1, 64, 132)
+    assert not kv_beside(cfg.replace(bwd_kv_beside=0), 1, 64, 1, 1, 64, 132, capturing=True)
     with pytest.raises(ValueError, match="bwd_kv_beside=2"):
         moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_kv_beside=2))
+
+
+@pytest.mark.gpu
+def test_gpu_kv_beside_under_graph_capture(monkeypatch):
+    """T=1000, G=8, L=64: an eager fwd+bwd keeps the key-major pass after the dq pass, the same
+    call captured into a CUDA graph runs it beside (its default there); the replayed gradients
+    equal the eager ones to bf16 rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    seen = []
+    real = kernel_mod.moda_bwd_tma
+    monkeypatch.setattr(kernel_mod, "moda_bwd_tma",
+                        lambda *a, **k: seen.append(k["beside"] is not None) or real(*a, **k))
+    ins = list(random_inputs(1, 1000, 64, 8, 64, 64, torch.bfloat16, seed=7))
+    do = ins.pop()
+
+    def step():
+        for x in ins:
+            x.grad = None
+        moda_attention(*ins).backward(do)
+
+    step()
+    eager = [x.grad.clone() for x in ins]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for x in ins:
+        x.grad = None
+    with torch.cuda.graph(graph):
+        moda_attention(*ins).backward(do)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert seen == [False, False, True]
+    for a, x in zip(eager, ins):
+        assert rel_err(x.grad, a) < 1e-2
 
 
 def test_bwd_tma_bf16_default_tiles():

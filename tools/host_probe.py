@@ -7,7 +7,7 @@ moda calls: the functions with the most own time and the most cumulative time.
     python3 tools/host_probe.py [--T 1024] [--G 8] [--L 64] [--calls 200] [--top 25]
     python3 tools/host_probe.py --phases      # host us of each step of a call, no profiler
     python3 tools/host_probe.py --kernels     # GPU us of each kernel of a fwd+bwd (torch.profiler)
-    python3 tools/host_probe.py --variants 'kv_n=32;q_m=32'   # graph-timed configs beside the default
+    python3 tools/host_probe.py --variants 'kv_n=32;q_m=32'   # configs against the default, interleaved
     python3 tools/host_probe.py --engine      # autograd's own host cost: a Python node against a C++ one
     python3 tools/host_probe.py --cpu-trace   # torch.profiler's CPU events of the moda calls
 
@@ -15,9 +15,10 @@ moda calls: the functions with the most own time and the most cumulative time.
 launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch with as many
 arguments) by issuing it N times without a profiler. --variants: ';'-separated configs, each a
 ','-separated list of field=value of `MoDAConfig` (short names kv_n, kv_m, q_m, q_n, fwd_m for
-bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd with the
-graph timer. A diagnosis tool (its numbers come from Python's clock, cProfile and torch.profiler,
-not the suite's rows).
+bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd in
+interleaved rounds against the default, with the graph timer and then the eager one (the
+suite's timing: ratios with 95% intervals). A diagnosis tool: its other numbers come from
+Python's clock, cProfile and torch.profiler, and none of it writes the suite's rows.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from moda_bench.ops.moda import moda_attention
 from moda_bench.ops.moda.config import check_config, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
 from moda_bench.ops.moda.validate import check_inputs
-from moda_bench.timing import make_inputs, time_fn
+from moda_bench.timing import RoundRule, make_inputs, time_fn, time_interleaved
 
 SHORT = {"kv_n": "bwd_kv_block_n", "kv_m": "bwd_kv_block_m", "q_m": "bwd_q_block_m", "q_n": "bwd_q_block_n",
          "fwd_m": "block_m", "kv_w": "bwd_kv_warps", "q_w": "bwd_q_warps", "kv_s": "bwd_kv_stages",
@@ -96,6 +97,10 @@ def phases(x, leaves, calls: int) -> None:
         ("bare Triton launch, 2 args", lambda: _bare2[(1,)](buf, 1, N=1)),
         ("moda_fwd (launches + allocs)", lambda: moda_fwd(qd, kk, vv, kdd, vdd, scale, shape, cfg)),
         ("moda_bwd (launches + allocs)", lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg)),
+        ("moda_bwd, key-major pass after the dq pass",
+         lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg.replace(bwd_kv_beside=0))),
+        ("moda_bwd, key-major pass beside it",
+         lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg.replace(bwd_kv_beside=1))),
         ("moda_attention forward (graph kept)", fwd_graph),
         ("moda_attention fwd + backward", fwdbwd),
     ]
@@ -179,7 +184,7 @@ def kernels(fns: dict, reps: int = 20) -> None:
         print(f"  {sum(t[1] for t in tot.values()) / reps:8.1f} us  in all")
 
 
-def variants(x, leaves, spec: str) -> None:
+def variants(x, leaves, spec: str, max_time: float = 3.0) -> None:
     q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))
     shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
     base = resolve_config(shape, q.dtype)
@@ -192,20 +197,26 @@ def variants(x, leaves, spec: str) -> None:
             cur = getattr(base, key)
             kw[key] = type(cur)(val) if not isinstance(cur, bool) else val.strip() in ("1", "true", "True")
         todo.append((item, base.replace(**kw)))
-    print(f"graph-timed fwd+bwd at T={shape.T} (default: fwd {base.fwd_depth} m{base.block_m}; bwd {base.bwd_depth} "
-          f"q {base.bwd_q_block_m}x{base.bwd_q_block_n} kv {base.bwd_kv_block_n}x{base.bwd_kv_block_m})")
-    ref = None
+    print(f"fwd+bwd at T={shape.T}, G={shape.G}, L={shape.L}, each timer's variants interleaved in one run "
+          f"(default: fwd {base.fwd_depth} m{base.block_m}; bwd {base.bwd_depth} q {base.bwd_q_block_m}x"
+          f"{base.bwd_q_block_n} kv {base.bwd_kv_block_n}x{base.bwd_kv_block_m})")
+    fns = {}
     for name, cfg in todo:
         def fn(cfg=cfg):
             moda_attention(q, k, v, kd, vd, config=cfg).backward(do)
         try:
-            m = time_fn(fn, timer="graph", grad_to_none=leaves)
-            eager = time_fn(fn, timer="eager", grad_to_none=leaves)
+            fn()
         except Exception as e:  # a config the kernels refuse: say so, go on
             print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue
-        ref = ref or m.median_ms
-        print(f"  {name:40s} graph {1e3 * m.median_ms:8.1f} us ({m.median_ms / ref:.3f}x)  eager {1e3 * eager.median_ms:8.1f} us")
+        fns[name] = fn
+    for timer in ("graph", "eager"):
+        res = time_interleaved(fns, baseline="default", timer=timer, grad_to_none={n: leaves for n in fns},
+                               rule=RoundRule(max_time_s=max_time))
+        for name in fns:
+            m = res.measurements[name]
+            r, lo, hi = res.ratios.get(name, (1.0, 1.0, 1.0))
+            print(f"  {timer:5s} {name:40s} {1e3 * m.median_ms:8.1f} us  x default {r:.3f} [{lo:.3f}-{hi:.3f}]")
 
 
 def main() -> None:
@@ -220,7 +231,8 @@ def main() -> None:
     p.add_argument("--kernels", action="store_true", help="GPU us of each kernel of a fwd+bwd")
     p.add_argument("--engine", action="store_true", help="autograd's own host cost, device threads on and off")
     p.add_argument("--cpu-trace", action="store_true", help="torch.profiler CPU events of the moda calls")
-    p.add_argument("--variants", default=None, help="';'-separated configs to time with the graph timer")
+    p.add_argument("--max-time", type=float, default=3.0, help="seconds of interleaved rounds a timer (--variants)")
+    p.add_argument("--variants", default=None, help="';'-separated configs against the default, interleaved")
     a = p.parse_args()
     x = make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
     leaves = [t for k, t in x.items() if k != "do" and t is not None]
@@ -248,7 +260,7 @@ def main() -> None:
     if a.cpu_trace:
         cpu_trace(moda)
     if a.variants is not None:
-        variants(x, leaves, a.variants)
+        variants(x, leaves, a.variants, a.max_time)
     if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None:
         return
     for name, fn in (("moda", moda), ("fa2", fa2)):

@@ -100,7 +100,7 @@ class MoDAConfig:
     fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
     bwd_depth_kernel  "persist" backward's depth kernel: "triton" (kernel_depth) or "cute" (depth_bwd_sm90).
     bwd_kv_beside  "tma" backward: the key-major pass beside the dq pass on a second stream, not
-              after it: 1 always, 0 never, -1 where its grid is small (`kernel_bwd_tma.kv_beside`).
+              after it: 1 always, 0 never, -1 in a graph capture at small grids (`kernel_bwd_tma.kv_beside`).
     """
 
     block_m: int = 64

@@ -295,21 +295,28 @@ def _meta(warps: int, stages: int, maxnreg: int) -> dict:
     return meta
 
 
-# The key-major pass runs beside the dq pass (bwd_kv_beside = -1) where the depth part makes the
-# dq pass long (L > 0), its programs are short (G <= KV_BESIDE_MAX_G) and the key-major grid,
-# B*Hk*cdiv(T, bwd_kv_block_n) programs, is at most KV_BESIDE_MAX_WAVES a multiprocessor. H100,
-# fwd+bwd, graph timer, Hk=8, one process each (results/h100/kv-beside-s16): T=1024 (128 programs
-# of up to 128 steps on 132 SMs) G=8 L=64 370 -> 346 us, G=1 228 -> 211, G=2 230 -> 228, L=256
-# 808 -> 755, but G=16 574 -> 669 and L=0 213 -> 283; T=2048 (256 programs) 830 -> 818 us at
-# L=64, 531 -> 640 at L=0; T=4096 (512) 1.95 -> 2.48 ms.
+# The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
+# where the depth part makes the dq pass long (L > 0), its programs are short (G <= KV_BESIDE_MAX_G)
+# and the key-major grid, B*Hk*cdiv(T, bwd_kv_block_n) programs, is at most KV_BESIDE_MAX_WAVES a
+# multiprocessor. H100, fwd+bwd, Hk=8 (results/h100/kv-beside-s16, kv-beside-ab-s16): T=1024 (128
+# programs of up to 128 steps on 132 SMs) under the graph timer, interleaved, after / beside: G=8
+# L=64 1.048 [1.039-1.057], G=1 1.075, L=256 1.071; but eager, where these calls are host-bound and
+# the second stream's events and switches cost host time, 0.878 [0.863-0.894], 0.875 and 0.976, so
+# eager calls keep the order. Where it stays off under the graph too: G=16 574 -> 669 us, L=0
+# 213 -> 283, T=2048 L=0 531 -> 640 (L=64 830 -> 818), T=4096 1.95 -> 2.48 ms.
 KV_BESIDE_MAX_WAVES, KV_BESIDE_MAX_G = 1.0, 8
 
 
-def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int) -> bool:
-    """Whether the "tma" backward runs its key-major pass beside the dq pass (cfg.bwd_kv_beside)."""
+def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int, capturing=None) -> bool:
+    """Whether the "tma" backward runs its key-major pass beside the dq pass (cfg.bwd_kv_beside).
+    capturing: whether a CUDA graph is being captured (None: ask torch, only where it matters)."""
     if cfg.bwd_kv_beside >= 0:
         return bool(cfg.bwd_kv_beside)
-    return L > 0 and G <= KV_BESIDE_MAX_G and B * Hk * cdiv(T, cfg.bwd_kv_block_n) <= KV_BESIDE_MAX_WAVES * n_sms
+    if not (L > 0 and G <= KV_BESIDE_MAX_G and B * Hk * cdiv(T, cfg.bwd_kv_block_n) <= KV_BESIDE_MAX_WAVES * n_sms):
+        return False
+    if capturing is None:
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return bool(capturing)
 
 
 def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
