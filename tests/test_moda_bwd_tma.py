@@ -77,6 +77,24 @@ def test_bwd_tma_kv_beside_same_gradients(monkeypatch, aligned):
         assert rel_err(a, b) < 1e-6
 
 
+@pytest.mark.parametrize("T,G,L", [(37, 8, 5), (29, 3, 1), (50, 16, 0)])
+def test_bwd_tma_dq_blocks_mixed_same_gradients(T, G, L):
+    """The dq pass's row blocks visited heavy and light alternately (MIX, odd and even block
+    counts) give bitwise the gradients of the heaviest-first order; `dq_mix` picks it at L > 0
+    and T <= DQ_MIX_MAX_T."""
+    from moda_bench.ops.moda.kernel_bwd_tma import DQ_MIX_MAX_T, dq_mix, moda_bwd_tma
+    q, k, v, kd, vd, do = (x.detach() if x is not None else None for x in random_inputs(2, T, 2 * G, 2, 32, L,
+                                                                                         torch.float32, seed=T))
+    shape = MoDAShape(B=2, T=T, Hq=2 * G, Hk=2, d=32, L=L)
+    o, lse = moda_fwd(q, k, v, kd, vd, 32 ** -0.5, shape, _bt())
+    kw = dict(q_block_m=16, q_block_n=16, kv_block_m=16, kv_block_n=16, block_l=16, q_stages=2,
+              kv_stages=2)
+    runs = [moda_bwd_tma(do, q, k, v, kd, vd, o, lse, 32 ** -0.5, G, mix=mix, **kw) for mix in (False, True)]
+    for a, b in zip(*runs):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert dq_mix(DQ_MIX_MAX_T, 1) and not dq_mix(DQ_MIX_MAX_T + 1, 64) and not dq_mix(1024, 0)
+
+
 def test_kv_beside_rule():
     """bwd_kv_beside -1 runs the key-major pass beside the dq pass under a CUDA graph capture, at
     L > 0 and G <= KV_BESIDE_MAX_G, where its grid has at most KV_BESIDE_MAX_WAVES programs a

@@ -230,13 +230,17 @@ def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc
 def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
                n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
-               USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+               USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
     n_m), the last row block first."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
-    t0 = (n_m - 1 - tl.program_id(1)) * P
+    i = tl.program_id(1)
+    if MIX:  # heavy and light blocks alternate: co-resident programs mix sequence math and depth bytes
+        t0 = tl.where(i % 2 == 0, n_m - 1 - i // 2, i // 2) * P
+    else:
+        t0 = (n_m - 1 - i) * P
     b = bh // Hk
     j = bh % Hk
     qdesc = None
@@ -319,6 +323,20 @@ def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: i
     return bool(capturing)
 
 
+# The dq pass visits its row blocks heavy and light alternately (MIX) instead of heaviest first
+# where L > 0 and T <= DQ_MIX_MAX_T: a light block is mostly depth bytes, a heavy one mostly
+# sequence math, and co-resident programs then overlap the two. H100, fwd+bwd, G=8, L=64,
+# interleaved, mixed / heavy-first (results/h100/dq-mix-s16): T=2048 0.970 [0.969-0.971], T=4096
+# 0.960 [0.957-0.962] (G=2 0.991), T=1024 eager 0.970 (graph 1.009); but T=16384 1.020 (L=256
+# 1.028, L=0 0.996): there the heaviest-first order's short last programs matter more.
+DQ_MIX_MAX_T = 4096
+
+
+def dq_mix(T: int, L: int) -> bool:
+    """Whether the dq pass alternates heavy and light row blocks (`_dq_kernel`'s MIX)."""
+    return L > 0 and T <= DQ_MIX_MAX_T
+
+
 def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
     """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
     block_l 0: about 128 depth rows a step, `config.tma_block_l`), BL at most next_pow2(L) unless a
@@ -330,11 +348,12 @@ def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
-                 use_desc: bool = True, depth_grad: bool = True, beside=None):
+                 use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
 
+    mix: the dq pass's row blocks heavy and light alternately, not heaviest first (`dq_mix`).
     beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
     function beside(main, side) instead gets the two launches as callables, to run them
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
@@ -364,7 +383,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
         _dq_kernel[(B * Hk, n_m)](
             q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G,
             Hk, RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl, DEPTH=L > 0,
-            DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages,
+            DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix),
             **_meta(q_warps, q_stages, q_maxnreg))
 
     def kv_pass(stats: bool):
