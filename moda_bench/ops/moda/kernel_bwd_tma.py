@@ -325,11 +325,12 @@ def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: i
 
 # The dq pass visits its row blocks heavy and light alternately (MIX) instead of heaviest first
 # where L > 0 and T <= DQ_MIX_MAX_T: a light block is mostly depth bytes, a heavy one mostly
-# sequence math, and co-resident programs then overlap the two. H100, fwd+bwd, G=8, L=64,
-# interleaved, mixed / heavy-first (results/h100/dq-mix-s16): T=2048 0.970 [0.969-0.971], T=4096
-# 0.960 [0.957-0.962] (G=2 0.991), T=1024 eager 0.970 (graph 1.009); but T=16384 1.020 (L=256
-# 1.028, L=0 0.996): there the heaviest-first order's short last programs matter more.
-DQ_MIX_MAX_T = 4096
+# sequence math, and co-resident programs then overlap the two. H100, fwd+bwd, L=64 unless said,
+# interleaved, mixed / heavy-first (results/h100/dq-mix-s16): G=8 T=2048 0.970 [0.969-0.971],
+# T=4096 0.960 [0.957-0.962], T=8192 0.989 [0.980-0.999]; G=2 T=4096 0.991, T=8192 0.966; G=16
+# T=2048 0.980; L=256 T=4096 0.983; T=1024 eager 0.970 (graph 1.009); but T=16384 1.020 (L=256
+# 1.028, G=2 1.006, L=0 0.996): there the heaviest-first order's short last programs matter more.
+DQ_MIX_MAX_T = 8192
 
 
 def dq_mix(T: int, L: int) -> bool:
