@@ -149,29 +149,28 @@ def engine(x, moda, fa2, calls: int) -> None:
         print(f"  {name:38s} {on:10.1f} {off:16.1f} {polled:16.1f} ({len(s.polls)} polls)")
 
 
-def cpu_trace(fn, reps: int = 20, top: int = 30) -> None:
+def profiled(fn, activity: str, reps: int = 20):
+    """torch.profiler's record of `reps` calls of fn (after three warm-up calls), CPU or CUDA events."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[getattr(ProfilerActivity, activity)]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
+    return prof
+
+
+def cpu_trace(fn, reps: int = 20, top: int = 30) -> None:
+    prof = profiled(fn, "CPU", reps)
     print(f"--- moda: CPU events of {reps} fwd+bwd calls (us totals over all calls)")
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=top, max_name_column_width=70))
 
 
 def kernels(fns: dict, reps: int = 20) -> None:
-    from torch.profiler import ProfilerActivity, profile
     for name, fn in fns.items():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
+        prof = profiled(fn, "CUDA", reps)
         tot = {}
         for e in prof.events():
             if e.device_type.name == "CUDA":

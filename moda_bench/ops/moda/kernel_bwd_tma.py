@@ -15,7 +15,7 @@ Design:
   [1, P, GP, d] box of the (B,T,Hq,d) tensor, so a K/V tile serves the G heads at once. exp2
   with the scale folded in.
 * Query-major pass first (`_dq_kernel`, a program per (BM rows, batch*KV head), the last row
-  blocks first): it computes its rows' lse2 = lse*log2(e) (+inf on padding rows, so that their
+  blocks first, or heavy and light blocks alternately at T <= 8192, `dq_mix`): it computes its rows' lse2 = lse*log2(e) (+inf on padding rows, so that their
   probabilities are exactly 0 everywhere) and delta = rowsum(o*do) and stores them in flat
   (B*Hk, RP) fp32 buffers for the key-major pass (no preprocessing launch; the last block also
   fills the rows after it that the key-major pass's last steps read, so that pass loads them
@@ -29,7 +29,9 @@ Design:
   the heaviest tiles of every head first, then the lighter ones, which balances the causal
   triangle): K/V loaded once, BM rows a step from the tile's first position: cdiv(BN, P) masked
   diagonal steps, then the unmasked loop. Transposed products (qk^T = k q^T, dv += p^T do,
-  dp^T = v do^T, dk += ds^T q), no register transpose of an accumulator.
+  dp^T = v do^T, dk += ds^T q), no register transpose of an accumulator. Inside a CUDA graph
+  capture at small grids (`kv_beside`) it runs beside the query-major pass on a second stream,
+  computing its rows' lse2 and delta itself (`row_stats`).
 * Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's
   choice); 168 at 4 warps lets three programs share an SM (measured on the H100: the dk/dv pass
   at T=16384, G=8, d=64 from 9.8 to 8.7 ms, tools/bwd_tma_triton.py).
@@ -233,7 +235,7 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
                USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
-    n_m), the last row block first."""
+    n_m), the last row block first, or (MIX) the last, the first, the last but one, ..."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
     i = tl.program_id(1)
