@@ -226,7 +226,7 @@ def test_bwd_tma_config_check():
 def test_bwd_tma_default_choice(monkeypatch):
     """The heuristic runs the backward as "tma" only where bwd_tma_default says so (Hopper,
     d <= 64, 16-bit; any T and G), with 64 x 64 tiles at 4 warps and, above T = 4096, 168
-    registers in the key-major pass and, at L > 0, in the query-major pass; off a GPU it keeps the pointer placements."""
+    registers in both passes; off a GPU it keeps the pointer placements."""
     shape = MoDAShape(B=1, T=16384, Hq=64, Hk=8, d=64, L=64)
     monkeypatch.setattr(config_mod, "current_device_index", lambda: -1)
     assert config_mod.default_config(shape, torch.bfloat16).bwd_depth != "tma"  # no CUDA
@@ -241,7 +241,7 @@ def test_bwd_tma_default_choice(monkeypatch):
     assert (cfg.bwd_kv_maxnreg, cfg.bwd_q_maxnreg, cfg.bwd_block_l) == (168, 168, 32)
     config_mod.check_config(cfg, 8)
     l0 = config_mod.default_config(MoDAShape(B=1, T=16384, Hq=64, Hk=8, d=64, L=0), torch.bfloat16)
-    assert l0.bwd_depth == "tma" and (l0.bwd_q_maxnreg, l0.bwd_kv_maxnreg) == (0, 168)
+    assert l0.bwd_depth == "tma" and (l0.bwd_q_maxnreg, l0.bwd_kv_maxnreg) == (168, 168)
     short = config_mod.default_config(MoDAShape(B=1, T=4096, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
     assert short.bwd_depth == "tma" and (short.bwd_q_maxnreg, short.bwd_kv_maxnreg) == (0, 0)
     g32 = config_mod.default_config(MoDAShape(B=1, T=4096, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)

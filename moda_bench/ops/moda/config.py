@@ -219,10 +219,10 @@ TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3
 # 20.4 ms with pointer loads, 23.6 ms with bwd_tma (24.4-25.0 with wider key-major tiles); the
 # gradients are bit-identical. It stays a config field for the tuner and other GPUs.
 BWD_TMA_DEFAULT = False
-# Registers per thread of the "tma" backward's passes at 4 warps by default (d <= 64; the
-# query-major pass only at L > 0). H100, T=16384, G=8, backward alone: L=0 14.8 -> 14.1 ms,
-# L=64 17.0 -> 15.4 ms with both passes at 168 (tools/bwd_tma_triton.py, results/h100/session-logs-5).
-# Only above T = 4096: at T = 4096 the cap cost 7-9% (L=0 1.017 -> 1.111 ms, L=64 1.453 -> 1.552).
+# Registers per thread of the "tma" backward's passes at 4 warps by default (d <= 64). H100, T=16384,
+# G=8, backward alone: L=0 14.8 -> 14.1 ms, L=64 17.0 -> 15.4 ms with both passes at 168 (results/h100/
+# session-logs-5); the L=0 query-major pass (175 registers, two programs an SM) fwd+bwd T=8192 0.976
+# [0.969-0.983], T=16384 0.996 (l0-bwd-ncu-s16). Only above T = 4096: at T = 4096 the cap cost 7-9%.
 BWD_TMA_MAXNREG, BWD_TMA_MAXNREG_MIN_T = 168, 4096
 
 
@@ -269,7 +269,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
         cfg = cfg.replace(bwd_depth="tma", bwd_q_block_m=max(64, gp), bwd_q_block_n=64, bwd_q_warps=4, bwd_q_stages=3,
                           bwd_kv_block_m=max(64, gp), bwd_kv_block_n=64, bwd_kv_warps=4, bwd_kv_stages=3,
                           bwd_block_l=tma_block_l(shape.G, max(64, gp), rows=128), bwd_depth_stages=2,
-                          bwd_kv_maxnreg=reg, bwd_q_maxnreg=reg if shape.L else 0)
+                          bwd_kv_maxnreg=reg, bwd_q_maxnreg=reg)
     return cfg
 
 
