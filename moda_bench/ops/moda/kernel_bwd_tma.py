@@ -269,11 +269,7 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     r = t0 * GP + tl.arange(0, BM)
     t = r // GP
     optr, ok = rows_ptr(b, j, r, T, G, G * Hk, GP, D)
-    row_ok = (t < T) & (r % GP < G)
-    lse = tl.load(LSE + ((b * T + t).to(tl.int64) * (G * Hk) + j * G + r % GP), mask=row_ok, other=0.0)
-    lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))
-    o = tl.load(O + optr, mask=ok, other=0.0).to(tl.float32)
-    delta = tl.sum(o * tl.where(ok, do.to(tl.float32), 0.0), 1)
+    lse2, delta = row_stats(do, O, None, LSE, b, j, t0, T, G, Hk, GP, BM, D, False)  # o by pointers, as dq's store
     tl.store(LSE2 + bh * RP + r, lse2)
     tl.store(DELTA + bh * RP + r, delta)
     if tl.program_id(1) == 0:  # the last block: the TAIL rows after it, read by the key-major pass's last steps
