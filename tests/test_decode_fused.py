@@ -106,13 +106,15 @@ def test_fused_combine_bf16_splits_per_step():
 
 
 def test_fused_combine_counters_and_graphs(monkeypatch):
-    """`_counters`: one buffer per (device, stream, size) for eager calls, reused; the first eager
-    call of a size also makes the buffer captures take ("graph"), so a capture allocates nothing
-    (no fill node in the graph); a capture with no such buffer gets a fresh zeroed one, not cached."""
+    """`counters.arrival_counters` (decode's `_counters` keeps its buffers in `_COUNTERS`): one
+    buffer per (device, stream, size) for eager calls, reused; the first eager call of a size also
+    makes the buffer captures take ("graph"), so a capture allocates nothing (no fill node in the
+    graph); a capture with no such buffer gets a fresh zeroed one, not cached."""
+    import moda_bench.ops.counters as cmod
     import moda_bench.ops.decode.kernel as kmod
     monkeypatch.setattr(kmod, "_COUNTERS", {})
     state = {"stream": 7, "capturing": False}
-    monkeypatch.setattr(kmod, "_stream_state", lambda device: (state["stream"], state["capturing"]))
+    monkeypatch.setattr(cmod, "stream_state", lambda device: (state["stream"], state["capturing"]))
     cpu = torch.device("cpu")
     state["capturing"] = True
     fresh = kmod._counters(cpu, 6)
@@ -128,6 +130,8 @@ def test_fused_combine_counters_and_graphs(monkeypatch):
     g = kmod._counters(cpu, 6)
     assert g is kmod._COUNTERS[("cpu", "graph", 6)] and g is not a and g is not b
     assert len(kmod._COUNTERS) == 3
+    own = {}
+    assert cmod.arrival_counters(own, cpu, 6) is not g and len(kmod._COUNTERS) == 3  # each kernel its own cache
 
 
 def test_fused_combine_one_split_unchanged(monkeypatch):

@@ -656,12 +656,14 @@ def test_tma_backward_tile_groups_try_the_register_cap():
 
 def test_bwd_kv_space_tries_the_key_major_pass_beside_the_dq_pass():
     """With the "tma" backward as base, bwd_kv's space holds the base's bwd_kv_beside (-1: by
-    shape) and both explicit choices, all valid; the pointer passes keep the base's value."""
+    shape) and both explicit choices, the base's bwd_kv_chunk and none, all valid; the pointer
+    passes keep the base's values."""
     sh = shape(G=8, L=64)
     tma = default_config(sh).replace(bwd_depth="tma")
     space = tu.search_space(sh, "bwd_kv", tma)
     assert {c.bwd_kv_beside for c in space} == {-1, 0, 1}
+    assert {c.bwd_kv_chunk for c in space} == {-1, 0}
     assert all(tu.config_problems(c, 8) == [] for c in space)
     ptr = tu.search_space(sh, "bwd_kv", default_config(sh).replace(bwd_depth="fused"))
-    assert {c.bwd_kv_beside for c in ptr} == {-1}
+    assert {c.bwd_kv_beside for c in ptr} == {-1} and {c.bwd_kv_chunk for c in ptr} == {-1}
     assert tu.config_problems(tma.replace(bwd_kv_beside=2), 8) == ["bwd_kv_beside=2 must be -1 (by shape), 0 or 1"]

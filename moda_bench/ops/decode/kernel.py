@@ -40,6 +40,7 @@ import torch
 
 from moda_bench.ops.decode.kernel_split import decode_combine_kernel, decode_split_kernel
 from moda_bench.ops.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
+from moda_bench.ops.counters import arrival_counters
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting
 
@@ -255,40 +256,12 @@ def _descriptors(k, v, block_n: int):
 _COUNTERS: dict = {}  # (device, stream id or "graph", n) -> int32 counters of the fused combine, 0 between calls
 
 
-def _stream_state(device) -> tuple:
-    """(the current stream's id on device, whether it is capturing a CUDA graph); (0, False) off CUDA."""
-    if device.type != "cuda":
-        return 0, False
-    return torch.cuda.current_stream(device).cuda_stream, torch.cuda.is_current_stream_capturing()
-
-
 def _counters(device, n: int):
     """n int32 arrival counters for the fused combine (one per (sequence, KV head, row block)),
-    all 0 on entry. The kernel puts each counter back to 0 (its last-arriving program), so a
-    buffer is reused without a memset: a call allocates nothing once its buffer exists.
-
-    Eager calls: a buffer per (device, current stream, n), made zeroed by the first call. Two
-    calls in flight at once must not share one, hence the stream in the key: calls on one
-    stream run one after another, calls on different streams get different buffers.
-    CUDA graphs: a capture takes the (device, "graph", n) buffer, made zeroed (outside any
-    capture) by the first eager call of that n on any stream, so the usual warm-up before a
-    capture (the graph timer's, on a side stream, while torch.cuda.graph captures on a stream of
-    its own) leaves the graph one kernel and no memset; replays leave it zero. Graphs of one n
-    share it: replay them one after another (one stream), not concurrently; they never share it
-    with an eager call. A capture with no eager call of its n before gets a fresh buffer zeroed
-    inside the graph (a fill node before the kernel, correct at every replay), not cached:
-    a buffer whose zeroing was only captured is 0 only after its graph's first replay."""
-    stream, capturing = _stream_state(device)
-    dev = str(device)
-    if capturing:
-        buf = _COUNTERS.get((dev, "graph", n))
-        return buf if buf is not None else torch.zeros(n, device=device, dtype=torch.int32)
-    buf = _COUNTERS.get((dev, stream, n))
-    if buf is None:
-        buf = _COUNTERS[(dev, stream, n)] = torch.zeros(n, device=device, dtype=torch.int32)
-        if (dev, "graph", n) not in _COUNTERS:
-            _COUNTERS[(dev, "graph", n)] = torch.zeros(n, device=device, dtype=torch.int32)
-    return buf
+    all 0 on entry, from this module's cache (`counters.arrival_counters` says how they are kept
+    per stream and for CUDA graphs). The kernel puts each counter back to 0 (its last-arriving
+    program), so a buffer is reused without a memset."""
+    return arrival_counters(_COUNTERS, device, n)
 
 
 def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShape, cfg: DecodeConfig, S: int):

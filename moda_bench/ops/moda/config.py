@@ -53,11 +53,9 @@ class MoDAConfig:
               16-row tensor-core tile, utilisation -> min(1, G/16)); block_m // GP = one
               dense masked tile over the whole chunk (the paper's group-aware kernel, G/C).
     block_l   depth columns per depth step.
-    depth_stages software-pipelining depth of the (short) depth loop; 1 keeps its tiles
-              out of the pipeline's shared memory, so occupancy stays that of the
-              sequence loop.
-    bwd_*     the same for the backward passes: dq/dkd/dvd pass (q-major) and dk/dv pass
-              (kv-major).
+    depth_stages software-pipelining depth of the (short) depth loop; 1 keeps its tiles out of
+              the pipeline's shared memory, so occupancy stays that of the sequence loop.
+    bwd_*     the same for the backward's dq/dkd/dvd pass (q-major) and dk/dv pass (kv-major).
     fwd_depth where the forward's depth phase runs: "fused" (after the sequence loop, same
               program), "split" (a depth-only launch first; the sequence kernel starts its
               online softmax from that partial), "overlap" (depth-only programs in the
@@ -81,12 +79,9 @@ class MoDAConfig:
               the depth part holds a fixed share of the GPU's slots for the whole pass).
     side_priority  the side stream of "stream" (and moda-fa4's depth launches) at the device's
               highest priority, so its programs are placed before the sequence kernel's.
-    depth_after, bwd_depth_after  "stream" only: launch the depth-only kernel after the
-              sequence kernel instead of before it. The sequence kernel's programs then take
-              their resident slots first and the small depth programs fill what is left on
-              each multiprocessor, so the depth bytes stream while the sequence part computes;
-              launched first, the depth programs fill the multiprocessors and the sequence
-              kernel mostly waits for them.
+    depth_after, bwd_depth_after  "stream" only: the depth-only kernel launched after the
+              sequence kernel, whose programs then take their slots first (the small depth
+              programs fill the rest, so their bytes stream while the sequence part computes).
     depth_block_m, depth_warps  rows and warps of the forward's depth-only program ("split",
               "stream").
     bwd_depth_block_m, bwd_depth_warps, bwd_block_l, bwd_depth_stages  the same for the
@@ -101,6 +96,8 @@ class MoDAConfig:
     bwd_depth_kernel  "persist" backward's depth kernel: "triton" (kernel_depth) or "cute" (depth_bwd_sm90).
     bwd_kv_beside  "tma" backward: the key-major pass beside the dq pass on a second stream, not
               after it: 1 always, 0 never, -1 in a graph capture at small grids (`kernel_bwd_tma.kv_beside`).
+    bwd_kv_chunk  "tma" backward: a key-major program takes at most n key tiles' width of rows (n > 0; a
+              tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_tma.kv_chunk`).
     """
 
     block_m: int = 64
@@ -138,6 +135,7 @@ class MoDAConfig:
     fa4_fused_fwd: bool = False
     bwd_depth_kernel: str = "triton"
     bwd_kv_beside: int = -1
+    bwd_kv_chunk: int = -1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -333,6 +331,8 @@ def _check(cfg: MoDAConfig, G: int) -> None:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
     if cfg.bwd_kv_beside not in (-1, 0, 1):
         raise ValueError(f"config bwd_kv_beside={cfg.bwd_kv_beside!r} must be -1 (by shape), 0 or 1")
+    if not isinstance(cfg.bwd_kv_chunk, int) or cfg.bwd_kv_chunk < -1:
+        raise ValueError(f"config bwd_kv_chunk={cfg.bwd_kv_chunk!r} must be -1 (by the grid), 0 or key tiles")
     for name in ("bwd_q_maxnreg", "bwd_kv_maxnreg"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 0 or (v and not 24 <= v <= 255):

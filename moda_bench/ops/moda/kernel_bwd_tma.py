@@ -44,12 +44,14 @@ import torch
 import triton
 import triton.language as tl
 
+from moda_bench.ops.counters import arrival_counters
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.config import MoDAConfig, tma_block_l
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
+_KV_COUNTERS: dict = {}  # arrival counters of the chunked key-major pass (`counters.arrival_counters`)
 
 
 @triton.jit
@@ -129,18 +131,54 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DE
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["B", "T", "G", "Hk"])
-def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, T, G, Hk, RP,
-               GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr,
-               PREC: tl.constexpr, STATS: tl.constexpr):
+@triton.jit
+def chunk_item(u, NCH, TPC: tl.constexpr):
+    """(tile, chunk, chunks of the tile, item of its first chunk) of key-major item u when each
+    key tile's rows are cut at every CHUNK = TPC key tiles' width of positions: chunk c holds the
+    rows of positions [c*CHUNK, (c+1)*CHUNK), so tile i has chunks i // TPC ... NCH - 1. Items run
+    tile by tile, the heaviest tiles first (group k: TPC tiles of NCH - k chunks each)."""
+    zero = u * 0
+    tile, c, nc, first, base = zero, zero, zero + 1, zero, zero
+    for k in range(0, NCH):
+        per = NCH - k
+        inside = (u >= base) & (u < base + TPC * per)
+        off = u - base
+        tile = tl.where(inside, k * TPC + off // per, tile)
+        c = tl.where(inside, k + off % per, c)
+        nc = tl.where(inside, per, nc)
+        first = tl.where(inside, base + (off // per) * per, first)
+        base += TPC * per
+    return tile, c, nc, first
+
+
+@triton.jit
+def store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D: tl.constexpr):
+    ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
+    tl.store(DK + ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=(kn < T)[:, None])
+    tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
+
+
+@triton.jit(do_not_specialize=["B", "T", "G", "Hk", "NCH", "N_ITEMS", "N_TILES"])
+def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qk_scale, sm_scale, B, T, G, Hk, RP, NCH,
+               N_ITEMS, N_TILES, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+               USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, CHUNK: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
-    computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass."""
+    computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
+    CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
+    of its rows) (`chunk_item`); a tile of several chunks stores each chunk's fp32 dk, dv in WS
+    (B*Hk, N_ITEMS, 2, BN, D) and counts in CNT (B*Hk*N_TILES int32, 0 on entry), and the chunk
+    that arrives last sums them in chunk order (deterministic), stores, and puts its counter back."""
     P: tl.constexpr = BM // GP
     NDIAG: tl.constexpr = (BN + P - 1) // P
     bh = tl.program_id(0)
-    n0 = tl.program_id(1) * BN
+    u = tl.program_id(1)
     b = bh // Hk
     j = bh % Hk
+    if CHUNK == 0:
+        tile, c, nc, first = u, 0, 1, u
+    else:
+        tile, c, nc, first = chunk_item(u, NCH, CHUNK // BN)
+    n0 = tile * BN
     qdesc = None
     dodesc = None
     odesc = None
@@ -159,15 +197,45 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, qk_scale, sm_scale, B, 
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     diag_end = tl.minimum(n0 + NDIAG * P, T)
-    for t0 in range(n0, diag_end, P):  # positions whose rows see only part of the tile
+    if CHUNK == 0:
+        diag_hi = diag_end
+        lo = diag_end
+        hi = T
+    else:  # the tile's first chunk takes the diagonal steps; a step belongs to the chunk of its first row
+        diag_hi = tl.where(u == first, diag_end, n0)
+        lo = diag_end + tl.cdiv(tl.maximum(c * CHUNK - diag_end, 0), P) * P
+        hi = tl.minimum((c + 1) * CHUNK, T)
+    for t0 in range(n0, diag_hi, P):  # positions whose rows see only part of the tile
         dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
                           Hk, RP, qk_scale, GP, BM, D, True, USE_DESC, PREC, STATS)
-    for t0 in tl.range(diag_end, T, P):
+    for t0 in tl.range(lo, hi, P):
         dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
                           Hk, RP, qk_scale, GP, BM, D, False, USE_DESC, PREC, STATS)
-    ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
-    tl.store(DK + ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=(kn < T)[:, None])
-    tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
+    if CHUNK == 0:
+        store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
+    else:
+        if nc == 1:
+            store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
+        else:
+            cell = tl.arange(0, BN)[:, None] * D + tl.arange(0, D)[None, :]
+            slot = (bh.to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
+            tl.store(WS + slot + cell, dk)
+            tl.store(WS + slot + BN * D + cell, dv)
+            # every thread's stores before the barrier, the barrier before thread 0's release: the
+            # program that acquires the last arrival sees all chunks (as decode's fused combine)
+            tl.debug_barrier()
+            cidx = bh * N_TILES + tile
+            arrived = tl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
+            if arrived == nc - 1:
+                tl.debug_barrier()
+                dk = tl.zeros([BN, D], tl.float32)
+                dv = tl.zeros([BN, D], tl.float32)
+                for i in range(0, nc):
+                    s_i = (bh.to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
+                    dk += tl.load(WS + s_i + cell)
+                    dv += tl.load(WS + s_i + BN * D + cell)
+                store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
+                tl.atomic_xchg(CNT + cidx, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -331,6 +399,40 @@ def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: i
 DQ_MIX_MAX_T = 8192
 
 
+# The key-major pass cuts its key tiles' rows into chunks (bwd_kv_chunk = -1) where the heaviest
+# tile's steps, cdiv(T, P), exceed KV_CHUNK_SLACK times a fair share: all tiles' steps over
+# n_sms * KV_CHUNK_SLOTS program slots. A grid of one program a key tile is then as long as its
+# first tile (T=1024, Hk=8: 128 programs of up to 128 steps on 132 SMs, one program an SM).
+KV_CHUNK_SLOTS, KV_CHUNK_SLACK = 2, 1.5
+
+
+def kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> int:
+    """Positions of rows a key-major program takes (`_kv_kernel`'s CHUNK; 0: all of its tile's):
+    cfg.bwd_kv_chunk key tiles' width where >= 0, else the fair share of steps a program slot
+    (KV_CHUNK_SLOTS an SM) where the heaviest tile has more than KV_CHUNK_SLACK times it."""
+    bn = cfg.bwd_kv_block_n
+    if cfg.bwd_kv_chunk >= 0:
+        chunk = cfg.bwd_kv_chunk * bn
+    else:
+        p = max(cfg.bwd_kv_block_m, next_pow2(G)) // next_pow2(G)
+        n_tiles = cdiv(T, bn)
+        steps = B * Hk * (n_tiles * T - bn * n_tiles * (n_tiles - 1) // 2) / p
+        fair = steps / (n_sms * KV_CHUNK_SLOTS)
+        if cdiv(T, p) <= KV_CHUNK_SLACK * fair:
+            return 0
+        chunk = max(bn, int(fair * p) // bn * bn)
+    return chunk if 0 < chunk < T else 0
+
+
+def kv_items(T: int, block_n: int, chunk: int) -> tuple:
+    """(programs per (batch, KV head), chunks NCH) of the key-major grid (`chunk_item`)."""
+    n_tiles = cdiv(T, block_n)
+    if not chunk:
+        return n_tiles, 1
+    tpc, nch = chunk // block_n, cdiv(T, chunk)
+    return tpc * nch * (nch + 1) // 2 - (tpc * nch - n_tiles), nch
+
+
 def dq_mix(T: int, L: int) -> bool:
     """Whether the dq pass alternates heavy and light row blocks (`_dq_kernel`'s MIX)."""
     return L > 0 and T <= DQ_MIX_MAX_T
@@ -347,12 +449,14 @@ def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
-                 use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False):
+                 use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
 
     mix: the dq pass's row blocks heavy and light alternately, not heaviest first (`dq_mix`).
+    kv_chunk: positions of rows a key-major program takes (a multiple of kv_block_n; 0: all of
+    its key tile's; `kv_chunk` picks it), the chunks of a tile summed by the last to finish.
     beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
     function beside(main, side) instead gets the two launches as callables, to run them
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
@@ -385,11 +489,21 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix),
             **_meta(q_warps, q_stages, q_maxnreg))
 
+    if kv_chunk and (kv_chunk % kv_block_n or kv_chunk < 0):
+        raise ValueError(f"kv_chunk={kv_chunk} is not a positive multiple of kv_block_n={kv_block_n}")
+    n_tiles = cdiv(T, kv_block_n)
+    n_items, nch = kv_items(T, kv_block_n, kv_chunk)
+    chunk = kv_chunk if nch > 1 else 0
+
     def kv_pass(stats: bool):
-        _kv_kernel[(B * Hk, cdiv(T, kv_block_n))](
-            q, k, v, do, o, lse, lse2, delta, dk, dv, scale * LOG2E, scale, B, T, G, Hk, RP, GP=gp, BM=kv_block_m,
-            BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats,
-            **_meta(kv_warps, kv_stages, kv_maxnreg))
+        ws, cnt = lse2, lse2  # never read without chunks
+        if chunk:
+            ws = torch.empty((B * Hk * n_items * 2 * kv_block_n * d,), device=q.device, dtype=torch.float32)
+            cnt = arrival_counters(_KV_COUNTERS, q.device, B * Hk * n_tiles)
+        _kv_kernel[(B * Hk, n_items)](
+            q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, scale * LOG2E, scale, B, T, G, Hk, RP, nch, n_items,
+            n_tiles, GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats,
+            CHUNK=chunk, **_meta(kv_warps, kv_stages, kv_maxnreg))
 
     if beside is None:
         dq_pass()

@@ -1,0 +1,158 @@
+"""The key-major pass of the "tma" backward with its key tiles' rows cut into chunks
+(`MoDAConfig.bwd_kv_chunk`, `kernel_bwd_tma.kv_chunk`, `_kv_kernel`'s CHUNK): out, lse and all
+gradients against the fp64 reference at odd T, G in {1, 3, 8, 16}, L in {0, 1, 5}, B = 2, with
+descriptor and pointer loads; the chunked pass against the unchunked one (dq and the depth
+gradients bitwise, dk and dv to fp32 rounding: only the order of the sum changes); repeat calls
+bitwise equal and the arrival counters back at 0; the rule that picks the chunk; the grid's
+item count against a brute-force enumeration. One GPU test: chunked and unchunked agree at T=1000,
+and a CUDA graph replays the chunked pass.
+
+CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: helpers.TOLERANCE
+(||err|| / ||ref||: fp32 1e-4, bf16 2e-2); chunked against unchunked 1e-6 in fp32.
+"""
+import pytest
+import torch
+
+from helpers import check_against_reference, random_inputs, rel_err
+from moda_bench.ops.launch import cdiv
+from moda_bench.ops.moda import MoDAConfig, moda_attention
+from moda_bench.ops.moda import kernel as kernel_mod
+from moda_bench.ops.moda import kernel_bwd_tma as bwd_mod
+from moda_bench.ops.moda.kernel import moda_fwd
+from moda_bench.ops.moda.validate import MoDAShape
+
+
+def _bt(**kw):
+    base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
+                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2)
+    return MoDAConfig(**dict(base, **kw))
+
+
+def _moda_lse(*args, **kw):
+    return moda_attention(*args, return_lse=True, **kw)
+
+
+# (B, T, G, L, config): chunks of 1-3 key tiles (16 keys a tile)
+CASES = [
+    (2, 37, 8, 5, _bt(bwd_kv_chunk=1)),                                        # 3 chunks; the tile of 5 keys
+    (2, 50, 16, 0, _bt(bwd_kv_chunk=2)),                                       # L=0; chunks of 2 tiles
+    (1, 33, 1, 3, _bt(bwd_kv_chunk=1)),                                        # G=1: P=32 rows a step > 16 keys
+    (2, 29, 3, 1, _bt(bwd_q_block_m=16, bwd_kv_block_m=16, bwd_kv_chunk=1)),   # G=3: padding rows; L=1
+]
+
+
+@pytest.mark.parametrize("B,T,G,L,cfg", CASES, ids=[f"T{c[1]}-G{c[2]}-L{c[3]}" for c in CASES])
+def test_kv_chunks_against_reference(B, T, G, L, cfg):
+    check_against_reference(_moda_lse, B, T, G * 2, 2, 32, L, torch.float32, seed=T + G, config=cfg)
+
+
+def _passes(T, G, L, B=2, seed=0):
+    q, k, v, kd, vd, do = (x.detach() if x is not None else None
+                           for x in random_inputs(B, T, 2 * G, 2, 32, L, torch.float32, seed=seed))
+    o, lse = moda_fwd(q, k, v, kd, vd, 32 ** -0.5, MoDAShape(B=B, T=T, Hq=2 * G, Hk=2, d=32, L=L), _bt())
+    kw = dict(q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16, block_l=16, q_stages=2, kv_stages=2)
+    return lambda chunk, **extra: bwd_mod.moda_bwd_tma(do, q, k, v, kd, vd, o, lse, 32 ** -0.5, G, kv_chunk=chunk,
+                                                        **dict(kw, **extra))
+
+
+@pytest.mark.parametrize("T,G,L,chunk", [(37, 8, 5, 16), (45, 2, 0, 32), (40, 16, 1, 48)])
+@pytest.mark.parametrize("aligned", [True, False], ids=["descriptors", "pointers"])
+def test_kv_chunks_match_unchunked(monkeypatch, T, G, L, chunk, aligned):
+    """Chunked = unchunked: dq and the depth gradients bitwise (the dq pass is not touched), dk and
+    dv to fp32 rounding; also with the rows' statistics computed in the key-major pass (beside)."""
+    if not aligned:
+        monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+    run = _passes(T, G, L)
+    ref = run(0)
+    for extra in ({}, {"beside": lambda main, side: (main(), side())}):
+        got = run(chunk, **extra)
+        for name, a, b in zip(("dq", "dk", "dv", "dkd", "dvd"), ref, got):
+            if a is None:
+                assert b is None
+            elif name in ("dk", "dv"):
+                assert rel_err(b, a) < 1e-6, name
+            else:
+                assert torch.equal(a, b), name
+
+
+def test_kv_chunks_repeatable_and_counters_back_at_zero(monkeypatch):
+    monkeypatch.setattr(bwd_mod, "_KV_COUNTERS", {})
+    run = _passes(53, 8, 3, seed=5)
+    first, second = run(16), run(16)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    assert bwd_mod._KV_COUNTERS  # the chunked pass took its counters from the cache
+    assert all(int(buf.abs().sum()) == 0 for buf in bwd_mod._KV_COUNTERS.values())
+
+
+def test_kv_items_enumerate_every_tile_chunk_pair():
+    """kv_items: one program per (key tile, chunk holding some of its rows), chunks of the rows of
+    positions [c*chunk, (c+1)*chunk) from the tile's own chunk on."""
+    for T, bn, chunk in [(37, 16, 16), (37, 16, 32), (1024, 64, 256), (1000, 64, 192), (4099, 64, 1024), (64, 64, 64)]:
+        n_tiles = cdiv(T, bn)
+        pairs = [(i, c) for i in range(n_tiles) for c in range(cdiv(T, chunk)) if c >= (i * bn) // chunk]
+        assert bwd_mod.kv_items(T, bn, chunk) == (len(pairs), cdiv(T, chunk))
+    assert bwd_mod.kv_items(1000, 64, 0) == (16, 1)
+
+
+def test_kv_chunk_rule():
+    """-1 cuts rows where the heaviest key tile's steps exceed KV_CHUNK_SLACK fair shares of the
+    SMs' program slots (short T), into chunks of about a fair share (a multiple of the tile);
+    0 and n >= 1 decide alone; a chunk as long as T is no chunk; negative values are refused."""
+    cfg = MoDAConfig(bwd_kv_block_n=64, bwd_kv_block_m=64)
+    c1024 = bwd_mod.kv_chunk(cfg, 1, 1024, 8, 8, 132)
+    assert 0 < c1024 < 1024 and c1024 % 64 == 0
+    n_tiles = 1024 // 64
+    steps = 8 * sum(cdiv(1024 - 64 * i, 8) for i in range(n_tiles))
+    fair = steps / (132 * bwd_mod.KV_CHUNK_SLOTS)
+    assert abs(c1024 / 8 - fair) <= 64 / 8  # about a fair share of steps
+    assert bwd_mod.kv_chunk(cfg, 1, 16384, 8, 8, 132) == 0     # long T: the tiles balance themselves
+    assert bwd_mod.kv_chunk(cfg, 8, 2048, 8, 8, 132) == 0      # many heads: so do they
+    assert bwd_mod.kv_chunk(cfg.replace(bwd_kv_chunk=0), 1, 1024, 8, 8, 132) == 0
+    assert bwd_mod.kv_chunk(cfg.replace(bwd_kv_chunk=2), 1, 16384, 8, 8, 132) == 128
+    assert bwd_mod.kv_chunk(cfg.replace(bwd_kv_chunk=16), 1, 1024, 8, 8, 132) == 0  # 16 tiles: T itself
+    with pytest.raises(ValueError, match="bwd_kv_chunk=-2"):
+        moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_kv_chunk=-2))
+    with pytest.raises(ValueError, match="kv_chunk=24"):
+        _passes(37, 8, 5)(24)
+
+
+@pytest.mark.gpu
+def test_gpu_kv_chunks(monkeypatch):
+    """T=1000, G=8, L=64, bf16 on the GPU: chunked (the rule's default there) and unchunked
+    gradients agree to bf16 rounding, and a CUDA graph replay of the chunked call gives them too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    chunks = []
+    real = kernel_mod.moda_bwd_tma
+    monkeypatch.setattr(kernel_mod, "moda_bwd_tma", lambda *a, **k: chunks.append(k["kv_chunk"]) or real(*a, **k))
+    ins = list(random_inputs(1, 1000, 64, 8, 64, 64, torch.bfloat16, seed=7))
+    do = ins.pop()
+
+    def step(cfg=None):
+        for x in ins:
+            x.grad = None
+        moda_attention(*ins, config=cfg).backward(do)
+        return [x.grad.clone() for x in ins]
+
+    chunked = step()
+    plain = step(kernel_mod.resolve_config(MoDAShape(B=1, T=1000, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
+                 .replace(bwd_kv_chunk=0))
+    assert chunks[0] > 0 and chunks[1] == 0
+    for a, b in zip(chunked, plain):
+        assert rel_err(a, b) < 1e-2
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for x in ins:
+        x.grad = None
+    with torch.cuda.graph(graph):
+        moda_attention(*ins).backward(do)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, x in zip(chunked, ins):
+        assert rel_err(x.grad, a) < 1e-2
