@@ -97,7 +97,8 @@ def test_kv_items_enumerate_every_tile_chunk_pair():
 
 def test_kv_chunk_rule():
     """-1 cuts rows where the heaviest key tile's steps exceed KV_CHUNK_SLACK fair shares of the
-    SMs' program slots (short T), into chunks of about a fair share (a multiple of the tile);
+    SMs' program slots (short T), into chunks of about a fair share (a multiple of the tile) and
+    at least KV_CHUNK_MIN_STEPS steps;
     0 and n >= 1 decide alone; a chunk as long as T is no chunk; negative values are refused."""
     cfg = MoDAConfig(bwd_kv_block_n=64, bwd_kv_block_m=64)
     c1024 = bwd_mod.kv_chunk(cfg, 1, 1024, 8, 8, 132)
@@ -107,6 +108,8 @@ def test_kv_chunk_rule():
     fair = steps / (132 * bwd_mod.KV_CHUNK_SLOTS)
     assert abs(c1024 / 8 - fair) <= 64 / 8  # about a fair share of steps
     assert bwd_mod.kv_chunk(cfg, 1, 16384, 8, 8, 132) == 0     # long T: the tiles balance themselves
+    assert bwd_mod.kv_chunk(cfg, 1, 1024, 8, 1, 132) == 0      # G=1: 16 steps a tile, under the minimum
+    assert bwd_mod.kv_chunk(cfg, 1, 2048, 8, 1, 132) == 1024   # 32 steps: chunks of the minimum
     assert bwd_mod.kv_chunk(cfg, 8, 2048, 8, 8, 132) == 0      # many heads: so do they
     assert bwd_mod.kv_chunk(cfg.replace(bwd_kv_chunk=0), 1, 1024, 8, 8, 132) == 0
     assert bwd_mod.kv_chunk(cfg.replace(bwd_kv_chunk=2), 1, 16384, 8, 8, 132) == 128

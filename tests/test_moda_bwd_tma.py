@@ -98,10 +98,10 @@ def test_bwd_tma_dq_blocks_mixed_same_gradients(T, G, L):
 def test_kv_beside_rule():
     """bwd_kv_beside -1 runs the key-major pass beside the dq pass under a CUDA graph capture, at
     L > 0 and G <= KV_BESIDE_MAX_G, where its grid has at most KV_BESIDE_MAX_WAVES programs a
-    multiprocessor (eager calls there are host-bound: they keep the order); 0 and 1 decide alone;
-    other values are refused."""
+    multiprocessor, chunks counted (a chunked pass fills the SMs itself: at T=1024 the rule's
+    chunks turn it off); 0 and 1 decide alone; other values are refused."""
     from moda_bench.ops.moda.kernel_bwd_tma import KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES, kv_beside
-    cfg = MoDAConfig(bwd_kv_block_n=64)
+    cfg = MoDAConfig(bwd_kv_block_n=64, bwd_kv_chunk=0)
     n = int(KV_BESIDE_MAX_WAVES * 132)
     T = 64 * (n // 8)
     G = KV_BESIDE_MAX_G
@@ -113,18 +113,22 @@ def test_kv_beside_rule():
     assert not kv_beside(cfg, 1, T + 64 * 2, 8, G, 64, 132, capturing=True)  # more than n
     assert kv_beside(cfg.replace(bwd_kv_beside=1), 4, 65536, 8, 32, 0, 132)
     assert not kv_beside(cfg.replace(bwd_kv_beside=0), 1, 64, 1, 1, 64, 132, capturing=True)
+    assert not kv_beside(cfg.replace(bwd_kv_chunk=-1), 1, T, 8, G, 64, 132, capturing=True)  # chunked
+    assert kv_beside(cfg.replace(bwd_kv_chunk=-1), 1, T, 8, 1, 64, 132, capturing=True)  # G=1: 16-step tiles
     with pytest.raises(ValueError, match="bwd_kv_beside=2"):
         moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_kv_beside=2))
 
 
 @pytest.mark.gpu
 def test_gpu_kv_beside_under_graph_capture(monkeypatch):
-    """T=1000, G=8, L=64: an eager fwd+bwd keeps the key-major pass after the dq pass, the same
-    call captured into a CUDA graph runs it beside (its default there); the replayed gradients
+    """T=1000, G=8, L=64, unchunked: an eager fwd+bwd keeps the key-major pass after the dq pass,
+    the same call captured into a CUDA graph runs it beside (its default there); the replayed gradients
     equal the eager ones to bf16 rounding."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     seen = []
+    cfg = kernel_mod.resolve_config(MoDAShape(B=1, T=1000, Hq=64, Hk=8, d=64, L=64), torch.bfloat16).replace(
+        bwd_kv_chunk=0)  # unchunked: small grid (chunked, it fills the SMs itself and stays after)
     real = kernel_mod.moda_bwd_tma
     monkeypatch.setattr(kernel_mod, "moda_bwd_tma",
                         lambda *a, **k: seen.append(k["beside"] is not None) or real(*a, **k))
@@ -134,7 +138,7 @@ def test_gpu_kv_beside_under_graph_capture(monkeypatch):
     def step():
         for x in ins:
             x.grad = None
-        moda_attention(*ins).backward(do)
+        moda_attention(*ins, config=cfg).backward(do)
 
     step()
     eager = [x.grad.clone() for x in ins]
@@ -147,7 +151,7 @@ def test_gpu_kv_beside_under_graph_capture(monkeypatch):
     for x in ins:
         x.grad = None
     with torch.cuda.graph(graph):
-        moda_attention(*ins).backward(do)
+        moda_attention(*ins, config=cfg).backward(do)
     graph.replay()
     torch.cuda.synchronize()
     assert seen == [False, False, True]

@@ -42,7 +42,8 @@ from moda_bench.timing import RoundRule, make_inputs, time_fn, time_interleaved
 
 SHORT = {"kv_n": "bwd_kv_block_n", "kv_m": "bwd_kv_block_m", "q_m": "bwd_q_block_m", "q_n": "bwd_q_block_n",
          "fwd_m": "block_m", "kv_w": "bwd_kv_warps", "q_w": "bwd_q_warps", "kv_s": "bwd_kv_stages",
-         "q_s": "bwd_q_stages", "fwd_n": "block_n", "fwd_w": "num_warps", "fwd_s": "num_stages"}
+         "q_s": "bwd_q_stages", "fwd_n": "block_n", "fwd_w": "num_warps", "fwd_s": "num_stages",
+         "chunk": "bwd_kv_chunk", "beside": "bwd_kv_beside"}
 
 
 @triton.jit
@@ -101,6 +102,10 @@ def phases(x, leaves, calls: int) -> None:
          lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg.replace(bwd_kv_beside=0))),
         ("moda_bwd, key-major pass beside it",
          lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg.replace(bwd_kv_beside=1))),
+        ("moda_bwd, key-major rows unchunked",
+         lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg.replace(bwd_kv_chunk=0))),
+        ("moda_bwd, key-major rows in 4-tile chunks",
+         lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg.replace(bwd_kv_chunk=4))),
         ("moda_attention forward (graph kept)", fwd_graph),
         ("moda_attention fwd + backward", fwdbwd),
     ]

@@ -379,10 +379,12 @@ KV_BESIDE_MAX_WAVES, KV_BESIDE_MAX_G = 1.0, 8
 
 def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int, capturing=None) -> bool:
     """Whether the "tma" backward runs its key-major pass beside the dq pass (cfg.bwd_kv_beside).
-    capturing: whether a CUDA graph is being captured (None: ask torch, only where it matters)."""
+    capturing: whether a CUDA graph is being captured (None: ask torch, only where it matters).
+    Its grid counts its chunks (`kv_chunk`): a chunked pass fills the SMs itself."""
     if cfg.bwd_kv_beside >= 0:
         return bool(cfg.bwd_kv_beside)
-    if not (L > 0 and G <= KV_BESIDE_MAX_G and B * Hk * cdiv(T, cfg.bwd_kv_block_n) <= KV_BESIDE_MAX_WAVES * n_sms):
+    grid = B * Hk * kv_items(T, cfg.bwd_kv_block_n, kv_chunk(cfg, B, T, Hk, G, n_sms))[0]
+    if not (L > 0 and G <= KV_BESIDE_MAX_G and grid <= KV_BESIDE_MAX_WAVES * n_sms):
         return False
     if capturing is None:
         capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -401,9 +403,16 @@ DQ_MIX_MAX_T = 8192
 
 # The key-major pass cuts its key tiles' rows into chunks (bwd_kv_chunk = -1) where the heaviest
 # tile's steps, cdiv(T, P), exceed KV_CHUNK_SLACK times a fair share: all tiles' steps over
-# n_sms * KV_CHUNK_SLOTS program slots. A grid of one program a key tile is then as long as its
-# first tile (T=1024, Hk=8: 128 programs of up to 128 steps on 132 SMs, one program an SM).
-KV_CHUNK_SLOTS, KV_CHUNK_SLACK = 2, 1.5
+# n_sms * KV_CHUNK_SLOTS program slots; chunks of about that share, at least KV_CHUNK_MIN_STEPS
+# steps (a chunk's fp32 partials and the last one's sum cost about what a few steps do). A grid of
+# one program a key tile is otherwise as long as its first tile (T=1024, Hk=8: 128 programs of up
+# to 128 steps on 132 SMs, one program an SM). H100, fwd+bwd, G=8, L=64 unless said, interleaved,
+# graph timer, chunked / one program a tile (results/h100/kv-chunk-s17): T=2048 0.876 (eager 0.879
+# on one start, 1.017 [0.997-1.037] on another), L=0 T=1024 / 2048 0.808 / 0.816, G=16 T=1024
+# 0.816; T=1024 319.5 us against 343.8 unchunked beside the dq pass and 365.2 after it (the pass
+# alone 118.5 -> 73.2 us); T=4096 (not chunked by the rule) forced chunks 1.017-1.047; G=1 at
+# T=1024 (16 steps a tile) 4-step chunks 1.138: hence the minimum.
+KV_CHUNK_SLOTS, KV_CHUNK_SLACK, KV_CHUNK_MIN_STEPS = 2, 1.5, 16
 
 
 def kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> int:
@@ -420,7 +429,7 @@ def kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> in
         fair = steps / (n_sms * KV_CHUNK_SLOTS)
         if cdiv(T, p) <= KV_CHUNK_SLACK * fair:
             return 0
-        chunk = max(bn, int(fair * p) // bn * bn)
+        chunk = max(cdiv(KV_CHUNK_MIN_STEPS * p, bn) * bn, int(fair * p) // bn * bn)
     return chunk if 0 < chunk < T else 0
 
 
