@@ -214,6 +214,8 @@ def variants(x, leaves, spec: str, max_time: float = 3.0) -> None:
             print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue
         fns[name] = fn
+    for name, fn in fns.items():  # host time alone: calls issued back to back, fewer than the launch queue holds
+        print(f"  host  {name:40s} {per_call_us(fn, 150):8.1f} us a call")
     for timer in ("graph", "eager"):
         res = time_interleaved(fns, baseline="default", timer=timer, grad_to_none={n: leaves for n in fns},
                                rule=RoundRule(max_time_s=max_time))

@@ -1,6 +1,6 @@
 """Arrival counters of one-launch reductions: int32 buffers that are 0 between calls.
 
-Owns `arrival_counters`, shared by the kernels whose programs write partial results and whose
+Owns `arrival_counters` (and `scratch`, the partials' buffer kept the same way), shared by the kernels whose programs write partial results and whose
 last-arriving program of a group sums them (decode's fused combine, the MoDA backward's split
 key-major pass): every program adds 1 to its group's counter after its partial is stored, the one
 that sees the count reach the group's size sums the partials and puts the counter back to 0. So a
@@ -12,10 +12,23 @@ import torch
 
 
 def stream_state(device) -> tuple:
-    """(the current stream's id on device, whether it is capturing a CUDA graph); (0, False) off CUDA."""
+    """(the current stream's id on device, whether it is capturing a CUDA graph); (0, False) off CUDA.
+    The raw stream handle is read as Triton's launcher reads it (a few us less than a Stream object)."""
     if device.type != "cuda":
         return 0, False
-    return torch.cuda.current_stream(device).cuda_stream, torch.cuda.is_current_stream_capturing()
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    stream = raw(idx) if raw is not None else torch.cuda.current_stream(idx).cuda_stream
+    return stream, torch.cuda.is_current_stream_capturing()
+
+
+def scratch(cache: dict, device, n: int, dtype=torch.float32):
+    """n elements of `dtype`, contents undefined, kept in `cache` by (device, stream, n) as
+    `arrival_counters` keeps its counters (a capture takes the "graph" buffer an eager call made,
+    else a fresh one, not cached): for partial results that the same launch writes before it
+    reads them, so a call allocates nothing once its buffer exists. Buffers are not dropped (a
+    captured graph may hold one): one a size a stream."""
+    return _cached(cache, device, ("scratch", n, dtype), lambda: torch.empty(n, device=device, dtype=dtype))
 
 
 def arrival_counters(cache: dict, device, n: int):
@@ -32,14 +45,18 @@ def arrival_counters(cache: dict, device, n: int):
     with an eager call. A capture with no eager call of its n before gets a fresh buffer zeroed
     inside the graph (a fill node before the kernel, correct at every replay), not cached:
     a buffer whose zeroing was only captured is 0 only after its graph's first replay."""
+    return _cached(cache, device, n, lambda: torch.zeros(n, device=device, dtype=torch.int32))
+
+
+def _cached(cache: dict, device, key, make):
     stream, capturing = stream_state(device)
     dev = str(device)
     if capturing:
-        buf = cache.get((dev, "graph", n))
-        return buf if buf is not None else torch.zeros(n, device=device, dtype=torch.int32)
-    buf = cache.get((dev, stream, n))
+        buf = cache.get((dev, "graph", key))
+        return buf if buf is not None else make()
+    buf = cache.get((dev, stream, key))
     if buf is None:
-        buf = cache[(dev, stream, n)] = torch.zeros(n, device=device, dtype=torch.int32)
-        if (dev, "graph", n) not in cache:
-            cache[(dev, "graph", n)] = torch.zeros(n, device=device, dtype=torch.int32)
+        buf = cache[(dev, stream, key)] = make()
+        if (dev, "graph", key) not in cache:
+            cache[(dev, "graph", key)] = make()
     return buf

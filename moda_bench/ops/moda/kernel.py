@@ -255,6 +255,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     if cfg.bwd_depth == "tma" and not depth_only and delta is None:
         o = o.contiguous()
         n_sms = num_sms(q.device)
+        chunk = kv_chunk(cfg, B, T, Hk, G, n_sms)
         return moda_bwd_tma(do, q, k, v, kd if L > 0 else None, vd if L > 0 else None, o, lse.contiguous(), scale, G,
                             q_block_m=cfg.bwd_q_block_m, q_block_n=cfg.bwd_q_block_n, q_warps=cfg.bwd_q_warps,
                             q_stages=cfg.bwd_q_stages, q_maxnreg=cfg.bwd_q_maxnreg, kv_block_m=cfg.bwd_kv_block_m,
@@ -263,8 +264,8 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             depth_stages=cfg.bwd_depth_stages, use_desc=tma_usable(q, k, v, kd, vd, L)
                             and aligned(o, do), depth_grad=depth_grad,
                             beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
-                            if kv_beside(cfg, B, T, Hk, G, L, n_sms) else None, mix=dq_mix(T, L),
-                            kv_chunk=kv_chunk(cfg, B, T, Hk, G, n_sms))
+                            if kv_beside(cfg, B, T, Hk, G, L, n_sms, chunk=chunk) else None, mix=dq_mix(T, L),
+                            kv_chunk=chunk)
     if cfg.bwd_depth == "tma":  # a caller's delta or a depth-only launch: the pointer passes
         cfg = cfg.replace(bwd_depth=pointer_bwd_depth(T), bwd_block_l=pointer_block_l(L))
     n_rows = B * T * Hq

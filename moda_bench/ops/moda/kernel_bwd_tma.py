@@ -44,14 +44,14 @@ import torch
 import triton
 import triton.language as tl
 
-from moda_bench.ops.counters import arrival_counters
+from moda_bench.ops.counters import arrival_counters, scratch
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.config import MoDAConfig, tma_block_l
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
-_KV_COUNTERS: dict = {}  # arrival counters of the chunked key-major pass (`counters.arrival_counters`)
+_KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
 
 
 @triton.jit
@@ -377,13 +377,17 @@ def _meta(warps: int, stages: int, maxnreg: int) -> dict:
 KV_BESIDE_MAX_WAVES, KV_BESIDE_MAX_G = 1.0, 8
 
 
-def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int, capturing=None) -> bool:
+def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int, capturing=None,
+              chunk=None) -> bool:
     """Whether the "tma" backward runs its key-major pass beside the dq pass (cfg.bwd_kv_beside).
     capturing: whether a CUDA graph is being captured (None: ask torch, only where it matters).
-    Its grid counts its chunks (`kv_chunk`): a chunked pass fills the SMs itself."""
+    Its grid counts its chunks (chunk: `kv_chunk`'s answer, None: asked here): a chunked pass
+    fills the SMs itself."""
     if cfg.bwd_kv_beside >= 0:
         return bool(cfg.bwd_kv_beside)
-    grid = B * Hk * kv_items(T, cfg.bwd_kv_block_n, kv_chunk(cfg, B, T, Hk, G, n_sms))[0]
+    if chunk is None:
+        chunk = kv_chunk(cfg, B, T, Hk, G, n_sms)
+    grid = B * Hk * kv_items(T, cfg.bwd_kv_block_n, chunk)[0]
     if not (L > 0 and G <= KV_BESIDE_MAX_G and grid <= KV_BESIDE_MAX_WAVES * n_sms):
         return False
     if capturing is None:
@@ -419,6 +423,19 @@ def kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> in
     """Positions of rows a key-major program takes (`_kv_kernel`'s CHUNK; 0: all of its tile's):
     cfg.bwd_kv_chunk key tiles' width where >= 0, else the fair share of steps a program slot
     (KV_CHUNK_SLOTS an SM) where the heaviest tile has more than KV_CHUNK_SLACK times it."""
+    key = (cfg.bwd_kv_chunk, cfg.bwd_kv_block_n, cfg.bwd_kv_block_m, B, T, Hk, G, n_sms)
+    got = _KV_CHUNK_MEMO.get(key)
+    if got is None:
+        if len(_KV_CHUNK_MEMO) > 4096:  # variable-length callers
+            _KV_CHUNK_MEMO.clear()
+        got = _KV_CHUNK_MEMO[key] = _kv_chunk(cfg, B, T, Hk, G, n_sms)
+    return got
+
+
+_KV_CHUNK_MEMO: dict = {}  # kv_chunk's answers (a dict look-up a backward call)
+
+
+def _kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> int:
     bn = cfg.bwd_kv_block_n
     if cfg.bwd_kv_chunk >= 0:
         chunk = cfg.bwd_kv_chunk * bn
@@ -507,7 +524,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     def kv_pass(stats: bool):
         ws, cnt = lse2, lse2  # never read without chunks
         if chunk:
-            ws = torch.empty((B * Hk * n_items * 2 * kv_block_n * d,), device=q.device, dtype=torch.float32)
+            ws = scratch(_KV_COUNTERS, q.device, B * Hk * n_items * 2 * kv_block_n * d)
             cnt = arrival_counters(_KV_COUNTERS, q.device, B * Hk * n_tiles)
         _kv_kernel[(B * Hk, n_items)](
             q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, scale * LOG2E, scale, B, T, G, Hk, RP, nch, n_items,
