@@ -4,8 +4,10 @@ gradients against the fp64 reference at odd T, G in {1, 3, 8, 16}, L in {0, 1, 5
 descriptor and pointer loads; the chunked pass against the unchunked one (dq and the depth
 gradients bitwise, dk and dv to fp32 rounding: only the order of the sum changes); repeat calls
 bitwise equal and the arrival counters back at 0; the rule that picks the chunk; the grid's
-item count against a brute-force enumeration. One GPU test: chunked and unchunked agree at T=1000,
-and a CUDA graph replays the chunked pass.
+item count against a brute-force enumeration. The depth part as items of the key-major grid
+(`bwd_depth_items`, `depth_item`): against the reference, against the depth part in the dq pass,
+its rule. One GPU test: chunked and unchunked (with and without depth items) agree at T=1000, and
+a CUDA graph replays the default.
 
 CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: helpers.TOLERANCE
 (||err|| / ||ref||: fp32 1e-4, bf16 2e-2); chunked against unchunked 1e-6 in fp32.
@@ -121,15 +123,64 @@ def test_kv_chunk_rule():
         _passes(37, 8, 5)(24)
 
 
+# the depth part as items of the key-major grid (bwd_depth_items=1), with and without chunks
+ITEMS = [
+    (2, 37, 8, 19, _bt(bwd_depth_items=1)),                                    # 3 depth steps, the last masked
+    (1, 33, 1, 3, _bt(bwd_depth_items=1, bwd_kv_chunk=1, bwd_block_l=32)),     # G=1, chunked key items
+    (2, 29, 3, 1, _bt(bwd_q_block_m=16, bwd_kv_block_m=16, bwd_depth_items=1)),  # G=3 padding rows, L=1
+]
+
+
+@pytest.mark.parametrize("B,T,G,L,cfg", ITEMS, ids=[f"T{c[1]}-G{c[2]}-L{c[3]}" for c in ITEMS])
+def test_depth_items_against_reference(B, T, G, L, cfg):
+    check_against_reference(_moda_lse, B, T, G * 2, 2, 32, L, torch.float32, seed=T + G + 1, config=cfg)
+
+
+@pytest.mark.parametrize("depth_grad", [True, False], ids=["depth-grad", "detached"])
+def test_depth_items_match_the_fused_depth_part(depth_grad):
+    """Depth items = the depth part in the dq pass: dk, dv bitwise (the key items are untouched),
+    dq and the depth gradients to fp32 rounding (dq's depth share is added to the stored dq)."""
+    run = _passes(45, 8, 19, seed=3)
+    ref = run(16, depth_grad=depth_grad)
+    got = run(16, depth_grad=depth_grad, depth_items=True)
+    for name, a, b in zip(("dq", "dk", "dv", "dkd", "dvd"), ref, got):
+        if a is None:
+            assert b is None and not depth_grad
+        elif name in ("dk", "dv"):
+            assert torch.equal(a, b), name
+        else:
+            assert rel_err(b, a) < 1e-6, name
+    with pytest.raises(ValueError, match="depth_items needs"):
+        run(0, depth_items=True, beside=lambda main, side: (main(), side()))
+
+
+def test_depth_items_rule():
+    """-1: at L > 0 and T <= KV_DEPTH_MAX_T with equal row blocks of the two passes; 0 and 1 decide
+    alone (at L = 0 there is no depth part); other values are refused."""
+    cfg = MoDAConfig()
+    top = bwd_mod.KV_DEPTH_MAX_T
+    assert bwd_mod.kv_depth_items(cfg, top, 64, 8) and bwd_mod.kv_depth_items(cfg, 1000, 1, 3)
+    assert not bwd_mod.kv_depth_items(cfg, top + 1, 64, 8)
+    assert not bwd_mod.kv_depth_items(cfg, 1024, 0, 8)
+    assert not bwd_mod.kv_depth_items(cfg.replace(bwd_kv_block_m=32), 1024, 64, 8)
+    assert bwd_mod.kv_depth_items(cfg.replace(bwd_kv_block_m=32), 1024, 64, 64)  # both widened to GP=64
+    assert bwd_mod.kv_depth_items(cfg.replace(bwd_depth_items=1), 65536, 64, 8)
+    assert not bwd_mod.kv_depth_items(cfg.replace(bwd_depth_items=0), 1024, 64, 8)
+    with pytest.raises(ValueError, match="bwd_depth_items=2"):
+        moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_depth_items=2))
+
+
 @pytest.mark.gpu
 def test_gpu_kv_chunks(monkeypatch):
-    """T=1000, G=8, L=64, bf16 on the GPU: chunked (the rule's default there) and unchunked
-    gradients agree to bf16 rounding, and a CUDA graph replay of the chunked call gives them too."""
+    """T=1000, G=8, L=64, bf16 on the GPU: chunked with depth items (the rules' default there) and
+    unchunked without gradients agree to bf16 rounding, and a CUDA graph replay of the default call
+    gives them too."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     chunks = []
     real = kernel_mod.moda_bwd_tma
-    monkeypatch.setattr(kernel_mod, "moda_bwd_tma", lambda *a, **k: chunks.append(k["kv_chunk"]) or real(*a, **k))
+    monkeypatch.setattr(kernel_mod, "moda_bwd_tma",
+                        lambda *a, **k: chunks.append((k["kv_chunk"], k["depth_items"])) or real(*a, **k))
     ins = list(random_inputs(1, 1000, 64, 8, 64, 64, torch.bfloat16, seed=7))
     do = ins.pop()
 
@@ -141,8 +192,8 @@ def test_gpu_kv_chunks(monkeypatch):
 
     chunked = step()
     plain = step(kernel_mod.resolve_config(MoDAShape(B=1, T=1000, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
-                 .replace(bwd_kv_chunk=0))
-    assert chunks[0] > 0 and chunks[1] == 0
+                 .replace(bwd_kv_chunk=0, bwd_depth_items=0))
+    assert chunks[0][0] > 0 and chunks[0][1] and chunks[1] == (0, False)
     for a, b in zip(chunked, plain):
         assert rel_err(a, b) < 1e-2
     side = torch.cuda.Stream()

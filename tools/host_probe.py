@@ -43,7 +43,7 @@ from moda_bench.timing import RoundRule, make_inputs, time_fn, time_interleaved
 SHORT = {"kv_n": "bwd_kv_block_n", "kv_m": "bwd_kv_block_m", "q_m": "bwd_q_block_m", "q_n": "bwd_q_block_n",
          "fwd_m": "block_m", "kv_w": "bwd_kv_warps", "q_w": "bwd_q_warps", "kv_s": "bwd_kv_stages",
          "q_s": "bwd_q_stages", "fwd_n": "block_n", "fwd_w": "num_warps", "fwd_s": "num_stages",
-         "chunk": "bwd_kv_chunk", "beside": "bwd_kv_beside"}
+         "chunk": "bwd_kv_chunk", "beside": "bwd_kv_beside", "items": "bwd_depth_items"}
 
 
 @triton.jit

@@ -19,7 +19,7 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           pass with the forward winner fixed;
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise, x bwd_kv_beside: the base's, never, always, x bwd_kv_chunk:
-          the base's, none), timed on the
+          the base's, none, x bwd_depth_items at L > 0: the base's, off), timed on the
           backward pass with the fwd and bwd_q winners fixed.
   fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas  moda-overlap's knobs, in that order (by
           default the counts and the backward's kernel, OVERLAP_DEFAULT; the item groups when
@@ -88,14 +88,14 @@ ITEM_ROWS = {"fwd_items": (64, 128, 256), "bwd_items": (32, 64, 128)}
 ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)
 ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
-MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk")  # -1 means "decided by the shape" (check_config's rule)
+MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items")  # -1: "decided by the shape" (check_config's rule)
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {
     "fwd": ("block_m", "block_n", "num_warps", "num_stages", "depth_sub", "block_l"),
     "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages", "bwd_q_maxnreg"),
     "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages", "bwd_kv_maxnreg",
-               "bwd_kv_beside", "bwd_kv_chunk"),
+               "bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items"),
     # depth groups: placement first, then the fields of the depth-only launch
     "fwd_depth": ("fwd_depth", "depth_block_m", "depth_warps", "depth_after"),
     "bwd_depth": ("bwd_depth", "bwd_depth_block_m", "bwd_depth_warps", "bwd_block_l", "bwd_depth_stages",
@@ -379,8 +379,9 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
         regs = MAXNREG if tma else (getattr(base, names[4]),)
         beside = tuple(dict.fromkeys((base.bwd_kv_beside, 0, 1))) if tma else (base.bwd_kv_beside,)
         chunk = tuple(dict.fromkeys((base.bwd_kv_chunk, 0))) if tma else (base.bwd_kv_chunk,)
+        items = tuple(dict.fromkeys((base.bwd_depth_items, 0))) if tma and shape.L else (base.bwd_depth_items,)
         for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
-                                      *([beside, chunk] if kernel == "bwd_kv" else [])):
+                                      *([beside, chunk, items] if kernel == "bwd_kv" else [])):
             out.append(base.replace(**dict(zip(names, vals))))
     else:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

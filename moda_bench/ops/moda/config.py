@@ -56,12 +56,11 @@ class MoDAConfig:
     depth_stages software-pipelining depth of the (short) depth loop; 1 keeps its tiles out of
               the pipeline's shared memory, so occupancy stays that of the sequence loop.
     bwd_*     the same for the backward's dq/dkd/dvd pass (q-major) and dk/dv pass (kv-major).
-    fwd_depth where the forward's depth phase runs: "fused" (after the sequence loop, same
-              program), "split" (a depth-only launch first; the sequence kernel starts its
-              online softmax from that partial), "overlap" (depth-only programs in the
-              sequence kernel's grid, partials merged by a small kernel), "stream" (the
-              depth-only kernel on a second CUDA stream, concurrent with the L=0 sequence
-              kernel, then the merge).
+    fwd_depth where the forward's depth phase runs: "fused" (after the sequence loop, same program),
+              "split" (a depth-only launch first; the sequence kernel starts its online softmax
+              from that partial), "overlap" (depth-only programs in the sequence kernel's grid,
+              partials merged), "stream" (the depth-only kernel on a second CUDA stream, beside
+              the L=0 sequence kernel, then the merge).
     bwd_depth where the backward's depth part (its dq share, dk_depth, dv_depth) runs:
               "fused" (in the q-major pass), "split" (a depth-only launch), "overlap"
               (depth-only programs in the kv-major pass's grid, so the depth bytes stream
@@ -69,9 +68,8 @@ class MoDAConfig:
               concurrent with the dk/dv pass), "tma" (`kernel_bwd_tma`, the default on Hopper:
               the query-major pass first, which also stores each row's lse and delta in flat
               buffers, the depth part fused in it; then the key-major pass, heaviest key tiles
-              first; descriptor loads where usable, else pointers; at L = 0 too). It reads the
-              bwd_q_*, bwd_kv_*, bwd_block_l (depth columns a step of a sub-tile, 0 = auto) and
-              bwd_depth_stages fields.
+              first; descriptor loads where usable, else pointers; at L = 0 too), reading bwd_q_*,
+              bwd_kv_*, bwd_block_l (depth columns a sub-tile's step, 0 = auto), bwd_depth_stages.
     bwd_q_maxnreg, bwd_kv_maxnreg  "tma" backward: registers per thread of that pass (0 = the
               compiler's choice); 168 at 4 warps fits three programs an SM.
     depth_ctas, bwd_depth_ctas  programs of the forward's / backward's depth-only launch (0 = one
@@ -82,13 +80,10 @@ class MoDAConfig:
     depth_after, bwd_depth_after  "stream" only: the depth-only kernel launched after the
               sequence kernel, whose programs then take their slots first (the small depth
               programs fill the rest, so their bytes stream while the sequence part computes).
-    depth_block_m, depth_warps  rows and warps of the forward's depth-only program ("split",
-              "stream").
-    bwd_depth_block_m, bwd_depth_warps, bwd_block_l, bwd_depth_stages  the same for the
-              backward's depth part (its own launch, "overlap" programs, or, for block_l and
-              stages, the fused q-major pass).
-    reverse   visit query blocks heaviest-first (last causal block first) in the forward and
-              the q-major pass.
+    depth_block_m, depth_warps  rows and warps of the forward's depth-only program ("split", "stream").
+    bwd_depth_block_m, bwd_depth_warps, bwd_block_l, bwd_depth_stages  the same for the backward's
+              depth part (its own launch, "overlap" programs, or, for block_l and stages, the q-major pass).
+    reverse   visit query blocks heaviest-first (last causal block first) in the forward and q-major pass.
     bwd_tma   the backward's sequence tiles through tensor descriptors (TMA on Hopper): the
               sequence K/V tiles of the q-major pass, the q/do tiles of the key-major pass
               (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
@@ -98,6 +93,8 @@ class MoDAConfig:
               after it: 1 always, 0 never, -1 in a graph capture at small grids (`kernel_bwd_tma.kv_beside`).
     bwd_kv_chunk  "tma" backward: a key-major program takes at most n key tiles' width of rows (n > 0; a
               tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_tma.kv_chunk`).
+    bwd_depth_items  "tma" backward: the depth part as items of the key-major grid, not in the dq pass
+              (1 on, 0 off, -1 by the shape: `kernel_bwd_tma.kv_depth_items`).
     """
 
     block_m: int = 64
@@ -136,6 +133,7 @@ class MoDAConfig:
     bwd_depth_kernel: str = "triton"
     bwd_kv_beside: int = -1
     bwd_kv_chunk: int = -1
+    bwd_depth_items: int = -1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -331,6 +329,8 @@ def _check(cfg: MoDAConfig, G: int) -> None:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
     if cfg.bwd_kv_beside not in (-1, 0, 1):
         raise ValueError(f"config bwd_kv_beside={cfg.bwd_kv_beside!r} must be -1 (by shape), 0 or 1")
+    if cfg.bwd_depth_items not in (-1, 0, 1):
+        raise ValueError(f"config bwd_depth_items={cfg.bwd_depth_items!r} must be -1 (by shape), 0 or 1")
     if not isinstance(cfg.bwd_kv_chunk, int) or cfg.bwd_kv_chunk < -1:
         raise ValueError(f"config bwd_kv_chunk={cfg.bwd_kv_chunk!r} must be -1 (by the grid), 0 or key tiles")
     for name in ("bwd_q_maxnreg", "bwd_kv_maxnreg"):

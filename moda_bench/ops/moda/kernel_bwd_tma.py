@@ -46,7 +46,10 @@ import triton.language as tl
 
 from moda_bench.ops.counters import arrival_counters, scratch
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.moda.config import MoDAConfig, tma_block_l
+from moda_bench.ops.moda.config import tma_block_l
+from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
+                                                  KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, KV_DEPTH_MAX_T,
+                                                  dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
@@ -158,37 +161,96 @@ def store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D: tl.constexpr):
     tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
 
 
-@triton.jit(do_not_specialize=["B", "T", "G", "Hk", "NCH", "N_ITEMS", "N_TILES"])
-def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qk_scale, sm_scale, B, T, G, Hk, RP, NCH,
-               N_ITEMS, N_TILES, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-               USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, CHUNK: tl.constexpr):
+@triton.jit
+def depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, vddesc, dkddesc, dvddesc, b, j, bh,
+               t0, T, L, G, Hk, RP, qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+               S: tl.constexpr, BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
+               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr):
+    """The depth part of the BM folded rows from position t0 as an item of the key-major grid
+    (`depth_part`; the rows' lse2 and delta from the dq pass's buffers): dk_depth, dv_depth stored,
+    its dq share added to the dq the depth-less dq pass stored (the rows are this item's alone)."""
+    q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    r = t0 * GP + tl.arange(0, BM)
+    lse2 = tl.load(LSE2 + bh * RP + r)
+    delta = tl.load(DELTA + bh * RP + r)
+    dq = depth_part(q, do, lse2, delta, tl.zeros([BM, D], tl.float32), KD, VD, DKD, DVD, kddesc, vddesc, dkddesc,
+                    dvddesc, b, j, t0, T, L, Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES,
+                    DEPTH_GRAD)
+    optr, ok = rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+    old = tl.load(DQ + optr, mask=ok, other=0.0).to(tl.float32)
+    tl.store(DQ + optr, (old + dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "NCH", "N_ITEMS", "N_TILES", "N_KV", "N_DEPTH"])
+def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L,
+               LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_KV, N_DEPTH, GP: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
+               CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
+               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
     computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
     CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
     of its rows) (`chunk_item`); a tile of several chunks stores each chunk's fp32 dk, dv in WS
     (B*Hk, N_ITEMS, 2, BN, D) and counts in CNT (B*Hk*N_TILES int32, 0 on entry), and the chunk
-    that arrives last sums them in chunk order (deterministic), stores, and puts its counter back."""
+    that arrives last sums them in chunk order (deterministic), stores, and puts its counter back.
+    DEPTH_ITEMS: the grid also holds N_DEPTH depth items a (batch, KV head), one per BM rows
+    (`depth_item`), alternating with the N_KV key items, so that the depth bytes stream while the
+    key items compute (the dq pass then skipped its depth part)."""
     P: tl.constexpr = BM // GP
-    NDIAG: tl.constexpr = (BN + P - 1) // P
     bh = tl.program_id(0)
     u = tl.program_id(1)
     b = bh // Hk
     j = bh % Hk
-    if CHUNK == 0:
-        tile, c, nc, first = u, 0, 1, u
-    else:
-        tile, c, nc, first = chunk_item(u, NCH, CHUNK // BN)
-    n0 = tile * BN
     qdesc = None
     dodesc = None
     odesc = None
-    kdesc = None
-    vdesc = None
     if USE_DESC:
         qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
         dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
         if STATS:
             odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
+    if DEPTH_ITEMS:
+        m = tl.minimum(N_KV, N_DEPTH)
+        is_depth = tl.where(u < 2 * m, u % 2 == 1, N_DEPTH > N_KV)
+        idx = tl.where(u < 2 * m, u // 2, u - m)
+        if is_depth:
+            kddesc = None
+            vddesc = None
+            dkddesc = None
+            dvddesc = None
+            if USE_DESC:
+                kddesc = depth_desc(KD, B, T, LD, Hk, P, BL, D)
+                vddesc = depth_desc(VD, B, T, LD, Hk, P, BL, D)
+                if DEPTH_GRAD:
+                    dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
+                    dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
+            depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, vddesc, dkddesc, dvddesc, b,
+                       j, bh, idx * P, T, L, G, Hk, RP, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC,
+                       DEPTH_STAGES, DEPTH_GRAD)
+        else:
+            kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B,
+                    T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK)
+    else:
+        kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T,
+                G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK)
+
+
+@triton.jit
+def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G, Hk,
+            RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+            D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, CHUNK: tl.constexpr):
+    """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows."""
+    P: tl.constexpr = BM // GP
+    NDIAG: tl.constexpr = (BN + P - 1) // P
+    if CHUNK == 0:
+        tile, c, nc, first = u, 0, 1, u
+    else:
+        tile, c, nc, first = chunk_item(u, NCH, CHUNK // BN)
+    n0 = tile * BN
+    kdesc = None
+    vdesc = None
+    if USE_DESC:
         kdesc = keys_desc(K, B, T, Hk, BN, D)
         vdesc = keys_desc(V, B, T, Hk, BN, D)
     k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
@@ -365,105 +427,6 @@ def _meta(warps: int, stages: int, maxnreg: int) -> dict:
     return meta
 
 
-# The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
-# where the depth part makes the dq pass long (L > 0), its programs are short (G <= KV_BESIDE_MAX_G)
-# and the key-major grid, B*Hk*cdiv(T, bwd_kv_block_n) programs, is at most KV_BESIDE_MAX_WAVES a
-# multiprocessor. H100, fwd+bwd, Hk=8 (results/h100/kv-beside-s16, kv-beside-ab-s16): T=1024 (128
-# programs of up to 128 steps on 132 SMs) under the graph timer, interleaved, after / beside: G=8
-# L=64 1.048 [1.039-1.057], G=1 1.075, L=256 1.071; but eager, where these calls are host-bound and
-# the second stream's events and switches cost host time, 0.878 [0.863-0.894], 0.875 and 0.976, so
-# eager calls keep the order. Where it stays off under the graph too: G=16 574 -> 669 us, L=0
-# 213 -> 283, T=2048 L=0 531 -> 640 (L=64 830 -> 818), T=4096 1.95 -> 2.48 ms.
-KV_BESIDE_MAX_WAVES, KV_BESIDE_MAX_G = 1.0, 8
-
-
-def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int, capturing=None,
-              chunk=None) -> bool:
-    """Whether the "tma" backward runs its key-major pass beside the dq pass (cfg.bwd_kv_beside).
-    capturing: whether a CUDA graph is being captured (None: ask torch, only where it matters).
-    Its grid counts its chunks (chunk: `kv_chunk`'s answer, None: asked here): a chunked pass
-    fills the SMs itself."""
-    if cfg.bwd_kv_beside >= 0:
-        return bool(cfg.bwd_kv_beside)
-    if chunk is None:
-        chunk = kv_chunk(cfg, B, T, Hk, G, n_sms)
-    grid = B * Hk * kv_items(T, cfg.bwd_kv_block_n, chunk)[0]
-    if not (L > 0 and G <= KV_BESIDE_MAX_G and grid <= KV_BESIDE_MAX_WAVES * n_sms):
-        return False
-    if capturing is None:
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    return bool(capturing)
-
-
-# The dq pass visits its row blocks heavy and light alternately (MIX) instead of heaviest first
-# where L > 0 and T <= DQ_MIX_MAX_T: a light block is mostly depth bytes, a heavy one mostly
-# sequence math, and co-resident programs then overlap the two. H100, fwd+bwd, L=64 unless said,
-# interleaved, mixed / heavy-first (results/h100/dq-mix-s16): G=8 T=2048 0.970 [0.969-0.971],
-# T=4096 0.960 [0.957-0.962], T=8192 0.989 [0.980-0.999]; G=2 T=4096 0.991, T=8192 0.966; G=16
-# T=2048 0.980; L=256 T=4096 0.983; T=1024 eager 0.970 (graph 1.009); but T=16384 1.020 (L=256
-# 1.028, G=2 1.006, L=0 0.996): there the heaviest-first order's short last programs matter more.
-DQ_MIX_MAX_T = 8192
-
-
-# The key-major pass cuts its key tiles' rows into chunks (bwd_kv_chunk = -1) where the heaviest
-# tile's steps, cdiv(T, P), exceed KV_CHUNK_SLACK times a fair share: all tiles' steps over
-# n_sms * KV_CHUNK_SLOTS program slots; chunks of about that share, at least KV_CHUNK_MIN_STEPS
-# steps (a chunk's fp32 partials and the last one's sum cost about what a few steps do). A grid of
-# one program a key tile is otherwise as long as its first tile (T=1024, Hk=8: 128 programs of up
-# to 128 steps on 132 SMs, one program an SM). H100, fwd+bwd, G=8, L=64 unless said, interleaved,
-# graph timer, chunked / one program a tile (results/h100/kv-chunk-s17): T=2048 0.876 (eager 0.879
-# on one start, 1.017 [0.997-1.037] on another), L=0 T=1024 / 2048 0.808 / 0.816, G=16 T=1024
-# 0.816; T=1024 319.5 us against 343.8 unchunked beside the dq pass and 365.2 after it (the pass
-# alone 118.5 -> 73.2 us); T=4096 (not chunked by the rule) forced chunks 1.017-1.047; G=1 at
-# T=1024 (16 steps a tile) 4-step chunks 1.138: hence the minimum.
-KV_CHUNK_SLOTS, KV_CHUNK_SLACK, KV_CHUNK_MIN_STEPS = 2, 1.5, 16
-
-
-def kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> int:
-    """Positions of rows a key-major program takes (`_kv_kernel`'s CHUNK; 0: all of its tile's):
-    cfg.bwd_kv_chunk key tiles' width where >= 0, else the fair share of steps a program slot
-    (KV_CHUNK_SLOTS an SM) where the heaviest tile has more than KV_CHUNK_SLACK times it."""
-    key = (cfg.bwd_kv_chunk, cfg.bwd_kv_block_n, cfg.bwd_kv_block_m, B, T, Hk, G, n_sms)
-    got = _KV_CHUNK_MEMO.get(key)
-    if got is None:
-        if len(_KV_CHUNK_MEMO) > 4096:  # variable-length callers
-            _KV_CHUNK_MEMO.clear()
-        got = _KV_CHUNK_MEMO[key] = _kv_chunk(cfg, B, T, Hk, G, n_sms)
-    return got
-
-
-_KV_CHUNK_MEMO: dict = {}  # kv_chunk's answers (a dict look-up a backward call)
-
-
-def _kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> int:
-    bn = cfg.bwd_kv_block_n
-    if cfg.bwd_kv_chunk >= 0:
-        chunk = cfg.bwd_kv_chunk * bn
-    else:
-        p = max(cfg.bwd_kv_block_m, next_pow2(G)) // next_pow2(G)
-        n_tiles = cdiv(T, bn)
-        steps = B * Hk * (n_tiles * T - bn * n_tiles * (n_tiles - 1) // 2) / p
-        fair = steps / (n_sms * KV_CHUNK_SLOTS)
-        if cdiv(T, p) <= KV_CHUNK_SLACK * fair:
-            return 0
-        chunk = max(cdiv(KV_CHUNK_MIN_STEPS * p, bn) * bn, int(fair * p) // bn * bn)
-    return chunk if 0 < chunk < T else 0
-
-
-def kv_items(T: int, block_n: int, chunk: int) -> tuple:
-    """(programs per (batch, KV head), chunks NCH) of the key-major grid (`chunk_item`)."""
-    n_tiles = cdiv(T, block_n)
-    if not chunk:
-        return n_tiles, 1
-    tpc, nch = chunk // block_n, cdiv(T, chunk)
-    return tpc * nch * (nch + 1) // 2 - (tpc * nch - n_tiles), nch
-
-
-def dq_mix(T: int, L: int) -> bool:
-    """Whether the dq pass alternates heavy and light row blocks (`_dq_kernel`'s MIX)."""
-    return L > 0 and T <= DQ_MIX_MAX_T
-
-
 def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
     """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
     block_l 0: about 128 depth rows a step, `config.tma_block_l`), BL at most next_pow2(L) unless a
@@ -475,7 +438,8 @@ def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
-                 use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0):
+                 use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
+                 depth_items: bool = False):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -483,6 +447,9 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     mix: the dq pass's row blocks heavy and light alternately, not heaviest first (`dq_mix`).
     kv_chunk: positions of rows a key-major program takes (a multiple of kv_block_n; 0: all of
     its key tile's; `kv_chunk` picks it), the chunks of a tile summed by the last to finish.
+    depth_items (L > 0, kv_block_m = q_block_m, not beside): the depth part leaves the dq pass for
+    items of the key-major grid (`depth_item`, `kv_depth_items` picks it), whose bytes then stream
+    while the key items compute.
     beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
     function beside(main, side) instead gets the two launches as callables, to run them
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
@@ -508,10 +475,15 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
         ensure_allocator()
     prec = dot_precision(q.dtype)
 
+    depth_items = bool(depth_items) and L > 0
+    if depth_items and (kv_block_m != q_block_m or beside is not None):
+        raise ValueError("depth_items needs kv_block_m = q_block_m and the key-major pass after the dq pass")
+
     def dq_pass():
         _dq_kernel[(B * Hk, n_m)](
             q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G,
-            Hk, RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl, DEPTH=L > 0,
+            Hk, RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl,
+            DEPTH=L > 0 and not depth_items,
             DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix),
             **_meta(q_warps, q_stages, q_maxnreg))
 
@@ -520,16 +492,18 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     n_tiles = cdiv(T, kv_block_n)
     n_items, nch = kv_items(T, kv_block_n, kv_chunk)
     chunk = kv_chunk if nch > 1 else 0
+    n_depth = n_m if depth_items else 0  # depth items: the dq pass's row blocks (kv_block_m = q_block_m)
 
     def kv_pass(stats: bool):
         ws, cnt = lse2, lse2  # never read without chunks
         if chunk:
             ws = scratch(_KV_COUNTERS, q.device, B * Hk * n_items * 2 * kv_block_n * d)
             cnt = arrival_counters(_KV_COUNTERS, q.device, B * Hk * n_tiles)
-        _kv_kernel[(B * Hk, n_items)](
-            q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, scale * LOG2E, scale, B, T, G, Hk, RP, nch, n_items,
-            n_tiles, GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats,
-            CHUNK=chunk, **_meta(kv_warps, kv_stages, kv_maxnreg))
+        _kv_kernel[(B * Hk, n_items + n_depth)](
+            q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T,
+            L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_items, n_depth, GP=gp, BM=kv_block_m, BN=kv_block_n,
+            D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
+            DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, **_meta(kv_warps, kv_stages, kv_maxnreg))
 
     if beside is None:
         dq_pass()

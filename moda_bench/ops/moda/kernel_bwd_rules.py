@@ -1,0 +1,128 @@
+"""Launch rules of the folded-row "tma" backward (`kernel_bwd_tma`), decided per call on the host:
+whether the key-major pass runs beside the dq pass (`kv_beside`), how its key tiles' rows are cut
+into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of the key-major grid
+(`kv_depth_items`), and the dq pass's block order (`dq_mix`). Each rule states the measurements
+it stands on; `MoDAConfig` fields override them (-1 means "by the rule").
+"""
+from __future__ import annotations
+
+import torch
+
+from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.moda.config import MoDAConfig
+
+
+# The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
+# where the depth part makes the dq pass long (L > 0), its programs are short (G <= KV_BESIDE_MAX_G)
+# and the key-major grid, B*Hk*cdiv(T, bwd_kv_block_n) programs, is at most KV_BESIDE_MAX_WAVES a
+# multiprocessor. H100, fwd+bwd, Hk=8 (results/h100/kv-beside-s16, kv-beside-ab-s16): T=1024 (128
+# programs of up to 128 steps on 132 SMs) under the graph timer, interleaved, after / beside: G=8
+# L=64 1.048 [1.039-1.057], G=1 1.075, L=256 1.071; but eager, where these calls are host-bound and
+# the second stream's events and switches cost host time, 0.878 [0.863-0.894], 0.875 and 0.976, so
+# eager calls keep the order. Where it stays off under the graph too: G=16 574 -> 669 us, L=0
+# 213 -> 283, T=2048 L=0 531 -> 640 (L=64 830 -> 818), T=4096 1.95 -> 2.48 ms.
+KV_BESIDE_MAX_WAVES, KV_BESIDE_MAX_G = 1.0, 8
+
+
+def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: int, capturing=None,
+              chunk=None) -> bool:
+    """Whether the "tma" backward runs its key-major pass beside the dq pass (cfg.bwd_kv_beside).
+    capturing: whether a CUDA graph is being captured (None: ask torch, only where it matters).
+    Its grid counts its chunks (chunk: `kv_chunk`'s answer, None: asked here): a chunked pass
+    fills the SMs itself."""
+    if cfg.bwd_kv_beside >= 0:
+        return bool(cfg.bwd_kv_beside)
+    if chunk is None:
+        chunk = kv_chunk(cfg, B, T, Hk, G, n_sms)
+    grid = B * Hk * kv_items(T, cfg.bwd_kv_block_n, chunk)[0]
+    if not (L > 0 and G <= KV_BESIDE_MAX_G and grid <= KV_BESIDE_MAX_WAVES * n_sms):
+        return False
+    if capturing is None:
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return bool(capturing)
+
+
+# The dq pass visits its row blocks heavy and light alternately (MIX) instead of heaviest first
+# where L > 0 and T <= DQ_MIX_MAX_T: a light block is mostly depth bytes, a heavy one mostly
+# sequence math, and co-resident programs then overlap the two. H100, fwd+bwd, L=64 unless said,
+# interleaved, mixed / heavy-first (results/h100/dq-mix-s16): G=8 T=2048 0.970 [0.969-0.971],
+# T=4096 0.960 [0.957-0.962], T=8192 0.989 [0.980-0.999]; G=2 T=4096 0.991, T=8192 0.966; G=16
+# T=2048 0.980; L=256 T=4096 0.983; T=1024 eager 0.970 (graph 1.009); but T=16384 1.020 (L=256
+# 1.028, G=2 1.006, L=0 0.996): there the heaviest-first order's short last programs matter more.
+DQ_MIX_MAX_T = 8192
+
+
+# The key-major pass cuts its key tiles' rows into chunks (bwd_kv_chunk = -1) where the heaviest
+# tile's steps, cdiv(T, P), exceed KV_CHUNK_SLACK times a fair share: all tiles' steps over
+# n_sms * KV_CHUNK_SLOTS program slots; chunks of about that share, at least KV_CHUNK_MIN_STEPS
+# steps (a chunk's fp32 partials and the last one's sum cost about what a few steps do). A grid of
+# one program a key tile is otherwise as long as its first tile (T=1024, Hk=8: 128 programs of up
+# to 128 steps on 132 SMs, one program an SM). H100, fwd+bwd, G=8, L=64 unless said, interleaved,
+# graph timer, chunked / one program a tile (results/h100/kv-chunk-s17): T=2048 0.876 (eager 0.879
+# on one start, 1.017 [0.997-1.037] on another), L=0 T=1024 / 2048 0.808 / 0.816, G=16 T=1024
+# 0.816; T=1024 319.5 us against 343.8 unchunked beside the dq pass and 365.2 after it (the pass
+# alone 118.5 -> 73.2 us); T=4096 (not chunked by the rule) forced chunks 1.017-1.047; G=1 at
+# T=1024 (16 steps a tile) 4-step chunks 1.138: hence the minimum.
+KV_CHUNK_SLOTS, KV_CHUNK_SLACK, KV_CHUNK_MIN_STEPS = 2, 1.5, 16
+
+
+def kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> int:
+    """Positions of rows a key-major program takes (`_kv_kernel`'s CHUNK; 0: all of its tile's):
+    cfg.bwd_kv_chunk key tiles' width where >= 0, else the fair share of steps a program slot
+    (KV_CHUNK_SLOTS an SM) where the heaviest tile has more than KV_CHUNK_SLACK times it."""
+    key = (cfg.bwd_kv_chunk, cfg.bwd_kv_block_n, cfg.bwd_kv_block_m, B, T, Hk, G, n_sms)
+    got = _KV_CHUNK_MEMO.get(key)
+    if got is None:
+        if len(_KV_CHUNK_MEMO) > 4096:  # variable-length callers
+            _KV_CHUNK_MEMO.clear()
+        got = _KV_CHUNK_MEMO[key] = _kv_chunk(cfg, B, T, Hk, G, n_sms)
+    return got
+
+
+_KV_CHUNK_MEMO: dict = {}  # kv_chunk's answers (a dict look-up a backward call)
+
+
+def _kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> int:
+    bn = cfg.bwd_kv_block_n
+    if cfg.bwd_kv_chunk >= 0:
+        chunk = cfg.bwd_kv_chunk * bn
+    else:
+        p = max(cfg.bwd_kv_block_m, next_pow2(G)) // next_pow2(G)
+        n_tiles = cdiv(T, bn)
+        steps = B * Hk * (n_tiles * T - bn * n_tiles * (n_tiles - 1) // 2) / p
+        fair = steps / (n_sms * KV_CHUNK_SLOTS)
+        if cdiv(T, p) <= KV_CHUNK_SLACK * fair:
+            return 0
+        chunk = max(cdiv(KV_CHUNK_MIN_STEPS * p, bn) * bn, int(fair * p) // bn * bn)
+    return chunk if 0 < chunk < T else 0
+
+
+def kv_items(T: int, block_n: int, chunk: int) -> tuple:
+    """(programs per (batch, KV head), chunks NCH) of the key-major grid (`chunk_item`)."""
+    n_tiles = cdiv(T, block_n)
+    if not chunk:
+        return n_tiles, 1
+    tpc, nch = chunk // block_n, cdiv(T, chunk)
+    return tpc * nch * (nch + 1) // 2 - (tpc * nch - n_tiles), nch
+
+
+# The depth part leaves the dq pass for items of the key-major grid (bwd_depth_items = -1) at L > 0
+# and T <= KV_DEPTH_MAX_T, where the key-major pass is short enough that the dq pass's depth bytes
+# (mostly) set the backward's length.
+KV_DEPTH_MAX_T = 2048
+
+
+def kv_depth_items(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
+    """Whether the "tma" backward runs its depth part as items of the key-major grid
+    (`depth_item`; cfg.bwd_depth_items, -1: L > 0, T <= KV_DEPTH_MAX_T, equal row blocks)."""
+    if L == 0 or cfg.bwd_depth_items == 0:
+        return False
+    if cfg.bwd_depth_items == 1:
+        return True
+    gp = next_pow2(G)
+    return T <= KV_DEPTH_MAX_T and max(cfg.bwd_kv_block_m, gp) == max(cfg.bwd_q_block_m, gp)
+
+
+def dq_mix(T: int, L: int) -> bool:
+    """Whether the dq pass alternates heavy and light row blocks (`_dq_kernel`'s MIX)."""
+    return L > 0 and T <= DQ_MIX_MAX_T
