@@ -155,16 +155,12 @@ def test_depth_items_match_the_fused_depth_part(depth_grad):
 
 
 def test_depth_items_rule():
-    """-1: at L > 0 and T <= KV_DEPTH_MAX_T with equal row blocks of the two passes; 0 and 1 decide
-    alone (at L = 0 there is no depth part); other values are refused."""
+    """1 at L > 0 (at L = 0 there is no depth part); -1 and 0 keep the depth part in the dq pass
+    (measured no faster: `kv_depth_items`); other values are refused."""
     cfg = MoDAConfig()
-    top = bwd_mod.KV_DEPTH_MAX_T
-    assert bwd_mod.kv_depth_items(cfg, top, 64, 8) and bwd_mod.kv_depth_items(cfg, 1000, 1, 3)
-    assert not bwd_mod.kv_depth_items(cfg, top + 1, 64, 8)
-    assert not bwd_mod.kv_depth_items(cfg, 1024, 0, 8)
-    assert not bwd_mod.kv_depth_items(cfg.replace(bwd_kv_block_m=32), 1024, 64, 8)
-    assert bwd_mod.kv_depth_items(cfg.replace(bwd_kv_block_m=32), 1024, 64, 64)  # both widened to GP=64
     assert bwd_mod.kv_depth_items(cfg.replace(bwd_depth_items=1), 65536, 64, 8)
+    assert not bwd_mod.kv_depth_items(cfg.replace(bwd_depth_items=1), 1024, 0, 8)
+    assert not bwd_mod.kv_depth_items(cfg, 1024, 64, 8)
     assert not bwd_mod.kv_depth_items(cfg.replace(bwd_depth_items=0), 1024, 64, 8)
     with pytest.raises(ValueError, match="bwd_depth_items=2"):
         moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_depth_items=2))
@@ -172,9 +168,9 @@ def test_depth_items_rule():
 
 @pytest.mark.gpu
 def test_gpu_kv_chunks(monkeypatch):
-    """T=1000, G=8, L=64, bf16 on the GPU: chunked with depth items (the rules' default there) and
-    unchunked without gradients agree to bf16 rounding, and a CUDA graph replay of the default call
-    gives them too."""
+    """T=1000, G=8, L=64, bf16 on the GPU: chunked (the rule's default there), chunked with depth
+    items and unchunked gradients agree to bf16 rounding, and a CUDA graph replay of the default
+    call gives them too."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     chunks = []
@@ -191,11 +187,12 @@ def test_gpu_kv_chunks(monkeypatch):
         return [x.grad.clone() for x in ins]
 
     chunked = step()
-    plain = step(kernel_mod.resolve_config(MoDAShape(B=1, T=1000, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
-                 .replace(bwd_kv_chunk=0, bwd_depth_items=0))
-    assert chunks[0][0] > 0 and chunks[0][1] and chunks[1] == (0, False)
-    for a, b in zip(chunked, plain):
-        assert rel_err(a, b) < 1e-2
+    base = kernel_mod.resolve_config(MoDAShape(B=1, T=1000, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
+    items = step(base.replace(bwd_depth_items=1))
+    plain = step(base.replace(bwd_kv_chunk=0))
+    assert chunks[0][0] > 0 and not chunks[0][1] and chunks[1] == (chunks[0][0], True) and chunks[2] == (0, False)
+    for a, b, c in zip(chunked, plain, items):
+        assert rel_err(a, b) < 1e-2 and rel_err(c, b) < 1e-2
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -128,7 +128,7 @@ def test_gpu_kv_beside_under_graph_capture(monkeypatch):
         pytest.skip("needs CUDA")
     seen = []
     cfg = kernel_mod.resolve_config(MoDAShape(B=1, T=1000, Hq=64, Hk=8, d=64, L=64), torch.bfloat16).replace(
-        bwd_kv_chunk=0)  # unchunked: small grid (chunked, it fills the SMs itself and stays after)
+        bwd_kv_chunk=0, bwd_depth_items=0)  # unchunked: small grid (chunked, it fills the SMs itself: after)
     real = kernel_mod.moda_bwd_tma
     monkeypatch.setattr(kernel_mod, "moda_bwd_tma",
                         lambda *a, **k: seen.append(k["beside"] is not None) or real(*a, **k))

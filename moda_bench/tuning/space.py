@@ -19,7 +19,7 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           pass with the forward winner fixed;
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise, x bwd_kv_beside: the base's, never, always, x bwd_kv_chunk:
-          the base's, none, x bwd_depth_items at L > 0: the base's, off), timed on the
+          the base's, none, x bwd_depth_items at L > 0: the base's, on), timed on the
           backward pass with the fwd and bwd_q winners fixed.
   fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas  moda-overlap's knobs, in that order (by
           default the counts and the backward's kernel, OVERLAP_DEFAULT; the item groups when
@@ -379,7 +379,7 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
         regs = MAXNREG if tma else (getattr(base, names[4]),)
         beside = tuple(dict.fromkeys((base.bwd_kv_beside, 0, 1))) if tma else (base.bwd_kv_beside,)
         chunk = tuple(dict.fromkeys((base.bwd_kv_chunk, 0))) if tma else (base.bwd_kv_chunk,)
-        items = tuple(dict.fromkeys((base.bwd_depth_items, 0))) if tma and shape.L else (base.bwd_depth_items,)
+        items = tuple(dict.fromkeys((base.bwd_depth_items, 1))) if tma and shape.L else (base.bwd_depth_items,)
         for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
                                       *([beside, chunk, items] if kernel == "bwd_kv" else [])):
             out.append(base.replace(**dict(zip(names, vals))))

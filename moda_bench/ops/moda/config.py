@@ -90,11 +90,11 @@ class MoDAConfig:
     fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
     bwd_depth_kernel  "persist" backward's depth kernel: "triton" (kernel_depth) or "cute" (depth_bwd_sm90).
     bwd_kv_beside  "tma" backward: the key-major pass beside the dq pass on a second stream, not
-              after it: 1 always, 0 never, -1 in a graph capture at small grids (`kernel_bwd_tma.kv_beside`).
+              after it: 1 always, 0 never, -1 in a graph capture at small grids (`kernel_bwd_rules.kv_beside`).
     bwd_kv_chunk  "tma" backward: a key-major program takes at most n key tiles' width of rows (n > 0; a
-              tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_tma.kv_chunk`).
+              tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_rules.kv_chunk`).
     bwd_depth_items  "tma" backward: the depth part as items of the key-major grid, not in the dq pass
-              (1 on, 0 off, -1 by the shape: `kernel_bwd_tma.kv_depth_items`).
+              (1 on; 0 and -1 off: measured no faster, `kernel_bwd_rules.kv_depth_items`).
     """
 
     block_m: int = 64

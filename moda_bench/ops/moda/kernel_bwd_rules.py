@@ -1,7 +1,7 @@
 """Launch rules of the folded-row "tma" backward (`kernel_bwd_tma`), decided per call on the host:
 whether the key-major pass runs beside the dq pass (`kv_beside`), how its key tiles' rows are cut
 into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of the key-major grid
-(`kv_depth_items`), and the dq pass's block order (`dq_mix`). Each rule states the measurements
+(`kv_depth_items`, off unless asked for), and the dq pass's block order (`dq_mix`). Each rule states the measurements
 it stands on; `MoDAConfig` fields override them (-1 means "by the rule").
 """
 from __future__ import annotations
@@ -106,21 +106,21 @@ def kv_items(T: int, block_n: int, chunk: int) -> tuple:
     return tpc * nch * (nch + 1) // 2 - (tpc * nch - n_tiles), nch
 
 
-# The depth part leaves the dq pass for items of the key-major grid (bwd_depth_items = -1) at L > 0
-# and T <= KV_DEPTH_MAX_T, where the key-major pass is short enough that the dq pass's depth bytes
-# (mostly) set the backward's length.
-KV_DEPTH_MAX_T = 2048
+# The depth part as items of the key-major grid (bwd_depth_items = 1; -1 leaves it off). Measured
+# on the H100 (results/h100/kv-depth-items-s17), fwd+bwd, graph timer, G=8, L=64 unless said, items
+# / depth part in the dq pass (two starts where two numbers): T=1024 0.995 and 1.022, T=2048 1.052
+# and 1.040, T=4096 1.053, G=1 1.055, G=16 1.010, G=2 T=2048 0.984, L=256 T=1024 0.976 and 0.992,
+# L=256 T=2048 0.996. The merged kernel takes 246 registers a thread (the key pass alone
+# 202): two programs an SM either way, and the depth part, which in the dq pass runs at the copy
+# rate (268 MB in ~95 us at T=1024) only with both slots of every SM loading, gets one of them
+# beside a key item: its bytes take as long again and nothing overlaps (key-major grid 177 us
+# against 74 + 95).
 
 
 def kv_depth_items(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
-    """Whether the "tma" backward runs its depth part as items of the key-major grid
-    (`depth_item`; cfg.bwd_depth_items, -1: L > 0, T <= KV_DEPTH_MAX_T, equal row blocks)."""
-    if L == 0 or cfg.bwd_depth_items == 0:
-        return False
-    if cfg.bwd_depth_items == 1:
-        return True
-    gp = next_pow2(G)
-    return T <= KV_DEPTH_MAX_T and max(cfg.bwd_kv_block_m, gp) == max(cfg.bwd_q_block_m, gp)
+    """Whether the "tma" backward runs its depth part as items of the key-major grid (`depth_item`):
+    cfg.bwd_depth_items == 1 at L > 0 (-1 and 0: in the dq pass; T and G do not decide it yet)."""
+    return L > 0 and cfg.bwd_depth_items == 1
 
 
 def dq_mix(T: int, L: int) -> bool:

@@ -48,7 +48,7 @@ from moda_bench.ops.counters import arrival_counters, scratch
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.config import tma_block_l
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
-                                                  KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, KV_DEPTH_MAX_T,
+                                                  KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS,
                                                   dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
@@ -195,8 +195,8 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     (B*Hk, N_ITEMS, 2, BN, D) and counts in CNT (B*Hk*N_TILES int32, 0 on entry), and the chunk
     that arrives last sums them in chunk order (deterministic), stores, and puts its counter back.
     DEPTH_ITEMS: the grid also holds N_DEPTH depth items a (batch, KV head), one per BM rows
-    (`depth_item`), alternating with the N_KV key items, so that the depth bytes stream while the
-    key items compute (the dq pass then skipped its depth part)."""
+    (`depth_item`), spread evenly among the N_KV key items, so that the depth bytes stream while
+    the key items compute (the dq pass then skipped its depth part)."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
     u = tl.program_id(1)
@@ -210,10 +210,11 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
         dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
         if STATS:
             odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
-    if DEPTH_ITEMS:
-        m = tl.minimum(N_KV, N_DEPTH)
-        is_depth = tl.where(u < 2 * m, u % 2 == 1, N_DEPTH > N_KV)
-        idx = tl.where(u < 2 * m, u // 2, u - m)
+    if DEPTH_ITEMS:  # key item i at (i * total) // N_KV, depth items evenly between
+        total = N_KV + N_DEPTH
+        i = tl.cdiv(u * N_KV, total)
+        is_depth = (i >= N_KV) | ((i * total) // N_KV != u)
+        idx = tl.where(is_depth, u - tl.cdiv((u + 1) * N_KV, total), i)
         if is_depth:
             kddesc = None
             vddesc = None
@@ -448,8 +449,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     kv_chunk: positions of rows a key-major program takes (a multiple of kv_block_n; 0: all of
     its key tile's; `kv_chunk` picks it), the chunks of a tile summed by the last to finish.
     depth_items (L > 0, kv_block_m = q_block_m, not beside): the depth part leaves the dq pass for
-    items of the key-major grid (`depth_item`, `kv_depth_items` picks it), whose bytes then stream
-    while the key items compute.
+    items of the key-major grid (`depth_item`; off unless asked for, `kv_depth_items` says why).
     beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
     function beside(main, side) instead gets the two launches as callables, to run them
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
