@@ -210,15 +210,15 @@ def _capability(idx: int) -> int:
 TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3
 
 
-# Whether the Hopper default also runs the backward's sequence tiles through descriptors: no.
-# Measured on an H100 (T=16384, G=8, L=64, bf16, backward alone, results/h100/probes-bwd-tma):
-# 20.4 ms with pointer loads, 23.6 ms with bwd_tma (24.4-25.0 with wider key-major tiles); the
-# gradients are bit-identical. It stays a config field for the tuner and other GPUs.
+# The backward's sequence tiles through descriptors by default: no (H100, T=16384, G=8, L=64, bwd
+# alone: 20.4 ms by pointers, 23.6 with bwd_tma, 24.4-25.0 wider; bit-identical; probes-bwd-tma).
 BWD_TMA_DEFAULT = False
-# Registers per thread of the "tma" backward's passes at 4 warps by default (d <= 64). H100, T=16384,
-# G=8, backward alone: L=0 14.8 -> 14.1 ms, L=64 17.0 -> 15.4 ms with both passes at 168 (results/h100/
-# session-logs-5); the L=0 query-major pass (175 registers, two programs an SM) fwd+bwd T=8192 0.976
-# [0.969-0.983], T=16384 0.996 (l0-bwd-ncu-s16). Only above T = 4096: at T = 4096 the cap cost 7-9%.
+# Registers a thread of the "tma" backward's passes (4 warps, d <= 64), only above T = 4096 (at 4096
+# the cap cost 7-9%). H100, T=16384, G=8, bwd alone: L=0 14.8 -> 14.1 ms, L=64 17.0 -> 15.4 (session-
+# logs-5); the L=0 dq pass at 175 (two programs an SM) fwd+bwd 8K 0.976, 16K 0.996 (l0-bwd-ncu-s16).
+# Uncapped (T <= 4096) the depth loop of the dq pass keeps 3 stages in flight, else 2. H100, fwd+bwd,
+# graph, 3 / 2 stages (results/h100/depth-stages-s17): G=8 L=64 T=1024 / 2048 / 4096 0.979 / 0.979 /
+# 0.982, G=1 T=1024 0.936, L=256 T=1024 0.979, G=2 T=4096 0.962; at T >= 8192 1.035-1.078.
 BWD_TMA_MAXNREG, BWD_TMA_MAXNREG_MIN_T = 168, 4096
 
 
@@ -264,7 +264,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
         reg = BWD_TMA_MAXNREG if shape.T > BWD_TMA_MAXNREG_MIN_T else 0
         cfg = cfg.replace(bwd_depth="tma", bwd_q_block_m=max(64, gp), bwd_q_block_n=64, bwd_q_warps=4, bwd_q_stages=3,
                           bwd_kv_block_m=max(64, gp), bwd_kv_block_n=64, bwd_kv_warps=4, bwd_kv_stages=3,
-                          bwd_block_l=tma_block_l(shape.G, max(64, gp), rows=128), bwd_depth_stages=2,
+                          bwd_block_l=tma_block_l(shape.G, max(64, gp), rows=128), bwd_depth_stages=3 - bool(reg),
                           bwd_kv_maxnreg=reg, bwd_q_maxnreg=reg)
     return cfg
 
