@@ -125,3 +125,23 @@ def cute_sm90_env(monkeypatch) -> None:
     for name, value in (("FLASH_ATTENTION_ARCH", "sm_90a"), ("CUTE_DSL_ARCH", "sm_90a")):
         if name not in os.environ:
             monkeypatch.setenv(name, value)
+
+
+def graph_replayed(step, leaves, replays: int = 1) -> None:
+    """Capture step() (a fwd+bwd writing the leaves' .grad) into a CUDA graph and replay it: one
+    warm-up call on a side stream first (the usual pattern), grads set to None before the capture so
+    that replays write them; on return the leaves' .grad hold the replayed gradients."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for x in leaves:
+        x.grad = None
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+

@@ -15,7 +15,7 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: help
 import pytest
 import torch
 
-from helpers import check_against_reference, random_inputs, rel_err
+from helpers import check_against_reference, graph_replayed, random_inputs, rel_err
 from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda import MoDAConfig, moda_attention
 from moda_bench.ops.moda import kernel as kernel_mod
@@ -193,18 +193,6 @@ def test_gpu_kv_chunks(monkeypatch):
     assert chunks[0][0] > 0 and not chunks[0][1] and chunks[1] == (chunks[0][0], True) and chunks[2] == (0, False)
     for a, b, c in zip(chunked, plain, items):
         assert rel_err(a, b) < 1e-2 and rel_err(c, b) < 1e-2
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for x in ins:
-        x.grad = None
-    with torch.cuda.graph(graph):
-        moda_attention(*ins).backward(do)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
+    graph_replayed(lambda: moda_attention(*ins).backward(do), ins, replays=3)
     for a, x in zip(chunked, ins):
         assert rel_err(x.grad, a) < 1e-2

@@ -12,7 +12,7 @@ Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).
 import pytest
 import torch
 
-from helpers import check_against_reference, random_inputs, rel_err
+from helpers import check_against_reference, graph_replayed, random_inputs, rel_err
 from moda_bench.ops.moda import MoDAConfig, moda_attention
 from moda_bench.ops.moda import config as config_mod
 from moda_bench.ops.moda import kernel as kernel_mod
@@ -142,18 +142,7 @@ def test_gpu_kv_beside_under_graph_capture(monkeypatch):
 
     step()
     eager = [x.grad.clone() for x in ins]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for x in ins:
-        x.grad = None
-    with torch.cuda.graph(graph):
-        moda_attention(*ins, config=cfg).backward(do)
-    graph.replay()
-    torch.cuda.synchronize()
+    graph_replayed(lambda: moda_attention(*ins, config=cfg).backward(do), ins)
     assert seen == [False, False, True]
     for a, x in zip(eager, ins):
         assert rel_err(x.grad, a) < 1e-2
