@@ -182,9 +182,9 @@ def depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, 
     tl.store(DQ + optr, (old + dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
-@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "NCH", "N_ITEMS", "N_TILES", "N_KV", "N_DEPTH"])
+@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "NCH", "N_ITEMS", "N_TILES", "N_DEPTH"])
 def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L,
-               LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_KV, N_DEPTH, GP: tl.constexpr, BM: tl.constexpr,
+               LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_DEPTH, GP: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
                CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
                DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr):
@@ -195,7 +195,7 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     (B*Hk, N_ITEMS, 2, BN, D) and counts in CNT (B*Hk*N_TILES int32, 0 on entry), and the chunk
     that arrives last sums them in chunk order (deterministic), stores, and puts its counter back.
     DEPTH_ITEMS: the grid also holds N_DEPTH depth items a (batch, KV head), one per BM rows
-    (`depth_item`), spread evenly among the N_KV key items, so that the depth bytes stream while
+    (`depth_item`), spread evenly among the N_ITEMS key items, so that the depth bytes stream while
     the key items compute (the dq pass then skipped its depth part)."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
@@ -210,11 +210,11 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
         dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
         if STATS:
             odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
-    if DEPTH_ITEMS:  # key item i at (i * total) // N_KV, depth items evenly between
-        total = N_KV + N_DEPTH
-        i = tl.cdiv(u * N_KV, total)
-        is_depth = (i >= N_KV) | ((i * total) // N_KV != u)
-        idx = tl.where(is_depth, u - tl.cdiv((u + 1) * N_KV, total), i)
+    if DEPTH_ITEMS:  # key item i at (i * total) // N_ITEMS, depth items evenly between
+        total = N_ITEMS + N_DEPTH
+        i = tl.cdiv(u * N_ITEMS, total)
+        is_depth = (i >= N_ITEMS) | ((i * total) // N_ITEMS != u)
+        idx = tl.where(is_depth, u - tl.cdiv((u + 1) * N_ITEMS, total), i)
         if is_depth:
             kddesc = None
             vddesc = None
@@ -501,7 +501,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             cnt = arrival_counters(_KV_COUNTERS, q.device, B * Hk * n_tiles)
         _kv_kernel[(B * Hk, n_items + n_depth)](
             q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T,
-            L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_items, n_depth, GP=gp, BM=kv_block_m, BN=kv_block_n,
+            L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_depth, GP=gp, BM=kv_block_m, BN=kv_block_n,
             D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
             DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, **_meta(kv_warps, kv_stages, kv_maxnreg))
 
