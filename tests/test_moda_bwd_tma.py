@@ -2,7 +2,7 @@
 fp64 reference: out, lse and all five gradients at odd T (not a multiple of any block), G in
 {1, 2, 3, 8, 16, 32} (3 and 6: a q/do box's padding rows hold the next KV head's rows), L in
 {0, 1, odd, more than one depth step}, B = 2, d 32/64, fp32 and bf16; descriptor and pointer
-loads (same answer); detached depth (no depth gradients, the other three bitwise unchanged);
+loads (same answer); either order of a step's products (dp first or after); detached depth (no depth gradients, the other three bitwise unchanged);
 the pointer fallback where a caller passes delta or asks for the depth part alone; the default's
 choice; the config check; moda-fa4's depth launch under the new default.
 
@@ -93,6 +93,26 @@ def test_bwd_tma_dq_blocks_mixed_same_gradients(T, G, L):
     for a, b in zip(*runs):
         assert (a is None and b is None) or torch.equal(a, b)
     assert dq_mix(DQ_MIX_MAX_T, 1) and not dq_mix(DQ_MIX_MAX_T + 1, 64) and not dq_mix(1024, 0)
+
+
+@pytest.mark.parametrize("T,G,L", [(37, 8, 5), (50, 16, 0)])
+def test_bwd_tma_dp_first_same_gradients(T, G, L):
+    """Each pass's dp product issued before or after the exponentials (DP_FIRST, forced both ways
+    in either pass) gives bitwise the same gradients; `dp_first` issues it first in the key-major
+    pass where its registers are not capped."""
+    from moda_bench.ops.moda.kernel_bwd_rules import dp_first
+    from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
+    q, k, v, kd, vd, do = (x.detach() if x is not None else None for x in random_inputs(2, T, 2 * G, 2, 32, L,
+                                                                                         torch.float32, seed=T + 1))
+    shape = MoDAShape(B=2, T=T, Hq=2 * G, Hk=2, d=32, L=L)
+    o, lse = moda_fwd(q, k, v, kd, vd, 32 ** -0.5, shape, _bt())
+    kw = dict(q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16, block_l=16, q_stages=2, kv_stages=2)
+    runs = [moda_bwd_tma(do, q, k, v, kd, vd, o, lse, 32 ** -0.5, G, dp_first=order, **kw)
+            for order in (None, (False, False), (True, False), (False, True))]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert (a is None and b is None) or torch.equal(a, b)
+    assert dp_first(0) and not dp_first(168)
 
 
 def test_kv_beside_rule():

@@ -1,7 +1,8 @@
 """Launch rules of the folded-row "tma" backward (`kernel_bwd_tma`), decided per call on the host:
 whether the key-major pass runs beside the dq pass (`kv_beside`), how its key tiles' rows are cut
 into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of the key-major grid
-(`kv_depth_items`, off unless asked for), and the dq pass's block order (`dq_mix`). Each rule states the measurements
+(`kv_depth_items`, off unless asked for), the dq pass's block order (`dq_mix`), and the order of
+a step's products (`dp_first`). Each rule states the measurements
 it stands on; `MoDAConfig` fields override them (-1 means "by the rule").
 """
 from __future__ import annotations
@@ -126,3 +127,18 @@ def kv_depth_items(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
 def dq_mix(T: int, L: int) -> bool:
     """Whether the dq pass alternates heavy and light row blocks (`_dq_kernel`'s MIX)."""
     return L > 0 and T <= DQ_MIX_MAX_T
+
+
+# The key-major pass's step issues its dp^T product (v do^T) before the exponentials of its
+# scores, so the tensor cores compute it while the exponential unit works, where its registers
+# are not capped; with the cap (168 at T > 4096) the two score-sized fp32 tiles live at once and
+# the pass spills. The dq pass keeps dp after. H100, backward alone, 12 interleaved rounds, each
+# variant / dp after in both passes (results/h100/s18-dp-first, gradients bitwise the same):
+# - uncapped (T <= 4096): key-major dp first 0.963 at T=4096 G=8 L=64, 0.980 at T=2048 L=0,
+#   0.984 at G=2, 0.983 at L=256; T=1024 (host-bound repetitions) 1.008, inside its noise. The dq
+#   pass's dp first gains nothing (alone 0.992-1.001; with the key-major one 0.999-1.003) and is off.
+# - capped at 168: key-major dp first at T=16384 1.40 (L=0) and 1.35 (L=64); uncapped with dp
+#   first 1.022 and 1.045 against the capped default, 0.986 at T=8192 (not taken: 1.4%).
+def dp_first(maxnreg: int) -> bool:
+    """Whether the key-major pass, with this register cap (0: none), issues dp^T before the exponentials."""
+    return maxnreg == 0

@@ -50,6 +50,7 @@ from moda_bench.ops.moda.config import tma_block_l
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS,
                                                   dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
+from moda_bench.ops.moda.kernel_bwd_rules import dp_first as dp_first_rule
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
@@ -113,10 +114,11 @@ def row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP: tl.constexpr, BM: tl.co
 @triton.jit
 def _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
              qk_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
-             USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr):
+             USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, DP_FIRST: tl.constexpr):
     """dk, dv of the key tile += the share of the BM folded rows from position t0. STATS: the rows'
     lse2 and delta computed here from lse, o and do (no dq pass before this one), else read from
-    the flat buffers the dq pass wrote."""
+    the flat buffers the dq pass wrote. DP_FIRST: dp^T's product issued before the exponentials
+    (`kernel_bwd_rules.dp_first`)."""
     q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
@@ -125,11 +127,16 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DE
     else:
         lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
         delta = tl.load(DELTA + bh * RP + r)
-    pT = tl.math.exp2(mm_acc(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
+    sT = mm_acc(k, tl.trans(q), None, PREC)  # [BN, BM]
+    if DP_FIRST:
+        dpT = mm_acc(v, tl.trans(do), None, PREC)
+    pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
     if MASK:
         pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
     dv = mm_acc(pT.to(do.dtype), do, dv, PREC)
-    dsT = (pT * (mm_acc(v, tl.trans(do), None, PREC) - delta[None, :])).to(q.dtype)
+    if not DP_FIRST:
+        dpT = mm_acc(v, tl.trans(do), None, PREC)
+    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
     dk = mm_acc(dsT, q, dk, PREC)
     return dk, dv
 
@@ -187,7 +194,7 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_DEPTH, GP: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
                CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
-               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr):
+               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
     computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
     CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
@@ -231,16 +238,18 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                        DEPTH_STAGES, DEPTH_GRAD)
         else:
             kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B,
-                    T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK)
+                    T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK,
+                    DP_FIRST)
     else:
         kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T,
-                G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK)
+                G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK, DP_FIRST)
 
 
 @triton.jit
 def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G, Hk,
             RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-            D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, CHUNK: tl.constexpr):
+            D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, CHUNK: tl.constexpr,
+            DP_FIRST: tl.constexpr):
     """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows."""
     P: tl.constexpr = BM // GP
     NDIAG: tl.constexpr = (BN + P - 1) // P
@@ -270,10 +279,10 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
         hi = tl.minimum((c + 1) * CHUNK, T)
     for t0 in range(n0, diag_hi, P):  # positions whose rows see only part of the tile
         dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
-                          Hk, RP, qk_scale, GP, BM, D, True, USE_DESC, PREC, STATS)
+                          Hk, RP, qk_scale, GP, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST)
     for t0 in tl.range(lo, hi, P):
         dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
-                          Hk, RP, qk_scale, GP, BM, D, False, USE_DESC, PREC, STATS)
+                          Hk, RP, qk_scale, GP, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST)
     if CHUNK == 0:
         store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
     else:
@@ -303,14 +312,19 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
 
 @triton.jit
 def dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
-            D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr):
-    """dq (unscaled) += the share of the BN sequence keys from n0."""
+            D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
+            DP_FIRST: tl.constexpr):
+    """dq (unscaled) += the share of the BN sequence keys from n0 (DP_FIRST as in `_kv_step`)."""
     k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
     v = keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    p = tl.math.exp2(mm_acc(q, tl.trans(k), None, PREC) * qk_scale - lse2[:, None])
+    s = mm_acc(q, tl.trans(k), None, PREC)
+    if DP_FIRST:
+        dp = mm_acc(do, tl.trans(v), None, PREC)
+    p = tl.math.exp2(s * qk_scale - lse2[:, None])
     if MASK:
         p = tl.where((n0 + tl.arange(0, BN))[None, :] <= t[:, None], p, 0.0)
-    dp = mm_acc(do, tl.trans(v), None, PREC)
+    if not DP_FIRST:
+        dp = mm_acc(do, tl.trans(v), None, PREC)
     return mm_acc((p * (dp - delta[:, None])).to(k.dtype), k, dq, PREC)
 
 
@@ -363,7 +377,8 @@ def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc
 def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
                n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
-               USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr):
+               USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
+               DP_FIRST: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
     n_m), the last row block first, or (MIX) the last, the first, the last but one, ..."""
@@ -411,10 +426,10 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
     for n0 in tl.range(0, n_full, BN):
         dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     False, USE_DESC, PREC)
+                     False, USE_DESC, PREC, DP_FIRST)
     for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
         dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     True, USE_DESC, PREC)
+                     True, USE_DESC, PREC, DP_FIRST)
     if DEPTH:
         dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
@@ -440,7 +455,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
-                 depth_items: bool = False):
+                 depth_items: bool = False, dp_first=None):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -450,6 +465,9 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     its key tile's; `kv_chunk` picks it), the chunks of a tile summed by the last to finish.
     depth_items (L > 0, kv_block_m = q_block_m, not beside): the depth part leaves the dq pass for
     items of the key-major grid (`depth_item`; off unless asked for, `kv_depth_items` says why).
+    dp_first: (key-major pass, dq pass) booleans, each pass's dp product issued before its
+    exponentials; None: the key-major pass by `kernel_bwd_rules.dp_first` of its register cap,
+    the dq pass after.
     beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
     function beside(main, side) instead gets the two launches as callables, to run them
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
@@ -474,6 +492,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     if use_desc:
         ensure_allocator()
     prec = dot_precision(q.dtype)
+    kv_dp_first, q_dp_first = (dp_first_rule(kv_maxnreg), False) if dp_first is None else dp_first
 
     depth_items = bool(depth_items) and L > 0
     if depth_items and (kv_block_m != q_block_m or beside is not None):
@@ -485,6 +504,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             Hk, RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl,
             DEPTH=L > 0 and not depth_items,
             DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix),
+            DP_FIRST=bool(q_dp_first),
             **_meta(q_warps, q_stages, q_maxnreg))
 
     if kv_chunk and (kv_chunk % kv_block_n or kv_chunk < 0):
@@ -503,7 +523,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T,
             L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_depth, GP=gp, BM=kv_block_m, BN=kv_block_n,
             D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
-            DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, **_meta(kv_warps, kv_stages, kv_maxnreg))
+            DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first),
+            **_meta(kv_warps, kv_stages, kv_maxnreg))
 
     if beside is None:
         dq_pass()
