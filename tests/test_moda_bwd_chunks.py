@@ -83,9 +83,23 @@ def test_kv_chunks_repeatable_and_counters_back_at_zero(monkeypatch):
     first, second = run(16), run(16)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
-    kinds = {buf.dtype for buf in bwd_mod._KV_COUNTERS.values()}
-    assert kinds == {torch.int32, torch.float32}  # counters and the partials' buffer, from the cache
-    assert all(int(buf.abs().sum()) == 0 for buf in bwd_mod._KV_COUNTERS.values() if buf.dtype == torch.int32)
+    counters = [v for v in bwd_mod._KV_COUNTERS.values() if isinstance(v, torch.Tensor)]
+    partials = [v for v in bwd_mod._KV_COUNTERS.values() if isinstance(v, tuple)]
+    assert {c.dtype for c in counters} == {torch.int32} and len(partials) == 1  # both from the cache
+    assert all(int(c.abs().sum()) == 0 for c in counters)
+
+
+def test_scratch_one_buffer_a_stream_grown_to_fit():
+    """`counters.scratch`: one buffer a (device, stream, dtype), grown to the largest size asked
+    for; a smaller call gets a view of its first elements; a repeat call the same view."""
+    from moda_bench.ops.counters import scratch
+    cache, dev = {}, torch.device("cpu")
+    a = scratch(cache, dev, 10)
+    b = scratch(cache, dev, 100)
+    c = scratch(cache, dev, 50)
+    assert (a.numel(), b.numel(), c.numel()) == (10, 100, 50) and len(cache) == 1
+    assert c.data_ptr() == b.data_ptr() and scratch(cache, dev, 50) is c
+    assert scratch(cache, dev, 7, torch.int32).dtype == torch.int32 and len(cache) == 2
 
 
 def test_kv_items_enumerate_every_tile_chunk_pair():

@@ -1,8 +1,8 @@
 """Arrival counters of one-launch reductions: int32 buffers that are 0 between calls.
 
-Owns `arrival_counters` (and `scratch`, the partials' buffer kept the same way), shared by the kernels whose programs write partial results and whose
-last-arriving program of a group sums them (decode's fused combine, the MoDA backward's split
-key-major pass): every program adds 1 to its group's counter after its partial is stored, the one
+Owns `arrival_counters` (and `scratch`, the partials' buffer, one a stream grown to fit), shared
+by the kernels whose programs write partial results and whose last-arriving program of a group
+sums them (decode's fused combine, the MoDA backward's split key-major pass): every program adds 1 to its group's counter after its partial is stored, the one
 that sees the count reach the group's size sums the partials and puts the counter back to 0. So a
 buffer is reused without a memset, and a call allocates nothing once its buffer exists.
 """
@@ -23,12 +23,25 @@ def stream_state(device) -> tuple:
 
 
 def scratch(cache: dict, device, n: int, dtype=torch.float32):
-    """n elements of `dtype`, contents undefined, kept in `cache` by (device, stream, n) as
-    `arrival_counters` keeps its counters (a capture takes the "graph" buffer an eager call made,
-    else a fresh one, not cached): for partial results that the same launch writes before it
-    reads them, so a call allocates nothing once its buffer exists. Buffers are not dropped (a
-    captured graph may hold one): one a size a stream."""
-    return _cached(cache, device, ("scratch", n, dtype), lambda: torch.empty(n, device=device, dtype=dtype))
+    """n elements of `dtype`, contents undefined: for partial results that the same launch writes
+    before it reads them. Eager calls: one buffer per (device, current stream, dtype) in `cache`,
+    grown to the largest n asked for (a smaller call takes its first n elements), so a run of
+    many shapes holds one buffer a stream, not one a shape; a call allocates nothing once it
+    fits. A buffer outgrown is dropped, which is safe for eager work: calls on one stream run in
+    order, so the caching allocator reuses its memory only after the queued kernels that read it.
+    A CUDA graph capture takes a fresh buffer from the graph's own memory pool (never cached,
+    nothing to zero), which its replays keep."""
+    stream, capturing = stream_state(device)
+    if capturing:
+        return torch.empty(n, device=device, dtype=dtype)
+    key = (str(device), stream, "scratch", dtype)
+    held = cache.get(key)
+    if held is None or held[0].numel() < n:
+        buf = torch.empty(n, device=device, dtype=dtype)
+        held = cache[key] = (buf, n, buf)
+    elif held[1] != n:  # the view of the last size asked for is kept: a repeat call makes none
+        held = cache[key] = (held[0], n, held[0][:n])
+    return held[2]
 
 
 def arrival_counters(cache: dict, device, n: int):
