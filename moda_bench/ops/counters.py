@@ -2,9 +2,10 @@
 
 Owns `arrival_counters` (and `scratch`, the partials' buffer, one a stream grown to fit), shared
 by the kernels whose programs write partial results and whose last-arriving program of a group
-sums them (decode's fused combine, the MoDA backward's split key-major pass): every program adds 1 to its group's counter after its partial is stored, the one
-that sees the count reach the group's size sums the partials and puts the counter back to 0. So a
-buffer is reused without a memset, and a call allocates nothing once its buffer exists.
+sums them (decode's fused combine, the MoDA backward's split key-major pass): every program adds
+1 to its group's counter after its partial is stored, the one that sees the count reach the
+group's size sums the partials and puts the counter back to 0. So a buffer is reused without a
+memset, and a call allocates nothing once its buffer exists.
 """
 from __future__ import annotations
 

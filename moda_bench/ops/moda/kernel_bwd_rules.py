@@ -2,8 +2,8 @@
 whether the key-major pass runs beside the dq pass (`kv_beside`), how its key tiles' rows are cut
 into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of the key-major grid
 (`kv_depth_items`, off unless asked for), the dq pass's block order (`dq_mix`), and the order of
-a step's products (`dp_first`). Each rule states the measurements
-it stands on; `MoDAConfig` fields override them (-1 means "by the rule").
+a step's products (`dp_first`). Each rule states the measurements it stands on; `MoDAConfig`
+fields override them (-1 means "by the rule"; `dp_first` has no field: `moda_bwd_tma`'s kwarg).
 """
 from __future__ import annotations
 

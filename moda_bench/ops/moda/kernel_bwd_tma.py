@@ -32,6 +32,9 @@ Design:
   dp^T = v do^T, dk += ds^T q), no register transpose of an accumulator. Inside a CUDA graph
   capture at small grids (`kv_beside`) it runs beside the query-major pass on a second stream,
   computing its rows' lse2 and delta itself (`row_stats`).
+* Product order: where the key-major pass's registers are not capped its step issues dp^T =
+  v do^T before the exponentials of its scores (DP_FIRST, `kernel_bwd_rules.dp_first`), so the
+  tensor cores work while the exponential unit does; the dq pass keeps dp after them.
 * Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's
   choice); 168 at 4 warps lets three programs share an SM (measured on the H100: the dk/dv pass
   at T=16384, G=8, d=64 from 9.8 to 8.7 ms, tools/bwd_tma_triton.py).
@@ -50,7 +53,7 @@ from moda_bench.ops.moda.config import tma_block_l
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS,
                                                   dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
-from moda_bench.ops.moda.kernel_bwd_rules import dp_first as dp_first_rule
+from moda_bench.ops.moda.kernel_bwd_rules import dp_first as dp_first_rule  # moda_bwd_tma's dp_first is a kwarg
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
