@@ -36,13 +36,13 @@ def scratch(cache: dict, device, n: int, dtype=torch.float32):
     if capturing:
         return torch.empty(n, device=device, dtype=dtype)
     key = (str(device), stream, "scratch", dtype)
-    held = cache.get(key)
+    held = cache.get(key)  # (buffer, view of the last size asked for: a repeat call makes none)
     if held is None or held[0].numel() < n:
         buf = torch.empty(n, device=device, dtype=dtype)
-        held = cache[key] = (buf, n, buf)
-    elif held[1] != n:  # the view of the last size asked for is kept: a repeat call makes none
-        held = cache[key] = (held[0], n, held[0][:n])
-    return held[2]
+        held = cache[key] = (buf, buf)
+    elif held[1].numel() != n:
+        held = cache[key] = (held[0], held[0][:n])
+    return held[1]
 
 
 def arrival_counters(cache: dict, device, n: int):
@@ -59,18 +59,14 @@ def arrival_counters(cache: dict, device, n: int):
     with an eager call. A capture with no eager call of its n before gets a fresh buffer zeroed
     inside the graph (a fill node before the kernel, correct at every replay), not cached:
     a buffer whose zeroing was only captured is 0 only after its graph's first replay."""
-    return _cached(cache, device, n, lambda: torch.zeros(n, device=device, dtype=torch.int32))
-
-
-def _cached(cache: dict, device, key, make):
     stream, capturing = stream_state(device)
     dev = str(device)
     if capturing:
-        buf = cache.get((dev, "graph", key))
-        return buf if buf is not None else make()
-    buf = cache.get((dev, stream, key))
+        buf = cache.get((dev, "graph", n))
+        return buf if buf is not None else torch.zeros(n, device=device, dtype=torch.int32)
+    buf = cache.get((dev, stream, n))
     if buf is None:
-        buf = cache[(dev, stream, key)] = make()
-        if (dev, "graph", key) not in cache:
-            cache[(dev, "graph", key)] = make()
+        buf = cache[(dev, stream, n)] = torch.zeros(n, device=device, dtype=torch.int32)
+        if (dev, "graph", n) not in cache:
+            cache[(dev, "graph", n)] = torch.zeros(n, device=device, dtype=torch.int32)
     return buf
