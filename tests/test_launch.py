@@ -1,4 +1,6 @@
-"""The host-side launch arithmetic (moda_bench.ops.launch) agrees with Triton's own helpers."""
+"""The host-side launch arithmetic (moda_bench.ops.launch) agrees with Triton's own helpers, and its
+cached launches repeat Triton's (stand-ins on the CPU, MoDA's kernels bitwise on a Hopper GPU)."""
+import pytest
 import triton
 
 from moda_bench.ops.launch import cdiv, next_pow2
@@ -12,3 +14,166 @@ def test_cdiv_and_next_pow2_match_triton():
             assert next_pow2(a) == triton.next_power_of_2(a)
             assert next_pow2(a) >= a and next_pow2(a) & (next_pow2(a) - 1) == 0
     assert next_pow2(0) == 1 and next_pow2(1) == 1
+
+
+# ---------------------------------------------------------------- CachedLaunch, with stand-ins
+class _Compiled:
+    """A stand-in for Triton's compiled kernel: records its launcher's calls."""
+    function, packed_metadata = "fn-handle", ("meta",)
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *a):
+        self.calls.append(a)
+
+
+class _Kernel:
+    """A stand-in JIT function of parameters (x, n, BLOCK, FLAG): kernel[grid](*args, **meta)."""
+    arg_names = ["x", "n", "BLOCK", "FLAG"]
+
+    def __init__(self):
+        self.slow = []
+        self.compiled = _Compiled()
+
+    def __getitem__(self, grid):
+        def go(*args, **meta):
+            self.slow.append((grid, args, meta))
+            return self.compiled
+        return go
+
+
+class _Cuda:
+    is_cuda = True
+
+
+def test_cached_launch_repeats_a_key_through_the_launcher(monkeypatch):
+    """The first launch of a key goes through the kernel's own path (meta built); later ones call
+    the kept kernel's launcher with the grid padded to 3-D, the current stream, no hooks and the
+    arguments then the constexprs in signature order (meta not built). Another key, another
+    device or key=None take the kernel's path again; CPU tensors always do."""
+    from moda_bench.ops import launch
+    monkeypatch.setattr(launch, "_current_stream", lambda: (0, 1234))
+    monkeypatch.setattr(launch, "_FAST", True)
+    k = _Kernel()
+    cl = launch.CachedLaunch(k)
+    built = []
+
+    def meta():
+        built.append(1)
+        return dict(BLOCK=64, FLAG=True, num_warps=4)
+
+    x = _Cuda()
+    cl(("a",), (5,), (x, 7), meta)
+    assert len(k.slow) == 1 and k.slow[0] == ((5,), (x, 7), dict(BLOCK=64, FLAG=True, num_warps=4))
+    assert cl.entries == 1 and not k.compiled.calls
+    cl(("a",), (5, 2), (x, 9), meta)
+    assert len(k.slow) == 1 and len(built) == 1
+    assert k.compiled.calls == [(5, 2, 1, 1234, "fn-handle", ("meta",), None, None, None, x, 9, 64, True)]
+    cl(("b",), (5,), (x, 7), meta)       # a new key: Triton's path, then kept
+    assert len(k.slow) == 2 and cl.entries == 2
+    cl(None, (5,), (x, 7), meta)         # no key: never kept
+    assert len(k.slow) == 3 and cl.entries == 2
+    monkeypatch.setattr(launch, "_current_stream", lambda: (1, 99))
+    cl(("a",), (5,), (x, 7), meta)       # the same key on another device
+    assert len(k.slow) == 4 and cl.entries == 3
+    cl(("a",), (1, 2, 3), ("cpu tensor", 7), meta)  # not CUDA (the interpreter's tensors)
+    assert len(k.slow) == 5 and len(k.compiled.calls) == 1
+
+
+def test_cached_launch_falls_back_where_it_cannot_repeat(monkeypatch):
+    """Triton's own path at every launch: with MODA_BENCH_FAST_LAUNCH off (set_fast_launch), with a
+    launch hook installed (a profiler), for a kernel whose result has no launcher (the
+    interpreter) and for a parameter left to its default (not in args or meta)."""
+    from moda_bench.ops import launch
+    monkeypatch.setattr(launch, "_current_stream", lambda: (0, 1))
+    x = _Cuda()
+    meta = lambda: dict(BLOCK=64, FLAG=False)  # noqa: E731
+    old = launch.set_fast_launch(False)
+    try:
+        k = _Kernel()
+        cl = launch.CachedLaunch(k)
+        for _ in range(3):
+            cl(("a",), (1,), (x, 1), meta)
+        assert len(k.slow) == 3 and cl.entries == 0 and not launch.fast_launch()
+    finally:
+        launch.set_fast_launch(old)
+    monkeypatch.setattr(launch, "_FAST", True)
+    k = _Kernel()
+    cl = launch.CachedLaunch(k)
+    cl(("a",), (1,), (x, 1), meta)
+    monkeypatch.setattr(launch, "_hooks_idle", lambda: False)
+    cl(("a",), (1,), (x, 1), meta)
+    assert len(k.slow) == 2 and not k.compiled.calls
+    k = _Kernel()
+    k.compiled = object()               # no run / function / packed_metadata
+    cl = launch.CachedLaunch(k)
+    cl(("a",), (1,), (x, 1), meta)
+    assert cl.entries == 0
+    k = _Kernel()
+    cl = launch.CachedLaunch(k)
+    cl(("a",), (1,), (x, 1), lambda: dict(BLOCK=64))  # FLAG left to a default
+    assert cl.entries == 0
+
+
+def test_hooks_idle_reads_tritons_hook_chains(monkeypatch):
+    """No hook installed here; one installed (as a profiler does) is seen, in either form Triton
+    keeps its hooks (a chain of callables, or a callable or None)."""
+    from moda_bench.ops import launch
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    class Rt:
+        launch_enter_hook, launch_exit_hook = Chain([]), None
+
+    monkeypatch.setattr(launch, "_RUNTIME", [Rt])
+    assert launch._hooks_idle()
+    Rt.launch_exit_hook = Chain([print])
+    assert not launch._hooks_idle()
+    Rt.launch_exit_hook = print
+    assert not launch._hooks_idle()
+
+
+@pytest.mark.gpu
+def test_gpu_cached_launches_give_tritons_results(monkeypatch):
+    """On a Hopper GPU, MoDA's three descriptor launches (forward, dq pass, key-major pass) repeat
+    from the cache after their first call, and out and all five gradients are bitwise those of
+    Triton's own path, at odd T, G in {1, 2, 8} and L in {0, 5, 64}."""
+    import torch
+    from helpers import random_inputs
+    from moda_bench.ops import launch
+    from moda_bench.ops.moda import moda_attention
+    from moda_bench.ops.moda.config import resolve_config
+    from moda_bench.ops.moda.validate import MoDAShape
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a Hopper GPU (device-side descriptors)")
+    hits = []
+    idle = launch._hooks_idle
+    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
+    for T, G, L in ((1000, 8, 64), (333, 2, 0), (77, 1, 5)):
+        shape = MoDAShape(B=1, T=T, Hq=4 * G, Hk=4, d=64, L=L)
+        cfg = resolve_config(shape, torch.bfloat16).replace(fwd_depth="tma", bwd_depth="tma")
+        ins = list(random_inputs(1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T))
+        do = ins.pop()
+        ins = [x for x in ins if x is not None]
+
+        def step():
+            for x in ins:
+                x.grad = None
+            out = moda_attention(*ins, config=cfg)
+            out.backward(do)
+            return [out.detach().clone()] + [x.grad.clone() for x in ins]
+
+        old = launch.set_fast_launch(False)
+        try:
+            ref = step()
+        finally:
+            launch.set_fast_launch(old)
+        monkeypatch.setattr(launch, "_FAST", True)
+        step()
+        n = len(hits)
+        got = step()
+        assert len(hits) - n == 3, (T, G, L)   # forward, dq pass, key-major pass: all from the cache
+        assert all(torch.equal(a, b) for a, b in zip(ref, got)), (T, G, L)

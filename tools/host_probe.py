@@ -10,6 +10,7 @@ moda calls: the functions with the most own time and the most cumulative time.
     python3 tools/host_probe.py --variants 'kv_n=32;q_m=32'   # configs against the default, interleaved
     python3 tools/host_probe.py --engine      # autograd's own host cost: a Python node against a C++ one
     python3 tools/host_probe.py --cpu-trace   # torch.profiler's CPU events of the moda calls
+    python3 tools/host_probe.py --launch      # cached launches (ops.launch) against Triton's path
 
 --phases times each piece of a call on its own (input checks, config look-up, allocations, the
 launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch with as many
@@ -225,6 +226,34 @@ def variants(x, leaves, spec: str, max_time: float = 3.0) -> None:
             print(f"  {timer:5s} {name:40s} {1e3 * m.median_ms:8.1f} us  x default {r:.3f} [{lo:.3f}-{hi:.3f}]")
 
 
+def launch_ab(x, leaves, max_time: float = 3.0) -> None:
+    """fwd+bwd with MoDA's launches repeated from `CachedLaunch` against Triton's own launch path at
+    every call (`set_fast_launch`), host us a call, then interleaved eager and graph timings."""
+    from moda_bench.ops.launch import set_fast_launch
+    q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))
+
+    def call(fast: bool):
+        def fn():
+            set_fast_launch(fast)
+            moda_attention(q, k, v, kd, vd).backward(do)
+        return fn
+
+    fns = {"triton": call(False), "cached": call(True)}
+    for fn in fns.values():
+        fn()
+    for _ in range(2):  # host time alone, alternated twice
+        for name, fn in fns.items():
+            print(f"  host  {name:8s} {per_call_us(fn, 150):8.1f} us a call")
+    for timer in ("eager", "graph"):
+        res = time_interleaved(fns, baseline="triton", timer=timer, grad_to_none={n: leaves for n in fns},
+                               rule=RoundRule(max_time_s=max_time))
+        for name in fns:
+            m = res.measurements[name]
+            r, lo, hi = res.ratios.get(name, (1.0, 1.0, 1.0))
+            print(f"  {timer:5s} {name:8s} {1e3 * m.median_ms:8.1f} us  x triton's path {r:.3f} [{lo:.3f}-{hi:.3f}]")
+    set_fast_launch(True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, default=1024)
@@ -239,6 +268,7 @@ def main() -> None:
     p.add_argument("--cpu-trace", action="store_true", help="torch.profiler CPU events of the moda calls")
     p.add_argument("--max-time", type=float, default=3.0, help="seconds of interleaved rounds a timer (--variants)")
     p.add_argument("--variants", default=None, help="';'-separated configs against the default, interleaved")
+    p.add_argument("--launch", action="store_true", help="cached launches against Triton's path, interleaved")
     a = p.parse_args()
     x = make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
     leaves = [t for k, t in x.items() if k != "do" and t is not None]
@@ -267,7 +297,9 @@ def main() -> None:
         cpu_trace(moda)
     if a.variants is not None:
         variants(x, leaves, a.variants, a.max_time)
-    if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None:
+    if a.launch:
+        launch_ab(x, leaves, a.max_time)
+    if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None or a.launch:
         return
     for name, fn in (("moda", moda), ("fa2", fa2)):
         for _ in range(5):

@@ -1,12 +1,29 @@
-"""Host-side arithmetic of kernel launches (grid sizes, power-of-two tile paddings) in plain
-Python, for the per-call paths of every operator.
+"""Host-side arithmetic and host cost of kernel launches, for the per-call paths of every operator.
+
+Owns plain-Python grid arithmetic (`cdiv`, `next_pow2`) and `CachedLaunch`, a Triton launch
+whose per-call specialisation is done once per caller key.
 
 `triton.cdiv` and `triton.next_power_of_2` are also callable inside kernels, and recent Triton
 versions route their Python calls through that machinery: about 2 us a call (Triton 3.9 on a
 CPU), where `-(-a // b)` takes 0.03 us. A MoDA fwd+bwd makes about 16 such calls, which is
 host time that an eager training step pays on every call (issue 21's launch tax).
+
+`CachedLaunch`: on every `kernel[grid](*args, **meta)` Triton binds all arguments, specialises
+each one (dtype, 16-byte alignment, value 1, divisibility by 16), hashes the result into its
+cache key, builds a launch-metadata dict for the profiling hooks and only then calls the C
+launcher: 15-30 us a launch on the hosts measured (issue 21; `tools/host_probe.py --phases`).
+The operators here know what determines the specialisation (their inputs' shapes, dtype and
+tile configuration, all pointers 16-byte aligned), so a caller names that as a key: the first
+launch of a key goes through Triton and keeps the compiled kernel it returns; later launches of
+the key call that kernel's launcher directly with the same arguments, in the order Triton passes
+them. A key of None, a Triton without that launcher interface, the interpreter, a profiling
+hook installed, or `MODA_BENCH_FAST_LAUNCH=0` in the environment all take Triton's own path.
 """
 from __future__ import annotations
+
+import os
+
+_FAST = os.environ.get("MODA_BENCH_FAST_LAUNCH", "1") not in ("0", "false", "off")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -17,3 +34,95 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(x: int) -> int:
     """The smallest power of two >= x (1 for x <= 1)."""
     return 1 << max(0, int(x) - 1).bit_length()
+
+
+def set_fast_launch(on: bool) -> bool:
+    """Turn the cached launch path on or off for this process (A/B timing); returns the old state."""
+    global _FAST
+    old, _FAST = _FAST, bool(on)
+    return old
+
+
+def fast_launch() -> bool:
+    """Whether `CachedLaunch` may launch from its cache in this process."""
+    return _FAST
+
+
+_RUNTIME = []  # triton.knobs.runtime, looked up once
+
+
+def _hooks_idle() -> bool:
+    """No launch hook installed (a profiler such as proton installs them): Triton's launch
+    metadata is then unused and the launcher may get None for both hooks. Triton >= 3.5 keeps the
+    hooks as chains of callables, earlier versions as a callable or None."""
+    if not _RUNTIME:
+        try:
+            from triton import knobs
+            _RUNTIME.append(knobs.runtime)
+        except (ImportError, AttributeError):  # pragma: no cover - a Triton without knobs
+            _RUNTIME.append(None)
+    rt = _RUNTIME[0]
+    if rt is None:  # pragma: no cover
+        return False
+    return all(h is None or (hasattr(h, "calls") and not h.calls)
+               for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+
+
+def _current_stream() -> tuple:
+    """(device index, raw handle of its current stream): what Triton's launcher launches on."""
+    import torch
+    dev = torch.cuda.current_device()
+    return dev, torch._C._cuda_getCurrentRawStream(dev)
+
+
+class CachedLaunch:
+    """`kernel[grid](*args, **meta())` with Triton's binding and specialisation done once per key.
+
+    key: hashable, and the caller's promise that it fixes every specialisation of the launch:
+    the tensors' dtypes, every integer argument's value class (1, a multiple of 16, other),
+    every constexpr and option in meta, and that all pointer arguments are 16-byte aligned
+    (callers check alignment where it is not given, else pass key=None). The CUDA device is
+    added to the key here; a launch whose first argument is not a CUDA tensor (the interpreter's
+    CPU tensors) takes Triton's path. args: the runtime arguments, positionally, in signature
+    order; meta: a callable returning the constexprs and launch options (num_warps, ...) by
+    name, called only where Triton's own path runs. `entries` counts the kept kernels."""
+
+    __slots__ = ("fn", "kernels")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.kernels: dict = {}
+
+    @property
+    def entries(self) -> int:
+        return len(self.kernels)
+
+    def __call__(self, key, grid: tuple, args: tuple, meta) -> None:
+        if key is None or not _FAST or not getattr(args[0], "is_cuda", False):
+            self.fn[grid](*args, **meta())
+            return
+        dev, stream = _current_stream()
+        hit = self.kernels.get((dev, key))
+        if hit is not None and _hooks_idle():
+            ck, tail = hit
+            gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+            ck.run(gx, gy, gz, stream, ck.function, ck.packed_metadata, None, None, None, *args, *tail)
+            return
+        kw = meta()
+        ck = self.fn[grid](*args, **kw)
+        if hit is None:
+            entry = self._entry(ck, args, kw)
+            if entry is not None:
+                self.kernels[(dev, key)] = entry
+
+    def _entry(self, ck, args: tuple, kw: dict):
+        """(compiled kernel, the constexpr values after args in signature order), or None where
+        the launch cannot be repeated from them: no launcher interface (the interpreter, another
+        Triton), or a parameter neither in args nor in kw (a default Triton would fill in)."""
+        if not all(hasattr(ck, a) for a in ("run", "function", "packed_metadata")):
+            return None
+        names = list(getattr(self.fn, "arg_names", ()))
+        rest = names[len(args):]
+        if len(names) < len(args) or any(n not in kw for n in rest):
+            return None
+        return ck, tuple(kw[n] for n in rest)

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.counters import arrival_counters, scratch
-from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
 from moda_bench.ops.moda.config import tma_block_l
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS,
@@ -501,14 +501,22 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     if depth_items and (kv_block_m != q_block_m or beside is not None):
         raise ValueError("depth_items needs kv_block_m = q_block_m and the key-major pass after the dq pass")
 
+    # the launches' specialisation, for `CachedLaunch`: every tensor of q's dtype but the fp32 row
+    # statistics and partials, and (with descriptor loads) every pointer 16-byte aligned (the
+    # caller's `aligned`; lse checked here, the rest allocated here); else Triton's own path
+    shape_key = ((q.dtype, do.dtype, kd_.dtype, B, T, Hq, Hk, d, L, G, q_block_m, kv_block_m, S, bl, depth_grad, prec,
+                  depth_stages) if use_desc and lse.data_ptr() % 16 == 0 else None)
+
     def dq_pass():
-        _dq_kernel[(B * Hk, n_m)](
-            q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L, max(L, 1), G,
-            Hk, RP, n_m, GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl,
-            DEPTH=L > 0 and not depth_items,
-            DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc), PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix),
-            DP_FIRST=bool(q_dp_first),
-            **_meta(q_warps, q_stages, q_maxnreg))
+        _DQ_LAUNCH(shape_key and (shape_key, q_block_n, bool(mix), bool(q_dp_first), depth_items, q_warps, q_stages,
+                                  q_maxnreg),
+                   (B * Hk, n_m),
+                   (q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
+                    max(L, 1), G, Hk, RP, n_m),
+                   lambda: dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl,
+                                DEPTH=L > 0 and not depth_items, DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc),
+                                PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix), DP_FIRST=bool(q_dp_first),
+                                **_meta(q_warps, q_stages, q_maxnreg)))
 
     if kv_chunk and (kv_chunk % kv_block_n or kv_chunk < 0):
         raise ValueError(f"kv_chunk={kv_chunk} is not a positive multiple of kv_block_n={kv_block_n}")
@@ -522,12 +530,15 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
         if chunk:
             ws = scratch(_KV_COUNTERS, q.device, B * Hk * n_items * 2 * kv_block_n * d)
             cnt = arrival_counters(_KV_COUNTERS, q.device, B * Hk * n_tiles)
-        _kv_kernel[(B * Hk, n_items + n_depth)](
-            q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T,
-            L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_depth, GP=gp, BM=kv_block_m, BN=kv_block_n,
-            D=d, USE_DESC=bool(use_desc), PREC=prec, STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
-            DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first),
-            **_meta(kv_warps, kv_stages, kv_maxnreg))
+        _KV_LAUNCH(shape_key and (shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps,
+                                  kv_stages, kv_maxnreg),
+                   (B * Hk, n_items + n_depth),
+                   (q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale,
+                    B, T, L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_depth),
+                   lambda: dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec,
+                                STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
+                                DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first),
+                                **_meta(kv_warps, kv_stages, kv_maxnreg)))
 
     if beside is None:
         dq_pass()
@@ -535,3 +546,6 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     else:
         beside(dq_pass, lambda: kv_pass(True))
     return dq, dk, dv, dkd, dvd
+
+
+_DQ_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_kv_kernel)

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
 from moda_bench.ops.moda.triton_utils import dot_precision, mm, mm_acc
 
 LOG2E = 1.4426950408889634
@@ -313,9 +313,16 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     if use_desc:
         ensure_allocator()
     grid = (min(n_tiles, num_sms(q.device)),) if persistent else (n_m, B * Hk)
-    moda_fwd_tma_kernel[grid](
-        q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles,
-        GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc), WS=bool(ws),
-        DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent), PREC=dot_precision(q.dtype),
-        DEPTH_STAGES=depth_stages, num_warps=num_warps, num_stages=num_stages)
+    # descriptor loads: every pointer 16-byte aligned (the caller's `aligned`), so the shape and
+    # the tile configuration fix the launch's specialisation (`CachedLaunch`)
+    key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, bool(ws),
+           bool(depth_first), bool(persistent), depth_stages, grid) if use_desc else None
+    _FWD_LAUNCH(key, grid, (q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
+                lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
+                             WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
+                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, num_warps=num_warps,
+                             num_stages=num_stages))
     return o, lse
+
+
+_FWD_LAUNCH = CachedLaunch(moda_fwd_tma_kernel)
