@@ -177,3 +177,21 @@ def test_gpu_cached_launches_give_tritons_results(monkeypatch):
         got = step()
         assert len(hits) - n == 3, (T, G, L)   # forward, dq pass, key-major pass: all from the cache
         assert all(torch.equal(a, b) for a, b in zip(ref, got)), (T, G, L)
+
+
+def test_tma_alignment_rule_and_sm_count():
+    """`aligned`: base address and every stride but the last a 16-byte multiple; a contiguous
+    tensor's strides read from its shape (torch's arbitrary stride on a length-1 dimension does
+    not count), a strided view's from its strides. `num_sms` is 4 off CUDA, asked once a device."""
+    import torch
+    from moda_bench.ops.moda import kernel_fwd_tma as ft
+    x = torch.zeros(2, 5, 3, 8, dtype=torch.bfloat16)          # rows of 16 bytes
+    assert ft.aligned(x, None)
+    assert not ft.aligned(torch.zeros(2, 5, 3, 4, dtype=torch.bfloat16))   # rows of 8 bytes
+    assert not ft.aligned(x.view(-1)[1:].view(1, 239))          # base 2 bytes off
+    odd = torch.zeros(1, 4, 8, dtype=torch.bfloat16).as_strided((1, 4, 8), (3, 8, 1))
+    assert odd.is_contiguous() and ft.aligned(odd)              # length-1 dimension's stride ignored
+    cols = torch.zeros(4, 12, dtype=torch.bfloat16)[:, :8]      # strided view: its row stride counts
+    assert not cols.is_contiguous() and not ft.aligned(cols)
+    assert ft.aligned(torch.zeros(4, 16, dtype=torch.bfloat16)[:, :8])
+    assert ft.num_sms(None) == 4 and ft.num_sms(torch.device("cpu")) == 4

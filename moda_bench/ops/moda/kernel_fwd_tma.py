@@ -250,11 +250,19 @@ def ensure_allocator() -> None:
 
 
 def aligned(*tensors) -> bool:
-    """TMA's rule: base addresses and every stride but the last 16-byte multiples."""
+    """TMA's rule: base addresses and every stride but the last 16-byte multiples. A contiguous
+    tensor's strides are read as the kernels address it, from its shape (each a multiple of the
+    last dimension's length: one product instead of a loop over strides, which torch leaves
+    arbitrary on dimensions of length 1)."""
     for t in tensors:
         if t is None:
             continue
-        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+        if t.data_ptr() % 16:
+            return False
+        if t.is_contiguous():
+            if t.dim() > 1 and (t.shape[-1] * t.element_size()) % 16:
+                return False
+        elif any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return False
     return True
 
@@ -285,13 +293,23 @@ def default_block_l(G: int, block_m: int) -> int:
     return S * bl
 
 
+_SMS: dict = {}
+
+
 def num_sms(device) -> int:
     """Multiprocessors of a CUDA device (a torch.device, its string or None); 4 off CUDA (the
-    interpreter's stand-in)."""
-    device = torch.device(device) if device is not None else None
-    if device is not None and device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    interpreter's stand-in). Looked up once a device (a per-call path asks it)."""
+    n = _SMS.get(device)
+    if n is None:
+        dev = torch.device(device) if device is not None else None
+        n = 4
+        if dev is not None and dev.type == "cuda":
+            n = torch.cuda.get_device_properties(dev).multi_processor_count
+        try:
+            _SMS[device] = n
+        except TypeError:  # pragma: no cover - an unhashable device argument
+            pass
+    return n
 
 
 def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, block_n: int = 64,
