@@ -171,15 +171,26 @@ def compact(cpus) -> str:
     return ",".join(parts)
 
 
+_ALLOWED: list = []   # the process's affinity before it first pinned itself (a pinned worker may re-pin)
+
+
+def allowed_cpus() -> set:
+    """The CPUs this process may run on: its affinity when first asked, before any pinning."""
+    if not _ALLOWED:
+        _ALLOWED.append(frozenset(os.sched_getaffinity(0)))
+    return set(_ALLOWED[0])
+
+
 def check_pin_cpu(cpus: Sequence[int], allowed: Optional[set] = None) -> None:
     """ValueError (one line) when pinning is asked for on a platform without
-    os.sched_setaffinity, or names a CPU this process may not run on (allowed: its affinity)."""
+    os.sched_setaffinity, or names a CPU this process may not run on (allowed: its affinity,
+    `allowed_cpus`)."""
     if not cpus:
         return
     if not can_pin():
         raise ValueError("--pin-cpu: this platform cannot pin a process to a CPU (no os.sched_setaffinity); "
                          "use --pin-cpu off")
-    allowed = set(os.sched_getaffinity(0)) if allowed is None else set(allowed)
+    allowed = allowed_cpus() if allowed is None else set(allowed)
     bad = [c for c in cpus if c not in allowed]
     if bad:
         raise ValueError(f"--pin-cpu: CPU {', '.join(map(str, bad))} not available to this process "
@@ -242,10 +253,10 @@ def describe(values: dict) -> str:
 _STATES: dict = {}
 
 
-def process_host(cpus: Sequence[int] = (), worker: int = 0, *, canary: Callable[[], dict] = host_canary) -> HostState:
+def process_host(cpus: Sequence[int] = (), worker: int = 0, *, canary: Optional[Callable[[], dict]] = None) -> HostState:
     """Pin this process to worker's CPU (if cpus) and run the host canary, once per process,
     pin request and CUDA device; later calls return the same HostState. ValueError when the
-    pin cannot be applied (check_pin_cpu)."""
+    pin cannot be applied (check_pin_cpu). canary: what measures (default host_canary)."""
     device = -1
     try:
         import torch
@@ -256,10 +267,12 @@ def process_host(cpus: Sequence[int] = (), worker: int = 0, *, canary: Callable[
     key = (tuple(cpus), worker, device, os.getpid())
     if key not in _STATES:
         pinned = pin_process(cpus, worker)
-        _STATES[key] = HostState(host_cpus=host_cpus(), pinned=pinned, worker=worker, pid=os.getpid(), **canary())
+        _STATES[key] = HostState(host_cpus=host_cpus(), pinned=pinned, worker=worker, pid=os.getpid(),
+                                 **(canary or host_canary)())
     return _STATES[key]
 
 
 def forget() -> None:
-    """Drop the memoised states (tests)."""
+    """Drop the memoised states and the recorded affinity (tests)."""
     _STATES.clear()
+    _ALLOWED.clear()
