@@ -1,11 +1,13 @@
 """moda_bench.host: the host canary, `--pin-cpu` (parsing, one-line errors, the worker -> CPU
 mapping, pinning with os.sched_setaffinity faked), the host columns of the schema, run.json's
-host record, and results files written before the host columns existed."""
+host record, the report's GPU-state block, and results files written before the host columns
+existed."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -180,6 +182,27 @@ def test_a_file_from_before_the_host_columns_reads(tmp_path):
     committed = results.read_results([DATA], warn=lambda m: None)   # the report tests' older files
     assert len(committed) > 0 and committed[schema.HOST_COLUMNS].isna().all().all()
 
+
+def test_gpu_state_shows_host_numbers_where_rows_have_them(tmp_path):
+    """Rows carrying the host canary and host_cpus (run-a): the GPU-state block gets the median
+    host numbers and the CPUs with their row counts; a folder without them (run-b) shows '-'."""
+    from test_report import table_rows, write_new_results, write_schema_csv
+    from moda_bench.reports.report import generate_report
+    res = tmp_path / "results"
+    rows = write_new_results(res)
+    a = [dict(r, host_launch_us=30.0 + i, host_op_us=8.0, host_autograd_us=90.0, host_cpus="3" if i else "all")
+         for i, r in enumerate(rows["run-a"])]
+    write_schema_csv(res / "run-a" / "sweep_T.csv", a)
+    generate_report([res], tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "REPORT.md").read_text()
+    header, body = table_rows(md, "## GPU state")
+    by = {r[0]: r for r in body}
+    launch = statistics.median(r["host_launch_us"] for r in a)
+    assert by["results/run-a"][header.index("host us: launch / op / autograd (median)")] == f"{launch:.1f} / 8.0 / 90.0"
+    assert by["results/run-a"][header.index("host CPUs (rows)")] == f"3 ({len(a) - 1}), all (1)"
+    assert by["results/run-b"][header.index("host us: launch / op / autograd (median)")] == "-"
+    assert by["results/run-b"][header.index("host CPUs (rows)")] == "-"
+    assert "eager rows at short T time the host" in md
 
 def test_run_spec_carries_pin_cpu():
     from moda_bench.bench.spec import RunSpec

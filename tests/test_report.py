@@ -495,25 +495,6 @@ NEW_HEADERS = ("MoDA/FA2 [95% CI]", "MoDA/fastest", "/fastest", "samples", "nois
                "### Clocks per provider", "host us", "host CPUs")
 
 
-def test_gpu_state_shows_host_numbers_where_rows_have_them(tmp_path):
-    """Rows carrying the host canary and host_cpus (run-a): the GPU-state block gets the median
-    host numbers and the CPUs with their row counts; a folder without them (run-b) shows '-'."""
-    res = tmp_path / "results"
-    rows = write_new_results(res)
-    a = [dict(r, host_launch_us=30.0 + i, host_op_us=8.0, host_autograd_us=90.0, host_cpus="3" if i else "all")
-         for i, r in enumerate(rows["run-a"])]
-    write_schema_csv(res / "run-a" / "sweep_T.csv", a)
-    generate_report([res], tmp_path / "out", figures=False)
-    md = (tmp_path / "out" / "REPORT.md").read_text()
-    header, body = table_rows(md, "## GPU state")
-    by = {r[0]: r for r in body}
-    launch = statistics.median(r["host_launch_us"] for r in a)
-    assert by["results/run-a"][header.index("host us: launch / op / autograd (median)")] == f"{launch:.1f} / 8.0 / 90.0"
-    assert by["results/run-a"][header.index("host CPUs (rows)")] == f"3 ({len(a) - 1}), all (1)"
-    assert by["results/run-b"][header.index("host us: launch / op / autograd (median)")] == "-"
-    assert by["results/run-b"][header.index("host CPUs (rows)")] == "-"
-    assert "eager rows at short T time the host" in md
-
 
 def test_clocks_per_provider(tmp_path):
     """Rows with their own GPU state (own_sm_clock_mhz, own_power_w) get a 'Clocks per provider'
