@@ -4,8 +4,8 @@
 What a run measures (providers, pass, the timers to time each point with), how it times
 (`point.TimingOptions`), which MoDA configs it uses (tuned or heuristic), the GPU verdict its
 rows carry, the two ceilings its rows' floors are computed with (`floor.Rates`, from the
-run's health canary) and the CPUs its timing processes are pinned to (`--pin-cpu`, `host`). Points (what is measured where) are not part of it: they come from the
-sweep plan.
+run's health canary) and the CPUs its timing processes are pinned to (`--pin-cpu`, `host`).
+Points (what is measured where) are not part of it: they come from the sweep plan.
 """
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def update_run_record(run_dir: Path, **fields) -> Path:
 def host_records(frames) -> list[dict]:
     """Per GPU index in rows (DataFrames), the host of the process that timed them: gpu_index,
     host_cpus and the canary numbers of its first row that has them (NaN as None)."""
-    import math
+    import pandas as pd
 
     from moda_bench import schema
     out = {}
@@ -95,15 +95,11 @@ def host_records(frames) -> list[dict]:
         if frame is None or not len(frame):
             continue
         for r in frame.to_dict("records"):
-            idx = r.get("gpu_index")
-            if idx is None or (isinstance(idx, float) and math.isnan(idx)) or int(idx) in out:
+            idx, cpus = r.get("gpu_index"), r.get("host_cpus")
+            if pd.isna(idx) or int(idx) in out or pd.isna(cpus) or not str(cpus).strip():
                 continue
-            cpus = r.get("host_cpus")
-            if not isinstance(cpus, str) or not cpus.strip():
-                continue
-            nums = {c: (None if r.get(c) is None or math.isnan(float(r[c])) else float(r[c]))
-                    for c in schema.HOST_COLUMNS}
-            out[int(idx)] = {"gpu_index": int(idx), "host_cpus": cpus, **nums}
+            nums = {c: None if pd.isna(r.get(c)) else float(r[c]) for c in schema.HOST_COLUMNS}
+            out[int(idx)] = {"gpu_index": int(idx), "host_cpus": str(cpus).strip(), **nums}
     return [out[k] for k in sorted(out)]
 
 
