@@ -79,17 +79,21 @@ def _nan_canary() -> dict:
     return {c: math.nan for c in schema.HOST_COLUMNS}
 
 
-def host_canary(calls: int = CALLS, warmup: int = WARMUP) -> dict:
-    """{host_launch_us, host_op_us, host_autograd_us}: median host microseconds per call on the
-    current CUDA device (see the module docstring); about 0.1 s, plus the launch kernel's
-    compilation on a first run with an empty triton cache. NaN values without CUDA, and for the
-    launch without triton; a number whose measurement fails is NaN too. Never raises."""
+def host_canary(calls: int = CALLS, warmup: int = WARMUP, device: Optional[int] = None) -> dict:
+    """{host_launch_us, host_op_us, host_autograd_us}: median host microseconds per call on CUDA
+    device `device` (None: the current one; see the module docstring); about 0.1 s, plus the
+    launch kernel's compilation on a first run with an empty triton cache. NaN values without
+    CUDA, and for the launch without triton; a number whose measurement fails is NaN too. Never
+    raises."""
     out = _nan_canary()
     try:
         import torch
         if not torch.cuda.is_available():
             return out
-    except Exception:  # noqa: BLE001 - no torch, no CUDA: all NaN
+        if device is not None:
+            with torch.cuda.device(device):
+                return host_canary(calls, warmup)
+    except Exception:  # noqa: BLE001 - no torch, no CUDA, no such device: all NaN
         return out
     sync = torch.cuda.synchronize
     try:

@@ -117,6 +117,14 @@ def test_host_canary_without_cuda_is_nan(monkeypatch):
     assert all(math.isnan(v) for v in out.values())
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="needs a torch whose CUDA calls fail")
+@pytest.mark.parametrize("device", [None, 1])
+def test_host_canary_never_raises_when_cuda_calls_fail(monkeypatch, device):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # claimed, but this torch has no CUDA
+    out = host.host_canary(calls=5, warmup=1, device=device)
+    assert list(out) == schema.HOST_COLUMNS and all(math.isnan(v) for v in out.values())
+
+
 def test_median_call_us_issues_calls_back_to_back():
     log = []
     us = host.median_call_us(lambda: log.append("call"), calls=50, warmup=7, sync=lambda: log.append("sync"))
