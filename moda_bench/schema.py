@@ -49,9 +49,18 @@ MEASURE_COLUMNS = [
     # providers: moda-fa4 2.8x FA4 instead of 1.7x, 2026-11-26); such rows are marked degraded
     "alloc_retries",
 ]
+# the host canary of the process that timed the row (moda_bench.host.host_canary, run once at
+# its start; NaN off CUDA): median host microseconds of a bare Triton launch with 30 scalar
+# arguments, of one tiny torch op, and of forward + backward through a trivial Python autograd
+# Function. An eager row at short T times the host, not the GPU: one eager fwd+bwd of MoDA at
+# T=1024 cost 580-1128 us of host time on one H100 by machine start and CPU core, the GPU 313 us
+# (results/h100/s19-probes, 2026-11-26); these say how fast the row's host was
+HOST_COLUMNS = ["host_launch_us", "host_op_us", "host_autograd_us"]
+MEASURE_COLUMNS += HOST_COLUMNS
 # timer: eager | graph; stop_reason: why sampling ended; best_provider: the denominator of
-# ratio_to_best; throttle: NVML clock-event reasons seen; health: the run's GPU verdict
-TEXT_COLUMNS = ["timer", "stop_reason", "best_provider", "throttle", "health"]
+# ratio_to_best; throttle: NVML clock-event reasons seen; health: the run's GPU verdict;
+# host_cpus: the CPUs the timing process ran on ('all', or the ids it was pinned to: --pin-cpu)
+TEXT_COLUMNS = ["timer", "stop_reason", "best_provider", "throttle", "health", "host_cpus"]
 META_COLUMNS = ["gpu", "gpu_index", "torch_version", "triton_version", "git_commit", "timestamp"]
 COLUMNS = (
     ["sweep", "provider", "impl_detail", "pass"] + CONFIG_COLUMNS + MEASURE_COLUMNS

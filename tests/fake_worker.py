@@ -9,7 +9,8 @@ Its own options: `--delay-s S` (sleep before each row), `--fail-after N` (die wi
 once N rows are written over its whole life, like a worker killed by a CUDA fault), `--barrier
 DIR --barrier-n N` (announce itself in DIR and wait until N workers have, so that all of them
 ask the queue for work at about the same time). The real worker's options (--serve, --spec: the
-run's RunSpec as JSON, --csv, --gpu-index) are read or ignored.
+run's RunSpec as JSON, --csv, --gpu-index, --worker-index) are read or ignored; rows carry in
+`host_cpus` the CPU the real worker would pin itself to (as `host.cpu_for_worker`), not pinning.
 
 `fake_row` is also used in-process by the tests (stand-ins for runner.run_sweep).
 """
@@ -33,7 +34,7 @@ COMMAND = [sys.executable, str(Path(__file__).resolve())]
 
 
 def fake_row(point: Point, provider: str, pass_: str, sweep_name: str, gpu_index: int = 0,
-             pin_chunk: bool = False) -> dict:
+             pin_chunk: bool = False, host_cpus: str = "all") -> dict:
     """One synthetic schema row (status ok, timing from the pool's cost model at FAKE_TFLOPS).
 
     gpu_index defaults to 0, what a real worker sees behind CUDA_VISIBLE_DEVICES; impl_detail
@@ -45,7 +46,7 @@ def fake_row(point: Point, provider: str, pass_: str, sweep_name: str, gpu_index
         "impl_detail": f"fake (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}, pid={os.getpid()})",
         "median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.02, "tflops": FAKE_TFLOPS, "status": schema.OK, "config": json.dumps({"pin_chunk": pin_chunk}),
         "gpu": "fake", "gpu_index": gpu_index, "torch_version": "fake", "triton_version": "fake",
-        "git_commit": schema.git_commit(),
+        "git_commit": schema.git_commit(), "host_cpus": host_cpus,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     })
     return row
@@ -65,6 +66,8 @@ def fake_start(args):
     in the order given (the pool puts rows in single-GPU order itself)."""
     spec = json.loads(args.spec)
     providers, pass_ = list(spec["providers"]), spec["pass"]
+    pins = list(spec.get("pin_cpu", ()))   # as host.cpu_for_worker (not imported: it imports triton)
+    cpus = str(pins[args.worker_index % len(pins)]) if pins else "all"
     written = 0
 
     def run_task(point: Point, sweep: str, pin_chunk: bool):
@@ -76,7 +79,8 @@ def fake_start(args):
                       file=sys.stderr, flush=True)
                 os._exit(3)
             time.sleep(args.delay_s)
-            results.append_row(args.csv, fake_row(point, provider, pass_, sweep, pin_chunk=pin_chunk))
+            results.append_row(args.csv, fake_row(point, provider, pass_, sweep, pin_chunk=pin_chunk,
+                                                  host_cpus=cpus))
             written += 1
         return None
 
@@ -93,6 +97,7 @@ def main(argv=None) -> None:
     p.add_argument("--spec", required=True)
     p.add_argument("--csv", type=Path, required=True)
     p.add_argument("--gpu-index", type=int, required=True)
+    p.add_argument("--worker-index", type=int, default=0)
     p.add_argument("--delay-s", type=float, default=0.0)
     p.add_argument("--fail-after", type=int, default=None)
     p.add_argument("--barrier", type=Path, default=None)

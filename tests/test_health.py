@@ -187,6 +187,7 @@ def test_doctor_prints_the_verdict_and_exits_by_it(monkeypatch, matmul, code, wo
     assert res.exit_code == code, res.output
     assert seen == {"device": 1, "record": False, "strict": True, "cache_path": None}
     assert word in res.output and "580.1" in res.output and f"{matmul:.0f} TFLOP/s" in res.output
+    assert "host canary (median host us" in res.output and "CPU affinity: " in res.output   # beside the GPU's
 
 
 def test_doctor_turns_a_canary_crash_into_one_line(monkeypatch):

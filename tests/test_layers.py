@@ -1,7 +1,7 @@
 """The floor plan stays true: imports point down the layers, no cycles, no private names.
 
 Layers, bottom to top (a module may import its own layer and the ones below):
-  0 core     moda_bench.schema, .timing, .results, .health, .floor   (columns, numbers, one reader)
+  0 core     moda_bench.schema, .timing, .results, .health, .floor, .host   (columns, numbers, one reader)
   1 ops      moda_bench.ops.*                                  (operators and kernels)
   2 tuning   moda_bench.tuning.*
   3 bench    moda_bench.bench.*                                (providers, runner, pools)
@@ -21,7 +21,7 @@ import pytest
 PKG = "moda_bench"
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
-    ("core", ["schema", "timing", "results", "health", "floor"]),
+    ("core", ["schema", "timing", "results", "health", "floor", "host"]),
     ("ops", ["ops"]),
     ("tuning", ["tuning"]),
     ("bench", ["bench"]),

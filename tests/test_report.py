@@ -492,7 +492,8 @@ def test_plot_sweep_with_new_columns(new_report, tmp_path):
 
 NEW_HEADERS = ("MoDA/FA2 [95% CI]", "MoDA/fastest", "/fastest", "samples", "noise %", "host share",
                "eager timer", "graph timer", "## GPU state", "## Eager vs graph", "ratio_to_best", "WARNING",
-               "### Clocks per provider")
+               "### Clocks per provider", "host us", "host CPUs")
+
 
 
 def test_clocks_per_provider(tmp_path):

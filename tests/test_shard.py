@@ -5,6 +5,7 @@ detection."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import sys
@@ -371,15 +372,22 @@ def test_sweep_command_preset_on_gpus_uses_one_pool(tmp_path, monkeypatch):
     app.command("sweep")(sweep_command)
     app.command("noop")(lambda: None)
     out = tmp_path / "run"
+    allowed = sorted(os.sched_getaffinity(0))
+    pins = [allowed[-1], allowed[0]] if len(allowed) > 1 else allowed   # worker i takes pins[i % len]
     res = CliRunner().invoke(app, ["sweep", "--preset", "paper", "--gpus", "0,1", "--providers", "moda,fa2",
-                                   "--T", "512", "--Hk", "2", "--C", "32", "--quick", "--out", str(out)],
+                                   "--T", "512", "--Hk", "2", "--C", "32", "--quick", "--out", str(out),
+                                   "--pin-cpu", ",".join(map(str, pins))],
                              env={"COLUMNS": "160"})
     assert res.exit_code == 0, res.output
+    assert os.sched_getaffinity(0) == set(allowed)   # with --gpus the command itself is not pinned
     assert sorted(calls) == [0, 1]  # two workers for the whole preset, not two per sweep
     assert sorted(p.name for p in out.iterdir()) == ["run.json", "sweep_G.csv", "sweep_G.png", "sweep_L.csv",
                                                       "sweep_L.png", "sweep_T.csv", "sweep_T.png"]
     run = json.loads((out / "run.json").read_text())
     assert run["gpus"] == "0,1" and list(run["sweeps"]) == ["T", "G", "L"]
+    want_cpus = {g: str(pins[g % len(pins)]) for g in (0, 1)}   # worker i runs GPU i here
+    assert run["pin_cpu"] == ",".join(map(str, pins))
+    assert [(h["gpu_index"], h["host_cpus"]) for h in run["host"]] == sorted(want_cpus.items())
     pids = set()
     for axis in ("T", "G", "L"):
         frame = pd.read_csv(out / f"sweep_{axis}.csv")
@@ -388,6 +396,7 @@ def test_sweep_command_preset_on_gpus_uses_one_pool(tmp_path, monkeypatch):
         assert frame[axis].tolist() == [getattr(p, axis) for p in want for _ in range(2)]
         assert {key_of(r) for _, r in frame.iterrows()} == expected_keys(want, ["moda", "fa2"])
         assert (frame.C == 32).all() and all(json.loads(c) == {"pin_chunk": True} for c in frame.config)
+        assert all(str(r.host_cpus) == want_cpus[r.gpu_index] for r in frame.itertuples())
         pids |= {pid_of(d) for d in frame.impl_detail}
         assert f"sweep {axis} (fwdbwd, bfloat16)" in res.output
     assert len(pids) == 2

@@ -286,6 +286,42 @@ def test_moda_provider_through_interpreter(tmp_path, registry):
     assert row["status"] == "ok", row["reason"]
     assert "block_m=16 (pinned)" in row["impl_detail"] and '"block_m": 16' in row["config"]
     assert row["max_rel_err"] < 5e-3 and 0 < row["depth_utilization"] <= 1
+    # the host columns: the process's CPUs, and no host canary without CUDA
+    from moda_bench import host
+    assert row["host_cpus"] == host.host_cpus()
+    assert all(math.isnan(row[c]) for c in schema.HOST_COLUMNS)
+    back = pd.read_csv(tmp_path / "c.csv", keep_default_na=False, na_values=[""])
+    assert list(back.columns) == schema.COLUMNS and str(back["host_cpus"].iloc[0]) == host.host_cpus()
+
+
+def test_rows_carry_the_pinned_cpu_and_the_host_canary(tmp_path, fakes, monkeypatch):
+    """spec.pin_cpu: the timing process pins itself to item `worker` % len before it times, runs
+    the host canary once, and every row carries its numbers and CPU."""
+    import os
+    from moda_bench import host
+    pinned, canaries = [], []
+    state = {"cpus": set(range(8))}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(state["cpus"]), raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: (pinned.append(set(cpus)),
+                                                                   state.update(cpus=set(cpus))), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(host, "host_canary", lambda: canaries.append(1) or
+                        {"host_launch_us": 31.5, "host_op_us": 7.5, "host_autograd_us": 88.0})
+    host.forget()
+    try:
+        spec = RunSpec(["fake-moda", "fa2"], "fwd", pin_cpu=(4, 6))
+        frame = run_sweep([TINY, TINY.replace(T=40)], spec, tmp_path / "p.csv", sweep_name="T", device="cpu",
+                          timer=fakes, progress=False, seed=1, worker=3)
+        run_sweep([TINY], spec, tmp_path / "p.csv", sweep_name="T", device="cpu", timer=fakes, progress=False,
+                  seed=1, worker=3)   # a --gpus worker runs one point per call: pinned and measured once
+    finally:
+        host.forget()
+    assert pinned == [{6}] and canaries == [1]
+    back = pd.read_csv(tmp_path / "p.csv", keep_default_na=False, na_values=[""])
+    assert len(back) == 6 and (back["status"] == "ok").all()
+    assert (back["host_cpus"].astype(str) == "6").all() and (frame["host_cpus"] == "6").all()
+    assert (back["host_launch_us"] == 31.5).all() and (back["host_op_us"] == 7.5).all()
+    assert (back["host_autograd_us"] == 88.0).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +412,9 @@ def test_cli_without_cuda_exits_with_one_line(tmp_path):
     (["--vary", "T", "--dtype", "int8"], "--dtype must be one of"),
     (["--vary", "T", "--pass", "both"], "--pass must be"),
     (["--vary", "G", "--values", "0"], "integers >= 1"),
+    (["--vary", "T", "--pin-cpu", "x"], "--pin-cpu must be 'off' or comma-separated CPU ids such as 3 or 3,5,7,9"),
+    (["--vary", "T", "--pin-cpu", "2,2"], "--pin-cpu repeats a CPU id"),
+    (["--vary", "T", "--pin-cpu", "100000"], "--pin-cpu: CPU 100000 not available to this process (allowed: "),
 ])
 def test_cli_user_errors(args, message):
     res = _invoke(*args)

@@ -7,7 +7,9 @@ keeps its rows. Axes, their paper values, the base point and the pass names are 
 
 Per row: fresh random inputs (same seed for every provider of a point), an accuracy check of a
 slice against the reference, then timing (`point.run_point`: interleaved rounds, L2 flushed),
-the ratios and the floor columns. What to run and how is one `bench.spec.RunSpec`.
+the ratios and the floor columns. What to run and how is one `bench.spec.RunSpec`. Before
+anything is timed the process pins itself to its CPU if the spec asks (`--pin-cpu`) and runs the
+host canary once (`host.process_host`); every row carries its numbers and CPUs.
 """
 from __future__ import annotations
 
@@ -157,7 +159,8 @@ class _TunedConfigs:
 
 def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, progress: bool = True,
               device_index: int | None = None, device: str | None = None, timer: Callable | None = None,
-              pin_chunk: bool | None = None, check_len: int = CHECK_LEN, seed: int | None = None, console=None):
+              pin_chunk: bool | None = None, check_len: int = CHECK_LEN, seed: int | None = None, console=None,
+              worker: int = 0):
     """Run every provider of `spec` (bench.spec.RunSpec: providers, pass, timing, timers, tuned
     configs, health, floor rates) on every point, appending rows to csv_path; returns a DataFrame.
 
@@ -168,6 +171,9 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
     providers are staged once for all its timers).
     pin_chunk: pin MoDA's block_m to each point's C (None: pin when sweep_name == 'C' or the
     points differ in C). seed: base seed of the inputs (point i uses seed + i; None: random).
+    worker: this timing process's index among the run's (GPU worker, torchrun local rank; 0
+    alone): the CPU of spec.pin_cpu it pins itself to before timing (`host.process_host`, once
+    per process, with the host canary whose columns every row carries).
     """
     import pandas as pd
     from moda_bench.bench.providers import BASELINE, op_of_pass, resolve_providers
@@ -194,6 +200,8 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     unavailable = {p.name: p.unavailable(device) for p in provs}
     meta_index = device_index if str(device).startswith("cuda") else None
+    from moda_bench import host
+    host_columns = host.process_host(spec.pin_cpu, worker).columns()
 
     all_rows = []
     bar = None
@@ -224,6 +232,7 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
                     for prov in provs:
                         row = base_row(point, prov.name, pass_, sweep_name)
                         row.update(meta, timer=label, health=spec.health)
+                        row.update(host_columns)
                         rows.append(row)
                     timings.append((opts, point_timer, rows))
                 if bar is not None:

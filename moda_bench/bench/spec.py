@@ -3,9 +3,9 @@
 
 What a run measures (providers, pass, the timers to time each point with), how it times
 (`point.TimingOptions`), which MoDA configs it uses (tuned or heuristic), the GPU verdict its
-rows carry, and the two ceilings its rows' floors are computed with (`floor.Rates`, from the
-run's health canary). Points (what is measured where) are not part of it: they come from the
-sweep plan.
+rows carry, the two ceilings its rows' floors are computed with (`floor.Rates`, from the
+run's health canary) and the CPUs its timing processes are pinned to (`--pin-cpu`, `host`).
+Points (what is measured where) are not part of it: they come from the sweep plan.
 """
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ class RunSpec:
     pass_: one of schema.PASSES. timing: how a point is timed; timers: the timers each point is
     timed with, one set of rows per timer (empty: DEFAULT_TIMERS of the pass, else timing.timer).
     use_tuned: MoDA configs from the tuning cache and shipped files (else heuristic).
-    health: the run's GPU verdict, written into every row. rates: the floor's ceilings."""
+    health: the run's GPU verdict, written into every row. rates: the floor's ceilings.
+    pin_cpu: CPU ids (`host.parse_pin_cpu`; empty: not pinned); timing process i (GPU worker
+    index, torchrun local rank, 0 alone) pins itself to pin_cpu[i % len]."""
 
     providers: tuple = ()
     pass_: str = "fwdbwd"
@@ -38,10 +40,12 @@ class RunSpec:
     use_tuned: bool = True
     health: str = ""
     rates: Rates = field(default_factory=Rates)
+    pin_cpu: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "providers", tuple(dict.fromkeys(self.providers)))
         object.__setattr__(self, "timers", tuple(self.timers))
+        object.__setattr__(self, "pin_cpu", tuple(int(c) for c in self.pin_cpu))
         schema.check_pass(self.pass_)
 
     def timer_list(self) -> tuple:
@@ -56,7 +60,7 @@ class RunSpec:
     def to_dict(self) -> dict:
         return {"providers": list(self.providers), "pass": self.pass_, "timing": dataclasses.asdict(self.timing),
                 "timers": list(self.timer_list()), "use_tuned": self.use_tuned, "health": self.health,
-                "rates": self.rates.as_dict()}
+                "rates": self.rates.as_dict(), "pin_cpu": list(self.pin_cpu)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -66,7 +70,7 @@ class RunSpec:
         return cls(providers=tuple(d.get("providers", ())), pass_=d.get("pass", "fwdbwd"),
                    timing=TimingOptions(**d.get("timing", {})), timers=tuple(d.get("timers", ())),
                    use_tuned=bool(d.get("use_tuned", True)), health=d.get("health", ""),
-                   rates=Rates(**d.get("rates", {})))
+                   rates=Rates(**d.get("rates", {})), pin_cpu=tuple(d.get("pin_cpu", ())))
 
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":

@@ -3,6 +3,10 @@
 on one GPU (runner.run_sweep, sweep after sweep) or as one pool over this node's GPUs
 (pool.local.run_pool). Under torchrun the command calls pool.distributed itself.
 
+`run.json` also records the `--pin-cpu` option and the host of each timing process (its CPUs and
+host canary: `host`): the command's own process when it times, else each `--gpus` worker's, read
+from its rows afterwards (`host_records`, `update_run_record`).
+
 Options, progress messages, the summary table and the figures belong to the command
 (`moda_bench.cli.sweep`); this module returns rows and paths only.
 """
@@ -55,7 +59,8 @@ def timing_budget(warmup_ms: float | None, rep_ms: float | None, quick: bool) ->
 def write_run_record(run_dir: Path, sweeps: Sequence[SweepPlan], spec, *, pin_chunk: bool, preset: str | None,
                      gpus: str | None, extra: dict | None = None) -> Path:
     """`<run_dir>/run.json`: the run's spec (providers, pass, timing, timers, tuned configs, the
-    floor's rates), options and every sweep's points."""
+    floor's rates, the CPU pinning), options and every sweep's points."""
+    from moda_bench.host import format_pin_cpu
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_RECORD
@@ -64,9 +69,38 @@ def write_run_record(run_dir: Path, sweeps: Sequence[SweepPlan], spec, *, pin_ch
         "sweeps": {s.name: [p.to_dict() for p in s.points] for s in sweeps}, "providers": d["providers"],
         "pass": d["pass"], "use_tuned": d["use_tuned"], "pin_chunk": "every sweep" if pin_chunk else "C sweep only",
         "warmup_ms": d["timing"]["warmup_ms"], "rep_ms": d["timing"]["min_time_ms"], "timing": d["timing"],
-        "timers": d["timers"], "floor_rates": d["rates"], "preset": preset, "gpus": gpus, **(extra or {})},
+        "timers": d["timers"], "floor_rates": d["rates"], "preset": preset, "gpus": gpus,
+        "pin_cpu": format_pin_cpu(spec.pin_cpu), **(extra or {})},
         indent=1, default=str))
     return path
+
+
+def update_run_record(run_dir: Path, **fields) -> Path:
+    """Set fields of an existing `<run_dir>/run.json` (written by write_run_record)."""
+    path = Path(run_dir) / RUN_RECORD
+    record = json.loads(path.read_text())
+    record.update(fields)
+    path.write_text(json.dumps(record, indent=1, default=str))
+    return path
+
+
+def host_records(frames) -> list[dict]:
+    """Per GPU index in rows (DataFrames), the host of the process that timed them: gpu_index,
+    host_cpus and the canary numbers of its first row that has them (NaN as None)."""
+    import pandas as pd
+
+    from moda_bench import schema
+    out = {}
+    for frame in frames:
+        if frame is None or not len(frame):
+            continue
+        for r in frame.to_dict("records"):
+            idx, cpus = r.get("gpu_index"), r.get("host_cpus")
+            if pd.isna(idx) or int(idx) in out or pd.isna(cpus) or not str(cpus).strip():
+                continue
+            nums = {c: None if pd.isna(r.get(c)) else float(r[c]) for c in schema.HOST_COLUMNS}
+            out[int(idx)] = {"gpu_index": int(idx), "host_cpus": str(cpus).strip(), **nums}
+    return [out[k] for k in sorted(out)]
 
 
 def run_sweeps(sweeps: Sequence[SweepPlan], spec, *, gpus: str | None, console=None,

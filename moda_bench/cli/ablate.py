@@ -4,7 +4,8 @@ are `moda_bench.bench.ablate`'s, the figure is drawn by the report's code (repor
 reports.tables, reports.figures) from the CSV.
 
 Outputs in --out: ablation.csv (schema.COLUMNS, sweep='ablation', provider=rung name; rows of a
-re-run replace those with the same key) and ablation.png/.svg (ours vs paper, log scale).
+re-run replace those with the same key) and ablation.png/.svg (ours vs paper, log scale). Rows carry
+the process's CPUs and host canary (moda_bench.host; `--pin-cpu` pins it to one CPU first).
 """
 from __future__ import annotations
 
@@ -132,11 +133,13 @@ def ablate_command(
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="do_bench repetition time of the Triton rungs.")] = REP_MS,
     out: Annotated[Path, typer.Option("--out", help="Output directory (ablation.csv, ablation.png).")] =
         Path("results/ablation"),
+    pin_cpu: Annotated[str, typer.Option("--pin-cpu", help="Pin this process to one CPU: 'off' (default) or a "
+                                         "CPU id (of a list, the first is used).")] = "off",
 ) -> None:
     """Run the kernel ablation ladder (naive -> flash-compatible -> chunk-aware -> group-aware -> batched-tiles -> ours)."""
     from rich.console import Console
 
-    from moda_bench import schema
+    from moda_bench import host, schema
 
     started = time.perf_counter()
     console = Console(stderr=True, soft_wrap=True)
@@ -154,6 +157,8 @@ def ablate_command(
     gp = group_pad(G)
     if C % gp:
         raise typer.BadParameter(f"--C={C} must be a multiple of G rounded up to a power of two ({gp})")
+    pin = checked(host.parse_pin_cpu, pin_cpu)
+    checked(host.pin_process, pin, 0)   # before CUDA starts its threads
 
     import torch
     if not torch.cuda.is_available():
@@ -167,6 +172,9 @@ def ablate_command(
 
     point = Point(T=T, G=G, Hk=Hk, L=L, B=B, d=d, C=C, dtype=dtype_name)
     meta = schema.run_metadata()
+    host_state = host.process_host(pin, 0)
+    meta.update(host_state.columns())
+    console.print(f"host: {host.describe(host_state.columns())}", markup=False, highlight=False)
     console.print(f"[bold]ablation[/] on {meta['gpu']}: B={B} T={T} G={G} Hq={G * Hk} Hk={Hk} d={d} L={L} C={C} "
                   f"{dtype_name} {pass_}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

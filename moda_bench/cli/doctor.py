@@ -1,16 +1,19 @@
 """`moda-bench doctor`: is this GPU fit to benchmark on? Prints the run header (GPU, driver,
 power limit, clocks, ECC, other processes), the health canary (bf16 matmul TFLOP/s, device copy
 GB/s) against this machine's healthy record or the approximate table, the GPU state during the
-canary, and the verdict (moda_bench.health.check_health). Exit 0 when healthy, 1 otherwise;
-without a CUDA GPU one line and exit 1.
+canary, the host canary beside it (moda_bench.host: the host microseconds of a Triton launch, a
+torch op and an autograd fwd+bwd, and the CPUs this process may run on), and the verdict
+(moda_bench.health.check_health). Exit 0 when healthy, 1 otherwise (the host numbers inform, they
+do not fail the check); without a CUDA GPU one line and exit 1.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
 
-from moda_bench import health
+from moda_bench import health, host
 
 NO_GPU = "no CUDA GPU visible: doctor needs one"
 
@@ -51,6 +54,22 @@ def verdict_tables(v: health.Verdict):
     return head, canary
 
 
+def host_table(values: dict, affinity: str):
+    """The host canary's numbers (host.host_canary's dict) and the process's CPUs, as a rich Table."""
+    from rich.table import Table
+    table = Table(title="host canary (median host us per call, issued back to back)", title_justify="left")
+    table.add_column("test")
+    table.add_column("host us", justify="right")
+    for what, col in (("bare Triton launch, 30 scalar arguments", "host_launch_us"),
+                      ("one tiny torch op (in-place add)", "host_op_us"),
+                      ("autograd fwd + backward of a trivial Python Function", "host_autograd_us")):
+        v = values.get(col)
+        table.add_row(what, _fmt(None if isinstance(v, float) and v != v else v, ".1f"))   # NaN: not measured
+    table.caption = (f"CPU affinity: {affinity}. Eager rows at short T time the host: pin a sweep with "
+                     "--pin-cpu to compare runs on one core")
+    return table
+
+
 def doctor_command(
     device: int = typer.Option(0, "--device", "-d", help="CUDA device index to check."),
     strict: bool = typer.Option(False, "--strict", help="Tighter thresholds (90% of the reference) and fail "
@@ -75,6 +94,9 @@ def doctor_command(
     v.header.setdefault("device_index", device)
     for table in verdict_tables(v):
         console.print(table)
+    values = host.host_canary(device=device)   # never raises: NaN for what it cannot measure
+    cpus = host.host_cpus()
+    console.print(host_table(values, cpus if cpus != host.UNPINNED else f"all ({os.cpu_count()} CPUs)"))
     style = {"healthy": "bold green", "degraded": "bold red", "shared": "bold yellow"}.get(v.status, "bold")
     console.print(f"[{style}]{v.status}[/]: ", end="")
     console.print(v.reason, markup=False, highlight=False, soft_wrap=True)

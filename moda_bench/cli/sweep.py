@@ -3,7 +3,8 @@ figure of each sweep. The work is in bench (bench.sweep plans and runs, bench.po
 `--gpus`, torchrun and merging); the figure is `reports.figures.plot_sweep`.
 
 Writes `<out>/sweep_<vary>.csv` (rows appended as they finish), `<out>/sweep_<vary>.png` and
-`<out>/run.json` (the options); prints a summary table per sweep.
+`<out>/run.json` (the options, and each timing process's CPUs and host canary); prints a summary
+table per sweep. `--pin-cpu` pins each timing process to one CPU (moda_bench.host).
 """
 from __future__ import annotations
 
@@ -149,11 +150,15 @@ def sweep_command(
     require: Annotated[Optional[str], typer.Option("--require", help="Providers that must be able to run here "
                                                    "(comma-separated, or 'all' for every requested one): exit 2 "
                                                    "before timing anything if one cannot, with its reason.")] = None,
+    pin_cpu: Annotated[str, typer.Option("--pin-cpu", help="Pin each timing process to one CPU: 'off' (default) "
+                                         "or CPU ids like 3 or 3,5,7,9 (GPU worker or torchrun local rank i takes "
+                                         "item i % count). Eager rows at short T time the host, whose speed "
+                                         "varies by CPU core; rows record it (host_cpus, host_*_us).")] = "off",
 ) -> None:
     """Time MoDA and the baselines over one axis or a preset of sweeps (training passes or decode)."""
     from rich.console import Console
 
-    from moda_bench import schema
+    from moda_bench import host, schema
     from moda_bench.bench import sweep as run
     from moda_bench.bench.decode_providers import DEFAULT_DECODE_PROVIDERS
     from moda_bench.bench.pool.plan import detect_distributed
@@ -214,6 +219,11 @@ def sweep_command(
     dist = checked(detect_distributed)
     if dist is not None and gpus is not None:
         raise typer.BadParameter("--gpus cannot be combined with torchrun (each rank owns one GPU)")
+    pin = checked(host.parse_pin_cpu, pin_cpu)
+    checked(host.check_pin_cpu, pin)
+    worker = dist.local_rank if dist is not None else 0
+    if gpus is None:   # this process times: pinned before CUDA starts its threads (--gpus: each worker pins itself)
+        checked(host.pin_process, pin, worker)
 
     # ---- GPU ----
     import torch
@@ -231,9 +241,14 @@ def sweep_command(
                                enabled=health_check)
     gpu_run.check("start", console)
     spec = RunSpec(providers=tuple(provider_names), pass_=pass_, timing=timing, timers=timers,
-                   use_tuned=not no_tuned, health=gpu_run.row_label(), rates=gpu_run.rates())
+                   use_tuned=not no_tuned, health=gpu_run.row_label(), rates=gpu_run.rates(), pin_cpu=pin)
+    hosts = []
+    if gpus is None:   # this process times: its host canary now (the runner reuses it), for run.json
+        state = host.process_host(pin, worker)
+        hosts = [dict(state.as_dict(), gpu_index=dist.local_rank if dist is not None else 0)]
+        console.print(f"host: {host.describe(state.columns())}", markup=False, highlight=False)
     run.write_run_record(run_dir, sweeps, spec, pin_chunk=C is not None, preset=preset, gpus=gpus,
-                         extra={"gpu_header": gpu_run.header()})
+                         extra={"gpu_header": gpu_run.header(), "host": hosts})
     if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
         from moda_bench.bench.pool.distributed import run_distributed_pool
         run_distributed_pool(sweeps, spec, dist=dist)
@@ -253,7 +268,9 @@ def sweep_command(
             Console().print(summary_table(frame, x, f"sweep {s.name} ({pass_}, {dtype_name})"))
             console.print(f"wrote {s.csv} and {png}")
 
-    run.run_sweeps(sweeps, spec, gpus=gpus, console=console, on_start=start, on_done=finish)
+    done = run.run_sweeps(sweeps, spec, gpus=gpus, console=console, on_start=start, on_done=finish)
+    if gpus is not None:   # each worker's CPUs and host canary, from its rows
+        run.update_run_record(run_dir, host=run.host_records(done.values()))
     checks.finish(gpu_run, console, [s.csv for s in sweeps], strict)
 
 

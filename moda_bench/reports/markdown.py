@@ -6,6 +6,7 @@ where the report holds several (`Section.heading_title`).
 """
 from __future__ import annotations
 
+import math
 import re
 
 from moda_bench import health, schema
@@ -130,6 +131,10 @@ def gpu_state_markdown(states: list[GpuState]) -> str:
     headers = ["results folder", "GPU", "rows"] + [c[0] for c in cols] + (["throttle reasons seen (rows)"] if
                                                                          has_throttle else [])
     headers += ["health (rows)"] if has_health else []
+    has_host = any(s.host for s in states)
+    has_cpus = any(s.host_cpus for s in states)
+    headers += ["host us: launch / op / autograd (median)"] if has_host else []
+    headers += ["host CPUs (rows)"] if has_cpus else []
     body, warnings = [], []
     for s in states:
         cells = [s.folder, ", ".join(s.gpus) or MISSING, str(s.rows)] + [fmt_num(s.medians[c], spec) for _, c, spec in cols]
@@ -139,6 +144,11 @@ def gpu_state_markdown(states: list[GpuState]) -> str:
         if has_health:
             cells.append(", ".join((f"{h} ({n})" if h == HEALTHY else f"**{h} ({n})**") for h, n in s.health.items())
                          or MISSING)
+        if has_host:
+            cells.append(" / ".join(fmt_num(s.host.get(c, math.nan), ".1f") for c in schema.HOST_COLUMNS)
+                         if s.host else MISSING)
+        if has_cpus:
+            cells.append(", ".join(f"{c} ({n})" for c, n in s.host_cpus.items()) or MISSING)
         body.append(cells)
         for h, n in s.health.items():
             if h != HEALTHY:
@@ -152,7 +162,11 @@ def gpu_state_markdown(states: list[GpuState]) -> str:
     text = ("## GPU state\n\nSampled (NVML) while each row was timed, per results folder: the median over rows of "
             "each row's median SM clock, memory clock and mean power, the lowest SM clock and highest temperature "
             "sampled, the clock-event (throttle) reasons seen with the number of rows, and the run's GPU health "
-            "check (`health` column).\n\n" + md_table(headers, body))
+            "check (`health` column)"
+            + ("; the host canary of the processes that timed them (median host microseconds of a bare Triton "
+               "launch, a tiny torch op and an autograd fwd+bwd: eager rows at short T time the host) and the "
+               "CPUs they ran on" if has_host or has_cpus else "")
+            + ".\n\n" + md_table(headers, body))
     if warnings:
         text += "\n\n" + "\n\n".join(warnings)
     return text

@@ -13,7 +13,7 @@ the Depth-Attention tables, every other row the efficiency tables. Each GPU's ro
 apart (`of_gpu`); a report of several GPUs names the GPU in every heading (`Section.heading_title`).
 
 Columns the CSVs gained later (intervals, ratio_to_best, samples, noise, floor columns, GPU
-state, health) are optional: a block or column exists only where some row has the data, so older
+state, health, the host columns) are optional: a block or column exists only where some row has the data, so older
 files give the tables they always gave. Configuration columns added later (depth_grad, Tq, S) are
 named in captions only off their default (`vocab.config_item`).
 """
@@ -367,12 +367,16 @@ class GpuState:
     medians: dict                               # GPU_STATE_COLUMNS -> summary (NaN: not sampled)
     throttle: dict                              # reason -> rows it was seen on (empty: none seen)
     health: dict                                # health text -> rows (empty: no health column values)
+    host: dict = field(default_factory=dict)    # schema.HOST_COLUMNS -> median over rows (empty: none measured)
+    host_cpus: dict = field(default_factory=dict)   # host_cpus text -> rows (empty: none recorded)
 
 
 def gpu_states(rows) -> list[GpuState]:
     """Per results folder (the folder of each row's file) whose rows have GPU state or health
     values: the median over rows of sm_clock_mhz, mem_clock_mhz and power_w, the lowest
-    sm_clock_min_mhz, the highest temp_c, the throttle reasons seen and the health values."""
+    sm_clock_min_mhz, the highest temp_c, the throttle reasons seen and the health values; where
+    rows have them, the median host canary numbers and the host_cpus values (folders with only
+    those are listed too)."""
     out = []
     folders = rows["_file"].map(lambda f: posixpath.dirname(str(f)) or ".")
     for folder in sorted(set(folders)):
@@ -380,7 +384,9 @@ def gpu_states(rows) -> list[GpuState]:
         throttle = part["throttle"].map(lambda t: t.strip() if has_text(t) else "")
         sampled = part[GPU_STATE_COLUMNS].notna().any(axis=1) | (throttle != "")
         health = part["health"].map(lambda h: h.strip() if has_text(h) else "")
-        if not sampled.any() and not (health != "").any():
+        cpus = part["host_cpus"].map(lambda h: h.strip() if has_text(h) else "")
+        host = {c: float(part[c].dropna().median()) for c in schema.HOST_COLUMNS if part[c].notna().any()}
+        if not sampled.any() and not (health != "").any() and not host and not (cpus != "").any():
             continue
         reasons: dict[str, int] = {}
         for text in throttle[sampled]:
@@ -391,9 +397,11 @@ def gpu_states(rows) -> list[GpuState]:
         medians = {c: float(getattr(part[c].dropna(), how)()) if part[c].notna().any() else float("nan")
                    for c, how in agg.items()}
         counts = health[health != ""].value_counts()
+        cpu_counts = cpus[cpus != ""].value_counts()
         out.append(GpuState(folder=folder, gpus=sorted(set(part["gpu"].astype(str)) - {""}), rows=len(part),
                             sampled=int(sampled.sum()), medians=medians, throttle=dict(sorted(reasons.items())),
-                            health={h: int(counts[h]) for h in sorted(counts.index)}))
+                            health={h: int(counts[h]) for h in sorted(counts.index)}, host=host,
+                            host_cpus={c: int(cpu_counts[c]) for c in sorted(cpu_counts.index)}))
     return out
 
 

@@ -15,7 +15,7 @@ from moda_bench.bench.runner import Point
 def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | None = None,
                          progress: bool | None = None) -> dict:
     """Run this torchrun rank's share of the pooled points of all `sweeps` of `spec`
-    (bench.spec.RunSpec) on cuda:LOCAL_RANK;
+    (bench.spec.RunSpec) on cuda:LOCAL_RANK, pinned to item LOCAL_RANK % len of spec.pin_cpu if set;
     each sweep's rows go to `<stem>.rank<RANK>.csv` beside its CSV (none when the rank has no
     point of that sweep).
 
@@ -29,6 +29,8 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | 
     sweeps = list(sweeps)
     mine = rank_tasks(sweeps, dist, spec.pass_, len(spec.providers))
     gpu_index = physical_gpu_index(dist.local_rank)
+    from moda_bench import host
+    host.pin_process(spec.pin_cpu, dist.local_rank)   # before CUDA starts its threads; the CLI did it already
     try:
         import torch
         has_cuda = torch.cuda.is_available()
@@ -45,7 +47,8 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | 
         if todo:
             runner.run_sweep([t.point for t in todo], spec, out, sweep_name=s.name,
                              progress=(dist.rank == 0) if progress is None else progress,
-                             device_index=dist.local_rank if has_cuda else None, pin_chunk=todo[0].pin_chunk)
+                             device_index=dist.local_rank if has_cuda else None, pin_chunk=todo[0].pin_chunk,
+                             worker=dist.local_rank)
         frames[s.name] = stamp_gpu_index(out, gpu_index)
     return frames
 

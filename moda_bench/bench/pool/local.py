@@ -322,12 +322,13 @@ def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all"
     worker_cmd = worker_cmd if worker_cmd is not None else default_worker_cmd
 
     workers: list[_Worker] = []
-    for slot in slots[: len(tasks)]:  # never more workers than points
+    for i, slot in enumerate(slots[: len(tasks)]):  # never more workers than points
         shard_csv, log = shard_path(base, "gpu", slot.index), shard_path(base, "gpu", slot.index, ".log")
         for stale in (shard_csv, log):
             stale.unlink(missing_ok=True)  # workers append: never mix in an old run's shard
         prefix = worker_cmd(slot) if callable(worker_cmd) else worker_cmd
-        argv = [*prefix, "--serve", "--spec", spec.to_json(), "--csv", str(shard_csv), "--gpu-index", str(slot.index)]
+        argv = [*prefix, "--serve", "--spec", spec.to_json(), "--csv", str(shard_csv), "--gpu-index", str(slot.index),
+                "--worker-index", str(i)]   # worker i pins itself to item i of spec.pin_cpu (if any)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=slot.token, PYTHONUNBUFFERED="1")
         workers.append(_Worker(slot, shard_csv, log, argv, env))
 

@@ -1,9 +1,12 @@
 """Per-GPU sweep worker of the `--gpus` pool (pool.local), started with CUDA_VISIBLE_DEVICES set
 to one GPU, once per run:
 
-    python -m moda_bench.bench.pool.worker --serve --spec '<RunSpec JSON>' --csv out.gpu3.csv --gpu-index 3
+    python -m moda_bench.bench.pool.worker --serve --spec '<RunSpec JSON>' --csv out.gpu3.csv --gpu-index 3 \
+        --worker-index 1
 
-Protocol (`serve`): it sets up torch on cuda:0 (the one visible GPU), prints {"event": "ready"}
+Protocol (`serve`): it pins itself to its CPU when the spec asks (`--pin-cpu`: item
+`--worker-index` % len of the spec's pin_cpu, before torch starts any thread), sets up torch on
+cuda:0 (the one visible GPU), prints {"event": "ready"}
 on stdout, then reads one task per stdin line ({"id", "sweep", "point", "pin_chunk"}: one point
 of one sweep), prints {"event": "start", "id"}, runs `runner.run_sweep` on that point for every
 provider (appending a row per provider as it finishes) and prints {"event": "done", "id"}. It
@@ -82,11 +85,19 @@ def serve(start: Callable[[], RunTask], csv: Path, *, gpu_index: int) -> None:
     stamp_gpu_index(csv, gpu_index)
 
 
-def gpu_start(spec, csv: Path) -> Callable[[], RunTask]:
-    """The real worker's setup: torch on the one visible GPU (exit code 2 without one); each task
-    is `runner.run_sweep` on one point, then a check of the CUDA context."""
+def gpu_start(spec, csv: Path, worker: int = 0) -> Callable[[], RunTask]:
+    """The real worker's setup: its CPU pinned (spec.pin_cpu, item worker % len; exit code 2 when
+    that fails), torch on the one visible GPU (exit code 2 without one); each task is
+    `runner.run_sweep` on one point (the first also runs the host canary), then a check of the
+    CUDA context."""
 
     def start() -> RunTask:
+        from moda_bench import host
+        try:
+            host.pin_process(spec.pin_cpu, worker)
+        except (ValueError, OSError) as err:
+            print(f"worker: {err}", file=sys.stderr)
+            raise typer.Exit(2)
         import torch
         if not torch.cuda.is_available():
             print(f"worker: no CUDA device visible (CUDA_VISIBLE_DEVICES="
@@ -96,7 +107,8 @@ def gpu_start(spec, csv: Path) -> Callable[[], RunTask]:
         from moda_bench.bench.runner import run_sweep
 
         def run_task(point: Point, sweep: str, pin_chunk: bool) -> Optional[str]:
-            run_sweep([point], spec, csv, sweep_name=sweep, progress=False, device_index=0, pin_chunk=pin_chunk)
+            run_sweep([point], spec, csv, sweep_name=sweep, progress=False, device_index=0, pin_chunk=pin_chunk,
+                      worker=worker)
             return cuda_fault()
 
         return run_task
@@ -108,6 +120,8 @@ def worker_main(
     spec: Annotated[str, typer.Option("--spec", help="The run's RunSpec (bench.spec) as JSON.")],
     csv: Annotated[Path, typer.Option("--csv", help="Shard CSV to append rows to.")],
     gpu_index: Annotated[int, typer.Option("--gpu-index", help="Physical GPU index for the rows.")],
+    worker_index: Annotated[int, typer.Option("--worker-index", help="This worker's place among the run's "
+                                              "workers: picks its CPU of the spec's pin_cpu.")] = 0,
     serve_: Annotated[bool, typer.Option("--serve", help="Take tasks (one point of one sweep each) from "
                                          "stdin until it closes; see the module docstring.")] = False,
 ) -> None:
@@ -119,7 +133,7 @@ def worker_main(
         raise typer.BadParameter(f"--spec: {err}") from None
     if not serve_:
         raise typer.BadParameter("give --serve: the worker takes its tasks from stdin")
-    serve(gpu_start(run_spec, csv), csv, gpu_index=gpu_index)
+    serve(gpu_start(run_spec, csv, worker_index), csv, gpu_index=gpu_index)
 
 
 def main() -> None:
