@@ -79,6 +79,28 @@ def _nan_canary() -> dict:
     return {c: math.nan for c in schema.HOST_COLUMNS}
 
 
+_PASS_NODE: list = []
+
+
+def pass_node():
+    """The least a Python autograd node can do, as a `torch.autograd.Function`: pass the input
+    and the gradient through. Made once, on first use (torch is imported then)."""
+    if not _PASS_NODE:
+        import torch
+
+        class Pass(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.view_as(t)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad
+
+        _PASS_NODE.append(Pass)
+    return _PASS_NODE[0]
+
+
 def host_canary(calls: int = CALLS, warmup: int = WARMUP, device: Optional[int] = None) -> dict:
     """{host_launch_us, host_op_us, host_autograd_us}: median host microseconds per call on CUDA
     device `device` (None: the current one; see the module docstring); about 0.1 s, plus the
@@ -110,20 +132,10 @@ def host_canary(calls: int = CALLS, warmup: int = WARMUP, device: Optional[int] 
         except Exception:  # noqa: BLE001
             pass
     try:
-        class Pass(torch.autograd.Function):
-            """The least a Python autograd node can do: pass input and gradient through."""
-
-            @staticmethod
-            def forward(ctx, t):
-                return t.view_as(t)
-
-            @staticmethod
-            def backward(ctx, grad):
-                return grad
-
+        node = pass_node()
         a = torch.zeros(1, device="cuda", requires_grad=True)
         g = torch.ones(1, device="cuda")
-        out["host_autograd_us"] = median_call_us(lambda: Pass.apply(a).backward(g), calls, warmup, sync)
+        out["host_autograd_us"] = median_call_us(lambda: node.apply(a).backward(g), calls, warmup, sync)
     except Exception:  # noqa: BLE001
         pass
     return out

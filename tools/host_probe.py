@@ -35,6 +35,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from moda_bench.host import pass_node
 from moda_bench.ops.moda import moda_attention
 from moda_bench.ops.moda.config import check_config, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
@@ -115,16 +116,7 @@ def phases(x, leaves, calls: int) -> None:
         print(f"  {name:40s} {per_call_us(fn, calls):8.1f}")
 
 
-class _Same(torch.autograd.Function):
-    """The least a Python autograd node can do: pass the gradient through."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
+_Same = pass_node()  # the least a Python autograd node can do: pass the gradient through
 
 
 def engine(x, moda, fa2, calls: int) -> None:
@@ -189,6 +181,18 @@ def kernels(fns: dict, reps: int = 20) -> None:
         print(f"  {sum(t[1] for t in tot.values()) / reps:8.1f} us  in all")
 
 
+def interleaved(fns: dict, leaves, baseline: str, timers, max_time: float, width: int) -> None:
+    """Print each callable's median and its ratio to `baseline` with the 95% interval, per timer,
+    the callables timed in interleaved rounds (the suite's timing)."""
+    for timer in timers:
+        res = time_interleaved(fns, baseline=baseline, timer=timer, grad_to_none={n: leaves for n in fns},
+                               rule=RoundRule(max_time_s=max_time))
+        for name in fns:
+            m = res.measurements[name]
+            r, lo, hi = res.ratios.get(name, (1.0, 1.0, 1.0))
+            print(f"  {timer:5s} {name:{width}s} {1e3 * m.median_ms:8.1f} us  x {baseline} {r:.3f} [{lo:.3f}-{hi:.3f}]")
+
+
 def variants(x, leaves, spec: str, max_time: float = 3.0) -> None:
     q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))
     shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
@@ -217,13 +221,7 @@ def variants(x, leaves, spec: str, max_time: float = 3.0) -> None:
         fns[name] = fn
     for name, fn in fns.items():  # host time alone: calls issued back to back, fewer than the launch queue holds
         print(f"  host  {name:40s} {per_call_us(fn, 150):8.1f} us a call")
-    for timer in ("graph", "eager"):
-        res = time_interleaved(fns, baseline="default", timer=timer, grad_to_none={n: leaves for n in fns},
-                               rule=RoundRule(max_time_s=max_time))
-        for name in fns:
-            m = res.measurements[name]
-            r, lo, hi = res.ratios.get(name, (1.0, 1.0, 1.0))
-            print(f"  {timer:5s} {name:40s} {1e3 * m.median_ms:8.1f} us  x default {r:.3f} [{lo:.3f}-{hi:.3f}]")
+    interleaved(fns, leaves, "default", ("graph", "eager"), max_time, width=40)
 
 
 def launch_ab(x, leaves, max_time: float = 3.0) -> None:
@@ -244,13 +242,7 @@ def launch_ab(x, leaves, max_time: float = 3.0) -> None:
     for _ in range(2):  # host time alone, alternated twice
         for name, fn in fns.items():
             print(f"  host  {name:8s} {per_call_us(fn, 150):8.1f} us a call")
-    for timer in ("eager", "graph"):
-        res = time_interleaved(fns, baseline="triton", timer=timer, grad_to_none={n: leaves for n in fns},
-                               rule=RoundRule(max_time_s=max_time))
-        for name in fns:
-            m = res.measurements[name]
-            r, lo, hi = res.ratios.get(name, (1.0, 1.0, 1.0))
-            print(f"  {timer:5s} {name:8s} {1e3 * m.median_ms:8.1f} us  x triton's path {r:.3f} [{lo:.3f}-{hi:.3f}]")
+    interleaved(fns, leaves, "triton", ("eager", "graph"), max_time, width=8)
     set_fast_launch(True)
 
 
