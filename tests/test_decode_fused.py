@@ -49,7 +49,7 @@ def test_fused_combine(monkeypatch, Tq, G, L, d, lens, S, tma):
             launches.append(grid)
             raise AssertionError("the combine kernel ran")
 
-    monkeypatch.setattr(kmod, "decode_combine_kernel", NoCombine())
+    monkeypatch.setattr(kmod._COMBINE_LAUNCH, "fn", NoCombine())  # the kernel the combine's launches use
     monkeypatch.setattr(kmod, "_COUNTERS", {})
     cfg = replace(base, fused_combine=True)
     check(kw, num_splits=S, config=cfg)

@@ -195,3 +195,40 @@ def test_tma_alignment_rule_and_sm_count():
     assert not cols.is_contiguous() and not ft.aligned(cols)
     assert ft.aligned(torch.zeros(4, 16, dtype=torch.bfloat16)[:, :8])
     assert ft.num_sms(None) == 4 and ft.num_sms(torch.device("cpu")) == 4
+
+
+@pytest.mark.gpu
+def test_gpu_cached_decode_launches_give_tritons_results(monkeypatch):
+    """Decode's split and combine launches repeat from the cache after their first call and give
+    bitwise Triton's own path: dense cache with auto splits (split + combine, PDL where the GPU
+    has it), one split (direct), the fused combine, descriptor (TMA) tiles, a paged cache, L = 0."""
+    import torch
+    from dataclasses import replace
+    from moda_bench.ops import launch
+    from moda_bench.ops.decode import DecodeConfig, moda_decode
+    from moda_bench.ops.decode import kernel as kmod
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from test_decode import make_inputs
+    hits = []
+    idle = launch._hooks_idle
+    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
+    dense = make_inputs(2, 1, 64, 8, 64, 64, 4099, torch.bfloat16, seed=3, lens=[4099, 3001])
+    base = kmod.default_config(dense["q"].device, 16)
+    cases = [(dense, None, base, 2), (dense, 1, base, 1), (dense, 5, replace(base, pdl=False, fused_combine=True), 1),
+             (dense, 5, replace(base, pdl=False, tma=True), 2),
+             (make_inputs(2, 2, 16, 2, 64, 0, 999, torch.bfloat16, seed=4, lens=[999, 500], page_size=16), 3,
+              DecodeConfig(), 2)]
+    for i, (kw, S, cfg, n) in enumerate(cases):
+        kw = {k: v for k, v in kw.items() if k != "dense"}
+        old = launch.set_fast_launch(False)
+        try:
+            ref = moda_decode(**kw, num_splits=S, config=cfg)
+        finally:
+            launch.set_fast_launch(old)
+        monkeypatch.setattr(launch, "_FAST", True)
+        moda_decode(**kw, num_splits=S, config=cfg)
+        before = len(hits)
+        got = moda_decode(**kw, num_splits=S, config=cfg)
+        assert len(hits) - before == n, i
+        assert torch.equal(got, ref), i

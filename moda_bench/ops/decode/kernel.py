@@ -41,7 +41,7 @@ import torch
 from moda_bench.ops.decode.kernel_split import decode_combine_kernel, decode_split_kernel
 from moda_bench.ops.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
 from moda_bench.ops.counters import arrival_counters
-from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting
 
 LOG2E = 1.4426950408889634
@@ -293,22 +293,35 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
     block_s = cfg.combine_block_s or max(1, min(next_pow2(S), 4096 // d))
     cnt = _counters(q.device, B * Hk * n_rb) if fused else lse
     pdl = cfg.pdl and not (direct or fused) and _pdl_active(q.device)  # False: both kernels as without the knob
-    decode_split_kernel[(B * Hk, n_rb * S)](
-        q, k, v, kd, vd, sl, bt, dst, lse, kdesc if kdesc is not None else k, vdesc if vdesc is not None else v,
-        out, cnt,
-        scale * LOG2E, Tq, shape.Tk, L, G, Hk, R, S, n_rb, shape.num_blocks,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), *dstr, sbt, out.stride(0), out.stride(1), out.stride(2),
-        ROWS=rows, BLOCK_N=cfg.block_n, BLOCK_L=block_l, HEAD_DIM=d, PAGE_SIZE=max(shape.page_size, 1),
-        PAGED=shape.paged, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0, DIRECT=direct, PREC=prec,
-        TMA=kdesc is not None, FUSED_COMBINE=fused, COMBINE_BLOCK_S=block_s if fused else 1, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), *dstr, sbt, out.stride(0), out.stride(1), out.stride(2))
+    # the launches' specialisation, for `CachedLaunch`: shapes, strides, dtypes, tiles and modes,
+    # with every pointer the caller gave 16-byte aligned (else Triton's own path); the buffers
+    # made here are
+    key = None
+    if all(t.data_ptr() % 16 == 0 for t in (q, k, v, kd, vd, sl, bt, out)):
+        key = (q.dtype, k.dtype, kd.dtype, sl.dtype, bt.dtype, B, Tq, Hq, Hk, d, L, shape.Tk, S, n_rb, shape.num_blocks,
+               shape.page_size, shape.paged, seqlens is not None, rows, block_l, block_s, cfg.block_n, prec,
+               kdesc is not None, fused, direct, pdl, cfg.num_warps, cfg.num_stages, cfg.combine_warps, strides)
+    _SPLIT_LAUNCH(key, (B * Hk, n_rb * S),
+                  (q, k, v, kd, vd, sl, bt, dst, lse, kdesc if kdesc is not None else k,
+                   vdesc if vdesc is not None else v, out, cnt, scale * LOG2E, Tq, shape.Tk, L, G, Hk, R, S, n_rb,
+                   shape.num_blocks, *strides),
+                  lambda: dict(ROWS=rows, BLOCK_N=cfg.block_n, BLOCK_L=block_l, HEAD_DIM=d,
+                               PAGE_SIZE=max(shape.page_size, 1), PAGED=shape.paged, HAS_SEQLENS=seqlens is not None,
+                               HAS_DEPTH=L > 0, DIRECT=direct, PREC=prec, TMA=kdesc is not None, FUSED_COMBINE=fused,
+                               COMBINE_BLOCK_S=block_s if fused else 1, PDL=pdl, num_warps=cfg.num_warps,
+                               num_stages=cfg.num_stages))
     if direct or fused:
         return
-    decode_combine_kernel[(B * Hk * R,)](
-        dst, lse, out, sl, Tq, shape.Tk, G, Hk, R, S, out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_N=cfg.block_n, BLOCK_S=block_s, HEAD_DIM=d, HAS_SEQLENS=seqlens is not None, HAS_DEPTH=L > 0,
-        PDL=pdl, num_warps=cfg.combine_warps, **({"launch_pdl": True} if pdl else {}))
+    _COMBINE_LAUNCH(key, (B * Hk * R,),
+                    (dst, lse, out, sl, Tq, shape.Tk, G, Hk, R, S, out.stride(0), out.stride(1), out.stride(2)),
+                    lambda: dict(BLOCK_N=cfg.block_n, BLOCK_S=block_s, HEAD_DIM=d, HAS_SEQLENS=seqlens is not None,
+                                 HAS_DEPTH=L > 0, PDL=pdl, num_warps=cfg.combine_warps,
+                                 **({"launch_pdl": True} if pdl else {})))
+
+
+_SPLIT_LAUNCH, _COMBINE_LAUNCH = CachedLaunch(decode_split_kernel), CachedLaunch(decode_combine_kernel)
 
 
 def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlens=None, scale=None,
