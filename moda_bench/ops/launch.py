@@ -18,6 +18,9 @@ launch of a key goes through Triton and keeps the compiled kernel it returns; la
 the key call that kernel's launcher directly with the same arguments, in the order Triton passes
 them. A key of None, a Triton without that launcher interface, the interpreter, a profiling
 hook installed, or `MODA_BENCH_FAST_LAUNCH=0` in the environment all take Triton's own path.
+Users: MoDA's descriptor forward, dq pass and key-major pass (`kernel_fwd_tma`, `kernel_bwd_tma`)
+and decode's split and combine kernels (`ops.decode.kernel`); the pointer kernels still launch
+through Triton at every call.
 """
 from __future__ import annotations
 
