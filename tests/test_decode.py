@@ -467,7 +467,8 @@ def test_pdl_is_a_no_op_under_the_interpreter(monkeypatch):
         def __getitem__(self, grid):
             return lambda *a, **k: seen.append((k["PDL"], "launch_pdl" in k)) or real[grid](*a, **k)
 
-    monkeypatch.setattr(kmod._COMBINE_LAUNCH, "fn", Recorder())  # the kernel the combine's launches use
+    monkeypatch.setattr(kmod._COMBINE_LAUNCH, "fn", Recorder())  # the kernel the combine's launches use,
+    monkeypatch.setattr(kmod._COMBINE_LAUNCH, "kernels", {})      # none kept from earlier tests (on a GPU)
     kw = make_inputs(2, 2, 8, 2, 32, 3, 61, seed=14, lens=[61, 29])
     off = moda_decode(**kw, num_splits=3, config=SMALL)
     on = moda_decode(**kw, num_splits=3, config=replace(SMALL, pdl=True))
