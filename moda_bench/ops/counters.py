@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from moda_bench.ops.launch import raw_stream
+
 
 def stream_state(device) -> tuple:
     """(the current stream's id on device, whether it is capturing a CUDA graph); (0, False) off CUDA.
-    The raw stream handle is read as Triton's launcher reads it (a few us less than a Stream object)."""
+    The stream's id is its raw handle (`launch.raw_stream`)."""
     if device.type != "cuda":
         return 0, False
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    stream = raw(idx) if raw is not None else torch.cuda.current_stream(idx).cuda_stream
-    return stream, torch.cuda.is_current_stream_capturing()
+    return raw_stream(idx), torch.cuda.is_current_stream_capturing()
 
 
 def scratch(cache: dict, device, n: int, dtype=torch.float32):

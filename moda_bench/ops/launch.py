@@ -71,11 +71,19 @@ def _hooks_idle() -> bool:
                for h in (rt.launch_enter_hook, rt.launch_exit_hook))
 
 
+def raw_stream(index: int) -> int:
+    """The raw handle of CUDA device `index`'s current stream, read as Triton's launcher reads it
+    (a few us less than a Stream object)."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def _current_stream() -> tuple:
     """(device index, raw handle of its current stream): what Triton's launcher launches on."""
     import torch
     dev = torch.cuda.current_device()
-    return dev, torch._C._cuda_getCurrentRawStream(dev)
+    return dev, raw_stream(dev)
 
 
 class CachedLaunch:

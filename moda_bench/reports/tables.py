@@ -13,8 +13,8 @@ the Depth-Attention tables, every other row the efficiency tables. Each GPU's ro
 apart (`of_gpu`); a report of several GPUs names the GPU in every heading (`Section.heading_title`).
 
 Columns the CSVs gained later (intervals, ratio_to_best, samples, noise, floor columns, GPU
-state, health, the host columns) are optional: a block or column exists only where some row has the data, so older
-files give the tables they always gave. Configuration columns added later (depth_grad, Tq, S) are
+state, health, the host columns) are optional: a block or column exists only where some row has
+the data, so older files give the tables they always gave. Configuration columns added later (depth_grad, Tq, S) are
 named in captions only off their default (`vocab.config_item`).
 """
 from __future__ import annotations
@@ -383,10 +383,9 @@ def gpu_states(rows) -> list[GpuState]:
         part = rows[folders == folder]
         throttle = part["throttle"].map(lambda t: t.strip() if has_text(t) else "")
         sampled = part[GPU_STATE_COLUMNS].notna().any(axis=1) | (throttle != "")
-        health = part["health"].map(lambda h: h.strip() if has_text(h) else "")
-        cpus = part["host_cpus"].map(lambda h: h.strip() if has_text(h) else "")
+        health, cpus = text_counts(part["health"]), text_counts(part["host_cpus"])
         host = {c: float(part[c].dropna().median()) for c in schema.HOST_COLUMNS if part[c].notna().any()}
-        if not sampled.any() and not (health != "").any() and not host and not (cpus != "").any():
+        if not sampled.any() and not health and not host and not cpus:
             continue
         reasons: dict[str, int] = {}
         for text in throttle[sampled]:
@@ -396,13 +395,17 @@ def gpu_states(rows) -> list[GpuState]:
                "power_w": "median", "temp_c": "max"}
         medians = {c: float(getattr(part[c].dropna(), how)()) if part[c].notna().any() else float("nan")
                    for c, how in agg.items()}
-        counts = health[health != ""].value_counts()
-        cpu_counts = cpus[cpus != ""].value_counts()
         out.append(GpuState(folder=folder, gpus=sorted(set(part["gpu"].astype(str)) - {""}), rows=len(part),
                             sampled=int(sampled.sum()), medians=medians, throttle=dict(sorted(reasons.items())),
-                            health={h: int(counts[h]) for h in sorted(counts.index)}, host=host,
-                            host_cpus={c: int(cpu_counts[c]) for c in sorted(cpu_counts.index)}))
+                            health=health, host=host, host_cpus=cpus))
     return out
+
+
+def text_counts(values) -> dict:
+    """A text column's non-empty values (stripped) -> their row counts, in text order."""
+    texts = values.map(lambda t: t.strip() if has_text(t) else "")
+    counts = texts[texts != ""].value_counts()
+    return {t: int(counts[t]) for t in sorted(counts.index)}
 
 
 def own_clocks(rows) -> list[dict]:

@@ -334,7 +334,7 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     # descriptor loads: every pointer 16-byte aligned (the caller's `aligned`), so the shape and
     # the tile configuration fix the launch's specialisation (`CachedLaunch`)
     key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, bool(ws),
-           bool(depth_first), bool(persistent), depth_stages, grid) if use_desc else None
+           bool(depth_first), bool(persistent), depth_stages) if use_desc else None
     _FWD_LAUNCH(key, grid, (q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
                 lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
                              WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
