@@ -168,11 +168,22 @@ def test_gpu_kv_beside_under_graph_capture(monkeypatch):
         assert rel_err(x.grad, a) < 1e-2
 
 
-def test_bwd_tma_bf16_default_tiles():
-    """The Hopper default's tiles (64 x 64, 4 warps, 128 depth rows a step) on bf16 inputs."""
-    cfg = MoDAConfig(bwd_depth="tma", bwd_block_l=config_mod.tma_block_l(8, 64, rows=128))
+@pytest.mark.parametrize("G", [8, 32])
+def test_bwd_tma_bf16_default_tiles(G):
+    """The Hopper default's tiles (64 x 64, 4 warps, 128 depth rows and at most 32 columns a
+    step: G=8 2 positions x 16 entries, G=32 one position x 32) on bf16 inputs."""
+    cfg = MoDAConfig(bwd_depth="tma", bwd_block_l=config_mod.tma_block_l(G, 64, 128, 32))
     assert cfg.bwd_block_l == 32
-    check_against_reference(_moda_lse, 1, 77, 8, 1, 64, 6, torch.bfloat16, seed=3, config=cfg)
+    check_against_reference(_moda_lse, 1, 77 if G == 8 else 45, G, 1, 64, 6 if G == 8 else 37, torch.bfloat16,
+                            seed=3, config=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,G,L", [(1000, 32, 64), (333, 32, 1), (4099, 32, 16), (4099, 64, 3)])
+def test_gpu_default_config_wide_groups(T, G, L):
+    """The heuristic default at G >= 32 on Hopper (the dq pass at 32 depth columns a step, 168
+    registers above T = 4096) against the fp64 reference: out, lse and all five gradients, bf16."""
+    check_against_reference(_moda_lse, 1, T, G, 1, 64, L, torch.bfloat16, seed=T + G + L)
 
 
 def _grads(cfg, inputs, do, depth_grad=True):
@@ -259,6 +270,9 @@ def test_bwd_tma_default_choice(monkeypatch):
     assert short.bwd_depth == "tma" and (short.bwd_q_maxnreg, short.bwd_kv_maxnreg) == (0, 0)
     g32 = config_mod.default_config(MoDAShape(B=1, T=4096, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)
     assert (g32.bwd_q_block_m, g32.bwd_kv_block_m) == (64, 64)
+    # G=32: one position a 32-row sub-tile, 32 depth columns a step (64 spilled under the cap)
+    assert g32.bwd_block_l == 32 and config_mod.default_config(MoDAShape(
+        B=1, T=16384, Hq=256, Hk=8, d=64, L=64), torch.bfloat16).bwd_block_l == 32
     config_mod.check_config(g32, 32)
     assert not config_mod.bwd_tma_default(MoDAShape(B=1, T=64, Hq=8, Hk=1, d=128, L=4), torch.bfloat16)
     assert not config_mod.bwd_tma_default(shape, torch.float32)

@@ -119,6 +119,11 @@ def test_tma_default_choice(monkeypatch):
     config_mod.check_config(cfg, 8)
     assert config_mod.tma_block_l(1, 128) == 32 and config_mod.tma_block_l(16, 128) == 32
     assert config_mod.tma_block_l(2, 64) == 64
+    for G in (1, 2, 3, 4, 8, 16):  # the backward's 32-column cap leaves G <= 16 as 128 rows gave them
+        gp = config_mod.group_pad(G)
+        assert config_mod.tma_block_l(G, max(64, gp), 128, 32) == config_mod.tma_block_l(G, max(64, gp), 128) == 32
+    assert config_mod.tma_block_l(32, 64, 128) == 64 and config_mod.tma_block_l(32, 64, 128, 32) == 32
+    assert config_mod.tma_block_l(64, 64, 128, 16) == 16
     monkeypatch.undo()
     monkeypatch.setattr(config_mod, "current_device_index", lambda: 0)
     monkeypatch.setattr(config_mod, "_capability", lambda idx: 9)

@@ -222,15 +222,15 @@ BWD_TMA_DEFAULT = False
 BWD_TMA_MAXNREG, BWD_TMA_MAXNREG_MIN_T = 168, 4096
 
 
-def tma_block_l(G: int, block_m: int, rows: int = 256) -> int:
+def tma_block_l(G: int, block_m: int, rows: int = 256, max_cols: int = 64) -> int:
     """Depth columns per step of the descriptor kernels: S positions x BL entries each, with
-    P*BL about `rows` depth rows (P = block_m // GP positions; BL at most 64; S*BL >= 16). The
-    forward takes 256, the backward's query-major pass 128 (its fastest on the H100, T=16384,
-    G=8, L=64: 128 rows 17.0 ms, 64 rows 17.2, 256 rows 17.4; tools/bwd_tma_triton.py)."""
+    P*BL about `rows` depth rows (P = block_m // GP positions; BL at most 64; S*BL >= 16) and
+    S*BL <= max_cols. Forward: 256 rows; the backward's dq pass: 128 rows, 32 columns (H100, T=16K,
+    G=8, L=64: 128 rows 17.0 ms, 64 rows 17.2, 256 17.4; G=32: 64 columns spilled, 32 0.91-0.92x)."""
     gp = group_pad(G)
     P = max(1, block_m // gp)
     S = max(1, min(P, 16 // gp))
-    return S * max(cdiv(16, S), min(64, max(1, rows // P)))
+    return S * max(cdiv(16, S), min(64, max(1, rows // P), max(1, max_cols // S)))
 
 
 def bwd_tma_default(shape: MoDAShape, dtype=None) -> bool:
@@ -264,7 +264,7 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
         reg = BWD_TMA_MAXNREG if shape.T > BWD_TMA_MAXNREG_MIN_T else 0
         cfg = cfg.replace(bwd_depth="tma", bwd_q_block_m=max(64, gp), bwd_q_block_n=64, bwd_q_warps=4, bwd_q_stages=3,
                           bwd_kv_block_m=max(64, gp), bwd_kv_block_n=64, bwd_kv_warps=4, bwd_kv_stages=3,
-                          bwd_block_l=tma_block_l(shape.G, max(64, gp), rows=128), bwd_depth_stages=3 - bool(reg),
+                          bwd_block_l=tma_block_l(shape.G, max(64, gp), 128, 32), bwd_depth_stages=3 - bool(reg),
                           bwd_kv_maxnreg=reg, bwd_q_maxnreg=reg)
     return cfg
 

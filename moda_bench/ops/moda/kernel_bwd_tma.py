@@ -448,9 +448,9 @@ def _meta(warps: int, stages: int, maxnreg: int) -> dict:
 
 def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
     """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
-    block_l 0: about 128 depth rows a step, `config.tma_block_l`), BL at most next_pow2(L) unless a
-    16-column tile needs more."""
-    gp, P, S, bl = depth_geometry(G, block_m, 0, block_l or tma_block_l(G, block_m, rows=128))
+    block_l 0: about 128 depth rows a step, at most 32 columns, `config.tma_block_l`), BL at most
+    next_pow2(L) unless a 16-column tile needs more."""
+    gp, P, S, bl = depth_geometry(G, block_m, 0, block_l or tma_block_l(G, block_m, 128, 32))
     return gp, P, S, max(cdiv(16, S), min(bl, next_pow2(max(L, 1))))
 
 
