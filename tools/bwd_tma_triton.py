@@ -49,7 +49,7 @@ def _rows_kernel(O, DO, LSE, LSE2, DELTA, DQA, sm_scale, T, G, Hk, RP, GP: tl.co
     """Folded rows r of (b, j). Before the passes: LSE2 = lse*log2(e) (+inf on padding rows), DELTA =
     rowsum(o*do). POST (atomic variant): O = dq = scale * the fp32 transposed buffer DQA."""
     bh, r = tl.program_id(0), tl.program_id(1) * BLK + tl.arange(0, BLK)
-    ptr, ok = rows_ptr(bh // Hk, bh % Hk, r, T, G, G * Hk, GP, D)
+    ptr, ok = rows_ptr(bh // Hk, bh % Hk, 0, r, T, G, G * Hk, GP, D)
     if POST:
         a = tl.load(DQA + (bh * D + tl.arange(0, D)).to(tl.int64)[None, :] * RP + r[:, None], mask=ok, other=0.0)
         tl.store(O + ptr, (a * sm_scale).to(O.dtype.element_ty), mask=ok)
@@ -67,8 +67,8 @@ def _kv_step(k, v, dk, dv, kn, t0, Q, DO, qdesc, dodesc, LSE2, DELTA, DQA, dqdes
              qk_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
              USE_DESC: tl.constexpr, ATOMIC: tl.constexpr, TMA_REDUCE: tl.constexpr, PREC: tl.constexpr):
     """dk, dv (+ the atomic dq share) of the key tile from the BM folded rows at position t0."""
-    q, do = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
-        rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    q, do = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
+        rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     lse2, delta = tl.load(LSE2 + bh * RP + r), tl.load(DELTA + bh * RP + r)
     pT = tl.math.exp2(mm_acc(k, tl.trans(q), None, PREC) * qk_scale - lse2[None, :])  # [BN, BM]
@@ -143,8 +143,8 @@ def _dq_kernel(Q, K, V, KD, VD, DO, LSE2, DELTA, DQ, DQA, DKD, DVD, qk_scale, sm
             vddesc = depth_desc(VD, B, T, LD, Hk, P, BL, D)
             dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
             dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
-    q, do = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
-        rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    q, do = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC), \
+        rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     lse2, delta = tl.load(LSE2 + bh * RP + r), tl.load(DELTA + bh * RP + r)
     dq = tl.zeros([BM, D], tl.float32)
@@ -162,7 +162,7 @@ def _dq_kernel(Q, K, V, KD, VD, DO, LSE2, DELTA, DQ, DQA, DKD, DVD, qk_scale, sm
     if ACC_OUT:
         tl.store(DQA + (bh * D + tl.arange(0, D)).to(tl.int64)[None, :] * RP + r[:, None], dq)
     else:
-        ptr, ok = rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+        ptr, ok = rows_ptr(b, j, 0, r, T, G, G * Hk, GP, D)
         tl.store(DQ + ptr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 

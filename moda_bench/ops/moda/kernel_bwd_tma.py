@@ -68,23 +68,25 @@ def depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constex
 
 
 @triton.jit
-def rows_ptr(b, j, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
-    """Offsets [BM, D] of folded rows r into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
+def rows_ptr(b, j, g0, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
+    """Offsets [BM, D] of folded rows r (GP heads a position from head g0 of KV head j's group)
+    into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
     t = r // GP
-    g = r % GP
+    g = g0 + r % GP
     ptr = ((b * T + t).to(tl.int64) * Hq + j * G + g)[:, None] * D + tl.arange(0, D)[None, :]
     return ptr, ((t < T) & (g < G))[:, None]
 
 
 @triton.jit
-def rows_tile(X, xdesc, b, j, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
+def rows_tile(X, xdesc, b, j, g0, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
               USE_DESC: tl.constexpr):
-    """[BM, D] tile of q or do from position t0 of (b, KV head j). Padding rows hold the next
-    head's values (descriptor) or zeros (pointers): their lse2 = +inf makes them contribute 0."""
+    """[BM, D] tile of q or do from position t0 of (b, KV head j), GP heads a position from head
+    g0 of its group (0: all of them, the padded group). Padding rows hold the next head's values
+    (descriptor) or zeros (pointers): their lse2 = +inf makes them contribute 0."""
     if USE_DESC:
-        return tl.reshape(xdesc.load([b, t0, j * G, 0]), (BM, D))
+        return tl.reshape(xdesc.load([b, t0, j * G + g0, 0]), (BM, D))
     else:
-        ptr, ok = rows_ptr(b, j, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
+        ptr, ok = rows_ptr(b, j, g0, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
         return tl.load(X + ptr, mask=ok, other=0.0)
 
 
@@ -109,33 +111,38 @@ def row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP: tl.constexpr, BM: tl.co
     row_ok = (t < T) & (r % GP < G)
     lse = tl.load(LSE + ((b * T + t).to(tl.int64) * (G * Hk) + j * G + r % GP), mask=row_ok, other=0.0)
     lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))
-    o = rows_tile(O, odesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC).to(tl.float32)
+    o = rows_tile(O, odesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC).to(tl.float32)
     delta = tl.sum(o * tl.where(row_ok[:, None], do.to(tl.float32), 0.0), 1)
     return lse2, delta
 
 
 @triton.jit
-def _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
-             qk_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
+def _kv_step(k, v, dk, dv, kn, t0, s, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
+             qk_scale, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
              USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, DP_FIRST: tl.constexpr):
-    """dk, dv of the key tile += the share of the BM folded rows from position t0. STATS: the rows'
+    """dk, dv of the key tile += the share of the BM folded rows from position t0: GP // NSUB heads a
+    position, sub-group s of the padded group (NSUB = 1: all GP). STATS (NSUB = 1 only): the rows'
     lse2 and delta computed here from lse, o and do (no dq pass before this one), else read from
-    the flat buffers the dq pass wrote. DP_FIRST: dp^T's product issued before the exponentials
-    (`kernel_bwd_rules.dp_first`)."""
-    q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    r = t0 * GP + tl.arange(0, BM)
+    the flat buffers the dq pass wrote (row t*GP + g). DP_FIRST: dp^T's product issued before the
+    exponentials (`kernel_bwd_rules.dp_first`)."""
+    GS: tl.constexpr = GP // NSUB
+    q = rows_tile(Q, qdesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
+    do = rows_tile(DO, dodesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
+    rl = tl.arange(0, BM)
+    t = t0 + rl // GS
     if STATS:
+        tl.static_assert(NSUB == 1, "the key-major pass computes its rows' statistics only unsplit")
         lse2, delta = row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP, BM, D, USE_DESC)
     else:
-        lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
+        r = t * GP + s * GS + rl % GS  # rows past the last position: +inf, written by the dq pass
+        lse2 = tl.load(LSE2 + bh * RP + r)
         delta = tl.load(DELTA + bh * RP + r)
     sT = mm_acc(k, tl.trans(q), None, PREC)  # [BN, BM]
     if DP_FIRST:
         dpT = mm_acc(v, tl.trans(do), None, PREC)
     pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
     if MASK:
-        pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
+        pT = tl.where(kn[:, None] <= t[None, :], pT, 0.0)
     dv = mm_acc(pT.to(do.dtype), do, dv, PREC)
     if not DP_FIRST:
         dpT = mm_acc(v, tl.trans(do), None, PREC)
@@ -179,15 +186,15 @@ def depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, 
     """The depth part of the BM folded rows from position t0 as an item of the key-major grid
     (`depth_part`; the rows' lse2 and delta from the dq pass's buffers): dk_depth, dv_depth stored,
     its dq share added to the dq the depth-less dq pass stored (the rows are this item's alone)."""
-    q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     lse2 = tl.load(LSE2 + bh * RP + r)
     delta = tl.load(DELTA + bh * RP + r)
     dq = depth_part(q, do, lse2, delta, tl.zeros([BM, D], tl.float32), KD, VD, DKD, DVD, kddesc, vddesc, dkddesc,
                     dvddesc, b, j, t0, T, L, Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES,
                     DEPTH_GRAD)
-    optr, ok = rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+    optr, ok = rows_ptr(b, j, 0, r, T, G, G * Hk, GP, D)
     old = tl.load(DQ + optr, mask=ok, other=0.0).to(tl.float32)
     tl.store(DQ + optr, (old + dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
@@ -197,7 +204,7 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_DEPTH, GP: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
                CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
-               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr):
+               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr, NSUB: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
     computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
     CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
@@ -206,18 +213,25 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     that arrives last sums them in chunk order (deterministic), stores, and puts its counter back.
     DEPTH_ITEMS: the grid also holds N_DEPTH depth items a (batch, KV head), one per BM rows
     (`depth_item`), spread evenly among the N_ITEMS key items, so that the depth bytes stream while
-    the key items compute (the dq pass then skipped its depth part)."""
-    P: tl.constexpr = BM // GP
-    bh = tl.program_id(0)
+    the key items compute (the dq pass then skipped its depth part).
+    NSUB > 1 (neither STATS nor DEPTH_ITEMS): grid (B*Hk*NSUB, N_ITEMS), a program per (key item,
+    sub-group of GP // NSUB heads): a step's BM rows then span NSUB times the positions, so the
+    programs of one head read the same q/do rows NSUB times sooner after each other (L2 reuse);
+    the sub-groups' fp32 dk, dv go to WS like chunks', the last to arrive sums them."""
+    GS: tl.constexpr = GP // NSUB
+    P: tl.constexpr = BM // GS
+    bhs = tl.program_id(0)
     u = tl.program_id(1)
+    bh = bhs // NSUB
+    sub = bhs % NSUB
     b = bh // Hk
     j = bh % Hk
     qdesc = None
     dodesc = None
     odesc = None
     if USE_DESC:
-        qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
-        dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
+        qdesc = rows_desc(Q, B, T, G * Hk, P, GS, D)
+        dodesc = rows_desc(DO, B, T, G * Hk, P, GS, D)
         if STATS:
             odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
     if DEPTH_ITEMS:  # key item i at (i * total) // N_ITEMS, depth items evenly between
@@ -241,20 +255,22 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                        DEPTH_STAGES, DEPTH_GRAD)
         else:
             kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B,
-                    T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK,
-                    DP_FIRST)
+                    T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, 0, GP, 1, BM, BN, D, USE_DESC, PREC, STATS,
+                    CHUNK, DP_FIRST)
     else:
         kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T,
-                G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, GP, BM, BN, D, USE_DESC, PREC, STATS, CHUNK, DP_FIRST)
+                G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP, NSUB, BM, BN, D, USE_DESC, PREC, STATS, CHUNK,
+                DP_FIRST)
 
 
 @triton.jit
 def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G, Hk,
-            RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-            D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, CHUNK: tl.constexpr,
-            DP_FIRST: tl.constexpr):
-    """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows."""
-    P: tl.constexpr = BM // GP
+            RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr,
+            BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
+            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr):
+    """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows, for
+    the heads of sub-group `sub` (of NSUB)."""
+    P: tl.constexpr = BM // (GP // NSUB)
     NDIAG: tl.constexpr = (BN + P - 1) // P
     if CHUNK == 0:
         tile, c, nc, first = u, 0, 1, u
@@ -281,19 +297,19 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
         lo = diag_end + tl.cdiv(tl.maximum(c * CHUNK - diag_end, 0), P) * P
         hi = tl.minimum((c + 1) * CHUNK, T)
     for t0 in range(n0, diag_hi, P):  # positions whose rows see only part of the tile
-        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
-                          Hk, RP, qk_scale, GP, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST)
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
+                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST)
     for t0 in tl.range(lo, hi, P):
-        dk, dv = _kv_step(k, v, dk, dv, kn, t0, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G,
-                          Hk, RP, qk_scale, GP, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST)
-    if CHUNK == 0:
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
+                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST)
+    if CHUNK == 0 and NSUB == 1:
         store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
-    else:
-        if nc == 1:
+    else:  # partials: nc chunks x NSUB sub-groups of the tile, in WS (B*Hk*NSUB, N_ITEMS, 2, BN, D)
+        if nc * NSUB == 1:
             store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
         else:
             cell = tl.arange(0, BN)[:, None] * D + tl.arange(0, D)[None, :]
-            slot = (bh.to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
+            slot = ((bh * NSUB + sub).to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
             tl.store(WS + slot + cell, dk)
             tl.store(WS + slot + BN * D + cell, dv)
             # every thread's stores before the barrier, the barrier before thread 0's release: the
@@ -301,14 +317,15 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
             tl.debug_barrier()
             cidx = bh * N_TILES + tile
             arrived = tl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
-            if arrived == nc - 1:
+            if arrived == nc * NSUB - 1:
                 tl.debug_barrier()
                 dk = tl.zeros([BN, D], tl.float32)
                 dv = tl.zeros([BN, D], tl.float32)
-                for i in range(0, nc):
-                    s_i = (bh.to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
-                    dk += tl.load(WS + s_i + cell)
-                    dv += tl.load(WS + s_i + BN * D + cell)
+                for ss in range(0, NSUB):
+                    for i in range(0, nc):
+                        s_i = ((bh * NSUB + ss).to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
+                        dk += tl.load(WS + s_i + cell)
+                        dv += tl.load(WS + s_i + BN * D + cell)
                 store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
                 tl.atomic_xchg(CNT + cidx, 0, sem="relaxed", scope="gpu")
 
@@ -413,11 +430,11 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
             if DEPTH_GRAD:
                 dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
                 dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
-    q = rows_tile(Q, qdesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    do = rows_tile(DO, dodesc, b, j, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+    do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
     t = r // GP
-    optr, ok = rows_ptr(b, j, r, T, G, G * Hk, GP, D)
+    optr, ok = rows_ptr(b, j, 0, r, T, G, G * Hk, GP, D)
     lse2, delta = row_stats(do, O, None, LSE, b, j, t0, T, G, Hk, GP, BM, D, False)  # o by pointers, as dq's store
     tl.store(LSE2 + bh * RP + r, lse2)
     tl.store(DELTA + bh * RP + r, delta)
@@ -458,7 +475,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
-                 depth_items: bool = False, dp_first=None):
+                 depth_items: bool = False, dp_first=None, kv_sub: int = 1):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -468,6 +485,9 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     its key tile's; `kv_chunk` picks it), the chunks of a tile summed by the last to finish.
     depth_items (L > 0, kv_block_m = q_block_m, not beside): the depth part leaves the dq pass for
     items of the key-major grid (`depth_item`; off unless asked for, `kv_depth_items` says why).
+    kv_sub: sub-groups of the key-major pass (a power of two dividing GP; not with beside or
+    depth_items): a program takes GP // kv_sub heads of its key tile's rows, the sub-groups' dk,
+    dv summed by the last to finish (`_kv_kernel`; `kernel_bwd_rules.kv_sub` picks it).
     dp_first: (key-major pass, dq pass) booleans, each pass's dp product issued before its
     exponentials; None: the key-major pass by `kernel_bwd_rules.dp_first` of its register cap,
     the dq pass after.
@@ -485,7 +505,10 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     _, P, S, bl = bwd_depth_geometry(G, q_block_m, L, block_l)
     depth_grad = bool(depth_grad) and L > 0
     n_m = cdiv(T, q_block_m // gp)
-    RP = n_m * q_block_m + kv_block_m  # a multiple of 16: the kernels know the rows' alignment
+    if kv_sub < 1 or gp % kv_sub or kv_sub & (kv_sub - 1) or (kv_sub > 1 and (beside is not None or depth_items)):
+        raise ValueError(f"kv_sub={kv_sub} must be a power of two dividing GP={gp}, without beside or depth_items")
+    tail = kv_block_m * kv_sub  # rows after the dq blocks that the key-major pass's last steps read
+    RP = n_m * q_block_m + tail  # a multiple of 16: the kernels know the rows' alignment
     lse2 = torch.empty((B * Hk, RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -505,7 +528,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     # statistics and partials, and (with descriptor loads) every pointer 16-byte aligned (the
     # caller's `aligned`; lse checked here, the rest allocated here); else Triton's own path
     shape_key = ((q.dtype, do.dtype, kd_.dtype, B, T, Hq, Hk, d, L, G, q_block_m, kv_block_m, S, bl, depth_grad, prec,
-                  depth_stages) if use_desc and lse.data_ptr() % 16 == 0 else None)
+                  depth_stages, kv_sub) if use_desc and lse.data_ptr() % 16 == 0 else None)
 
     def dq_pass():
         _DQ_LAUNCH(shape_key and (shape_key, q_block_n, bool(mix), bool(q_dp_first), depth_items, q_warps, q_stages,
@@ -513,7 +536,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                    (B * Hk, n_m),
                    (q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
                     max(L, 1), G, Hk, RP, n_m),
-                   lambda: dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=kv_block_m, D=d, S=S, BL=bl,
+                   lambda: dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl,
                                 DEPTH=L > 0 and not depth_items, DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc),
                                 PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix), DP_FIRST=bool(q_dp_first),
                                 **_meta(q_warps, q_stages, q_maxnreg)))
@@ -526,19 +549,19 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     n_depth = n_m if depth_items else 0  # depth items: the dq pass's row blocks (kv_block_m = q_block_m)
 
     def kv_pass(stats: bool):
-        ws, cnt = lse2, lse2  # never read without chunks
-        if chunk:
-            ws = scratch(_KV_COUNTERS, q.device, B * Hk * n_items * 2 * kv_block_n * d)
+        ws, cnt = lse2, lse2  # never read without chunks or sub-groups
+        if chunk or kv_sub > 1:
+            ws = scratch(_KV_COUNTERS, q.device, B * Hk * kv_sub * n_items * 2 * kv_block_n * d)
             cnt = arrival_counters(_KV_COUNTERS, q.device, B * Hk * n_tiles)
         _KV_LAUNCH(shape_key and (shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps,
                                   kv_stages, kv_maxnreg),
-                   (B * Hk, n_items + n_depth),
+                   (B * Hk * kv_sub, n_items + n_depth),
                    (q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale,
                     B, T, L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_depth),
                    lambda: dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec,
                                 STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
                                 DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first),
-                                **_meta(kv_warps, kv_stages, kv_maxnreg)))
+                                NSUB=kv_sub, **_meta(kv_warps, kv_stages, kv_maxnreg)))
 
     if beside is None:
         dq_pass()

@@ -97,11 +97,11 @@ def depth_bwd_kernel(Q, DO, O, LSE, KD, VD, DQ, DKD, DVD, qk_scale, sm_scale, B,
         b = bh // Hk
         j = bh % Hk
         t0 = (it // (B * Hk)) * P
-        q = rows_tile(Q, qdesc, b, j, t0, T, G, Hq, GP, BLOCK_M, D, True)
-        do = rows_tile(DO, dodesc, b, j, t0, T, G, Hq, GP, BLOCK_M, D, True)
+        q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, Hq, GP, BLOCK_M, D, True)
+        do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, Hq, GP, BLOCK_M, D, True)
         r = t0 * GP + tl.arange(0, BLOCK_M)
         t = r // GP
-        optr, ok = rows_ptr(b, j, r, T, G, Hq, GP, D)
+        optr, ok = rows_ptr(b, j, 0, r, T, G, Hq, GP, D)
         row_ok = (t < T) & (r % GP < G)
         lse = tl.load(LSE + ((b * T + t).to(tl.int64) * Hq + j * G + r % GP), mask=row_ok, other=0.0)
         lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))

@@ -1,0 +1,94 @@
+"""The key-major pass of the "tma" backward split into head sub-groups (`kernel_bwd_tma`'s
+kv_sub, `_kv_kernel`'s NSUB): a program takes GP // kv_sub heads of its key tile's rows and the
+sub-groups' fp32 dk, dv are summed by the last to finish. Against the unsplit pass at odd T, G in
+{2, 6, 8, 16} (G=6: padding heads in the last sub-group), L in {0, 1, 3, 5}, one head a position
+(GS = 1), with chunks too, descriptor and pointer loads: dq and the depth gradients bitwise (the
+dq pass is not touched), dk and dv to fp32 rounding (only the order of the sum changes); repeat
+calls bitwise equal with the arrival counters back at 0; the arguments it refuses. The unsplit
+pass itself is checked against the fp64 reference in test_moda_bwd_tma.py. One GPU test: split
+and unsplit agree in bf16 at T=1000 and T=4099.
+
+CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1).
+"""
+import pytest
+import torch
+
+from helpers import random_inputs, rel_err
+from moda_bench.ops.moda import MoDAConfig
+from moda_bench.ops.moda import kernel as kernel_mod
+from moda_bench.ops.moda import kernel_bwd_tma as bwd_mod
+from moda_bench.ops.moda.kernel import moda_fwd
+from moda_bench.ops.moda.validate import MoDAShape
+
+
+def _passes(T, G, L, B=2, seed=0, dtype=torch.float32, d=32, **tiles):
+    q, k, v, kd, vd, do = (x.detach() if x is not None else None
+                           for x in random_inputs(B, T, 2 * G, 2, d, L, dtype, seed=seed))
+    cfg = MoDAConfig(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_block_l=16)
+    o, lse = moda_fwd(q, k, v, kd, vd, d ** -0.5, MoDAShape(B=B, T=T, Hq=2 * G, Hk=2, d=d, L=L), cfg)
+    kw = dict(dict(q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16, block_l=16, q_stages=2, kv_stages=2),
+              **tiles)
+    return lambda sub, **extra: bwd_mod.moda_bwd_tma(do, q, k, v, kd, vd, o, lse, d ** -0.5, G, kv_sub=sub,
+                                                      **dict(kw, **extra))
+
+
+def _same(ref, got, tol=1e-6):
+    for name, a, b in zip(("dq", "dk", "dv", "dkd", "dvd"), ref, got):
+        if a is None:
+            assert b is None, name
+        elif name in ("dk", "dv"):
+            assert rel_err(b, a) < tol, name
+        else:
+            assert torch.equal(a, b), name
+
+
+# (T, G, L, kv_sub, kv_chunk, kv_block_m)
+CASES = [
+    (37, 8, 5, 2, 0, 32),     # 4 heads a position: a 32-row step spans 8 positions
+    (45, 8, 0, 4, 0, 32),     # L=0; 2 heads a position, 16 positions a step
+    (40, 6, 3, 2, 0, 32),     # G=6 (GP=8): heads 4..7 of the second sub-group, 6 and 7 padding
+    (29, 2, 1, 2, 0, 16),     # one head a position: 16 positions a step
+    (37, 8, 5, 2, 16, 32),    # with chunks of one key tile: 3 chunks x 2 sub-groups a tile
+    (33, 16, 2, 8, 0, 16),    # G=16, 2 heads a position
+]
+
+
+@pytest.mark.parametrize("T,G,L,sub,chunk,kv_m", CASES, ids=[f"T{c[0]}-G{c[1]}-L{c[2]}-s{c[3]}-c{c[4]}"
+                                                              for c in CASES])
+@pytest.mark.parametrize("aligned", [True, False], ids=["descriptors", "pointers"])
+def test_kv_sub_matches_unsplit(monkeypatch, T, G, L, sub, chunk, kv_m, aligned):
+    if not aligned:
+        monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+    run = _passes(T, G, L, kv_block_m=kv_m, use_desc=aligned)
+    _same(run(1, kv_chunk=chunk), run(sub, kv_chunk=chunk))
+
+
+def test_kv_sub_repeatable_and_counters_back_at_zero(monkeypatch):
+    monkeypatch.setattr(bwd_mod, "_KV_COUNTERS", {})
+    run = _passes(53, 8, 3, seed=5)
+    first, second = run(2), run(2)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    counters = [v for v in bwd_mod._KV_COUNTERS.values() if isinstance(v, torch.Tensor)]
+    assert counters and all(int(c.abs().sum()) == 0 for c in counters)
+
+
+def test_kv_sub_refused():
+    run = _passes(21, 8, 2, B=1)
+    for bad in (3, 16, 0):
+        with pytest.raises(ValueError, match="kv_sub"):
+            run(bad)
+    with pytest.raises(ValueError, match="kv_sub"):
+        run(2, beside=lambda main, side: (main(), side()))
+    with pytest.raises(ValueError, match="kv_sub"):
+        run(2, depth_items=True, kv_block_m=32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,L,sub", [(1000, 64, 2), (4099, 0, 2), (4099, 64, 4)])
+def test_gpu_kv_sub_matches_unsplit(T, L, sub):
+    """bf16 on the GPU at the default's tiles (64 x 64, 4 warps): dq and the depth gradients
+    bitwise, dk and dv to bf16 rounding of the same fp32 sums in another order."""
+    run = _passes(T, 8, L, B=1, dtype=torch.bfloat16, d=64, q_block_m=64, q_block_n=64, kv_block_m=64,
+                  kv_block_n=64, block_l=32, q_stages=3, kv_stages=3, q_warps=4, kv_warps=4)
+    _same(run(1), run(sub), tol=1e-2)
