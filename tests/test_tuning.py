@@ -85,6 +85,17 @@ def test_register_estimate_prunes_big_tiles_on_few_warps():
     assert tu.prune_reason(kv, sh, "bwd_kv", smem_limit=10**9).startswith("registers")
 
 
+def test_dq_pass_estimates_use_its_own_depth_columns():
+    """The dq pass's depth steps are bwd_block_l columns, not the forward's block_l."""
+    sh = shape(d=64, L=64, G=32)
+    cfg = MoDAConfig(bwd_q_block_m=64, bwd_q_block_n=32, bwd_q_warps=4, bwd_q_stages=3, block_l=16, bwd_block_l=64)
+    assert tu.fp32_regs_per_thread(cfg, sh, "bwd_q") == (64 * 64 + 2 * 64 * 64) / 128
+    assert tu.fp32_regs_per_thread(cfg.replace(block_l=128), sh, "bwd_q") == tu.fp32_regs_per_thread(cfg, sh, "bwd_q")
+    nb = 2  # depth sub-tiles of a 64-row block at G=32: 2 positions, one a sub-tile
+    assert tu.smem_bytes(cfg, sh, "bwd_q") == 2 * (2 * 64 * 64 + 2 * max(2 * 32 * 64, 2 * nb * 64 * 64))
+    assert tu.smem_bytes(cfg.replace(block_l=128), sh, "bwd_q") == tu.smem_bytes(cfg, sh, "bwd_q")
+
+
 def test_tiles_larger_than_the_problem_are_pruned():
     base = default_config(shape(T=40, L=10))
     sh = shape(T=40, L=10)

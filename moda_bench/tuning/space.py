@@ -145,7 +145,7 @@ def smem_bytes(cfg: MoDAConfig, shape: MoDAShape, kernel: str, elem: int = 2) ->
     """Shared memory estimate of one program of `kernel` in bytes (see moda.py for the loops).
 
     fwd:    q tile (m, d) + stages x max(k, v tiles (n, d), depth k/v tiles (NB, block_l, d)).
-    bwd_q:  q, do (m, d) + stages x max(k, v (n, d), depth k/v (NB, block_l, d)).
+    bwd_q:  q, do (m, d) + stages x max(k, v (n, d), depth k/v (NB, bwd_block_l, d)).
     bwd_kv: k, v (n, d) + stages x (q, do (m, d) + fp32 lse, delta (m,)).
     "stages" counts pipeline buffers: max(1, num_stages - 1), as Triton's NVIDIA pipeliner
     allocates for loads feeding a dot.
@@ -153,10 +153,11 @@ def smem_bytes(cfg: MoDAConfig, shape: MoDAShape, kernel: str, elem: int = 2) ->
     d = shape.d
     if kernel in ("fwd", "bwd_q"):
         if kernel == "fwd":
-            m, n, S, resident = cfg.block_m, cfg.block_n, _buffers(cfg.num_stages), 1
+            m, n, S, resident, bl = cfg.block_m, cfg.block_n, _buffers(cfg.num_stages), 1, cfg.block_l
         else:
             m, n, S, resident = cfg.bwd_q_block_m, cfg.bwd_q_block_n, _buffers(cfg.bwd_q_stages), 2
-        depth = 2 * depth_tiles(cfg, shape.G, m) * cfg.block_l * d if shape.L > 0 else 0
+            bl = cfg.bwd_block_l
+        depth = 2 * depth_tiles(cfg, shape.G, m) * bl * d if shape.L > 0 else 0
         return elem * (resident * m * d + S * max(2 * n * d, depth))
     if kernel == "bwd_kv":
         m, n, S = cfg.bwd_kv_block_m, cfg.bwd_kv_block_n, _buffers(cfg.bwd_kv_stages)
@@ -168,17 +169,18 @@ def fp32_regs_per_thread(cfg: MoDAConfig, shape: MoDAShape, kernel: str) -> floa
     """fp32 accumulator/score elements live per thread (a register-pressure estimate).
 
     fwd:    acc (m, d) + scores (m, max(n, block_l)).
-    bwd_q:  dq (m, d) + scores and dP (m, max(n, block_l)).
+    bwd_q:  dq (m, d) + scores and dP (m, max(n, bwd_block_l)).
     bwd_kv: dk, dv (n, d) + scores and dP (n, m).
     """
     d = shape.d
-    cols = lambda n: max(n, cfg.block_l) if shape.L > 0 else n  # noqa: E731
+    def cols(n: int, bl: int) -> int:
+        return max(n, bl) if shape.L > 0 else n
     if kernel == "fwd":
         m, n, w = cfg.block_m, cfg.block_n, cfg.num_warps
-        return (m * d + m * cols(n)) / (32 * w)
+        return (m * d + m * cols(n, cfg.block_l)) / (32 * w)
     if kernel == "bwd_q":
         m, n, w = cfg.bwd_q_block_m, cfg.bwd_q_block_n, cfg.bwd_q_warps
-        return (m * d + 2 * m * cols(n)) / (32 * w)
+        return (m * d + 2 * m * cols(n, cfg.bwd_block_l)) / (32 * w)
     if kernel == "bwd_kv":
         m, n, w = cfg.bwd_kv_block_m, cfg.bwd_kv_block_n, cfg.bwd_kv_warps
         return (2 * n * d + 2 * m * n) / (32 * w)
