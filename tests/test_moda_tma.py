@@ -35,6 +35,7 @@ CASES = [
     (2, 7, 2, 1, 32, _tma(block_m=16, block_n=16, block_l=16)),       # T shorter than a block
     (1, 40, 16, 7, 32, _tma(block_m=16, block_n=16, block_l=16)),     # one position a block
     (1, 21, 4, 9, 64, _tma(block_m=32, block_n=16, block_l=16, depth_stages=1)),
+    (1, 23, 32, 37, 32, _tma(block_m=64, block_n=16, block_l=32, num_warps=4, fwd_maxnreg=168)),  # G=32's default
 ]
 
 
@@ -132,6 +133,14 @@ def test_tma_default_choice(monkeypatch):
     assert not config_mod.tma_default(shape, torch.float32)
     assert not config_mod.tma_default(MoDAShape(B=1, T=2048, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)  # short T
     assert not config_mod.tma_default(MoDAShape(B=1, T=4096, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)  # G=32
+    assert not config_mod.tma_default(MoDAShape(B=1, T=16384, Hq=512, Hk=8, d=64, L=64), torch.bfloat16)  # G=64
+    g32 = config_mod.default_config(MoDAShape(B=1, T=8192, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)
+    assert (g32.fwd_depth, g32.block_m, g32.num_warps, g32.fwd_maxnreg, g32.block_l) == ("tma", 64, 4, 168, 32)
+    g8 = config_mod.default_config(MoDAShape(B=1, T=8192, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
+    assert (g8.block_m, g8.num_warps, g8.fwd_maxnreg) == (128, 8, 0)
+    config_mod.check_config(g32, 32)
+    with pytest.raises(ValueError, match="fwd_maxnreg"):
+        config_mod.check_config(g32.replace(fwd_maxnreg=300), 32)
     monkeypatch.setattr(config_mod, "_capability", lambda idx: 8)
     assert not config_mod.tma_default(shape, torch.bfloat16)
 

@@ -12,8 +12,9 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           bwd_depth_warps x bwd_block_l x bwd_depth_stages x bwd_depth_after (fields a
           placement does not use stay at the base's values); timed on the backward pass.
           Skipped when L = 0;
-  fwd     block_m (chunk C, rows) x block_n x num_warps x num_stages x depth_sub x block_l,
-          timed on the forward pass (no grad), backward fields at their defaults;
+  fwd     block_m (chunk C, rows) x block_n x num_warps x num_stages x depth_sub x block_l
+          (x fwd_maxnreg 0 / 168 when the base's forward is "tma"), timed on the forward pass
+          (no grad), backward fields at their defaults;
   bwd_q   dq / depth-grad pass: bwd_q_block_m x bwd_q_block_n x bwd_q_warps x bwd_q_stages
           (x bwd_q_maxnreg 0 / 168 when the base's backward is "tma"), timed on the backward
           pass with the forward winner fixed;
@@ -77,7 +78,7 @@ STAGES = (1, 2, 3, 4)
 DEPTH_BLOCKS = (16, 32, 64)
 DEPTH_WARPS = (2, 4, 8)  # the depth-only launches are memory-bound: fewer warps can pay
 BWD_DEPTH_STAGES = (1, 2)
-MAXNREG = (0, 168)  # registers per thread of a "tma" backward pass (0: the compiler's choice)
+MAXNREG = (0, 168)  # registers per thread of a "tma" pass (0: the compiler's choice)
 # moda-overlap: program counts tried around the base's (its heuristic's): a tail of depth work
 # after FA4 costs far more than a program too many, hence more factors above 1
 CTAS_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0, 3.0)
@@ -87,12 +88,12 @@ CTAS_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0, 3.0)
 ITEM_ROWS = {"fwd_items": (64, 128, 256), "bwd_items": (32, 64, 128)}
 ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)
-ZERO_OK = ("depth_sub", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
+ZERO_OK = ("depth_sub", "fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
 MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items")  # -1: "decided by the shape" (check_config's rule)
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {
-    "fwd": ("block_m", "block_n", "num_warps", "num_stages", "depth_sub", "block_l"),
+    "fwd": ("block_m", "block_n", "num_warps", "num_stages", "depth_sub", "block_l", "fwd_maxnreg"),
     "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages", "bwd_q_maxnreg"),
     "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages", "bwd_kv_maxnreg",
                "bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items"),
@@ -364,8 +365,9 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
     rows = _row_choices(gp)
     out: list[MoDAConfig] = []
     if kernel == "fwd":
-        for m, n, w, s in itertools.product(rows, COL_BLOCKS, WARPS, STAGES):
-            cfg = base.replace(block_m=m, block_n=n, num_warps=w, num_stages=s, depth_sub=0)
+        regs = MAXNREG if base.fwd_depth == "tma" else (base.fwd_maxnreg,)
+        for m, n, w, s, r in itertools.product(rows, COL_BLOCKS, WARPS, STAGES, regs):
+            cfg = base.replace(block_m=m, block_n=n, num_warps=w, num_stages=s, depth_sub=0, fwd_maxnreg=r)
             if shape.L == 0:  # depth fields unused: keep the base's block_l
                 out.append(cfg)
                 continue

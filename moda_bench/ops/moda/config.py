@@ -14,10 +14,9 @@ call, in this order:
 Nothing installs a source at import. `set_shipped(False)` (what `tuning.using(False)`, `sweep
 --no-tuned` and $MODA_BENCH_NO_TUNING=1 do) skips step 3: heuristic defaults only.
 
-The answer for a (shape, dtype, device) is memoised (a dict look-up a call), dropped when the
-source is replaced, when its `stamp()` (the tuning cache has one) changes, or on
-`reset_shipped()`; a source without `stamp` is asked at every call. `check_config` is the
-kernel's rule for a valid config (successes memoised too).
+The answer for a (shape, dtype, device) is memoised, dropped when the source is replaced, when
+its `stamp()` (the tuning cache has one) changes, or on `reset_shipped()` (a source without
+`stamp` is asked every call). `check_config`: the kernel's rule for a valid config (memoised).
 """
 from __future__ import annotations
 
@@ -70,8 +69,8 @@ class MoDAConfig:
               buffers, the depth part fused in it; then the key-major pass, heaviest key tiles
               first; descriptor loads where usable, else pointers; at L = 0 too), reading bwd_q_*,
               bwd_kv_*, bwd_block_l (depth columns a sub-tile's step, 0 = auto), bwd_depth_stages.
-    bwd_q_maxnreg, bwd_kv_maxnreg  "tma" backward: registers per thread of that pass (0 = the
-              compiler's choice); 168 at 4 warps fits three programs an SM.
+    fwd_maxnreg, bwd_q_maxnreg, bwd_kv_maxnreg  "tma" forward / backward passes: registers per
+              thread (0 = the compiler's choice); 168 at 4 warps fits three programs an SM.
     depth_ctas, bwd_depth_ctas  programs of the forward's / backward's depth-only launch (0 = one
               per row block; n > 0: at most n persistent programs, so beside a sequence kernel
               the depth part holds a fixed share of the GPU's slots for the whole pass).
@@ -126,6 +125,7 @@ class MoDAConfig:
     bwd_tma: bool = False
     bwd_q_maxnreg: int = 0
     bwd_kv_maxnreg: int = 0
+    fwd_maxnreg: int = 0
     depth_ctas: int = 0
     bwd_depth_ctas: int = 0
     side_priority: bool = False
@@ -161,19 +161,20 @@ def auto_depth_sub(G: int, block_m: int) -> int:
     return max(1, min(block_m // gp, cdiv(16, gp)))
 
 
-# Up to this T the depth phase stays fused in the sequence kernels: the depth-only launches,
-# side stream and merge cost a fixed ~0.1-0.3 ms that short sequences cannot hide (H200, bf16,
-# G=8, L=64, fwd+bwd: T=1024 fused 0.88 ms vs split/stream 1.14 ms; T=4096 2.55 vs 2.22 ms).
+# Up to this T the depth phase stays fused in the sequence kernels: depth-only launches, side stream
+# and merge cost ~0.1-0.3 ms (H200, G=8, L=64, fwd+bwd: T=1024 fused 0.88 ms vs split/stream 1.14).
 FUSED_DEPTH_MAX_T = 2048
 
 
 def tma_default(shape: MoDAShape, dtype=None) -> bool:
     """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer GPU, a Triton
     with device-side tensor descriptors, 16-bit inputs, d <= 64 (H100, T = 16384, G = 8, d = 64:
-    480 TFLOP/s at L = 0 against 437 for the pointer kernel; paper rows G = 2..16 4-7% faster),
-    G <= 16 (G = 32: 1.022x FA2 with it, 0.983-0.988 without) and T > FUSED_DEPTH_MAX_T (T = 1024:
-    L = 0 graph 1.090x -> 1.141x FA2 with it, moda eager 1.843x -> 1.903x; results/h100/before-short-t, tma-short-t)."""
-    if shape.d > 64 or shape.G > 16 or shape.T <= FUSED_DEPTH_MAX_T:
+    480 TFLOP/s at L = 0 against 437 for the pointer kernel; paper rows G = 2..16 4-7% faster), G <= 16
+    or G <= 32 and T > 4096 (G = 32, T = 16384: 8-warp programs took 204 registers, 1.395x the pointer
+    forward; 64 rows, 4 warps, 168 registers 0.917x, fwd+bwd 0.977; results/h100/s20-diag), and T >
+    FUSED_DEPTH_MAX_T (T = 1024: L = 0 graph 1.090x -> 1.141x FA2 with it, results/h100/tma-short-t)."""
+    big_g = shape.G > 32 or (shape.G > 16 and shape.T <= BWD_TMA_MAXNREG_MIN_T)
+    if shape.d > 64 or big_g or shape.T <= FUSED_DEPTH_MAX_T:
         return False
     return _descriptor_gpu(dtype)
 
@@ -205,9 +206,8 @@ def _capability(idx: int) -> int:
     return _capabilities[idx]
 
 
-# The descriptor forward's tiles ("tma"): 128 rows x 64 keys, 8 warps, 3 stages, about 256 depth
-# rows a depth step (the fastest of the prototype's variants on the H100 at T = 16384).
-TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3
+# The descriptor forward's tiles ("tma"; G=32: `default_config`): 128 rows x 64 keys, 8 warps, 3 stages
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3  # (the prototype's fastest, H100, 16K)
 
 
 # The backward's sequence tiles through descriptors by default: no (H100, T=16384, G=8, L=64, bwd
@@ -257,9 +257,9 @@ def default_config(shape: MoDAShape, dtype=None) -> MoDAConfig:
     if shape.d > 64:
         cfg = cfg.replace(num_stages=2, bwd_q_stages=2, bwd_kv_stages=2, bwd_q_block_n=32, bwd_kv_block_m=32)
     if tma_default(shape, dtype):
-        tbm = max(TMA_BLOCK_M, gp)
-        cfg = cfg.replace(fwd_depth="tma", block_m=tbm, block_n=TMA_BLOCK_N, num_warps=TMA_WARPS,
-                          num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm), bwd_tma=BWD_TMA_DEFAULT)
+        tbm, w, freg = (TMA_BLOCK_M, TMA_WARPS, 0) if gp <= 16 else (max(64, gp), 4, BWD_TMA_MAXNREG)  # tma_default
+        cfg = cfg.replace(fwd_depth="tma", block_m=tbm, block_n=TMA_BLOCK_N, num_warps=w, fwd_maxnreg=freg,
+                          num_stages=TMA_STAGES, block_l=tma_block_l(shape.G, tbm, 256, 32), bwd_tma=BWD_TMA_DEFAULT)
     if bwd_tma_default(shape, dtype):
         reg = BWD_TMA_MAXNREG if shape.T > BWD_TMA_MAXNREG_MIN_T else 0
         cfg = cfg.replace(bwd_depth="tma", bwd_q_block_m=max(64, gp), bwd_q_block_n=64, bwd_q_warps=4, bwd_q_stages=3,
@@ -333,7 +333,7 @@ def _check(cfg: MoDAConfig, G: int) -> None:
         raise ValueError(f"config bwd_depth_items={cfg.bwd_depth_items!r} must be -1 (by shape), 0 or 1")
     if not isinstance(cfg.bwd_kv_chunk, int) or cfg.bwd_kv_chunk < -1:
         raise ValueError(f"config bwd_kv_chunk={cfg.bwd_kv_chunk!r} must be -1 (by the grid), 0 or key tiles")
-    for name in ("bwd_q_maxnreg", "bwd_kv_maxnreg"):
+    for name in ("fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 0 or (v and not 24 <= v <= 255):
             raise ValueError(f"config {name}={v} must be 0 (the compiler's choice) or 24..255 registers")

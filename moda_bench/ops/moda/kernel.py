@@ -184,7 +184,7 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
             return moda_fwd_tma(q, k, v, kd if L > 0 else None, vd if L > 0 else None, scale, G,
                                 block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
                                 num_stages=cfg.num_stages, depth_sub=cfg.depth_sub, block_l=cfg.block_l,
-                                depth_stages=cfg.depth_stages)
+                                depth_stages=cfg.depth_stages, maxnreg=cfg.fwd_maxnreg)
         cfg = cfg.replace(fwd_depth="fused")  # same arithmetic, pointer loads
     o = torch.empty_like(q)
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)

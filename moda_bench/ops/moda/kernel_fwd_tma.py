@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
-from moda_bench.ops.moda.triton_utils import dot_precision, mm, mm_acc
+from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": padding rows stay finite
@@ -315,9 +315,10 @@ def num_sms(device) -> int:
 def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, block_n: int = 64,
                  num_warps: int = 8, num_stages: int = 3, depth_sub: int = 0, block_l: int = 0,
                  depth_stages: int = 2, use_desc: bool = True, ws: bool = False, persistent: bool = False,
-                 depth_first: bool = False):
+                 depth_first: bool = False, maxnreg: int = 0):
     """The descriptor forward's launch: returns (out, lse). q, k, v (and kd, vd unless None: L = 0)
-    contiguous and, with use_desc, `aligned`; the caller checks shapes (`validate.check_inputs`)."""
+    contiguous and, with use_desc, `aligned`; the caller checks shapes (`validate.check_inputs`).
+    maxnreg: registers a thread (0: the compiler's choice; ignored by the interpreter)."""
     B, T, Hq, d = q.shape
     Hk = k.shape[2]
     L = 0 if kd is None else kd.shape[2]
@@ -334,12 +335,12 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     # descriptor loads: every pointer 16-byte aligned (the caller's `aligned`), so the shape and
     # the tile configuration fix the launch's specialisation (`CachedLaunch`)
     key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, bool(ws),
-           bool(depth_first), bool(persistent), depth_stages) if use_desc else None
+           bool(depth_first), bool(persistent), depth_stages, maxnreg) if use_desc else None
     _FWD_LAUNCH(key, grid, (q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
                 lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
                              WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
                              PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, num_warps=num_warps,
-                             num_stages=num_stages))
+                             num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg and not interpreting() else {})))
     return o, lse
 
 
