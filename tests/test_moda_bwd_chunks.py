@@ -77,10 +77,13 @@ def test_kv_chunks_match_unchunked(monkeypatch, T, G, L, chunk, aligned):
                 assert torch.equal(a, b), name
 
 
-def test_kv_chunks_repeatable_and_counters_back_at_zero(monkeypatch):
+@pytest.mark.parametrize("chunk,sub", [(16, 1), (0, 2)], ids=["chunks", "head-sub-groups"])
+def test_kv_chunks_repeatable_and_counters_back_at_zero(monkeypatch, chunk, sub):
+    """Repeat calls bitwise equal, counters back at 0: chunks of a tile's rows, and the head
+    sub-groups of test_moda_bwd_sub.py (kv_sub, the same partials and counters)."""
     monkeypatch.setattr(bwd_mod, "_KV_COUNTERS", {})
     run = _passes(53, 8, 3, seed=5)
-    first, second = run(16), run(16)
+    first, second = run(chunk, kv_sub=sub), run(chunk, kv_sub=sub)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     counters = [v for v in bwd_mod._KV_COUNTERS.values() if isinstance(v, torch.Tensor)]
