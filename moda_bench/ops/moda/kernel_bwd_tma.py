@@ -125,24 +125,32 @@ def _kv_step(k, v, dk, dv, kn, t0, s, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2,
     lse2 and delta computed here from lse, o and do (no dq pass before this one), else read from
     the flat buffers the dq pass wrote (row t*GP + g). DP_FIRST: dp^T's product issued before the
     exponentials (`kernel_bwd_rules.dp_first`)."""
-    GS: tl.constexpr = GP // NSUB
-    q = rows_tile(Q, qdesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
-    do = rows_tile(DO, dodesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
-    rl = tl.arange(0, BM)
-    t = t0 + rl // GS
+    if NSUB == 1:  # (this branch compiles to the unsplit pass's code before sub-groups existed)
+        q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+        do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
+        r = t0 * GP + tl.arange(0, BM)
+    else:
+        GS: tl.constexpr = GP // NSUB
+        q = rows_tile(Q, qdesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
+        do = rows_tile(DO, dodesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
+        rl = tl.arange(0, BM)
+        t = t0 + rl // GS
+        r = t * GP + s * GS + rl % GS  # the dq pass's row of each
     if STATS:
         tl.static_assert(NSUB == 1, "the key-major pass computes its rows' statistics only unsplit")
         lse2, delta = row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP, BM, D, USE_DESC)
     else:
-        r = t * GP + s * GS + rl % GS  # rows past the last position: +inf, written by the dq pass
-        lse2 = tl.load(LSE2 + bh * RP + r)
+        lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
         delta = tl.load(DELTA + bh * RP + r)
     sT = mm_acc(k, tl.trans(q), None, PREC)  # [BN, BM]
     if DP_FIRST:
         dpT = mm_acc(v, tl.trans(do), None, PREC)
     pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
     if MASK:
-        pT = tl.where(kn[:, None] <= t[None, :], pT, 0.0)
+        if NSUB == 1:
+            pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
+        else:
+            pT = tl.where(kn[:, None] <= t[None, :], pT, 0.0)
     dv = mm_acc(pT.to(do.dtype), do, dv, PREC)
     if not DP_FIRST:
         dpT = mm_acc(v, tl.trans(do), None, PREC)
@@ -222,8 +230,12 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     P: tl.constexpr = BM // GS
     bhs = tl.program_id(0)
     u = tl.program_id(1)
-    bh = bhs // NSUB
-    sub = bhs % NSUB
+    if NSUB == 1:
+        bh = bhs
+        sub = 0
+    else:
+        bh = bhs // NSUB
+        sub = bhs % NSUB
     b = bh // Hk
     j = bh % Hk
     qdesc = None
@@ -309,7 +321,10 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
             store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
         else:
             cell = tl.arange(0, BN)[:, None] * D + tl.arange(0, D)[None, :]
-            slot = ((bh * NSUB + sub).to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
+            if NSUB == 1:
+                slot = (bh.to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
+            else:
+                slot = ((bh * NSUB + sub).to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
             tl.store(WS + slot + cell, dk)
             tl.store(WS + slot + BN * D + cell, dv)
             # every thread's stores before the barrier, the barrier before thread 0's release: the
@@ -321,11 +336,17 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
                 tl.debug_barrier()
                 dk = tl.zeros([BN, D], tl.float32)
                 dv = tl.zeros([BN, D], tl.float32)
-                for ss in range(0, NSUB):
+                if NSUB == 1:
                     for i in range(0, nc):
-                        s_i = ((bh * NSUB + ss).to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
+                        s_i = (bh.to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
                         dk += tl.load(WS + s_i + cell)
                         dv += tl.load(WS + s_i + BN * D + cell)
+                else:
+                    for ss in range(0, NSUB):
+                        for i in range(0, nc):
+                            s_i = ((bh * NSUB + ss).to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
+                            dk += tl.load(WS + s_i + cell)
+                            dv += tl.load(WS + s_i + BN * D + cell)
                 store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
                 tl.atomic_xchg(CNT + cidx, 0, sem="relaxed", scope="gpu")
 
