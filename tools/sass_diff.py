@@ -7,11 +7,13 @@ can be checked here before any device time is spent.
 
     python3 tools/sass_diff.py --rev ee06074 --kernel kv      # key-major pass, T=16384 default tiles
     python3 tools/sass_diff.py --rev HEAD~3 --kernel dq --set BL=32 --set GP=32 --set S=1
+    python3 tools/sass_diff.py --rev HEAD --kernel dq --set BM=32 --set GP=32 --set S=1 --warps 2   # usage only
 
 Presets (constexprs of the H100 default at G=8, d=64, bf16; `--set NAME=VALUE` overrides one):
 kv (`kernel_bwd_tma._kv_kernel`, capped at 168 registers, as above T=4096), kvc (the same with
 chunks and dp first, uncapped, as at short T), dq (`_dq_kernel` with its depth part) and fwd
-(`kernel_fwd_tma.moda_fwd_tma_kernel`, 8 warps). Only the kernel's own file is taken from the
+(`kernel_fwd_tma.moda_fwd_tma_kernel`, 8 warps); --warps, --stages, --maxnreg override the
+launch options. Against --rev HEAD it reports one version's usage. Only the kernel's own file is taken from the
 revision: the helpers it imports from other modules come from the working tree. The Triton here
 need not be the device's: identical SASS under it is evidence, not proof, for the device's.
 Exit status 0 when identical, 1 when not.
@@ -109,12 +111,19 @@ def main() -> int:
     p.add_argument("--rev", required=True, help="git revision to compare the working tree with")
     p.add_argument("--kernel", choices=sorted(KERNELS), default="kv")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a constexpr")
+    p.add_argument("--warps", type=int, default=None, help="num_warps (default: the preset's)")
+    p.add_argument("--stages", type=int, default=None, help="num_stages (default: the preset's)")
+    p.add_argument("--maxnreg", type=int, default=None, help="registers a thread, 0 for none (default: the preset's)")
     a = p.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     consts = dict(CONSTEXPRS[a.kernel])
     for item in a.set:
         key, val = item.split("=", 1)
         consts[key] = {"True": True, "False": False}.get(val, int(val) if val.lstrip("-").isdigit() else val)
+    options = dict(OPTIONS[a.kernel])
+    for key, val in (("num_warps", a.warps), ("num_stages", a.stages), ("maxnreg", a.maxnreg)):
+        if val is not None:
+            options[key] = val or None
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                           check=True).stdout.strip()
     sys.path.insert(0, root)
@@ -126,10 +135,10 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(old.stdout)
     try:
-        usage_old, sass_old = compile_sass(f.name, KERNELS[a.kernel], consts, OPTIONS[a.kernel])
+        usage_old, sass_old = compile_sass(f.name, KERNELS[a.kernel], consts, options)
     finally:
         os.unlink(f.name)
-    usage_new, sass_new = compile_sass(os.path.join(root, rel), KERNELS[a.kernel], consts, OPTIONS[a.kernel])
+    usage_new, sass_new = compile_sass(os.path.join(root, rel), KERNELS[a.kernel], consts, options)
     print(f"{a.kernel} at {a.rev}: {usage_old}\n{a.kernel} working tree: {usage_new}")
     same = sass_old == sass_new
     if same:
