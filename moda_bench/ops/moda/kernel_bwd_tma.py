@@ -55,7 +55,7 @@ from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G,
                                                   dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
 from moda_bench.ops.moda.kernel_bwd_rules import dp_first as dp_first_rule  # moda_bwd_tma's dp_first is a kwarg
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
-from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
+from moda_bench.ops.moda.triton_utils import dot_precision, launch_options, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 _KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
@@ -477,13 +477,6 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
-def _meta(warps: int, stages: int, maxnreg: int) -> dict:
-    meta = dict(num_warps=warps, num_stages=stages)
-    if maxnreg and not interpreting():
-        meta["maxnreg"] = maxnreg
-    return meta
-
-
 def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
     """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
     block_l 0: about 128 depth rows a step, at most 32 columns, `config.tma_block_l`), BL at most
@@ -561,7 +554,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                    lambda: dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl,
                                 DEPTH=L > 0 and not depth_items, DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc),
                                 PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix), DP_FIRST=bool(q_dp_first),
-                                **_meta(q_warps, q_stages, q_maxnreg)))
+                                **launch_options(q_warps, q_stages, q_maxnreg)))
 
     if kv_chunk and (kv_chunk % kv_block_n or kv_chunk < 0):
         raise ValueError(f"kv_chunk={kv_chunk} is not a positive multiple of kv_block_n={kv_block_n}")
@@ -583,7 +576,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                    lambda: dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec,
                                 STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
                                 DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first),
-                                NSUB=kv_sub, **_meta(kv_warps, kv_stages, kv_maxnreg)))
+                                NSUB=kv_sub, **launch_options(kv_warps, kv_stages, kv_maxnreg)))
 
     if beside is None:
         dq_pass()

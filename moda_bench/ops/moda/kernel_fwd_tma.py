@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
-from moda_bench.ops.moda.triton_utils import dot_precision, interpreting, mm, mm_acc
+from moda_bench.ops.moda.triton_utils import dot_precision, launch_options, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": padding rows stay finite
@@ -339,8 +339,8 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     _FWD_LAUNCH(key, grid, (q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
                 lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
                              WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
-                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, num_warps=num_warps,
-                             num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg and not interpreting() else {})))
+                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages,
+                             **launch_options(num_warps, num_stages, maxnreg)))
     return o, lse
 
 

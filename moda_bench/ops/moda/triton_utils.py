@@ -1,6 +1,7 @@
-"""Small pieces shared by the Triton kernels: the dot-product precision, and the addressing
-that the fused kernel's forward and backward passes share (folded rows `row_ptrs`, depth
-sub-tiles `depth_tile`, the causal key range of a block `key_span`).
+"""Small pieces shared by the Triton kernels: the dot-product precision, a launch's warps, stages
+and register cap (`launch_options`), and the addressing that the fused kernel's forward and
+backward passes share (folded rows `row_ptrs`, depth sub-tiles `depth_tile`, the causal key range
+of a block `key_span`).
 
 `dot_precision(dtype)` picks the `PREC` constexpr every kernel passes to `mm` / `mm_acc`:
 - "ieee" for float32 inputs (true fp32 products; tf32 would cost ~3e-4 relative error),
@@ -21,6 +22,14 @@ import triton.language as tl
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def launch_options(warps: int, stages: int, maxnreg: int = 0) -> dict:
+    """num_warps, num_stages and, unless 0 or interpreting, maxnreg (registers a thread) of a launch."""
+    meta = dict(num_warps=warps, num_stages=stages)
+    if maxnreg and not interpreting():
+        meta["maxnreg"] = maxnreg
+    return meta
 
 
 def dot_precision(dtype: torch.dtype) -> str:
