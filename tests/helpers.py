@@ -15,6 +15,22 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def bwd_tma_passes(T, G, L, B=2, seed=0, dtype=torch.float32, d=32, **tiles):
+    """run(**kw) -> `kernel_bwd_tma.moda_bwd_tma(...)` (dq, dk, dv, dkd, dvd) on fixed random inputs
+    (2 KV heads, 2*G query heads) and their forward: small tiles (32-row blocks, 16 keys, 16 depth
+    columns, 2 stages) unless `tiles` or kw set others; kw (kv_chunk, kv_sub, depth_items, ...) per call."""
+    from moda_bench.ops.moda import MoDAConfig
+    from moda_bench.ops.moda.kernel import moda_fwd
+    from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
+    from moda_bench.ops.moda.validate import MoDAShape
+    q, k, v, kd, vd, do = (x.detach() if x is not None else None
+                           for x in random_inputs(B, T, 2 * G, 2, d, L, dtype, seed=seed))
+    o, lse = moda_fwd(q, k, v, kd, vd, d ** -0.5, MoDAShape(B=B, T=T, Hq=2 * G, Hk=2, d=d, L=L), MoDAConfig())
+    base = dict(dict(q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16, block_l=16, q_stages=2, kv_stages=2),
+                **tiles)
+    return lambda **kw: moda_bwd_tma(do, q, k, v, kd, vd, o, lse, d ** -0.5, G, **dict(base, **kw))
+
+
 def random_inputs(B, T, Hq, Hk, d, L, dtype, seed=0, dev=None):
     """Random (never zero) q, k, v, k_depth, v_depth, do; depth tensors None when L == 0."""
     g = torch.Generator().manual_seed(seed)

@@ -15,12 +15,11 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: help
 import pytest
 import torch
 
-from helpers import check_against_reference, graph_replayed, random_inputs, rel_err
+from helpers import bwd_tma_passes, check_against_reference, graph_replayed, random_inputs, rel_err
 from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda import MoDAConfig, moda_attention
 from moda_bench.ops.moda import kernel as kernel_mod
 from moda_bench.ops.moda import kernel_bwd_tma as bwd_mod
-from moda_bench.ops.moda.kernel import moda_fwd
 from moda_bench.ops.moda.validate import MoDAShape
 
 
@@ -48,15 +47,6 @@ def test_kv_chunks_against_reference(B, T, G, L, cfg):
     check_against_reference(_moda_lse, B, T, G * 2, 2, 32, L, torch.float32, seed=T + G, config=cfg)
 
 
-def _passes(T, G, L, B=2, seed=0):
-    q, k, v, kd, vd, do = (x.detach() if x is not None else None
-                           for x in random_inputs(B, T, 2 * G, 2, 32, L, torch.float32, seed=seed))
-    o, lse = moda_fwd(q, k, v, kd, vd, 32 ** -0.5, MoDAShape(B=B, T=T, Hq=2 * G, Hk=2, d=32, L=L), _bt())
-    kw = dict(q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16, block_l=16, q_stages=2, kv_stages=2)
-    return lambda chunk, **extra: bwd_mod.moda_bwd_tma(do, q, k, v, kd, vd, o, lse, 32 ** -0.5, G, kv_chunk=chunk,
-                                                        **dict(kw, **extra))
-
-
 @pytest.mark.parametrize("T,G,L,chunk", [(37, 8, 5, 16), (45, 2, 0, 32), (40, 16, 1, 48)])
 @pytest.mark.parametrize("aligned", [True, False], ids=["descriptors", "pointers"])
 def test_kv_chunks_match_unchunked(monkeypatch, T, G, L, chunk, aligned):
@@ -64,10 +54,10 @@ def test_kv_chunks_match_unchunked(monkeypatch, T, G, L, chunk, aligned):
     dv to fp32 rounding; also with the rows' statistics computed in the key-major pass (beside)."""
     if not aligned:
         monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
-    run = _passes(T, G, L)
-    ref = run(0)
+    run = bwd_tma_passes(T, G, L)
+    ref = run(kv_chunk=0)
     for extra in ({}, {"beside": lambda main, side: (main(), side())}):
-        got = run(chunk, **extra)
+        got = run(kv_chunk=chunk, **extra)
         for name, a, b in zip(("dq", "dk", "dv", "dkd", "dvd"), ref, got):
             if a is None:
                 assert b is None
@@ -82,8 +72,8 @@ def test_kv_chunks_repeatable_and_counters_back_at_zero(monkeypatch, chunk, sub)
     """Repeat calls bitwise equal, counters back at 0: chunks of a tile's rows, and the head
     sub-groups of test_moda_bwd_sub.py (kv_sub, the same partials and counters)."""
     monkeypatch.setattr(bwd_mod, "_KV_COUNTERS", {})
-    run = _passes(53, 8, 3, seed=5)
-    first, second = run(chunk, kv_sub=sub), run(chunk, kv_sub=sub)
+    run = bwd_tma_passes(53, 8, 3, seed=5)
+    first, second = run(kv_chunk=chunk, kv_sub=sub), run(kv_chunk=chunk, kv_sub=sub)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     counters = [v for v in bwd_mod._KV_COUNTERS.values() if isinstance(v, torch.Tensor)]
@@ -137,7 +127,7 @@ def test_kv_chunk_rule():
     with pytest.raises(ValueError, match="bwd_kv_chunk=-2"):
         moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_kv_chunk=-2))
     with pytest.raises(ValueError, match="kv_chunk=24"):
-        _passes(37, 8, 5)(24)
+        bwd_tma_passes(37, 8, 5)(kv_chunk=24)
 
 
 # the depth part as items of the key-major grid (bwd_depth_items=1), with and without chunks
@@ -157,9 +147,9 @@ def test_depth_items_against_reference(B, T, G, L, cfg):
 def test_depth_items_match_the_fused_depth_part(depth_grad):
     """Depth items = the depth part in the dq pass: dk, dv bitwise (the key items are untouched),
     dq and the depth gradients to fp32 rounding (dq's depth share is added to the stored dq)."""
-    run = _passes(45, 8, 19, seed=3)
-    ref = run(16, depth_grad=depth_grad)
-    got = run(16, depth_grad=depth_grad, depth_items=True)
+    run = bwd_tma_passes(45, 8, 19, seed=3)
+    ref = run(kv_chunk=16, depth_grad=depth_grad)
+    got = run(kv_chunk=16, depth_grad=depth_grad, depth_items=True)
     for name, a, b in zip(("dq", "dk", "dv", "dkd", "dvd"), ref, got):
         if a is None:
             assert b is None and not depth_grad
@@ -168,7 +158,7 @@ def test_depth_items_match_the_fused_depth_part(depth_grad):
         else:
             assert rel_err(b, a) < 1e-6, name
     with pytest.raises(ValueError, match="depth_items needs"):
-        run(0, depth_items=True, beside=lambda main, side: (main(), side()))
+        run(kv_chunk=0, depth_items=True, beside=lambda main, side: (main(), side()))
 
 
 def test_depth_items_rule():

@@ -13,23 +13,8 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1).
 import pytest
 import torch
 
-from helpers import random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig
+from helpers import bwd_tma_passes, rel_err
 from moda_bench.ops.moda import kernel as kernel_mod
-from moda_bench.ops.moda import kernel_bwd_tma as bwd_mod
-from moda_bench.ops.moda.kernel import moda_fwd
-from moda_bench.ops.moda.validate import MoDAShape
-
-
-def _passes(T, G, L, B=2, seed=0, dtype=torch.float32, d=32, **tiles):
-    q, k, v, kd, vd, do = (x.detach() if x is not None else None
-                           for x in random_inputs(B, T, 2 * G, 2, d, L, dtype, seed=seed))
-    cfg = MoDAConfig(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_block_l=16)
-    o, lse = moda_fwd(q, k, v, kd, vd, d ** -0.5, MoDAShape(B=B, T=T, Hq=2 * G, Hk=2, d=d, L=L), cfg)
-    kw = dict(dict(q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16, block_l=16, q_stages=2, kv_stages=2),
-              **tiles)
-    return lambda sub, **extra: bwd_mod.moda_bwd_tma(do, q, k, v, kd, vd, o, lse, d ** -0.5, G, kv_sub=sub,
-                                                      **dict(kw, **extra))
 
 
 def _same(ref, got, tol=1e-6):
@@ -62,19 +47,19 @@ def test_kv_sub_matches_unsplit(monkeypatch, T, G, L, sub, chunk, kv_m, loads):
     aligned = loads == "descriptors"
     if not aligned:
         monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
-    run = _passes(T, G, L, kv_block_m=kv_m, use_desc=aligned)
-    _same(run(1, kv_chunk=chunk), run(sub, kv_chunk=chunk))
+    run = bwd_tma_passes(T, G, L, kv_block_m=kv_m, use_desc=aligned)
+    _same(run(kv_sub=1, kv_chunk=chunk), run(kv_sub=sub, kv_chunk=chunk))
 
 
 def test_kv_sub_refused():
-    run = _passes(21, 8, 2, B=1)
+    run = bwd_tma_passes(21, 8, 2, B=1)
     for bad in (3, 16, 0):
         with pytest.raises(ValueError, match="kv_sub"):
-            run(bad)
+            run(kv_sub=bad)
     with pytest.raises(ValueError, match="kv_sub"):
-        run(2, beside=lambda main, side: (main(), side()))
+        run(kv_sub=2, beside=lambda main, side: (main(), side()))
     with pytest.raises(ValueError, match="kv_sub"):
-        run(2, depth_items=True, kv_block_m=32)
+        run(kv_sub=2, depth_items=True, kv_block_m=32)
 
 
 @pytest.mark.gpu
@@ -82,6 +67,6 @@ def test_kv_sub_refused():
 def test_gpu_kv_sub_matches_unsplit(T, L, sub):
     """bf16 on the GPU at the default's tiles (64 x 64, 4 warps): dq and the depth gradients
     bitwise, dk and dv to bf16 rounding of the same fp32 sums in another order."""
-    run = _passes(T, 8, L, B=1, dtype=torch.bfloat16, d=64, q_block_m=64, q_block_n=64, kv_block_m=64,
-                  kv_block_n=64, block_l=32, q_stages=3, kv_stages=3, q_warps=4, kv_warps=4)
-    _same(run(1), run(sub), tol=1e-2)
+    run = bwd_tma_passes(T, 8, L, B=1, dtype=torch.bfloat16, d=64, q_block_m=64, q_block_n=64, kv_block_m=64,
+                         kv_block_n=64, block_l=32, q_stages=3, kv_stages=3, q_warps=4, kv_warps=4)
+    _same(run(kv_sub=1), run(kv_sub=sub), tol=1e-2)
