@@ -225,7 +225,9 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     NSUB > 1 (neither STATS nor DEPTH_ITEMS): grid (B*Hk*NSUB, N_ITEMS), a program per (key item,
     sub-group of GP // NSUB heads): a step's BM rows then span NSUB times the positions, so the
     programs of one head read the same q/do rows NSUB times sooner after each other (L2 reuse);
-    the sub-groups' fp32 dk, dv go to WS like chunks', the last to arrive sums them."""
+    the sub-groups' fp32 dk, dv go to WS like chunks', the last to arrive sums them. The NSUB = 1
+    branches here, in `kv_item` and `_kv_step` keep the expressions the unsplit pass had before
+    sub-groups: folded alike, they still compiled to more SASS and spills (`tools/sass_diff.py`)."""
     GS: tl.constexpr = GP // NSUB
     P: tl.constexpr = BM // GS
     bhs = tl.program_id(0)
