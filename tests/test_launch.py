@@ -179,6 +179,49 @@ def test_gpu_cached_launches_give_tritons_results(monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(ref, got)), (T, G, L)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("place,launches", [("fused", 3), ("split", 5), ("stream", 5), ("overlap", 3)])
+def test_gpu_cached_pointer_launches_give_tritons_results(monkeypatch, place, launches):
+    """The pointer kernels' launches (forward, q-major and key-major passes, depth-only launches)
+    repeat from the cache after their first call, with out and all five gradients bitwise those of
+    Triton's own path, in every placement (L=64, odd T) and at L = 0 (T=77, G=2); the merge and
+    delta kernels keep Triton's path."""
+    import torch
+    from helpers import random_inputs
+    from moda_bench.ops import launch
+    from moda_bench.ops.moda import MoDAConfig, moda_attention
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    hits = []
+    idle = launch._hooks_idle
+    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
+    for T, G, L, n in ((333, 8, 64, launches), (77, 2, 0, 3)):
+        cfg = MoDAConfig(fwd_depth=place, bwd_depth=place)
+        ins = list(random_inputs(1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T))
+        do = ins.pop()
+        ins = [x for x in ins if x is not None]
+
+        def step():
+            for x in ins:
+                x.grad = None
+            out = moda_attention(*ins, config=cfg)
+            out.backward(do)
+            torch.cuda.synchronize()
+            return [out.detach().clone()] + [x.grad.clone() for x in ins]
+
+        old = launch.set_fast_launch(False)
+        try:
+            ref = step()
+        finally:
+            launch.set_fast_launch(old)
+        monkeypatch.setattr(launch, "_FAST", True)
+        step()
+        m = len(hits)
+        got = step()
+        assert len(hits) - m == n, (place, T, G, L, len(hits) - m)
+        assert all(torch.equal(a, b) for a, b in zip(ref, got)), (place, T, G, L)
+
+
 def test_tma_alignment_rule_and_sm_count():
     """`aligned`: base address and every stride but the last a 16-byte multiple; a contiguous
     tensor's strides read from its shape (torch's arbitrary stride on a length-1 dimension does

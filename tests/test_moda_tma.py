@@ -181,8 +181,8 @@ def test_bwd_tma_launches_with_descriptors(monkeypatch):
             launch = self.fn[grid]
             return lambda *a, **k: seen.append((self.name, k.get("DESC"))) or launch(*a, **k)
 
-    monkeypatch.setattr(kernel_mod, "moda_bwd_q_kernel", Spy("q", kernel_mod.moda_bwd_q_kernel))
-    monkeypatch.setattr(kernel_mod, "moda_bwd_kv_kernel", Spy("kv", kernel_mod.moda_bwd_kv_kernel))
+    monkeypatch.setattr(kernel_mod._BWD_Q_PTR, "fn", Spy("q", kernel_mod.moda_bwd_q_kernel))  # their CachedLaunch
+    monkeypatch.setattr(kernel_mod._BWD_KV_PTR, "fn", Spy("kv", kernel_mod.moda_bwd_kv_kernel))
     q, k, v, _, _, _ = random_inputs(1, 19, 8, 2, 32, 0, torch.float32)
     for x in (q, k, v):
         x.requires_grad_(True)

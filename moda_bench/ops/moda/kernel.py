@@ -54,7 +54,7 @@ import math
 
 import torch
 
-from moda_bench.ops.launch import cdiv
+from moda_bench.ops.launch import CachedLaunch, cdiv
 from moda_bench.ops.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
                                         pointer_block_l, pointer_bwd_depth, resolve_config)
 from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
@@ -197,9 +197,12 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
                     DEPTH_STAGES=cfg.depth_stages, REVERSE=cfg.reverse, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages)
 
+    key = _shape_key(q, kd_, shape, st, q, k, v, kd_, vd_)  # o, lse, od, lsed: allocated here
+
     def launch(grid, od, lsed, n, MODE, S, **meta):
-        moda_fwd_kernel[grid](q, k, v, kd_, vd_, o, lse, od, lsed, scale * LOG2E, T, L, G, Hk, n, B * Hk, *st,
-                              MODE=MODE, S=S, **meta)
+        _FWD_PTR(key and (key, n, grid, MODE, S, tuple(meta.values())), grid,
+                 (q, k, v, kd_, vd_, o, lse, od, lsed, scale * LOG2E, T, L, G, Hk, n, B * Hk, *st),
+                 lambda: dict(MODE=MODE, S=S, **meta))
 
     if mode == "none":
         launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta)
@@ -229,6 +232,19 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
         launch((2 * n_seq, B * Hk), od, lsed, n_seq, FWD_BOTH, depth_only_sub(cfg, G, cfg.block_m), **seq_meta)
         o, lse = merge_partials(o, lse, od, lsed)
     return o, lse
+
+
+def _shape_key(q, kd_, shape: MoDAShape, st: tuple, *tensors):
+    """The pointer kernels' launch key for `CachedLaunch`: dtypes, shape and strides (which fix
+    every integer specialisation), or None unless every caller-owned tensor is 16-byte aligned
+    (Triton specialises pointers on that; the buffers allocated here always are)."""
+    if any(t.data_ptr() % 16 for t in tensors):
+        return None
+    return q.dtype, kd_.dtype, shape.B, shape.T, shape.Hq, shape.Hk, shape.d, shape.L, shape.G, st
+
+
+_FWD_PTR, _BWD_Q_PTR, _BWD_KV_PTR = (CachedLaunch(moda_fwd_kernel), CachedLaunch(moda_bwd_q_kernel),
+                                     CachedLaunch(moda_bwd_kv_kernel))
 
 
 def merge_partials(o1, lse1, o2, lse2):
@@ -303,6 +319,10 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
         if q_desc or kv_desc:
             ensure_allocator()
 
+    # dq, dk, dv, dkd, dvd and delta (unless the caller's) are allocated here; the rest must be aligned
+    key = _shape_key(q, kd_, shape, st, q, k, v, kd_, vd_, do, lse, o, delta)
+    key = key and (key, cfg, depth_grad, inline, q_desc, kv_desc)
+
     def kv_launch(KV, DEPTH, **meta):
         dbm = cfg.bwd_depth_block_m
         n_d = cdiv(T * gp, dbm) if DEPTH else 0
@@ -312,20 +332,22 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
         else:  # depth-only: n_kv carries the number of work items, the grid may be persistent
             n_kv = B * Hk * n_d
             grid = (depth_grid(n_kv, cfg.bwd_depth_ctas),)
-        moda_bwd_kv_kernel[grid](
-            q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, B, *st,
-            GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV, DEPTH=DEPTH,
-            DBLOCK_M=dbm, S=depth_only_sub(cfg, G, dbm), BLOCK_L=cfg.bwd_block_l, PREC=prec,
-            DEPTH_STAGES=cfg.bwd_depth_stages, DEPTH_GRAD=depth_grad or not DEPTH, DESC=kv_desc and KV, **meta)
+        _BWD_KV_PTR(key and (key, grid, KV, DEPTH, tuple(meta.values())), grid,
+                    (q, k, v, kd_, vd_, do, lse, delta, dk, dv, dq, dkd_, dvd_, *args, n_kv, B * Hk, B, *st),
+                    lambda: dict(GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV,
+                                 DEPTH=DEPTH, DBLOCK_M=dbm, S=depth_only_sub(cfg, G, dbm), BLOCK_L=cfg.bwd_block_l,
+                                 PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, DEPTH_GRAD=depth_grad or not DEPTH,
+                                 DESC=kv_desc and KV, **meta))
 
     def q_launch(MODE):
-        S = fused_depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1
-        moda_bwd_q_kernel[(cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)](
-            q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, o, *args, B, *st,
-            GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE, S=S,
-            BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, REVERSE=cfg.reverse,
-            DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED, DELTA_INLINE=inline, DESC=q_desc, num_warps=cfg.bwd_q_warps,
-            num_stages=cfg.bwd_q_stages)
+        grid = (cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)
+        _BWD_Q_PTR(key and (key, MODE), grid, (q, k, v, kd_, vd_, do, lse, delta, dq, dkd_, dvd_, o, *args, B, *st),
+                   lambda: dict(GP=gp, BLOCK_M=cfg.bwd_q_block_m, BLOCK_N=cfg.bwd_q_block_n, HEAD_DIM=d, MODE=MODE,
+                                S=fused_depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1,
+                                BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages,
+                                REVERSE=cfg.reverse, DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED,
+                                DELTA_INLINE=inline, DESC=q_desc, num_warps=cfg.bwd_q_warps,
+                                num_stages=cfg.bwd_q_stages))
 
     # DEPTH_GRAD is pinned True where a launch has no depth work, so those share one compiled variant
     kv_meta = dict(num_warps=cfg.bwd_kv_warps, num_stages=cfg.bwd_kv_stages)
