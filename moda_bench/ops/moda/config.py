@@ -161,27 +161,28 @@ def auto_depth_sub(G: int, block_m: int) -> int:
     return max(1, min(block_m // gp, cdiv(16, gp)))
 
 
-# Up to this T the depth phase stays fused in the sequence kernels: depth-only launches, side stream
-# and merge cost ~0.1-0.3 ms (H200, G=8, L=64, fwd+bwd: T=1024 fused 0.88 ms vs split/stream 1.14).
+# Up to this T the pointer kernels' depth phase stays fused (depth-only launches, side stream and
+# merge cost ~0.1-0.3 ms; H200, G=8, L=64, fwd+bwd: T=1024 fused 0.88 ms vs split/stream 1.14).
 FUSED_DEPTH_MAX_T = 2048
 
 
 def tma_default(shape: MoDAShape, dtype=None) -> bool:
-    """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer GPU, a Triton
-    with device-side tensor descriptors, 16-bit inputs, d <= 64 (H100, T = 16384, G = 8, d = 64:
-    480 TFLOP/s at L = 0 against 437 for the pointer kernel; paper rows G = 2..16 4-7% faster), G <= 16
-    or G <= 32 and T > 4096 (G = 32, T = 16384: 8-warp programs took 204 registers, 1.395x the pointer
-    forward; 64 rows, 4 warps, 168 registers 0.917x, fwd+bwd 0.977; results/h100/s20-diag), and T >
-    FUSED_DEPTH_MAX_T (T = 1024: L = 0 graph 1.090x -> 1.141x FA2 with it, results/h100/tma-short-t)."""
+    """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer GPU, a Triton with
+    device-side descriptors, 16-bit inputs, d <= 64 (H100, T=16384, G=8: 480 TFLOP/s at L=0 against 437
+    by pointers; paper rows G = 2..16 4-7% faster), G <= 16 or G <= 32 and T > 4096 (G=32, T=16384:
+    8-warp programs took 204 registers, 1.395x the pointer forward; 64 rows, 4 warps, 168 registers
+    0.917x, results/h100/s20-diag); at T <= FUSED_DEPTH_MAX_T only with L > 0 and G >= 2 (fwd+bwd, graph,
+    results/h100/s21-short: T=1024 G=8 0.972, G=2 0.993, G=16 0.967, L=256 0.982, T=2048 0.940; G=1
+    1.050, L=0 1.069 at T=1024, 1.022 at 2048)."""
     big_g = shape.G > 32 or (shape.G > 16 and shape.T <= BWD_TMA_MAXNREG_MIN_T)
-    if shape.d > 64 or big_g or shape.T <= FUSED_DEPTH_MAX_T:
+    short = shape.T <= FUSED_DEPTH_MAX_T and (shape.L == 0 or shape.G < 2)
+    if shape.d > 64 or big_g or short:
         return False
     return _descriptor_gpu(dtype)
 
 
 def _descriptor_gpu(dtype=None) -> bool:
-    """16-bit inputs on a Hopper-or-newer current GPU, with a Triton that builds device-side
-    tensor descriptors: where the "tma" kernels can be the default."""
+    """16-bit inputs, a Hopper-or-newer current GPU, a Triton with device-side descriptors."""
     if dtype_name(dtype or "bfloat16") not in ("bfloat16", "float16"):
         return False
     idx = current_device_index()
@@ -206,9 +207,8 @@ def _capability(idx: int) -> int:
     return _capabilities[idx]
 
 
-# The descriptor forward's tiles ("tma"; G=32: `default_config`): 128 rows x 64 keys, 8 warps, 3 stages
-TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3  # (the prototype's fastest, H100, 16K)
-
+# The descriptor forward's tiles ("tma"; G=32: `default_config`): the prototype's fastest, H100, 16K
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 128, 64, 8, 3
 
 # The backward's sequence tiles through descriptors by default: no (H100, T=16384, G=8, L=64, bwd
 # alone: 20.4 ms by pointers, 23.6 with bwd_tma, 24.4-25.0 wider; bit-identical; probes-bwd-tma).
