@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.moda.config import MoDAConfig
+from moda_bench.ops.moda.config import MoDAConfig, current_device_index
 
 
 # The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
@@ -39,7 +39,7 @@ def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: i
     if not (L > 0 and G <= KV_BESIDE_MAX_G and grid <= KV_BESIDE_MAX_WAVES * n_sms):
         return False
     if capturing is None:
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        capturing = current_device_index() >= 0 and torch.cuda.is_current_stream_capturing()
     return bool(capturing)
 
 

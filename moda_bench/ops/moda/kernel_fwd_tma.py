@@ -234,10 +234,16 @@ def _null_allocator():
         return None, None
 
 
+_SCRATCH_DEVICE: list = []  # torch.device("cuda") (the current one at each call), or "cpu" without CUDA
+
+
 def _torch_alloc(size: int, alignment: int, stream):
     """Global scratch for device-side descriptors (128 bytes a program), from torch's caching
-    allocator on the current device: cheap, and capture-safe under CUDA graphs."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+    allocator on the current device: cheap, and capture-safe under CUDA graphs. Triton asks for it
+    at every launch of a descriptor kernel, so CUDA's availability is asked once."""
+    if not _SCRATCH_DEVICE:
+        _SCRATCH_DEVICE.append(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return torch.empty(size, dtype=torch.int8, device=_SCRATCH_DEVICE[0])
 
 
 def ensure_allocator() -> None:
