@@ -136,7 +136,8 @@ def test_tma_default_choice(monkeypatch):
     assert not config_mod.tma_default(MoDAShape(B=1, T=2048, Hq=64, Hk=8, d=64, L=0), torch.bfloat16)  # L=0
     assert not config_mod.tma_default(MoDAShape(B=1, T=1024, Hq=8, Hk=8, d=64, L=64), torch.bfloat16)  # G=1
     assert config_mod.tma_default(MoDAShape(B=1, T=2049, Hq=8, Hk=8, d=64, L=0), torch.bfloat16)
-    assert not config_mod.tma_default(MoDAShape(B=1, T=4096, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)  # G=32
+    assert config_mod.tma_default(MoDAShape(B=1, T=4096, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)  # G=32
+    assert not config_mod.tma_default(MoDAShape(B=1, T=1024, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)
     assert not config_mod.tma_default(MoDAShape(B=1, T=16384, Hq=512, Hk=8, d=64, L=64), torch.bfloat16)  # G=64
     g32 = config_mod.default_config(MoDAShape(B=1, T=8192, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)
     assert (g32.fwd_depth, g32.block_m, g32.num_warps, g32.fwd_maxnreg, g32.block_l) == ("tma", 64, 4, 168, 32)

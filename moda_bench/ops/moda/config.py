@@ -169,12 +169,12 @@ FUSED_DEPTH_MAX_T = 2048
 def tma_default(shape: MoDAShape, dtype=None) -> bool:
     """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer GPU, a Triton with
     device-side descriptors, 16-bit inputs, d <= 64 (H100, T=16384, G=8: 480 TFLOP/s at L=0 against 437
-    by pointers; paper rows G = 2..16 4-7% faster), G <= 16 or G <= 32 and T > 4096 (G=32, T=16384:
+    by pointers; paper rows G = 2..16 4-7% faster), G <= 16 or G <= 32 and T > 1024 (G=32, T=16384:
     8-warp programs took 204 registers, 1.395x the pointer forward; 64 rows, 4 warps, 168 registers
-    0.917x, results/h100/s20-diag); at T <= FUSED_DEPTH_MAX_T only with L > 0 and G >= 2 (fwd+bwd, graph,
-    results/h100/s21-short: T=1024 G=8 0.972, G=2 0.993, G=16 0.967, L=256 0.982, T=2048 0.940; G=1
-    1.050, L=0 1.069 at T=1024, 1.022 at 2048)."""
-    big_g = shape.G > 32 or (shape.G > 16 and shape.T <= BWD_TMA_MAXNREG_MIN_T)
+    0.917x, results/h100/s20-diag; fwd+bwd T=4096 0.978, 2048 0.984, 1024 1.003, g-big-s21); at T <=
+    FUSED_DEPTH_MAX_T only with L > 0 and G >= 2 (fwd+bwd, graph, results/h100/s21-short: T=1024 G=8
+    0.972, G=2 0.993, G=16 0.967, L=256 0.982, T=2048 0.940; G=1 1.050, L=0 1.069 / 1.022 at 1024 / 2048)."""
+    big_g = shape.G > 32 or (shape.G > 16 and shape.T <= 1024)
     short = shape.T <= FUSED_DEPTH_MAX_T and (shape.L == 0 or shape.G < 2)
     if shape.d > 64 or big_g or short:
         return False
