@@ -88,11 +88,14 @@ def test_tma_runs_the_descriptor_kernel(monkeypatch):
     cfg = _tma(block_m=16, block_n=16, block_l=16)
     out = moda_attention(q, k, v, kd, vd, config=cfg)
     assert calls == [1]
-    monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+    usable = kernel_mod.tma_usable
+    q_odd = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape).copy_(q)  # 4 bytes off 16-byte alignment
+    assert not usable(q_odd, k, v, kd, vd, 3) and usable(q, k, v, kd, vd, 3)
+    monkeypatch.setattr(kernel_mod, "tma_usable", lambda *a: False)
     fallback = moda_attention(q, k, v, kd, vd, config=cfg)
     assert calls == [1]
     assert rel_err(fallback, out) < 1e-5
-    monkeypatch.setattr(kernel_mod, "aligned", lambda *t: True)
+    monkeypatch.setattr(kernel_mod, "tma_usable", usable)
     monkeypatch.setattr(kernel_mod, "descriptors_available", lambda: False)
     assert rel_err(moda_attention(q, k, v, kd, vd, config=cfg), out) < 1e-5
     assert calls == [1]

@@ -4,13 +4,19 @@ into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of th
 (`kv_depth_items`, off unless asked for), the dq pass's block order (`dq_mix`), and the order of
 a step's products (`dp_first`). Each rule states the measurements it stands on; `MoDAConfig`
 fields override them (-1 means "by the rule"; `dp_first` has no field: `moda_bwd_tma`'s kwarg).
+Also `moda_bwd_tma`'s plan (`bwd_plan`): its launches' grids, keys and constexprs for one set of
+sizes and arguments, memoised, so that a call only allocates and launches.
 """
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import torch
 
 from moda_bench.ops.launch import cdiv, next_pow2
-from moda_bench.ops.moda.config import MoDAConfig, current_device_index
+from moda_bench.ops.moda.config import MoDAConfig, current_device_index, tma_block_l
+from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry
+from moda_bench.ops.moda.triton_utils import launch_options
 
 
 # The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
@@ -142,3 +148,91 @@ def dq_mix(T: int, L: int) -> bool:
 def dp_first(maxnreg: int) -> bool:
     """Whether the key-major pass, with this register cap (0: none), issues dp^T before the exponentials."""
     return maxnreg == 0
+
+
+def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
+    """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
+    block_l 0: about 128 depth rows a step, at most 32 columns, `config.tma_block_l`), BL at most
+    next_pow2(L) unless a 16-column tile needs more."""
+    gp, P, S, bl = depth_geometry(G, block_m, 0, block_l or tma_block_l(G, block_m, 128, 32))
+    return gp, P, S, max(cdiv(16, S), min(bl, next_pow2(max(L, 1))))
+
+
+
+class BwdPlan(NamedTuple):
+    """What `moda_bwd_tma` launches for one set of sizes and arguments, but the tensors."""
+    RP: int
+    n_m: int
+    depth_grad: bool
+    dq_key: tuple
+    dq_grid: tuple
+    dq_meta: Callable
+    kv_keys: tuple
+    kv_grid: tuple
+    kv_meta: tuple
+    ws_n: int
+    cnt_n: int
+    nch: int
+    n_items: int
+    n_tiles: int
+    n_depth: int
+
+
+def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
+              kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
+              mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp) -> BwdPlan:
+    """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
+    gp = next_pow2(G)
+    q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
+    _, P, S, bl = bwd_depth_geometry(G, q_block_m, L, block_l)
+    depth_grad = depth_grad and L > 0
+    n_m = cdiv(T, q_block_m // gp)
+    if kv_sub < 1 or gp % kv_sub or kv_sub & (kv_sub - 1) or (kv_sub > 1 and (beside or depth_items)):
+        raise ValueError(f"kv_sub={kv_sub} must be a power of two dividing GP={gp}, without beside or depth_items")
+    tail = kv_block_m * kv_sub  # rows after the dq blocks that the key-major pass's last steps read
+    RP = n_m * q_block_m + tail  # a multiple of 16: the kernels know the rows' alignment
+    prec = "upcast" if interp else ("ieee" if dtype == torch.float32 else "tf32")  # `dot_precision`
+    kv_dp_first, q_dp_first = (dp_first(kv_maxnreg), False) if dp_order is None else dp_order
+    depth_items = depth_items and L > 0
+    if depth_items and (kv_block_m != q_block_m or beside):
+        raise ValueError("depth_items needs kv_block_m = q_block_m and the key-major pass after the dq pass")
+    if kv_chunk and (kv_chunk % kv_block_n or kv_chunk < 0):
+        raise ValueError(f"kv_chunk={kv_chunk} is not a positive multiple of kv_block_n={kv_block_n}")
+    n_tiles = cdiv(T, kv_block_n)
+    n_items, nch = kv_items(T, kv_block_n, kv_chunk)
+    chunk = kv_chunk if nch > 1 else 0
+    n_depth = n_m if depth_items else 0  # depth items: the dq pass's row blocks (kv_block_m = q_block_m)
+    # the launches' specialisation: every tensor of q's dtype but the fp32 row statistics and
+    # partials, every pointer 16-byte aligned (the caller's `aligned`; lse checked per call)
+    shape_key = (dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, kv_block_m, S, bl, depth_grad, prec,
+                 depth_stages, kv_sub)
+    dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl, DEPTH=L > 0 and not depth_items,
+                   DEPTH_GRAD=depth_grad, USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix,
+                   DP_FIRST=bool(q_dp_first), **launch_options(q_warps, q_stages, q_maxnreg))
+    kv_meta = tuple(dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=use_desc, PREC=prec, STATS=stats,
+                         CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl, DEPTH_STAGES=depth_stages,
+                         DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub,
+                         **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
+    split = chunk or kv_sub > 1
+    return BwdPlan(RP, n_m, depth_grad,
+                 (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg),
+                 (B * Hk, n_m), lambda: dict(dq_meta),
+                 tuple((shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps, kv_stages,
+                        kv_maxnreg) for stats in (False, True)),
+                 (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
+                 B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
+                 nch, n_items, n_tiles, n_depth)
+
+
+_PLANS: dict = {}
+
+
+def bwd_plan(key: tuple) -> BwdPlan:
+    """`moda_bwd_tma`'s plan for its key (memoised; ValueError for arguments the kernels cannot take)."""
+    p = _PLANS.get(key)
+    if p is None:
+        p = _make_plan(*key)
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        _PLANS[key] = p
+    return p

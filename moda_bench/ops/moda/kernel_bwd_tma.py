@@ -48,14 +48,12 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.counters import arrival_counters, scratch
-from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
-from moda_bench.ops.moda.config import tma_block_l
+from moda_bench.ops.launch import CachedLaunch
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
-                                                  KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS,
-                                                  dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
-from moda_bench.ops.moda.kernel_bwd_rules import dp_first as dp_first_rule  # moda_bwd_tma's dp_first is a kwarg
-from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry, ensure_allocator, keys_desc, rows_desc
-from moda_bench.ops.moda.triton_utils import dot_precision, launch_options, mm, mm_acc
+                                                  KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
+                                                  bwd_plan, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
+from moda_bench.ops.moda.kernel_fwd_tma import ensure_allocator, keys_desc, rows_desc
+from moda_bench.ops.moda.triton_utils import interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 _KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
@@ -479,14 +477,6 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
-def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
-    """(GP, P, S, BL) of a query-major program of block_m rows (`kernel_fwd_tma.depth_geometry`;
-    block_l 0: about 128 depth rows a step, at most 32 columns, `config.tma_block_l`), BL at most
-    next_pow2(L) unless a 16-column tile needs more."""
-    gp, P, S, bl = depth_geometry(G, block_m, 0, block_l or tma_block_l(G, block_m, 128, 32))
-    return gp, P, S, max(cdiv(16, S), min(bl, next_pow2(max(L, 1))))
-
-
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
@@ -513,72 +503,41 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
     and delta itself (`row_stats`), main() the dq pass. Where the key-major grid leaves most of
     the GPU's program slots empty (short T), its long programs then share the SMs with the dq
-    pass instead of running after it."""
+    pass instead of running after it. Everything but the tensors is planned once per set of
+    sizes and arguments (`_bwd_plan`, memoised): a call allocates, checks lse's alignment and
+    launches."""
     B, T, Hq, d = q.shape
-    Hk = k.shape[2]
-    L = 0 if kd is None else kd.shape[2]
-    gp = next_pow2(G)
-    q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
-    _, P, S, bl = bwd_depth_geometry(G, q_block_m, L, block_l)
-    depth_grad = bool(depth_grad) and L > 0
-    n_m = cdiv(T, q_block_m // gp)
-    if kv_sub < 1 or gp % kv_sub or kv_sub & (kv_sub - 1) or (kv_sub > 1 and (beside is not None or depth_items)):
-        raise ValueError(f"kv_sub={kv_sub} must be a power of two dividing GP={gp}, without beside or depth_items")
-    tail = kv_block_m * kv_sub  # rows after the dq blocks that the key-major pass's last steps read
-    RP = n_m * q_block_m + tail  # a multiple of 16: the kernels know the rows' alignment
-    lse2 = torch.empty((B * Hk, RP), device=q.device, dtype=torch.float32)
+    Hk, L = k.shape[2], 0 if kd is None else kd.shape[2]
+    key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
+           q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
+           depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
+           beside is not None, interpreting())
+    p = bwd_plan(key)
+    lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if depth_grad else (None, None)
+    dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if p.depth_grad else (None, None)
     kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
-    dkd_, dvd_ = (dkd, dvd) if depth_grad else (kd_, vd_)  # never written without depth_grad
+    dkd_, dvd_ = (dkd, dvd) if p.depth_grad else (kd_, vd_)  # never written without depth_grad
     if use_desc:
         ensure_allocator()
-    prec = dot_precision(q.dtype)
-    kv_dp_first, q_dp_first = (dp_first_rule(kv_maxnreg), False) if dp_first is None else dp_first
-
-    depth_items = bool(depth_items) and L > 0
-    if depth_items and (kv_block_m != q_block_m or beside is not None):
-        raise ValueError("depth_items needs kv_block_m = q_block_m and the key-major pass after the dq pass")
-
-    # the launches' specialisation, for `CachedLaunch`: every tensor of q's dtype but the fp32 row
-    # statistics and partials, and (with descriptor loads) every pointer 16-byte aligned (the
-    # caller's `aligned`; lse checked here, the rest allocated here); else Triton's own path
-    shape_key = ((q.dtype, do.dtype, kd_.dtype, B, T, Hq, Hk, d, L, G, q_block_m, kv_block_m, S, bl, depth_grad, prec,
-                  depth_stages, kv_sub) if use_desc and lse.data_ptr() % 16 == 0 else None)
+    # `CachedLaunch` keys: the plan's, where lse (the one tensor not checked by the caller nor
+    # allocated here) is 16-byte aligned; else Triton's own path
+    cached = use_desc and lse.data_ptr() % 16 == 0
 
     def dq_pass():
-        _DQ_LAUNCH(shape_key and (shape_key, q_block_n, bool(mix), bool(q_dp_first), depth_items, q_warps, q_stages,
-                                  q_maxnreg),
-                   (B * Hk, n_m),
+        _DQ_LAUNCH(p.dq_key if cached else None, p.dq_grid,
                    (q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
-                    max(L, 1), G, Hk, RP, n_m),
-                   lambda: dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl,
-                                DEPTH=L > 0 and not depth_items, DEPTH_GRAD=depth_grad, USE_DESC=bool(use_desc),
-                                PREC=prec, DEPTH_STAGES=depth_stages, MIX=bool(mix), DP_FIRST=bool(q_dp_first),
-                                **launch_options(q_warps, q_stages, q_maxnreg)))
-
-    if kv_chunk and (kv_chunk % kv_block_n or kv_chunk < 0):
-        raise ValueError(f"kv_chunk={kv_chunk} is not a positive multiple of kv_block_n={kv_block_n}")
-    n_tiles = cdiv(T, kv_block_n)
-    n_items, nch = kv_items(T, kv_block_n, kv_chunk)
-    chunk = kv_chunk if nch > 1 else 0
-    n_depth = n_m if depth_items else 0  # depth items: the dq pass's row blocks (kv_block_m = q_block_m)
+                    max(L, 1), G, Hk, p.RP, p.n_m), p.dq_meta)
 
     def kv_pass(stats: bool):
         ws, cnt = lse2, lse2  # never read without chunks or sub-groups
-        if chunk or kv_sub > 1:
-            ws = scratch(_KV_COUNTERS, q.device, B * Hk * kv_sub * n_items * 2 * kv_block_n * d)
-            cnt = arrival_counters(_KV_COUNTERS, q.device, B * Hk * n_tiles)
-        _KV_LAUNCH(shape_key and (shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps,
-                                  kv_stages, kv_maxnreg),
-                   (B * Hk * kv_sub, n_items + n_depth),
+        if p.ws_n:
+            ws = scratch(_KV_COUNTERS, q.device, p.ws_n)
+            cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
+        _KV_LAUNCH(p.kv_keys[stats] if cached else None, p.kv_grid,
                    (q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale,
-                    B, T, L, max(L, 1), G, Hk, RP, nch, n_items, n_tiles, n_depth),
-                   lambda: dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=bool(use_desc), PREC=prec,
-                                STATS=stats, CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl,
-                                DEPTH_STAGES=depth_stages, DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first),
-                                NSUB=kv_sub, **launch_options(kv_warps, kv_stages, kv_maxnreg)))
+                    B, T, L, max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth), p.kv_meta[stats])
 
     if beside is None:
         dq_pass()
@@ -586,6 +545,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     else:
         beside(dq_pass, lambda: kv_pass(True))
     return dq, dk, dv, dkd, dvd
+
+
 
 
 _DQ_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_kv_kernel)
