@@ -18,9 +18,10 @@ launch of a key goes through Triton and keeps the compiled kernel it returns; la
 the key call that kernel's launcher directly with the same arguments, in the order Triton passes
 them. A key of None, a Triton without that launcher interface, the interpreter, a profiling
 hook installed, or `MODA_BENCH_FAST_LAUNCH=0` in the environment all take Triton's own path.
-Users: MoDA's descriptor forward, dq pass and key-major pass (`kernel_fwd_tma`, `kernel_bwd_tma`)
-and decode's split and combine kernels (`ops.decode.kernel`); the pointer kernels still launch
-through Triton at every call.
+Users: MoDA's descriptor forward, dq pass and key-major pass (`kernel_fwd_tma`, `kernel_bwd_tma`),
+its pointer kernels' forward, q-major, key-major and depth-only launches (`kernel`: keyed by
+strides too), and decode's split and combine kernels (`ops.decode.kernel`); the merge and delta
+kernels and Depth-Attention's launches still go through Triton at every call.
 """
 from __future__ import annotations
 
