@@ -185,6 +185,21 @@ def test_bad_input_errors(mutate, exc, words):
         moda_attention(*args)
 
 
+def test_check_inputs_memo_answers_passing_calls_only():
+    """A call like one that passed returns its MoDAShape from the memo; any call that differs in a
+    shape, dtype or device (or is not tensors) still goes through every check and its error."""
+    from moda_bench.ops.moda.validate import check_inputs
+    good = _good()
+    first = check_inputs(*good)
+    assert check_inputs(*good) is first and check_inputs(*(t.clone() for t in good)) is first
+    with pytest.raises(TypeError, match="k has dtype"):
+        check_inputs(good[0], good[1].half(), *good[2:])
+    with pytest.raises(ValueError, match="both be given"):
+        check_inputs(*good[:4], None)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        check_inputs(good[0].tolist(), *good[1:])
+
+
 def test_bad_config_error():
     with pytest.raises(ValueError, match="block_m"):
         moda_attention(*_good(), config=MoDAConfig(block_m=48))

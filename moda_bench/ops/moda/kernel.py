@@ -420,8 +420,8 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     part still contributes to dq). The backward takes the same path automatically when
     neither k_depth nor v_depth requires grad.
 
-    Host work per call besides the launches: the input checks, a memoised config look-up and
-    a memoised config check (no file access, no JSON).
+    Host work per call besides the launches: memoised input checks, config look-up and config
+    check (no file access, no JSON), and the backward's memoised launch plan.
     """
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
     cfg = resolve_config(shape, q.dtype, config)

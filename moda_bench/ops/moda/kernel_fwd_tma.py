@@ -226,12 +226,21 @@ def descriptors_available() -> bool:
     return hasattr(tl, "make_tensor_descriptor")
 
 
+_ALLOCATION: list = []  # Triton's allocation module, looked up once (None: another Triton layout)
+
+
 def _null_allocator():
-    try:
-        from triton.runtime import _allocation
-        return _allocation._allocator.get(), getattr(_allocation, "_NULL_ALLOCATOR", None)
-    except (ImportError, AttributeError):  # pragma: no cover - another Triton layout
+    """(the allocator Triton has for this context, Triton's null allocator)."""
+    if not _ALLOCATION:
+        try:
+            from triton.runtime import _allocation
+            _ALLOCATION.append(_allocation if hasattr(_allocation, "_allocator") else None)
+        except ImportError:  # pragma: no cover - another Triton layout
+            _ALLOCATION.append(None)
+    mod = _ALLOCATION[0]
+    if mod is None:  # pragma: no cover
         return None, None
+    return mod._allocator.get(), getattr(mod, "_NULL_ALLOCATOR", None)
 
 
 _SCRATCH_DEVICE: list = []  # torch.device("cuda") (the current one at each call), or "cpu" without CUDA
