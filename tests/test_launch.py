@@ -136,47 +136,62 @@ def test_hooks_idle_reads_tritons_hook_chains(monkeypatch):
     assert not launch._hooks_idle()
 
 
+def _cached_against_tritons(monkeypatch, ins, do, cfg):
+    """One MoDA fwd+bwd (inputs `ins`, gradient `do`, config `cfg`) through Triton's own launch
+    path, then twice with the cache on: (launches the second cached call took from the cache,
+    whether its out and gradients are bitwise the first's)."""
+    import torch
+    from moda_bench.ops import launch
+    from moda_bench.ops.moda import moda_attention
+    hits = []
+    idle = launch._hooks_idle  # asked once a launch repeated from the cache
+    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
+
+    def step():
+        for x in ins:
+            x.grad = None
+        out = moda_attention(*ins, config=cfg)
+        out.backward(do)
+        torch.cuda.synchronize()
+        return [out.detach().clone()] + [x.grad.clone() for x in ins]
+
+    old = launch.set_fast_launch(False)
+    try:
+        ref = step()
+    finally:
+        launch.set_fast_launch(old)
+    monkeypatch.setattr(launch, "_FAST", True)
+    step()
+    n = len(hits)
+    got = step()
+    monkeypatch.setattr(launch, "_hooks_idle", idle)
+    return len(hits) - n, all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+def _gpu_inputs(T, G, L):
+    import torch
+    from helpers import random_inputs
+    ins = list(random_inputs(1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T))
+    do = ins.pop()
+    return [x for x in ins if x is not None], do
+
+
 @pytest.mark.gpu
 def test_gpu_cached_launches_give_tritons_results(monkeypatch):
     """On a Hopper GPU, MoDA's three descriptor launches (forward, dq pass, key-major pass) repeat
     from the cache after their first call, and out and all five gradients are bitwise those of
     Triton's own path, at odd T, G in {1, 2, 8} and L in {0, 5, 64}."""
     import torch
-    from helpers import random_inputs
-    from moda_bench.ops import launch
-    from moda_bench.ops.moda import moda_attention
     from moda_bench.ops.moda.config import resolve_config
     from moda_bench.ops.moda.validate import MoDAShape
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs a Hopper GPU (device-side descriptors)")
-    hits = []
-    idle = launch._hooks_idle
-    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
     for T, G, L in ((1000, 8, 64), (333, 2, 0), (77, 1, 5)):
-        shape = MoDAShape(B=1, T=T, Hq=4 * G, Hk=4, d=64, L=L)
-        cfg = resolve_config(shape, torch.bfloat16).replace(fwd_depth="tma", bwd_depth="tma")
-        ins = list(random_inputs(1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T))
-        do = ins.pop()
-        ins = [x for x in ins if x is not None]
-
-        def step():
-            for x in ins:
-                x.grad = None
-            out = moda_attention(*ins, config=cfg)
-            out.backward(do)
-            return [out.detach().clone()] + [x.grad.clone() for x in ins]
-
-        old = launch.set_fast_launch(False)
-        try:
-            ref = step()
-        finally:
-            launch.set_fast_launch(old)
-        monkeypatch.setattr(launch, "_FAST", True)
-        step()
-        n = len(hits)
-        got = step()
-        assert len(hits) - n == 3, (T, G, L)   # forward, dq pass, key-major pass: all from the cache
-        assert all(torch.equal(a, b) for a, b in zip(ref, got)), (T, G, L)
+        cfg = resolve_config(MoDAShape(B=1, T=T, Hq=4 * G, Hk=4, d=64, L=L), torch.bfloat16).replace(
+            fwd_depth="tma", bwd_depth="tma")
+        cached, same = _cached_against_tritons(monkeypatch, *_gpu_inputs(T, G, L), cfg)
+        assert cached == 3, (T, G, L)   # forward, dq pass, key-major pass: all from the cache
+        assert same, (T, G, L)
 
 
 @pytest.mark.gpu
@@ -187,39 +202,14 @@ def test_gpu_cached_pointer_launches_give_tritons_results(monkeypatch, place, la
     Triton's own path, in every placement (L=64, odd T) and at L = 0 (T=77, G=2); the merge and
     delta kernels keep Triton's path."""
     import torch
-    from helpers import random_inputs
-    from moda_bench.ops import launch
-    from moda_bench.ops.moda import MoDAConfig, moda_attention
+    from moda_bench.ops.moda import MoDAConfig
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    hits = []
-    idle = launch._hooks_idle
-    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
     for T, G, L, n in ((333, 8, 64, launches), (77, 2, 0, 3)):
-        cfg = MoDAConfig(fwd_depth=place, bwd_depth=place)
-        ins = list(random_inputs(1, T, 4 * G, 4, 64, L, torch.bfloat16, seed=T))
-        do = ins.pop()
-        ins = [x for x in ins if x is not None]
-
-        def step():
-            for x in ins:
-                x.grad = None
-            out = moda_attention(*ins, config=cfg)
-            out.backward(do)
-            torch.cuda.synchronize()
-            return [out.detach().clone()] + [x.grad.clone() for x in ins]
-
-        old = launch.set_fast_launch(False)
-        try:
-            ref = step()
-        finally:
-            launch.set_fast_launch(old)
-        monkeypatch.setattr(launch, "_FAST", True)
-        step()
-        m = len(hits)
-        got = step()
-        assert len(hits) - m == n, (place, T, G, L, len(hits) - m)
-        assert all(torch.equal(a, b) for a, b in zip(ref, got)), (place, T, G, L)
+        cached, same = _cached_against_tritons(monkeypatch, *_gpu_inputs(T, G, L),
+                                               MoDAConfig(fwd_depth=place, bwd_depth=place))
+        assert cached == n, (place, T, G, L, cached)
+        assert same, (place, T, G, L)
 
 
 def test_tma_alignment_rule_and_sm_count():

@@ -16,7 +16,7 @@ import torch
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.config import MoDAConfig, current_device_index, tma_block_l
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry
-from moda_bench.ops.moda.triton_utils import launch_options
+from moda_bench.ops.moda.triton_utils import dot_precision, launch_options
 
 
 # The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
@@ -158,7 +158,6 @@ def bwd_depth_geometry(G: int, block_m: int, L: int, block_l: int = 0):
     return gp, P, S, max(cdiv(16, S), min(bl, next_pow2(max(L, 1))))
 
 
-
 class BwdPlan(NamedTuple):
     """What `moda_bwd_tma` launches for one set of sizes and arguments, but the tensors."""
     RP: int
@@ -179,8 +178,8 @@ class BwdPlan(NamedTuple):
 
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
-              kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
-              mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp) -> BwdPlan:
+               kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
+               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp) -> BwdPlan:
     """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
     gp = next_pow2(G)
     q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
@@ -191,7 +190,7 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
         raise ValueError(f"kv_sub={kv_sub} must be a power of two dividing GP={gp}, without beside or depth_items")
     tail = kv_block_m * kv_sub  # rows after the dq blocks that the key-major pass's last steps read
     RP = n_m * q_block_m + tail  # a multiple of 16: the kernels know the rows' alignment
-    prec = "upcast" if interp else ("ieee" if dtype == torch.float32 else "tf32")  # `dot_precision`
+    prec = dot_precision(dtype)  # (the interpreter's "upcast": interp is in the key)
     kv_dp_first, q_dp_first = (dp_first(kv_maxnreg), False) if dp_order is None else dp_order
     depth_items = depth_items and L > 0
     if depth_items and (kv_block_m != q_block_m or beside):
@@ -215,13 +214,13 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                          **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
     split = chunk or kv_sub > 1
     return BwdPlan(RP, n_m, depth_grad,
-                 (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg),
-                 (B * Hk, n_m), lambda: dict(dq_meta),
-                 tuple((shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps, kv_stages,
-                        kv_maxnreg) for stats in (False, True)),
-                 (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
-                 B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
-                 nch, n_items, n_tiles, n_depth)
+                   (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg),
+                   (B * Hk, n_m), lambda: dict(dq_meta),
+                   tuple((shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps, kv_stages,
+                          kv_maxnreg) for stats in (False, True)),
+                   (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
+                   B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
+                   nch, n_items, n_tiles, n_depth)
 
 
 _PLANS: dict = {}

@@ -504,7 +504,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     and delta itself (`row_stats`), main() the dq pass. Where the key-major grid leaves most of
     the GPU's program slots empty (short T), its long programs then share the SMs with the dq
     pass instead of running after it. Everything but the tensors is planned once per set of
-    sizes and arguments (`_bwd_plan`, memoised): a call allocates, checks lse's alignment and
+    sizes and arguments (`kernel_bwd_rules.bwd_plan`, memoised): a call allocates, checks lse's alignment and
     launches."""
     B, T, Hq, d = q.shape
     Hk, L = k.shape[2], 0 if kd is None else kd.shape[2]
@@ -545,8 +545,6 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     else:
         beside(dq_pass, lambda: kv_pass(True))
     return dq, dk, dv, dkd, dvd
-
-
 
 
 _DQ_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_kv_kernel)
