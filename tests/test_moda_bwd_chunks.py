@@ -53,7 +53,7 @@ def test_kv_chunks_match_unchunked(monkeypatch, T, G, L, chunk, aligned):
     """Chunked = unchunked: dq and the depth gradients bitwise (the dq pass is not touched), dk and
     dv to fp32 rounding; also with the rows' statistics computed in the key-major pass (beside)."""
     if not aligned:
-        monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+        monkeypatch.setattr(kernel_mod, "aligned", lambda *t, **kw: False)
     run = bwd_tma_passes(T, G, L)
     ref = run(kv_chunk=0)
     for extra in ({}, {"beside": lambda main, side: (main(), side())}):

@@ -46,7 +46,7 @@ CASES = [
 def test_kv_sub_matches_unsplit(monkeypatch, T, G, L, sub, chunk, kv_m, loads):
     aligned = loads == "descriptors"
     if not aligned:
-        monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+        monkeypatch.setattr(kernel_mod, "aligned", lambda *t, **kw: False)
     run = bwd_tma_passes(T, G, L, kv_block_m=kv_m, use_desc=aligned)
     _same(run(kv_sub=1, kv_chunk=chunk), run(kv_sub=sub, kv_chunk=chunk))
 

@@ -69,7 +69,7 @@ def test_bwd_tma_kv_beside_same_gradients(monkeypatch, aligned):
     the dq pass's (the same arithmetic), with descriptor and with pointer loads; padding rows
     (G=3) add nothing."""
     if not aligned:
-        monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+        monkeypatch.setattr(kernel_mod, "aligned", lambda *t, **kw: False)
     q, k, v, kd, vd, do = random_inputs(2, 31, 6, 2, 32, 3, torch.float32, seed=6)
     after = _grads(_bt(bwd_q_block_m=16, bwd_kv_block_m=16, bwd_kv_beside=0), (q, k, v, kd, vd), do)[1]
     beside = _grads(_bt(bwd_q_block_m=16, bwd_kv_block_m=16, bwd_kv_beside=1), (q, k, v, kd, vd), do)[1]
@@ -202,7 +202,7 @@ def test_bwd_tma_descriptors_and_pointers_agree(monkeypatch):
     q, k, v, kd, vd, do = random_inputs(2, 31, 8, 2, 32, 3, torch.float32, seed=4)
     cfg = _bt()
     _, g_desc = _grads(cfg, (q, k, v, kd, vd), do)
-    monkeypatch.setattr(kernel_mod, "aligned", lambda *t: False)
+    monkeypatch.setattr(kernel_mod, "aligned", lambda *t, **kw: False)
     _, g_ptr = _grads(cfg, (q, k, v, kd, vd), do)
     assert calls == [True, False]
     for a, b in zip(g_desc, g_ptr):

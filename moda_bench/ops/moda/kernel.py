@@ -168,12 +168,7 @@ def _strides(q, k, v, kd, o, lse):
 def tma_usable(q, k, v, kd, vd, L: int) -> bool:
     """Whether the descriptor forward can take these tensors: this Triton builds descriptors and
     every tensor it reads is contiguous (the caller's `.contiguous()`) and 16-byte aligned."""
-    if not descriptors_available():
-        return False
-    for t in (q, k, v, kd, vd) if L > 0 else (q, k, v):  # `aligned` of contiguous tensors, in one pass
-        if not t.is_contiguous() or t.data_ptr() % 16 or (t.shape[-1] * t.element_size()) % 16:
-            return False
-    return True
+    return descriptors_available() and aligned(q, k, v, *((kd, vd) if L > 0 else ()), contiguous=True)
 
 
 def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False):

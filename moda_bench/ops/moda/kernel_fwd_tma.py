@@ -264,11 +264,11 @@ def ensure_allocator() -> None:
         triton.set_allocator(_torch_alloc)
 
 
-def aligned(*tensors) -> bool:
+def aligned(*tensors, contiguous: bool = False) -> bool:
     """TMA's rule: base addresses and every stride but the last 16-byte multiples. A contiguous
     tensor's strides are read as the kernels address it, from its shape (each a multiple of the
     last dimension's length: one product instead of a loop over strides, which torch leaves
-    arbitrary on dimensions of length 1)."""
+    arbitrary on dimensions of length 1). contiguous: every tensor must also be contiguous."""
     for t in tensors:
         if t is None:
             continue
@@ -277,7 +277,7 @@ def aligned(*tensors) -> bool:
         if t.is_contiguous():
             if t.dim() > 1 and (t.shape[-1] * t.element_size()) % 16:
                 return False
-        elif any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+        elif contiguous or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return False
     return True
 
