@@ -61,11 +61,10 @@ def check_inputs(
     if got is not None:
         return got
     shape = _check_inputs(q, k, v, k_depth, v_depth, need_cuda, dtypes, head_dims)
-    if key is not None and all(isinstance(t, torch.Tensor) for t in (q, k, v)):  # (the CUDA check reads the
-        if len(_CHECKED) >= 256:                                                   # environment only off CUDA)
+    if key is not None and (q.device.type == "cuda" or not need_cuda):  # off CUDA the check reads the environment
+        if len(_CHECKED) >= 256:
             _CHECKED.clear()
-        if q.device.type == "cuda" or not need_cuda:
-            _CHECKED[key] = shape
+        _CHECKED[key] = shape
     return shape
 
 
