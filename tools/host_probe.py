@@ -16,10 +16,11 @@ moda calls: the functions with the most own time and the most cumulative time.
 launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch with as many
 arguments) by issuing it N times without a profiler. --variants: ';'-separated configs, each a
 ','-separated list of field=value of `MoDAConfig` (short names kv_n, kv_m, q_m, q_n, fwd_m for
-bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd in
-interleaved rounds against the default, with the graph timer and then the eager one (the
-suite's timing: ratios with 95% intervals). A diagnosis tool: its other numbers come from
-Python's clock, cProfile and torch.profiler, and none of it writes the suite's rows.
+bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd (--pass
+fwd / bwd: the forward or the backward alone) in interleaved rounds against the default, with
+the graph timer and then the eager one (the suite's timing: ratios with 95% intervals). A
+diagnosis tool: its other numbers come from Python's clock, cProfile and torch.profiler, and none
+of it writes the suite's rows.
 """
 from __future__ import annotations
 
@@ -187,7 +188,7 @@ def interleaved(fns: dict, leaves, baseline: str, timers, max_time: float, width
             print(f"  {timer:5s} {name:{width}s} {1e3 * m.median_ms:8.1f} us  x {baseline} {r:.3f} [{lo:.3f}-{hi:.3f}]")
 
 
-def variants(x, leaves, spec: str, max_time: float = 3.0) -> None:
+def variants(x, leaves, spec: str, max_time: float = 3.0, pass_: str = "fwdbwd") -> None:
     q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))
     shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
     base = resolve_config(shape, q.dtype)
@@ -200,13 +201,24 @@ def variants(x, leaves, spec: str, max_time: float = 3.0) -> None:
             cur = getattr(base, key)
             kw[key] = type(cur)(val) if not isinstance(cur, bool) else val.strip() in ("1", "true", "True")
         todo.append((item, base.replace(**kw)))
-    print(f"fwd+bwd at T={shape.T}, G={shape.G}, L={shape.L}, each timer's variants interleaved in one run "
+    print(f"{pass_} at T={shape.T}, G={shape.G}, L={shape.L}, each timer's variants interleaved in one run "
           f"(default: fwd {base.fwd_depth} m{base.block_m}; bwd {base.bwd_depth} q {base.bwd_q_block_m}x"
           f"{base.bwd_q_block_n} kv {base.bwd_kv_block_n}x{base.bwd_kv_block_m})")
     fns = {}
+    ins = [t for t in (q, k, v, kd, vd) if t is not None]
     for name, cfg in todo:
-        def fn(cfg=cfg):
-            moda_attention(q, k, v, kd, vd, config=cfg).backward(do)
+        if pass_ == "fwd":
+            def fn(cfg=cfg):
+                with torch.no_grad():
+                    moda_attention(q, k, v, kd, vd, config=cfg)
+        elif pass_ == "bwd":  # the backward alone, of one forward kept with its graph
+            def fn(cfg=cfg, out=[]):
+                if not out:
+                    out.append(moda_attention(q, k, v, kd, vd, config=cfg))
+                torch.autograd.grad(out[0], ins, do, retain_graph=True)
+        else:
+            def fn(cfg=cfg):
+                moda_attention(q, k, v, kd, vd, config=cfg).backward(do)
         try:
             fn()
         except Exception as e:  # a config the kernels refuse: say so, go on
@@ -254,6 +266,8 @@ def main() -> None:
     p.add_argument("--cpu-trace", action="store_true", help="torch.profiler CPU events of the moda calls")
     p.add_argument("--max-time", type=float, default=3.0, help="seconds of interleaved rounds a timer (--variants)")
     p.add_argument("--variants", default=None, help="';'-separated configs against the default, interleaved")
+    p.add_argument("--pass", dest="pass_", choices=("fwdbwd", "fwd", "bwd"), default="fwdbwd",
+                   help="what --variants times: fwd+bwd, the forward alone or the backward alone")
     p.add_argument("--launch", action="store_true", help="cached launches against Triton's path, interleaved")
     a = p.parse_args()
     x = make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
@@ -282,7 +296,7 @@ def main() -> None:
     if a.cpu_trace:
         cpu_trace(moda)
     if a.variants is not None:
-        variants(x, leaves, a.variants, a.max_time)
+        variants(x, leaves, a.variants, a.max_time, a.pass_)
     if a.launch:
         launch_ab(x, leaves, a.max_time)
     if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None or a.launch:

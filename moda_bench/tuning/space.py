@@ -88,7 +88,8 @@ CTAS_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0, 3.0)
 ITEM_ROWS = {"fwd_items": (64, 128, 256), "bwd_items": (32, 64, 128)}
 ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)
-ZERO_OK = ("depth_sub", "fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas")  # 0 means "auto"/"no cap"
+ZERO_OK = ("depth_sub", "fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas",
+           "exp_poly")  # 0 means "auto"/"no cap"/"none"
 MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items")  # -1: "decided by the shape" (check_config's rule)
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).

@@ -94,6 +94,8 @@ class MoDAConfig:
               tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_rules.kv_chunk`).
     bwd_depth_items  "tma" backward: the depth part as items of the key-major grid, not in the dq pass
               (1 on; 0 and -1 off: measured no faster, `kernel_bwd_rules.kv_depth_items`).
+    exp_poly  "tma" passes whose sequence probabilities are computed half on the FMA pipe, half by the
+              exponential unit (`triton_utils.exp2_mix`; 16-bit inputs): bits 1 forward, 2 dq pass, 4 key-major pass.
     """
 
     block_m: int = 64
@@ -134,6 +136,7 @@ class MoDAConfig:
     bwd_kv_beside: int = -1
     bwd_kv_chunk: int = -1
     bwd_depth_items: int = -1
+    exp_poly: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -200,8 +203,7 @@ def pointer_bwd_depth(T: int) -> str:
 _capabilities: dict[int, int] = {}
 
 
-def _capability(idx: int) -> int:
-    """Major compute capability of CUDA device idx (memoised)."""
+def _capability(idx: int) -> int:  # major compute capability of CUDA device idx (memoised)
     if idx not in _capabilities:
         _capabilities[idx] = torch.cuda.get_device_capability(idx)[0]
     return _capabilities[idx]
@@ -282,8 +284,7 @@ def fused_depth_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
 
 
 def depth_only_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
-    """Depth sub-tile positions for a depth-only program of block_m rows: cfg.depth_sub when it
-    fits that block, else the automatic one."""
+    """Depth sub-tile positions of a depth-only program of block_m rows: cfg.depth_sub where it fits, else auto."""
     P = block_m // group_pad(G)
     s = cfg.depth_sub
     if s and P % s == 0 and s * group_pad(G) >= 16:
@@ -327,10 +328,11 @@ def _check(cfg: MoDAConfig, G: int) -> None:
     for name in ("depth_ctas", "bwd_depth_ctas"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
-    if cfg.bwd_kv_beside not in (-1, 0, 1):
-        raise ValueError(f"config bwd_kv_beside={cfg.bwd_kv_beside!r} must be -1 (by shape), 0 or 1")
-    if cfg.bwd_depth_items not in (-1, 0, 1):
-        raise ValueError(f"config bwd_depth_items={cfg.bwd_depth_items!r} must be -1 (by shape), 0 or 1")
+    for name in ("bwd_kv_beside", "bwd_depth_items"):
+        if getattr(cfg, name) not in (-1, 0, 1):
+            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be -1 (by shape), 0 or 1")
+    if cfg.exp_poly not in range(8):
+        raise ValueError(f"config exp_poly={cfg.exp_poly!r} must be 0..7 (bits: 1 forward, 2 dq pass, 4 key-major)")
     if not isinstance(cfg.bwd_kv_chunk, int) or cfg.bwd_kv_chunk < -1:
         raise ValueError(f"config bwd_kv_chunk={cfg.bwd_kv_chunk!r} must be -1 (by the grid), 0 or key tiles")
     for name in ("fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg"):
@@ -384,8 +386,7 @@ def current_gpu_name() -> str:
 
 def dtype_name(dtype) -> str:
     """'bfloat16' for torch.bfloat16 or 'bfloat16'; the caches and CSVs use this spelling."""
-    s = str(dtype)
-    return s[len("torch."):] if s.startswith("torch.") else s
+    return str(dtype).removeprefix("torch.")
 
 
 def t_bucket(T: int) -> int:
@@ -411,9 +412,8 @@ _shipped_tables: dict[str, dict] = {}  # GPU name -> {shipped key: entry}
 _shipped_on = True
 
 
-# The operators with tuned configs of their own: `moda_attention` ("moda", keys as they always
-# were) and `moda_fa4` ("moda-fa4": only its depth launches read the config; its keys start with
-# "moda-fa4|", and without an entry of its own it takes what "moda" would).
+# Operators with tuned configs of their own: `moda_attention` ("moda", keys as they always were), `moda_fa4`
+# ("moda-fa4|..." keys, read by its depth launches; without an entry of its own it takes what "moda" would).
 OPS = ("moda", "moda-fa4", "moda-overlap")
 
 
@@ -491,7 +491,7 @@ def set_shipped(enabled: bool) -> bool:
     return previous
 
 
-def shipped_enabled() -> bool:
+def shipped_enabled() -> bool:  # whether `resolve_config` consults the shipped configs (`set_shipped`)
     return _shipped_on
 
 

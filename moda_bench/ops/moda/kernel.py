@@ -183,7 +183,7 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
             return moda_fwd_tma(q, k, v, kd if L > 0 else None, vd if L > 0 else None, scale, G,
                                 block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
                                 num_stages=cfg.num_stages, depth_sub=cfg.depth_sub, block_l=cfg.block_l,
-                                depth_stages=cfg.depth_stages, maxnreg=cfg.fwd_maxnreg)
+                                depth_stages=cfg.depth_stages, maxnreg=cfg.fwd_maxnreg, poly=2 * (cfg.exp_poly & 1))
         cfg = cfg.replace(fwd_depth="fused")  # same arithmetic, pointer loads
     o = torch.empty_like(q)
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
@@ -281,7 +281,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             and aligned(o, do), depth_grad=depth_grad,
                             beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
                             if not items and kv_beside(cfg, B, T, Hk, G, L, n_sms, chunk=chunk) else None,
-                            mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items)
+                            mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly)
     if cfg.bwd_depth == "tma":  # a caller's delta or a depth-only launch: the pointer passes
         cfg = cfg.replace(bwd_depth=pointer_bwd_depth(T), bwd_block_l=pointer_block_l(L))
     n_rows = B * T * Hq

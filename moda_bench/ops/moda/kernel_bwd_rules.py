@@ -179,7 +179,7 @@ class BwdPlan(NamedTuple):
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
                kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
-               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp) -> BwdPlan:
+               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly) -> BwdPlan:
     """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
     gp = next_pow2(G)
     q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
@@ -191,6 +191,7 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
     tail = kv_block_m * kv_sub  # rows after the dq blocks that the key-major pass's last steps read
     RP = n_m * q_block_m + tail  # a multiple of 16: the kernels know the rows' alignment
     prec = dot_precision(dtype)  # (the interpreter's "upcast": interp is in the key)
+    q_poly, kv_poly = (2 * bool(poly & 2), 2 * bool(poly & 4)) if dtype != torch.float32 else (0, 0)
     kv_dp_first, q_dp_first = (dp_first(kv_maxnreg), False) if dp_order is None else dp_order
     depth_items = depth_items and L > 0
     if depth_items and (kv_block_m != q_block_m or beside):
@@ -207,17 +208,17 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                  depth_stages, kv_sub)
     dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl, DEPTH=L > 0 and not depth_items,
                    DEPTH_GRAD=depth_grad, USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix,
-                   DP_FIRST=bool(q_dp_first), **launch_options(q_warps, q_stages, q_maxnreg))
+                   DP_FIRST=bool(q_dp_first), POLY=q_poly, **launch_options(q_warps, q_stages, q_maxnreg))
     kv_meta = tuple(dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=use_desc, PREC=prec, STATS=stats,
                          CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl, DEPTH_STAGES=depth_stages,
-                         DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub,
+                         DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly,
                          **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
     split = chunk or kv_sub > 1
     return BwdPlan(RP, n_m, depth_grad,
-                   (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg),
+                   (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly),
                    (B * Hk, n_m), lambda: dict(dq_meta),
                    tuple((shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps, kv_stages,
-                          kv_maxnreg) for stats in (False, True)),
+                          kv_maxnreg, kv_poly) for stats in (False, True)),
                    (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
                    B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
                    nch, n_items, n_tiles, n_depth)

@@ -53,7 +53,7 @@ from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G,
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
                                                   bwd_plan, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
 from moda_bench.ops.moda.kernel_fwd_tma import ensure_allocator, keys_desc, rows_desc
-from moda_bench.ops.moda.triton_utils import interpreting, mm, mm_acc
+from moda_bench.ops.moda.triton_utils import exp2_mix, interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 _KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
@@ -117,12 +117,13 @@ def row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP: tl.constexpr, BM: tl.co
 @triton.jit
 def _kv_step(k, v, dk, dv, kn, t0, s, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
              qk_scale, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
-             USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, DP_FIRST: tl.constexpr):
+             USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, DP_FIRST: tl.constexpr,
+             POLY: tl.constexpr):
     """dk, dv of the key tile += the share of the BM folded rows from position t0: GP // NSUB heads a
     position, sub-group s of the padded group (NSUB = 1: all GP). STATS (NSUB = 1 only): the rows'
     lse2 and delta computed here from lse, o and do (no dq pass before this one), else read from
     the flat buffers the dq pass wrote (row t*GP + g). DP_FIRST: dp^T's product issued before the
-    exponentials (`kernel_bwd_rules.dp_first`)."""
+    exponentials (`kernel_bwd_rules.dp_first`). POLY: `exp2_mix`'s share on the FMA pipe."""
     if NSUB == 1:  # (this branch compiles to the unsplit pass's code before sub-groups existed)
         q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
         do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
@@ -143,7 +144,7 @@ def _kv_step(k, v, dk, dv, kn, t0, s, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2,
     sT = mm_acc(k, tl.trans(q), None, PREC)  # [BN, BM]
     if DP_FIRST:
         dpT = mm_acc(v, tl.trans(do), None, PREC)
-    pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
+    pT = exp2_mix(sT * qk_scale - lse2[None, :], POLY)
     if MASK:
         if NSUB == 1:
             pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
@@ -210,7 +211,8 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_DEPTH, GP: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
                CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
-               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr, NSUB: tl.constexpr):
+               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr, NSUB: tl.constexpr,
+               POLY: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
     computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
     CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
@@ -268,18 +270,18 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
         else:
             kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B,
                     T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, 0, GP, 1, BM, BN, D, USE_DESC, PREC, STATS,
-                    CHUNK, DP_FIRST)
+                    CHUNK, DP_FIRST, POLY)
     else:
         kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T,
                 G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP, NSUB, BM, BN, D, USE_DESC, PREC, STATS, CHUNK,
-                DP_FIRST)
+                DP_FIRST, POLY)
 
 
 @triton.jit
 def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G, Hk,
             RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr,
             BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
-            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr):
+            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr):
     """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows, for
     the heads of sub-group `sub` (of NSUB)."""
     P: tl.constexpr = BM // (GP // NSUB)
@@ -310,10 +312,10 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
         hi = tl.minimum((c + 1) * CHUNK, T)
     for t0 in range(n0, diag_hi, P):  # positions whose rows see only part of the tile
         dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
-                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST)
+                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST, POLY)
     for t0 in tl.range(lo, hi, P):
         dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
-                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST)
+                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST, POLY)
     if CHUNK == 0 and NSUB == 1:
         store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
     else:  # partials: nc chunks x NSUB sub-groups of the tile, in WS (B*Hk*NSUB, N_ITEMS, 2, BN, D)
@@ -354,14 +356,14 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
 @triton.jit
 def dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
             D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
-            DP_FIRST: tl.constexpr):
-    """dq (unscaled) += the share of the BN sequence keys from n0 (DP_FIRST as in `_kv_step`)."""
+            DP_FIRST: tl.constexpr, POLY: tl.constexpr):
+    """dq (unscaled) += the share of the BN sequence keys from n0 (DP_FIRST, POLY as in `_kv_step`)."""
     k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
     v = keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
     s = mm_acc(q, tl.trans(k), None, PREC)
     if DP_FIRST:
         dp = mm_acc(do, tl.trans(v), None, PREC)
-    p = tl.math.exp2(s * qk_scale - lse2[:, None])
+    p = exp2_mix(s * qk_scale - lse2[:, None], POLY)
     if MASK:
         p = tl.where((n0 + tl.arange(0, BN))[None, :] <= t[:, None], p, 0.0)
     if not DP_FIRST:
@@ -419,7 +421,7 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
                n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
                USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
-               DP_FIRST: tl.constexpr):
+               DP_FIRST: tl.constexpr, POLY: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
     n_m), the last row block first, or (MIX) the last, the first, the last but one, ..."""
@@ -467,10 +469,10 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
     for n0 in tl.range(0, n_full, BN):
         dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     False, USE_DESC, PREC, DP_FIRST)
+                     False, USE_DESC, PREC, DP_FIRST, POLY)
     for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
         dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     True, USE_DESC, PREC, DP_FIRST)
+                     True, USE_DESC, PREC, DP_FIRST, POLY)
     if DEPTH:
         dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
@@ -481,7 +483,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
-                 depth_items: bool = False, dp_first=None, kv_sub: int = 1):
+                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -495,6 +497,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     depth_items): a program takes GP // kv_sub heads of its key tile's rows, the sub-groups' dk,
     dv summed by the last to finish (`_kv_kernel`). 1 in every default: fwd+bwd 0.974-0.994 at
     G=8 and T >= 8192, 1.02-1.05 at G = 2, 16, 32 (H100, results/h100/s20-kv-sub).
+    poly: `config.MoDAConfig.exp_poly`'s bits 2 (dq pass) and 4 (key-major pass): their sequence
+    probabilities half on the FMA pipe (`exp2_mix`; 16-bit inputs only).
     dp_first: (key-major pass, dq pass) booleans, each pass's dp product issued before its
     exponentials; None: the key-major pass by `kernel_bwd_rules.dp_first` of its register cap,
     the dq pass after.
@@ -511,7 +515,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
            q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
            depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
-           beside is not None, interpreting())
+           beside is not None, interpreting(), poly)
     p = bwd_plan(key)
     lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)

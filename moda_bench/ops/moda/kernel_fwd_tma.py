@@ -21,7 +21,9 @@ Design:
   arithmetic with masked pointer loads (the baseline of what the descriptors buy).
 * Sequence phase: keys [0, n_full) lie wholly below the block's first position (no mask; this
   loop carries `warp_specialize` when asked), then the one or two diagonal tiles with the
-  causal mask.
+  causal mask. POLY = 2 computes every second column's probabilities on the FMA pipe
+  (`triton_utils.exp2_mix`): at d=64 a tile's exponentials cost the exponential unit as long as
+  its two products cost the tensor cores.
 * Depth phase (the same online softmax): the P positions are cut into NB = P/S sub-tiles of S
   positions (R = S*GP >= 16 rows, one tensor-core tile), and a batched product
   [NB, R, d] x [NB, d, S*BL] scores each sub-tile's rows against its own positions' BL depth
@@ -38,7 +40,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
-from moda_bench.ops.moda.triton_utils import dot_precision, launch_options, mm, mm_acc
+from moda_bench.ops.moda.triton_utils import dot_precision, exp2_mix, launch_options, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": padding rows stay finite
@@ -47,8 +49,9 @@ NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": padding rows stay finite
 @triton.jit
 def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, USE_DESC: tl.constexpr, MASK: tl.constexpr,
-              PREC: tl.constexpr):
-    """Fold the BLOCK_N sequence keys from start_n into (acc, m_i, l_i); MASK: causal mask."""
+              PREC: tl.constexpr, POLY: tl.constexpr):
+    """Fold the BLOCK_N sequence keys from start_n into (acc, m_i, l_i); MASK: causal mask; POLY:
+    `exp2_mix`'s share of the probabilities on the FMA pipe."""
     kn = start_n + tl.arange(0, BLOCK_N)
     if USE_DESC:
         k = kdesc.load([b * T + start_n, j * HEAD_DIM])
@@ -62,10 +65,10 @@ def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_
     if MASK:
         qk = tl.where(kn[None, :] <= t[:, None], qk * qk_scale, NEG)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+        p = exp2_mix(qk - m_new[:, None], POLY)
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        p = exp2_mix(qk * qk_scale - m_new[:, None], POLY)
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -145,7 +148,7 @@ def depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk
 def _tile(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale, T, L, G, Hk, Hq,
           GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, S: tl.constexpr,
           BL: tl.constexpr, USE_DESC: tl.constexpr, WS: tl.constexpr, DEPTH_FIRST: tl.constexpr,
-          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr):
     """One block of BLOCK_M folded rows of (batch b, KV head j): both phases, then the epilogue."""
     P: tl.constexpr = BLOCK_M // GP
     t0 = pid_m * P
@@ -169,10 +172,10 @@ def _tile(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vdd
     t_end = tl.minimum(t0 + P, T)
     for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS):
         acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
-                                  BLOCK_N, HEAD_DIM, USE_DESC, False, PREC)
+                                  BLOCK_N, HEAD_DIM, USE_DESC, False, PREC, POLY)
     for start_n in range(n_full, t_end, BLOCK_N):
         acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
-                                  BLOCK_N, HEAD_DIM, USE_DESC, True, PREC)
+                                  BLOCK_N, HEAD_DIM, USE_DESC, True, PREC, POLY)
     if not DEPTH_FIRST:
         acc, m_i, l_i = depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk_scale,
                                      GP, BLOCK_M, HEAD_DIM, S, BL, USE_DESC, PREC, DEPTH_STAGES)
@@ -187,7 +190,7 @@ def moda_fwd_tma_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, H
                           GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HEAD_DIM: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, USE_DESC: tl.constexpr,
                           WS: tl.constexpr, DEPTH_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
-                          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
+                          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr):
     """All inputs contiguous. LD = max(L, 1) sizes the depth descriptors (KD/VD alias K/V when
     L = 0; the depth loop then runs no step). Grid: (n_mblocks, B*Hk), or (programs,) when
     PERSISTENT; row blocks are visited heaviest (last) first."""
@@ -210,13 +213,13 @@ def moda_fwd_tma_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, H
             bh = tile % n_bh
             _tile(pid_m, bh // Hk, bh % Hk, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale,
                   T, L, G, Hk, Hq, GP, BLOCK_M, BLOCK_N, HEAD_DIM, S, BL, USE_DESC, WS, DEPTH_FIRST, PREC,
-                  DEPTH_STAGES)
+                  DEPTH_STAGES, POLY)
     else:
         pid_m = n_mblocks - 1 - tl.program_id(0)
         bh = tl.program_id(1)
         _tile(pid_m, bh // Hk, bh % Hk, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale,
               T, L, G, Hk, Hq, GP, BLOCK_M, BLOCK_N, HEAD_DIM, S, BL, USE_DESC, WS, DEPTH_FIRST, PREC,
-              DEPTH_STAGES)
+              DEPTH_STAGES, POLY)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -330,16 +333,18 @@ def num_sms(device) -> int:
 def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, block_n: int = 64,
                  num_warps: int = 8, num_stages: int = 3, depth_sub: int = 0, block_l: int = 0,
                  depth_stages: int = 2, use_desc: bool = True, ws: bool = False, persistent: bool = False,
-                 depth_first: bool = False, maxnreg: int = 0):
+                 depth_first: bool = False, maxnreg: int = 0, poly: int = 0):
     """The descriptor forward's launch: returns (out, lse). q, k, v (and kd, vd unless None: L = 0)
     contiguous and, with use_desc, `aligned`; the caller checks shapes (`validate.check_inputs`).
-    maxnreg: registers a thread (0: the compiler's choice; ignored by the interpreter)."""
+    maxnreg: registers a thread (0: the compiler's choice; ignored by the interpreter). poly: the
+    sequence loop's `exp2_mix` share (0 or 2; 16-bit inputs only, float32 keeps the exponential unit)."""
     B, T, Hq, d = q.shape
     Hk = k.shape[2]
     L = 0 if kd is None else kd.shape[2]
     if kd is None:
         kd, vd = k, v  # never read: the depth loop runs no step
     gp, P, S, bl = depth_geometry(G, block_m, depth_sub, block_l)
+    poly = poly if q.dtype != torch.float32 else 0
     o = torch.empty_like(q)
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
     n_m = cdiv(T, P)
@@ -350,11 +355,11 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     # descriptor loads: every pointer 16-byte aligned (the caller's `aligned`), so the shape and
     # the tile configuration fix the launch's specialisation (`CachedLaunch`)
     key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, bool(ws),
-           bool(depth_first), bool(persistent), depth_stages, maxnreg) if use_desc else None
+           bool(depth_first), bool(persistent), depth_stages, maxnreg, poly) if use_desc else None
     _FWD_LAUNCH(key, grid, (q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
                 lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
                              WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
-                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages,
+                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, POLY=poly,
                              **launch_options(num_warps, num_stages, maxnreg)))
     return o, lse
 
