@@ -17,7 +17,7 @@ launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch
 arguments) by issuing it N times without a profiler. --variants: ';'-separated configs, each a
 ','-separated list of field=value of `MoDAConfig` (short names kv_n, kv_m, q_m, q_n, fwd_m for
 bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd (--pass
-fwd / bwd: the forward or the backward alone) in interleaved rounds against the default, with
+fwd / bwd: the forward or, eager only, the backward alone) in interleaved rounds against the default, with
 the graph timer and then the eager one (the suite's timing: ratios with 95% intervals). A
 diagnosis tool: its other numbers come from Python's clock, cProfile and torch.profiler, and none
 of it writes the suite's rows.
@@ -41,7 +41,7 @@ from moda_bench.ops.moda import moda_attention
 from moda_bench.ops.moda.config import check_config, resolve_config
 from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
 from moda_bench.ops.moda.validate import check_inputs
-from moda_bench.timing import RoundRule, make_inputs, time_fn, time_interleaved
+from moda_bench.timing import RoundRule, make_inputs, make_pass_fn, time_fn, time_interleaved
 
 SHORT = {"kv_n": "bwd_kv_block_n", "kv_m": "bwd_kv_block_m", "q_m": "bwd_q_block_m", "q_n": "bwd_q_block_n",
          "fwd_m": "block_m", "kv_w": "bwd_kv_warps", "q_w": "bwd_q_warps", "kv_s": "bwd_kv_stages",
@@ -205,21 +205,9 @@ def variants(x, leaves, spec: str, max_time: float = 3.0, pass_: str = "fwdbwd")
           f"(default: fwd {base.fwd_depth} m{base.block_m}; bwd {base.bwd_depth} q {base.bwd_q_block_m}x"
           f"{base.bwd_q_block_n} kv {base.bwd_kv_block_n}x{base.bwd_kv_block_m})")
     fns = {}
-    ins = [t for t in (q, k, v, kd, vd) if t is not None]
     for name, cfg in todo:
-        if pass_ == "fwd":
-            def fn(cfg=cfg):
-                with torch.no_grad():
-                    moda_attention(q, k, v, kd, vd, config=cfg)
-        elif pass_ == "bwd":  # the backward alone, of one forward kept with its graph
-            def fn(cfg=cfg, out=[]):
-                if not out:
-                    out.append(moda_attention(q, k, v, kd, vd, config=cfg))
-                torch.autograd.grad(out[0], ins, do, retain_graph=True)
-        else:
-            def fn(cfg=cfg):
-                moda_attention(q, k, v, kd, vd, config=cfg).backward(do)
         try:
+            fn = make_pass_fn(lambda cfg=cfg: moda_attention(q, k, v, kd, vd, config=cfg), x, pass_)
             fn()
         except Exception as e:  # a config the kernels refuse: say so, go on
             print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
@@ -227,7 +215,8 @@ def variants(x, leaves, spec: str, max_time: float = 3.0, pass_: str = "fwdbwd")
         fns[name] = fn
     for name, fn in fns.items():  # host time alone: calls issued back to back, fewer than the launch queue holds
         print(f"  host  {name:40s} {per_call_us(fn, 150):8.1f} us a call")
-    interleaved(fns, leaves, "default", ("graph", "eager"), max_time, width=40)
+    # the backward alone of a forward made outside a capture cannot be captured (autograd's stream)
+    interleaved(fns, leaves, "default", ("eager",) if pass_ == "bwd" else ("graph", "eager"), max_time, width=40)
 
 
 def launch_ab(x, leaves, max_time: float = 3.0) -> None:
