@@ -179,7 +179,7 @@ class BwdPlan(NamedTuple):
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
                kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
-               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, kv_order) -> BwdPlan:
+               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly) -> BwdPlan:
     """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
     gp = next_pow2(G)
     q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
@@ -211,15 +211,15 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                    DP_FIRST=bool(q_dp_first), POLY=q_poly, **launch_options(q_warps, q_stages, q_maxnreg))
     kv_meta = tuple(dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=use_desc, PREC=prec, STATS=stats,
                          CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl, DEPTH_STAGES=depth_stages,
-                         DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly, ORDER=kv_order,
+                         DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly,
                          **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
     split = chunk or kv_sub > 1
     return BwdPlan(RP, n_m, depth_grad,
                    (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly),
                    (B * Hk, n_m), lambda: dict(dq_meta),
                    tuple((shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps, kv_stages,
-                          kv_maxnreg, kv_poly, kv_order) for stats in (False, True)),
-                   (n_items + n_depth, B * Hk * kv_sub) if kv_order // 2 else (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
+                          kv_maxnreg, kv_poly) for stats in (False, True)),
+                   (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
                    B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
                    nch, n_items, n_tiles, n_depth)
 

@@ -212,7 +212,7 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
                CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
                DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr, NSUB: tl.constexpr,
-               POLY: tl.constexpr, ORDER: tl.constexpr):
+               POLY: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
     computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
     CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
@@ -230,12 +230,8 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     sub-groups: folded alike, they still compiled to more SASS and spills (`tools/sass_diff.py`)."""
     GS: tl.constexpr = GP // NSUB
     P: tl.constexpr = BM // GS
-    if ORDER // 2 == 1:  # grid (items, B*Hk*NSUB): a head's tiles before the next head's
-        bhs = tl.program_id(1)
-        u = tl.program_id(0)
-    else:
-        bhs = tl.program_id(0)
-        u = tl.program_id(1)
+    bhs = tl.program_id(0)
+    u = tl.program_id(1)
     if NSUB == 1:
         bh = bhs
         sub = 0
@@ -274,18 +270,18 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
         else:
             kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B,
                     T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, 0, GP, 1, BM, BN, D, USE_DESC, PREC, STATS,
-                    CHUNK, DP_FIRST, POLY, ORDER)
+                    CHUNK, DP_FIRST, POLY)
     else:
         kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T,
                 G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP, NSUB, BM, BN, D, USE_DESC, PREC, STATS, CHUNK,
-                DP_FIRST, POLY, ORDER)
+                DP_FIRST, POLY)
 
 
 @triton.jit
 def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G, Hk,
             RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr,
             BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
-            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr, ORDER: tl.constexpr):
+            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr):
     """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows, for
     the heads of sub-group `sub` (of NSUB)."""
     P: tl.constexpr = BM // (GP // NSUB)
@@ -314,22 +310,12 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
         diag_hi = tl.where(u == first, diag_end, n0)
         lo = diag_end + tl.cdiv(tl.maximum(c * CHUNK - diag_end, 0), P) * P
         hi = tl.minimum((c + 1) * CHUNK, T)
-    if ORDER % 2 == 1:  # the unmasked steps from the last rows down, then the diagonal ones
-        n_st = tl.cdiv(tl.maximum(hi - lo, 0), P)
-        for i in tl.range(0, n_st):
-            dk, dv = _kv_step(k, v, dk, dv, kn, lo + (n_st - 1 - i) * P, sub, Q, DO, O, LSE, qdesc, dodesc, odesc,
-                              LSE2, DELTA, b, j, bh, T, G, Hk, RP, qk_scale, GP, NSUB, BM, D, False, USE_DESC, PREC,
-                              STATS, DP_FIRST, POLY)
-        for t0 in range(n0, diag_hi, P):
-            dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh,
-                              T, G, Hk, RP, qk_scale, GP, NSUB, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST, POLY)
-    else:
-        for t0 in range(n0, diag_hi, P):  # positions whose rows see only part of the tile
-            dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh,
-                              T, G, Hk, RP, qk_scale, GP, NSUB, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST, POLY)
-        for t0 in tl.range(lo, hi, P):
-            dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh,
-                              T, G, Hk, RP, qk_scale, GP, NSUB, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST, POLY)
+    for t0 in range(n0, diag_hi, P):  # positions whose rows see only part of the tile
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
+                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST, POLY)
+    for t0 in tl.range(lo, hi, P):
+        dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
+                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST, POLY)
     if CHUNK == 0 and NSUB == 1:
         store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
     else:  # partials: nc chunks x NSUB sub-groups of the tile, in WS (B*Hk*NSUB, N_ITEMS, 2, BN, D)
@@ -497,7 +483,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
-                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, kv_order: int = 0):
+                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -529,7 +515,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
            q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
            depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
-           beside is not None, interpreting(), poly, kv_order)
+           beside is not None, interpreting(), poly)
     p = bwd_plan(key)
     lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
