@@ -95,32 +95,6 @@ def test_bwd_tma_dq_blocks_mixed_same_gradients(T, G, L):
     assert dq_mix(DQ_MIX_MAX_T, 1) and not dq_mix(DQ_MIX_MAX_T + 1, 64) and not dq_mix(1024, 0)
 
 
-@pytest.mark.parametrize("T,G,L", [(37, 8, 5), (29, 3, 1), (33, 1, 19), (50, 16, 0)])
-def test_bwd_tma_depth_beside(T, G, L):
-    """The depth part as its own launch of the dq kernel (depth_beside; run here one after the
-    other, either order): dk, dv and the depth gradients bitwise those of the fused dq pass, dq
-    equal to fp32 rounding (its depth share is added after the sequence part); L=0 ignores it."""
-    from helpers import bwd_tma_passes
-    run = bwd_tma_passes(T, G, L, seed=T + 3)
-    ref = run()
-    for order in ((0, 1), (1, 0)):
-        calls = []
-
-        def both(main, side, order=order):
-            calls.append(1)
-            for i in order:
-                (main, side)[i]()
-        got = run(depth_beside=both)
-        assert calls == ([1] if L else [])
-        for i, (a, b) in enumerate(zip(got, ref)):
-            if a is None or b is None:
-                assert a is None and b is None
-            elif i == 0:
-                assert rel_err(a, b) < 1e-6
-            else:
-                assert torch.equal(a, b)
-
-
 @pytest.mark.parametrize("T,G,L", [(37, 8, 5), (50, 16, 0)])
 def test_bwd_tma_dp_first_same_gradients(T, G, L):
     """Each pass's dp product issued before or after the exponentials (DP_FIRST, forced both ways

@@ -36,7 +36,7 @@ _BWD = dict(GP=8, BM=64, BN=64, D=64, USE_DESC=True, PREC="ieee", S=2, BL=16, DE
 CONSTEXPRS = {
     "kv": dict(_BWD, STATS=False, CHUNK=0, DEPTH_ITEMS=False, NSUB=1),
     "kvc": dict(_BWD, STATS=False, CHUNK=128, DEPTH_ITEMS=False, NSUB=1, DP_FIRST=True),
-    "dq": dict(_BWD, TAIL=64, DEPTH=True, MIX=False, SEQ=True),
+    "dq": dict(_BWD, TAIL=64, DEPTH=True, MIX=False),
     "fwd": dict(GP=8, BLOCK_M=128, BLOCK_N=64, HEAD_DIM=64, S=2, BL=16, USE_DESC=True, WS=False, DEPTH_FIRST=False,
                 PERSISTENT=False, PREC="ieee", DEPTH_STAGES=2, POLY=0),
 }

@@ -175,13 +175,11 @@ class BwdPlan(NamedTuple):
     n_items: int
     n_tiles: int
     n_depth: int
-    dd_key: tuple   # the depth part's own dq-kernel launch beside the sequence passes (depth_beside), or None
-    dd_meta: Callable
 
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
                kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
-               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, depth_beside) -> BwdPlan:
+               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly) -> BwdPlan:
     """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
     gp = next_pow2(G)
     q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
@@ -198,9 +196,6 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
     depth_items = depth_items and L > 0
     if depth_items and (kv_block_m != q_block_m or beside):
         raise ValueError("depth_items needs kv_block_m = q_block_m and the key-major pass after the dq pass")
-    depth_beside = depth_beside and L > 0
-    if depth_beside and (depth_items or beside):
-        raise ValueError("depth_beside runs the key-major pass after the dq pass, without depth items")
     if kv_chunk and (kv_chunk % kv_block_n or kv_chunk < 0):
         raise ValueError(f"kv_chunk={kv_chunk} is not a positive multiple of kv_block_n={kv_block_n}")
     n_tiles = cdiv(T, kv_block_n)
@@ -211,27 +206,22 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
     # partials, every pointer 16-byte aligned (the caller's `aligned`; lse checked per call)
     shape_key = (dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, kv_block_m, S, bl, depth_grad, prec,
                  depth_stages, kv_sub)
-    dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl,
-                   DEPTH=L > 0 and not depth_items and not depth_beside, DEPTH_GRAD=depth_grad, USE_DESC=use_desc,
-                   PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix and not depth_beside, DP_FIRST=bool(q_dp_first),
-                   POLY=q_poly, SEQ=True, **launch_options(q_warps, q_stages, q_maxnreg))
-    dd_meta = dict(dq_meta, DEPTH=True, SEQ=False, MIX=False)
+    dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl, DEPTH=L > 0 and not depth_items,
+                   DEPTH_GRAD=depth_grad, USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix,
+                   DP_FIRST=bool(q_dp_first), POLY=q_poly, **launch_options(q_warps, q_stages, q_maxnreg))
     kv_meta = tuple(dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=use_desc, PREC=prec, STATS=stats,
                          CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl, DEPTH_STAGES=depth_stages,
                          DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly,
                          **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
     split = chunk or kv_sub > 1
     return BwdPlan(RP, n_m, depth_grad,
-                   (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly,
-                    depth_beside),
+                   (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly),
                    (B * Hk, n_m), lambda: dict(dq_meta),
                    tuple((shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps, kv_stages,
                           kv_maxnreg, kv_poly) for stats in (False, True)),
                    (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
                    B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
-                   nch, n_items, n_tiles, n_depth,
-                   (shape_key, q_block_n, "depth", q_warps, q_stages, q_maxnreg) if depth_beside else None,
-                   lambda: dict(dd_meta))
+                   nch, n_items, n_tiles, n_depth)
 
 
 _PLANS: dict = {}

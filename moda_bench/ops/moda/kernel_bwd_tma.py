@@ -421,12 +421,10 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
                n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
                USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
-               DP_FIRST: tl.constexpr, POLY: tl.constexpr, SEQ: tl.constexpr):
+               DP_FIRST: tl.constexpr, POLY: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
-    n_m), the last row block first, or (MIX) the last, the first, the last but one, ... SEQ=False
-    (DEPTH): the depth part alone, as a launch beside the sequence passes: the rows' statistics
-    computed but not stored, DQ (float32) gets the depth share of dq."""
+    n_m), the last row block first, or (MIX) the last, the first, the last but one, ..."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
     i = tl.program_id(1)
@@ -461,21 +459,20 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     t = r // GP
     optr, ok = rows_ptr(b, j, 0, r, T, G, G * Hk, GP, D)
     lse2, delta = row_stats(do, O, None, LSE, b, j, t0, T, G, Hk, GP, BM, D, False)  # o by pointers, as dq's store
+    tl.store(LSE2 + bh * RP + r, lse2)
+    tl.store(DELTA + bh * RP + r, delta)
+    if tl.program_id(1) == 0:  # the last block: the TAIL rows after it, read by the key-major pass's last steps
+        rt = n_m * BM + tl.arange(0, TAIL)
+        tl.store(LSE2 + bh * RP + rt, tl.full([TAIL], float("inf"), tl.float32))
+        tl.store(DELTA + bh * RP + rt, tl.zeros([TAIL], tl.float32))
     dq = tl.zeros([BM, D], tl.float32)
-    if SEQ:
-        tl.store(LSE2 + bh * RP + r, lse2)
-        tl.store(DELTA + bh * RP + r, delta)
-        if tl.program_id(1) == 0:  # the last block: the TAIL rows after it, read by the key-major pass's last steps
-            rt = n_m * BM + tl.arange(0, TAIL)
-            tl.store(LSE2 + bh * RP + rt, tl.full([TAIL], float("inf"), tl.float32))
-            tl.store(DELTA + bh * RP + rt, tl.zeros([TAIL], tl.float32))
-        n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
-        for n0 in tl.range(0, n_full, BN):
-            dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                         False, USE_DESC, PREC, DP_FIRST, POLY)
-        for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
-            dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                         True, USE_DESC, PREC, DP_FIRST, POLY)
+    n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
+    for n0 in tl.range(0, n_full, BN):
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     False, USE_DESC, PREC, DP_FIRST, POLY)
+    for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     True, USE_DESC, PREC, DP_FIRST, POLY)
     if DEPTH:
         dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
@@ -486,7 +483,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
-                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, depth_beside=None):
+                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -505,10 +502,6 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     dp_first: (key-major pass, dq pass) booleans, each pass's dp product issued before its
     exponentials; None: the key-major pass by `kernel_bwd_rules.dp_first` of its register cap,
     the dq pass after.
-    depth_beside (L > 0; not with beside or depth_items): a function like beside, given the sequence
-    passes (dq pass without its depth part, then the key-major pass) and the depth part as its own
-    launch of the dq kernel (SEQ=False: its rows' statistics recomputed, its dq share in float32),
-    to run concurrently; dq += that share after both.
     beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
     function beside(main, side) instead gets the two launches as callables, to run them
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
@@ -522,7 +515,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
            q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
            depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
-           beside is not None, interpreting(), poly, depth_beside is not None)
+           beside is not None, interpreting(), poly)
     p = bwd_plan(key)
     lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
@@ -550,16 +543,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                    (q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale,
                     B, T, L, max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth), p.kv_meta[stats])
 
-    if p.dd_key is not None:  # the depth part's own launch beside the sequence passes, its dq share added after
-        dq_d = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-
-        def depth_pass():
-            _DQ_LAUNCH(p.dd_key if cached else None, p.dq_grid,
-                       (q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq_d, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
-                        max(L, 1), G, Hk, p.RP, p.n_m), p.dd_meta)
-        depth_beside(lambda: (dq_pass(), kv_pass(False)), depth_pass)
-        dq.add_(dq_d)
-    elif beside is None:
+    if beside is None:
         dq_pass()
         kv_pass(False)
     else:
