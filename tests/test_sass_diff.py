@@ -43,3 +43,24 @@ def test_signature_from_parameter_names(tmp_path):
     out = subprocess.run([sys.executable, str(script), str(ROOT / "tools")], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_loop_mix_reads_backward_branches():
+    """`loop_mix` on a hand-made listing: one loop (the backward BRA and what it jumps over, a
+    predicated branch too), opcodes without modifiers or predicates; a forward branch is no loop."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sass_diff_mod", ROOT / "tools" / "sass_diff.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    listing = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   BRA 0x60 ;
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 gdesc[UR4], RZ, !UPT ;
+        /*0030*/                   MUFU.EX2 R2, R3 ;
+        /*0040*/                   FFMA R4, R5, R6, R7 ;
+        /*0050*/              @P0  MUFU.EX2 R8, R9 ;
+        /*0060*/              @!P1 BRA 0x20 ;
+        /*0070*/                   EXIT ;
+    """
+    loops = mod.loop_mix(listing)
+    assert loops == [(0x20, 0x60, 5, [("MUFU", 2), ("HGMMA", 1), ("FFMA", 1), ("BRA", 1)])]

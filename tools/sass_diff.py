@@ -17,10 +17,22 @@ launch options. Against --rev HEAD it reports one version's usage. Only the kern
 revision: the helpers it imports from other modules come from the working tree. The Triton here
 need not be the device's: identical SASS under it is evidence, not proof, for the device's.
 Exit status 0 when identical, 1 when not.
+
+--loops (no --rev needed) prints, for the working tree's kernel, every loop of its SASS (a
+backward branch and the instructions it jumps over) with its instruction count and opcode mix:
+what one iteration issues per warp. Divided by a step's score elements per thread it gives the
+instructions an element costs, the number that shows whether a pass is bound by instruction
+issue, the exponential unit (MUFU) or the tensor cores (HGMMA) (docs/PERFORMANCE.md, row 32).
+"inner" loops hold no other; an "outer" one spans others (also where ptxas lays a barrier's
+retry path after the kernel's end and branches back from it):
+
+    python3 tools/sass_diff.py --loops --kernel fwd
+    python3 tools/sass_diff.py --loops --kernel dq --set DEPTH=False
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import os
 import re
@@ -78,8 +90,29 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_sass(path: str, kernel: str, constexprs: dict, options: dict) -> tuple[str, str]:
-    """(resource-usage line, normalised SASS instructions) of `kernel` in the module file `path`."""
+def loop_mix(sass: str, top: int = 12) -> list[tuple[int, int, int, list]]:
+    """The loops of a cuobjdump SASS listing: (first address, branch address, instructions, the
+    `top` most frequent opcodes with their counts) for every backward branch (BRA to a lower
+    address), in address order. An opcode is the mnemonic without its modifiers and predicate."""
+    ins = []
+    for ln in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", ln)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    loops = []
+    for addr, text in ins:
+        op = re.sub(r"^@!?U?P[T0-9]+\s+", "", text)
+        target = re.search(r"0x([0-9a-f]+)", op) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            body = [re.sub(r"^@!?U?P[T0-9]+\s+", "", t).split()[0].split(".")[0] for a, t in ins if lo <= a <= addr]
+            loops.append((lo, addr, len(body), collections.Counter(body).most_common(top)))
+    return sorted(loops)
+
+
+def compile_sass(path: str, kernel: str, constexprs: dict, options: dict, raw: bool = False):
+    """(resource-usage line, normalised SASS instructions) of `kernel` in the module file `path`;
+    raw: the listing as cuobjdump printed it, addresses kept (`loop_mix`), instead of the instructions."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -101,6 +134,8 @@ def compile_sass(path: str, kernel: str, constexprs: dict, options: dict) -> tup
     lines = [re.sub(r"\s+", " ", re.sub(r"/\*.*?\*/", "", ln)).strip() for ln in sass.splitlines()
              if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
     usage = next((ln.strip() for ln in res.splitlines() if "REG:" in ln), "?")
+    if raw:
+        return usage, sass
     spills = f"STL {sum(1 for ln in lines if ln.startswith('STL') or ' STL' in ln)}, " \
              f"LDL {sum(1 for ln in lines if ln.startswith('LDL') or ' LDL' in ln)}"
     return f"{usage}; {len(lines)} instructions; {spills}", "\n".join(lines)
@@ -108,7 +143,8 @@ def compile_sass(path: str, kernel: str, constexprs: dict, options: dict) -> tup
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rev", required=True, help="git revision to compare the working tree with")
+    p.add_argument("--rev", default=None, help="git revision to compare the working tree with")
+    p.add_argument("--loops", action="store_true", help="the working tree's loops: instructions and opcode mix")
     p.add_argument("--kernel", choices=sorted(KERNELS), default="kv")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a constexpr")
     p.add_argument("--warps", type=int, default=None, help="num_warps (default: the preset's)")
@@ -128,6 +164,17 @@ def main() -> int:
                           check=True).stdout.strip()
     sys.path.insert(0, root)
     rel = FILES[a.kernel]
+    if a.loops:
+        usage, sass = compile_sass(os.path.join(root, rel), KERNELS[a.kernel], consts, options, raw=True)
+        print(f"{a.kernel} working tree: {usage}")
+        loops = loop_mix(sass)
+        for lo, hi, n, mix in loops:
+            inner = not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b, _, _ in loops)
+            print(f"  {'inner' if inner else 'outer'} loop {lo:#06x}-{hi:#06x}: {n:5d} instructions: "
+                  + ", ".join(f"{op} {c}" for op, c in mix))
+        return 0
+    if a.rev is None:
+        p.error("--rev is required unless --loops")
     old = subprocess.run(["git", "show", f"{a.rev}:{rel}"], capture_output=True, text=True, cwd=root)
     if old.returncode:
         print(f"sass_diff: {rel} not in {a.rev}: {old.stderr.strip()}")
