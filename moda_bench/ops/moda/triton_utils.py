@@ -1,7 +1,8 @@
 """Small pieces shared by the Triton kernels: the dot-product precision, a launch's warps, stages
-and register cap (`launch_options`), and the addressing that the fused kernel's forward and
+and register cap (`launch_options`), the addressing that the fused kernel's forward and
 backward passes share (folded rows `row_ptrs`, depth sub-tiles `depth_tile`, the causal key range
-of a block `key_span`).
+of a block `key_span`), and 2**x on the FMA pipe for a share of a tile (`exp2_fma`, `exp2_mix`:
+`MoDAConfig.exp_poly`, an ablation measured slower on the H100, docs/PERFORMANCE.md row 32).
 
 `dot_precision(dtype)` picks the `PREC` constexpr every kernel passes to `mm` / `mm_acc`:
 - "ieee" for float32 inputs (true fp32 products; tf32 would cost ~3e-4 relative error),
