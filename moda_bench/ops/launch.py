@@ -20,8 +20,9 @@ them. A key of None, a Triton without that launcher interface, the interpreter, 
 hook installed, or `MODA_BENCH_FAST_LAUNCH=0` in the environment all take Triton's own path.
 Users: MoDA's descriptor forward, dq pass and key-major pass (`kernel_fwd_tma`, `kernel_bwd_tma`),
 its pointer kernels' forward, q-major, key-major and depth-only launches (`kernel`: keyed by
-strides too), and decode's split and combine kernels (`ops.decode.kernel`); the merge and delta
-kernels and Depth-Attention's launches still go through Triton at every call.
+strides too), decode's split and combine kernels (`ops.decode.kernel`) and Depth-Attention's
+mix forward and backward (`ops.dattn.mix_kernel`: keyed by every integer argument's value and
+every tensor's dtype); MoDA's merge and delta kernels still go through Triton at every call.
 """
 from __future__ import annotations
 

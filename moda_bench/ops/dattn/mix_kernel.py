@@ -37,6 +37,11 @@ Design (memory-bound: every byte is read or written once):
   that backward's dq and dk (read, add in fp32, write): no separate gradient-sum kernels, and
   1.5 fewer q-sized passes over HBM than writing the share for autograd to add.
 * S = 0 is not launched: `depth_mix` returns v itself (alpha_own = 1).
+* Launches: both go through `ops.launch.CachedLaunch` (`_FWD_LAUNCH`, `_BWD_LAUNCH`), keyed by
+  `launch_key`: the dtypes of every tensor argument, every integer argument's value (rows, T,
+  Hk, S, all strides), the constexprs and num_warps, or None (Triton's own path) unless every
+  pointer is 16-byte aligned. A repeated key skips Triton's per-call binding and specialisation
+  (15-30 us of host time a launch) and calls the same compiled kernel.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ import triton.language as tl
 
 from moda_bench import floor
 from moda_bench.ops.dattn.validate import DAttnShape, check_dattn_inputs
-from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
 
 MIX_PASSES = ("fwd", "bwd", "fwdbwd")
 
@@ -244,14 +249,22 @@ def mix_fwd(q, k, v, k_src, v_src, scale: float, shape: DAttnShape, block_r: int
     n_rows = shape.B * shape.T * shape.Hk
     vm = torch.empty((shape.B, shape.T, shape.Hk, shape.d), device=v.device, dtype=v.dtype)
     lse = torch.empty(n_rows, device=v.device, dtype=torch.float32)
+    _FWD_LAUNCH(*fwd_launch(q, k, v, k_src, v_src, vm, lse, scale, shape, block_r, num_warps))
+    return vm, lse
+
+
+def fwd_launch(q, k, v, k_src, v_src, vm, lse, scale: float, shape: DAttnShape, block_r: int | None = None,
+               num_warps: int | None = None):
+    """(key, grid, args, meta) of `mix_fwd_kernel`'s launch for `CachedLaunch` (`launch_key`)."""
+    n_rows = shape.B * shape.T * shape.Hk
     ks, vs, src_strides = source_args(k, v, k_src, v_src)
     tiles = mix_tiles(shape.d, shape.S, "fwd")
     block_r, warps = block_r or tiles[0], num_warps or tiles[1]
-    mix_fwd_kernel[(cdiv(n_rows, block_r),)](
-        q, k, v, ks, vs, vm, lse, n_rows, shape.T, shape.Hk, shape.S, scale / shape.G,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *src_strides,
-        G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d, num_warps=warps)
-    return vm, lse
+    tensors = (q, k, v, ks, vs, vm, lse)
+    ints = (n_rows, shape.T, shape.Hk, shape.S, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *src_strides)
+    meta = dict(G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d, num_warps=warps)
+    return (launch_key(tensors, ints, tuple(meta.values())), (cdiv(n_rows, block_r),),
+            (*tensors, *ints[:4], scale / shape.G, *ints[4:]), lambda: meta)
 
 
 def mix_bwd(dvm, q, k, v, k_src, v_src, lse, scale: float, shape: DAttnShape, block_r: int | None = None,
@@ -261,7 +274,6 @@ def mix_bwd(dvm, q, k, v, k_src, v_src, lse, scale: float, shape: DAttnShape, bl
     dq_into, dk_into (both or neither; q's and k's shape and dtype, unit last stride): the mix's
     dq share and dk are added to them in place (the sequence attention's dq and dk: no separate
     gradient sum) and they are what is returned."""
-    n_rows = shape.B * shape.T * shape.Hk
     dvm = unit_last_stride(dvm)
     accum = dq_into is not None
     if accum != (dk_into is not None):
@@ -276,22 +288,47 @@ def mix_bwd(dvm, q, k, v, k_src, v_src, lse, scale: float, shape: DAttnShape, bl
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
-    ks, vs, src_strides = source_args(k, v, k_src, v_src)
     if k_src is None:
         dks = dvs = None
-        dks_, dvs_ = dk, dv  # never written (S = 0)
     else:
         dks = torch.empty(k_src.shape, device=k.device, dtype=k_src.dtype)
         dvs = torch.empty(v_src.shape, device=v.device, dtype=v_src.dtype)
-        dks_, dvs_ = dks, dvs
+    _BWD_LAUNCH(*bwd_launch(dvm, q, k, v, k_src, v_src, lse, dq, dk, dv, dks, dvs, scale, shape, block_r, num_warps,
+                            accum))
+    return dq, dk, dv, dks, dvs
+
+
+def bwd_launch(dvm, q, k, v, k_src, v_src, lse, dq, dk, dv, dks, dvs, scale: float, shape: DAttnShape,
+               block_r: int | None = None, num_warps: int | None = None, accum: bool = False):
+    """(key, grid, args, meta) of `mix_bwd_kernel`'s launch for `CachedLaunch` (`launch_key`);
+    dvm with a unit last stride; dks = dvs = None for S = 0 (dk, dv stand in, never written)."""
+    n_rows = shape.B * shape.T * shape.Hk
+    ks, vs, src_strides = source_args(k, v, k_src, v_src)
+    if dks is None:
+        dks, dvs = dk, dv
     tiles = mix_tiles(shape.d, shape.S, "bwd")
     block_r, warps = block_r or tiles[0], num_warps or tiles[1]
-    mix_bwd_kernel[(cdiv(n_rows, block_r),)](
-        q, k, v, ks, vs, dvm, lse, dq, dk, dv, dks_, dvs_, n_rows, shape.T, shape.Hk, shape.S,
-        scale / shape.G, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *src_strides,
-        *dvm.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d,
-        SP=sources_pad(shape.S), ACCUM=accum, num_warps=warps)
-    return dq, dk, dv, dks, dvs
+    tensors = (q, k, v, ks, vs, dvm, lse, dq, dk, dv, dks, dvs)
+    ints = (n_rows, shape.T, shape.Hk, shape.S, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *src_strides,
+            *dvm.stride()[:3], *dq.stride()[:3], *dk.stride()[:3])
+    meta = dict(G=shape.G, BLOCK_R=block_r, HEAD_DIM=shape.d, SP=sources_pad(shape.S), ACCUM=accum, num_warps=warps)
+    return (launch_key(tensors, ints, tuple(meta.values())), (cdiv(n_rows, block_r),),
+            (*tensors, *ints[:4], scale / shape.G, *ints[4:]), lambda: meta)
+
+
+def launch_key(tensors: tuple, ints: tuple, consts: tuple):
+    """A `CachedLaunch` key fixing every specialisation Triton makes of a mix launch, or None
+    (Triton's own path) unless every pointer is 16-byte aligned: the dtypes of all tensor
+    arguments, the integer arguments' values (which fix their type, i32 or i64, and their
+    classes: 1, a multiple of 16, other) and the constexprs and launch options. The one float
+    argument (scale / G) is not specialised. With S = 0 the stand-in source tensors and their
+    strides (k's and v's) are in it like any others, and S = 0 itself."""
+    if any(t.data_ptr() % 16 for t in tensors):
+        return None
+    return tuple(t.dtype for t in tensors), ints, consts
+
+
+_FWD_LAUNCH, _BWD_LAUNCH = CachedLaunch(mix_fwd_kernel), CachedLaunch(mix_bwd_kernel)
 
 
 class DepthMixFunction(torch.autograd.Function):
