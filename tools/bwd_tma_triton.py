@@ -152,10 +152,10 @@ def _dq_kernel(Q, K, V, KD, VD, DO, LSE2, DELTA, DQ, DQA, DKD, DVD, qk_scale, sm
         n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
         for n0 in tl.range(0, n_full, BN):
             dq = dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                         False, USE_DESC, PREC, False)
+                         False, USE_DESC, PREC, False, 0)
         for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
             dq = dq_step(q, do, lse2, delta, r // GP, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                         True, USE_DESC, PREC, False)
+                         True, USE_DESC, PREC, False, 0)
     if DEPTH:
         dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, True)
