@@ -50,7 +50,7 @@ CONSTEXPRS = {
     "kvc": dict(_BWD, STATS=False, CHUNK=128, DEPTH_ITEMS=False, NSUB=1, DP_FIRST=True),
     "dq": dict(_BWD, TAIL=64, DEPTH=True, MIX=False),
     "fwd": dict(GP=8, BLOCK_M=128, BLOCK_N=64, HEAD_DIM=64, S=2, BL=16, USE_DESC=True, WS=False, DEPTH_FIRST=False,
-                PERSISTENT=False, PREC="ieee", DEPTH_STAGES=2, POLY=0, ROT=False),
+                PERSISTENT=False, PREC="ieee", DEPTH_STAGES=2, POLY=0),
 }
 OPTIONS = {"kv": dict(num_warps=4, num_stages=3, maxnreg=168), "kvc": dict(num_warps=4, num_stages=3),
            "dq": dict(num_warps=4, num_stages=3, maxnreg=168), "fwd": dict(num_warps=8, num_stages=3)}

@@ -77,35 +77,6 @@ def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_
 
 
 @triton.jit
-def _seq_rotated(q, acc, m_i, l_i, kdesc, vdesc, b, j, n_full, T, qk_scale, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr):
-    """The unmasked key tiles [0, n_full) (n_full > 0) in a rotated loop: a step first adds the
-    previous tile's p v (a synchronous product), then issues the next tile's scores, whose result
-    is read only after the next step's wait (Triton's Hopper pipeliner then leaves it in flight),
-    then does the softmax of the current tile while that product runs on the tensor cores. The
-    first step's p v is of zeros and the last step's next scores repeat its own tile."""
-    if n_full > 0:
-        qk = mm(q, tl.trans(kdesc.load([b * T, j * HEAD_DIM])), PREC)
-        p = tl.zeros([BLOCK_M, BLOCK_N], q.dtype)
-        alpha = tl.full([BLOCK_M], 1.0, tl.float32)
-        for start_n in tl.range(0, n_full, BLOCK_N):
-            acc = acc * alpha[:, None]
-            acc = mm_acc(p, vdesc.load([b * T + tl.maximum(start_n - BLOCK_N, 0), j * HEAD_DIM]), acc, PREC)
-            nxt = tl.minimum(start_n + BLOCK_N, n_full - BLOCK_N)
-            qk_nx = mm(q, tl.trans(kdesc.load([b * T + nxt, j * HEAD_DIM])), PREC)
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            pf = tl.math.exp2(qk * qk_scale - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(pf, 1)
-            p = pf.to(q.dtype)
-            m_i = m_new
-            qk = qk_nx
-        acc = acc * alpha[:, None]
-        acc = mm_acc(p, vdesc.load([b * T + n_full - BLOCK_N, j * HEAD_DIM]), acc, PREC)
-    return acc, m_i, l_i
-
-
-@triton.jit
 def rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
     """Descriptor of a (B,T,Hq,D) tensor (q, o, do) in boxes of P positions x GP heads: one folded row block."""
     return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
@@ -177,7 +148,7 @@ def depth_phase(q, acc, m_i, l_i, KD, VD, kddesc, vddesc, b, j, t0, T, L, Hk, qk
 def _tile(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale, T, L, G, Hk, Hq,
           GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, S: tl.constexpr,
           BL: tl.constexpr, USE_DESC: tl.constexpr, WS: tl.constexpr, DEPTH_FIRST: tl.constexpr,
-          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr, ROT: tl.constexpr):
+          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr):
     """One block of BLOCK_M folded rows of (batch b, KV head j): both phases, then the epilogue."""
     P: tl.constexpr = BLOCK_M // GP
     t0 = pid_m * P
@@ -199,13 +170,9 @@ def _tile(pid_m, b, j, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vdd
                                      GP, BLOCK_M, HEAD_DIM, S, BL, USE_DESC, PREC, DEPTH_STAGES)
     n_full = (t0 // BLOCK_N) * BLOCK_N  # keys below every row's position: no mask
     t_end = tl.minimum(t0 + P, T)
-    if ROT and USE_DESC:
-        acc, m_i, l_i = _seq_rotated(q, acc, m_i, l_i, kdesc, vdesc, b, j, n_full, T, qk_scale, BLOCK_M, BLOCK_N,
-                                     HEAD_DIM, PREC)
-    else:
-        for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS):
-            acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
-                                      BLOCK_N, HEAD_DIM, USE_DESC, False, PREC, POLY)
+    for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS):
+        acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
+                                  BLOCK_N, HEAD_DIM, USE_DESC, False, PREC, POLY)
     for start_n in range(n_full, t_end, BLOCK_N):
         acc, m_i, l_i = _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_scale,
                                   BLOCK_N, HEAD_DIM, USE_DESC, True, PREC, POLY)
@@ -223,8 +190,7 @@ def moda_fwd_tma_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, H
                           GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HEAD_DIM: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, USE_DESC: tl.constexpr,
                           WS: tl.constexpr, DEPTH_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
-                          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr,
-                          ROT: tl.constexpr):
+                          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr):
     """All inputs contiguous. LD = max(L, 1) sizes the depth descriptors (KD/VD alias K/V when
     L = 0; the depth loop then runs no step). Grid: (n_mblocks, B*Hk), or (programs,) when
     PERSISTENT; row blocks are visited heaviest (last) first."""
@@ -247,13 +213,13 @@ def moda_fwd_tma_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, H
             bh = tile % n_bh
             _tile(pid_m, bh // Hk, bh % Hk, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale,
                   T, L, G, Hk, Hq, GP, BLOCK_M, BLOCK_N, HEAD_DIM, S, BL, USE_DESC, WS, DEPTH_FIRST, PREC,
-                  DEPTH_STAGES, POLY, ROT)
+                  DEPTH_STAGES, POLY)
     else:
         pid_m = n_mblocks - 1 - tl.program_id(0)
         bh = tl.program_id(1)
         _tile(pid_m, bh // Hk, bh % Hk, Q, K, V, KD, VD, O, LSE, qdesc, kdesc, vdesc, kddesc, vddesc, qk_scale,
               T, L, G, Hk, Hq, GP, BLOCK_M, BLOCK_N, HEAD_DIM, S, BL, USE_DESC, WS, DEPTH_FIRST, PREC,
-              DEPTH_STAGES, POLY, ROT)
+              DEPTH_STAGES, POLY)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -367,7 +333,7 @@ def num_sms(device) -> int:
 def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, block_n: int = 64,
                  num_warps: int = 8, num_stages: int = 3, depth_sub: int = 0, block_l: int = 0,
                  depth_stages: int = 2, use_desc: bool = True, ws: bool = False, persistent: bool = False,
-                 depth_first: bool = False, maxnreg: int = 0, poly: int = 0, rot: bool = False):
+                 depth_first: bool = False, maxnreg: int = 0, poly: int = 0):
     """The descriptor forward's launch: returns (out, lse). q, k, v (and kd, vd unless None: L = 0)
     contiguous and, with use_desc, `aligned`; the caller checks shapes (`validate.check_inputs`).
     maxnreg: registers a thread (0: the compiler's choice; ignored by the interpreter). poly: the
@@ -389,11 +355,11 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     # descriptor loads: every pointer 16-byte aligned (the caller's `aligned`), so the shape and
     # the tile configuration fix the launch's specialisation (`CachedLaunch`)
     key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, bool(ws),
-           bool(depth_first), bool(persistent), depth_stages, maxnreg, poly, bool(rot)) if use_desc else None
+           bool(depth_first), bool(persistent), depth_stages, maxnreg, poly) if use_desc else None
     _FWD_LAUNCH(key, grid, (q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
                 lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
                              WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
-                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, POLY=poly, ROT=bool(rot),
+                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, POLY=poly,
                              **launch_options(num_warps, num_stages, maxnreg)))
     return o, lse
 
