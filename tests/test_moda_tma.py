@@ -206,4 +206,3 @@ def test_bwd_tma_launches_with_descriptors(monkeypatch):
     moda_attention(q2, k2, v2, config=MoDAConfig(bwd_tma=True, bwd_kv_block_m=16, bwd_q_block_m=32,
                                                   block_m=32)).sum().backward()
     assert seen == [("q", True), ("kv", False)]
-
