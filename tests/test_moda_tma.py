@@ -118,8 +118,8 @@ def test_tma_default_choice(monkeypatch):
     assert config_mod.default_config(shape, torch.bfloat16).fwd_depth != "tma"  # no CUDA
     monkeypatch.setattr(config_mod, "tma_default", lambda s, dt=None: True)
     cfg = config_mod.default_config(shape, torch.bfloat16)
-    assert (cfg.fwd_depth, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == ("tma", 128, 64, 8, 3)
-    assert cfg.block_l == 32  # G=8: 2 positions x 16 entries a step, 16 positions x 16 = 256 rows
+    assert (cfg.fwd_depth, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == ("tma", 64, 64, 4, 3)
+    assert cfg.block_l == 32  # G=8: 2 positions x 16 entries a step, 8 positions x 16 = 128 rows
     config_mod.check_config(cfg, 8)
     assert config_mod.tma_block_l(1, 128) == 32 and config_mod.tma_block_l(16, 128) == 32
     assert config_mod.tma_block_l(2, 64) == 64
@@ -145,7 +145,7 @@ def test_tma_default_choice(monkeypatch):
     g32 = config_mod.default_config(MoDAShape(B=1, T=8192, Hq=256, Hk=8, d=64, L=64), torch.bfloat16)
     assert (g32.fwd_depth, g32.block_m, g32.num_warps, g32.fwd_maxnreg, g32.block_l) == ("tma", 64, 4, 168, 32)
     g8 = config_mod.default_config(MoDAShape(B=1, T=8192, Hq=64, Hk=8, d=64, L=64), torch.bfloat16)
-    assert (g8.block_m, g8.num_warps, g8.fwd_maxnreg) == (128, 8, 0)
+    assert (g8.block_m, g8.num_warps, g8.fwd_maxnreg) == (64, 4, 0)
     config_mod.check_config(g32, 32)
     with pytest.raises(ValueError, match="fwd_maxnreg"):
         config_mod.check_config(g32.replace(fwd_maxnreg=300), 32)
@@ -164,13 +164,16 @@ def test_tma_depth_utilization():
 
 # ------------------------------------------------------------------ GPU
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [64, 128], ids=["64x4w", "128x8w"])
 @pytest.mark.parametrize("T,G,L", [(1000, 8, 64), (4099, 2, 256), (777, 1, 0), (333, 16, 1)])
-def test_gpu_tma_bf16(T, G, L):
-    """The tma forward's default tiles at realistic odd sizes, out and gradients against an fp32
-    reference (the backward runs on its o, lse)."""
+def test_gpu_tma_bf16(T, G, L, rows):
+    """The tma forward's tiles at realistic odd sizes, the default's (64 rows on 4 warps) and the
+    earlier default's (128 on 8), out and gradients against an fp32 reference (the backward runs
+    on its o, lse)."""
     cfg = config_mod.default_config(MoDAShape(B=1, T=T, Hq=8 * G, Hk=8, d=64, L=L), torch.bfloat16)
-    cfg = cfg.replace(fwd_depth="tma", block_m=max(128, config_mod.group_pad(G)), block_n=64, num_warps=8,
-                      num_stages=3, block_l=config_mod.tma_block_l(G, max(128, config_mod.group_pad(G))))
+    bm = max(rows, config_mod.group_pad(G))
+    cfg = cfg.replace(fwd_depth="tma", block_m=bm, block_n=64, num_warps=rows // 16, num_stages=3,
+                      block_l=config_mod.tma_block_l(G, bm, 256, 32))
     errs = check_against_reference(_moda_lse, 1, T, 8 * G, 8, 64, L, torch.bfloat16, ref_dtype=torch.float32,
                                    config=cfg)
     print(f"tma T={T} G={G} L={L} rel errors: " + ", ".join(f"{k}={v:.2e}" for k, v in errs.items()))
