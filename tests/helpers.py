@@ -161,3 +161,30 @@ def graph_replayed(step, leaves, replays: int = 1) -> None:
         graph.replay()
     torch.cuda.synchronize()
 
+
+def cached_against_tritons(monkeypatch, step):
+    """step() (returning tensors) through Triton's own launch path, then twice with the
+    `ops.launch.CachedLaunch` cache on: (launches the second cached call took from the cache,
+    whether its results are bitwise the first's). GPU tests only (the interpreter never caches)."""
+    from moda_bench.ops import launch
+    hits = []
+    idle = launch._hooks_idle   # asked only when a launch repeats from the cache
+    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
+
+    def run():
+        res = [x.detach().clone() for x in step()]
+        torch.cuda.synchronize()
+        return res
+
+    old = launch.set_fast_launch(False)
+    try:
+        ref = run()
+    finally:
+        launch.set_fast_launch(old)
+    monkeypatch.setattr(launch, "_FAST", True)
+    run()
+    n = len(hits)
+    got = run()
+    monkeypatch.setattr(launch, "_hooks_idle", idle)
+    same = len(ref) == len(got) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ref, got))
+    return len(hits) - n, same

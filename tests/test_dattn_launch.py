@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import random_inputs
+from helpers import cached_against_tritons, random_inputs
 from moda_bench.ops import dattn
 from moda_bench.ops.dattn import mix_kernel as mk
 
@@ -145,33 +145,6 @@ def _step_direct(ins, cot, accum):
     return [vm, lse, *(g for g in grads if g is not None)]
 
 
-def _cached_against_tritons(monkeypatch, step):
-    """step() through Triton's own launch path, then twice with the cache on: (launches the second
-    cached call took from the cache, whether its results are bitwise the first's)."""
-    from moda_bench.ops import launch
-    hits = []
-    idle = launch._hooks_idle   # asked only when a launch repeats from the cache
-    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
-
-    def run():
-        res = [x.detach().clone() for x in step()]
-        torch.cuda.synchronize()
-        return res
-
-    old = launch.set_fast_launch(False)
-    try:
-        ref = run()
-    finally:
-        launch.set_fast_launch(old)
-    monkeypatch.setattr(launch, "_FAST", True)
-    run()
-    n = len(hits)
-    got = run()
-    monkeypatch.setattr(launch, "_hooks_idle", idle)
-    same = len(ref) == len(got) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ref, got))
-    return len(hits) - n, same
-
-
 GPU_CASES = [(1, 333, 4, 2, 64, 5), (2, 77, 1, 3, 32, 1), (1, 129, 8, 1, 128, 16), (1, 1001, 2, 2, 16, 0)]
 
 
@@ -197,11 +170,11 @@ def test_gpu_cached_mix_launches_give_tritons_results(monkeypatch, dtype):
             "composed": lambda: _step_attention(ins, (do, dvm), _math_attention),
             "chained": lambda: _step_attention(ins, (do, dvm), TORCH_BACKEND)}
         for name, step in steps.items():
-            cached, same = _cached_against_tritons(monkeypatch, step)
+            cached, same = cached_against_tritons(monkeypatch, step)
             assert cached == 2, (name, B, T, G, Hk, d, S, cached)   # forward and backward
             assert same, (name, B, T, G, Hk, d, S)
     assert mk._FWD_LAUNCH.entries >= 1 and mk._BWD_LAUNCH.entries >= 1
     q, k, v, _, _ = (x.detach() for x in random_inputs(1, 77, 4, 2, 64, 1, dtype, seed=1)[:5])
     off = torch.empty(q.numel() + 1, device=q.device, dtype=dtype)[1:].view(q.shape).copy_(q)
-    cached, same = _cached_against_tritons(monkeypatch, lambda: _step_direct((off, k, v, None, None), (q, v), False))
+    cached, same = cached_against_tritons(monkeypatch, lambda: _step_direct((off, k, v, None, None), (q, v), False))
     assert cached == 0 and same

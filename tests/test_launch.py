@@ -3,6 +3,7 @@ cached launches repeat Triton's (stand-ins on the CPU, MoDA's kernels bitwise on
 import pytest
 import triton
 
+from helpers import cached_against_tritons
 from moda_bench.ops.launch import cdiv, next_pow2
 
 
@@ -139,33 +140,16 @@ def test_hooks_idle_reads_tritons_hook_chains(monkeypatch):
 def _cached_against_tritons(monkeypatch, ins, do, cfg):
     """One MoDA fwd+bwd (inputs `ins`, gradient `do`, config `cfg`) through Triton's own launch
     path, then twice with the cache on: (launches the second cached call took from the cache,
-    whether its out and gradients are bitwise the first's)."""
-    import torch
-    from moda_bench.ops import launch
+    whether its out and gradients are bitwise the first's; `helpers.cached_against_tritons`)."""
     from moda_bench.ops.moda import moda_attention
-    hits = []
-    idle = launch._hooks_idle  # asked once a launch repeated from the cache
-    monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())
 
     def step():
         for x in ins:
             x.grad = None
         out = moda_attention(*ins, config=cfg)
         out.backward(do)
-        torch.cuda.synchronize()
-        return [out.detach().clone()] + [x.grad.clone() for x in ins]
-
-    old = launch.set_fast_launch(False)
-    try:
-        ref = step()
-    finally:
-        launch.set_fast_launch(old)
-    monkeypatch.setattr(launch, "_FAST", True)
-    step()
-    n = len(hits)
-    got = step()
-    monkeypatch.setattr(launch, "_hooks_idle", idle)
-    return len(hits) - n, all(torch.equal(a, b) for a, b in zip(ref, got))
+        return [out] + [x.grad for x in ins]
+    return cached_against_tritons(monkeypatch, step)
 
 
 def _gpu_inputs(T, G, L):
