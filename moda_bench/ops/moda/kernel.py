@@ -64,7 +64,7 @@ from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_
 from moda_bench.ops.moda.kernel_bwd_rules import dq_mix, kv_beside, kv_chunk, kv_depth_items
 from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
 from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
-from moda_bench.ops.moda.triton_utils import dot_precision
+from moda_bench.ops.moda.triton_utils import dot_precision, exp_poly_share
 from moda_bench.ops.moda.validate import MoDAShape, check_inputs
 
 LOG2E = 1.4426950408889634
@@ -183,7 +183,8 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
             return moda_fwd_tma(q, k, v, kd if L > 0 else None, vd if L > 0 else None, scale, G,
                                 block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
                                 num_stages=cfg.num_stages, depth_sub=cfg.depth_sub, block_l=cfg.block_l,
-                                depth_stages=cfg.depth_stages, maxnreg=cfg.fwd_maxnreg, poly=2 * (cfg.exp_poly & 1))
+                                depth_stages=cfg.depth_stages, maxnreg=cfg.fwd_maxnreg,
+                                poly=exp_poly_share(cfg.exp_poly, 1, q.dtype))
         cfg = cfg.replace(fwd_depth="fused")  # same arithmetic, pointer loads
     o = torch.empty_like(q)
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)

@@ -16,7 +16,7 @@ import torch
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.config import MoDAConfig, current_device_index, tma_block_l
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry
-from moda_bench.ops.moda.triton_utils import dot_precision, launch_options
+from moda_bench.ops.moda.triton_utils import dot_precision, exp_poly_share, launch_options
 
 
 # The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
@@ -191,7 +191,7 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
     tail = kv_block_m * kv_sub  # rows after the dq blocks that the key-major pass's last steps read
     RP = n_m * q_block_m + tail  # a multiple of 16: the kernels know the rows' alignment
     prec = dot_precision(dtype)  # (the interpreter's "upcast": interp is in the key)
-    q_poly, kv_poly = (2 * bool(poly & 2), 2 * bool(poly & 4)) if dtype != torch.float32 else (0, 0)
+    q_poly, kv_poly = exp_poly_share(poly, 2, dtype), exp_poly_share(poly, 4, dtype)
     kv_dp_first, q_dp_first = (dp_first(kv_maxnreg), False) if dp_order is None else dp_order
     depth_items = depth_items and L > 0
     if depth_items and (kv_block_m != q_block_m or beside):

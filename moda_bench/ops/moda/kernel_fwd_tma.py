@@ -337,14 +337,13 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     """The descriptor forward's launch: returns (out, lse). q, k, v (and kd, vd unless None: L = 0)
     contiguous and, with use_desc, `aligned`; the caller checks shapes (`validate.check_inputs`).
     maxnreg: registers a thread (0: the compiler's choice; ignored by the interpreter). poly: the
-    sequence loop's `exp2_mix` share (0 or 2; 16-bit inputs only, float32 keeps the exponential unit)."""
+    sequence loop's `exp2_mix` share (0 or 2; `triton_utils.exp_poly_share`)."""
     B, T, Hq, d = q.shape
     Hk = k.shape[2]
     L = 0 if kd is None else kd.shape[2]
     if kd is None:
         kd, vd = k, v  # never read: the depth loop runs no step
     gp, P, S, bl = depth_geometry(G, block_m, depth_sub, block_l)
-    poly = poly if q.dtype != torch.float32 else 0
     o = torch.empty_like(q)
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
     n_m = cdiv(T, P)

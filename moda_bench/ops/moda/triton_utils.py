@@ -110,6 +110,12 @@ def lse_merge(l1, l2):
     return w1 / tot, w2 / tot, m + tl.log(tot)
 
 
+def exp_poly_share(exp_poly: int, bit: int, dtype) -> int:
+    """A pass's `exp2_mix` POLY from `MoDAConfig.exp_poly` (bit 1 forward, 2 dq pass, 4 key-major
+    pass): 2 where the bit is set and the inputs are 16-bit (float32 keeps the exponential unit), else 0."""
+    return 2 if exp_poly & bit and dtype != torch.float32 else 0
+
+
 @triton.jit
 def exp2_fma(x):
     """2**x on the FMA pipe, not the exponential unit: x = n + f with n = round(x) (the 1.5 * 2**23
