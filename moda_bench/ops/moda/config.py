@@ -94,8 +94,8 @@ class MoDAConfig:
               tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_rules.kv_chunk`).
     bwd_depth_items  "tma" backward: the depth part as items of the key-major grid, not in the dq pass
               (1 on; 0 and -1 off: measured no faster, `kernel_bwd_rules.kv_depth_items`).
-    exp_poly  "tma" passes whose sequence probabilities are computed half on the FMA pipe, half by the
-              exponential unit (`triton_utils.exp2_mix`; 16-bit inputs): bits 1 forward, 2 dq pass, 4 key-major pass.
+    exp_poly  an ablation, slower on the H100 (docs/PERFORMANCE.md row 32): "tma" passes with half their probabilities
+              on the FMA pipe (`triton_utils.exp2_mix`; 16-bit inputs): bits 1 forward, 2 dq pass, 4 key-major pass.
     """
 
     block_m: int = 64
