@@ -249,3 +249,12 @@ def test_gpu_cached_decode_launches_give_tritons_results(monkeypatch):
         got = moda_decode(**kw, num_splits=S, config=cfg)
         assert len(hits) - before == n, i
         assert torch.equal(got, ref), i
+
+
+def test_aligned16():
+    """`aligned16`: every data pointer 16-byte aligned (the condition for a `CachedLaunch` key)."""
+    import torch
+    from moda_bench.ops.launch import aligned16
+    x = torch.zeros(64, dtype=torch.float32)
+    assert aligned16(x) and aligned16(x, x[4:]) and aligned16()
+    assert not aligned16(x, x[1:]) and not aligned16(x[2:])

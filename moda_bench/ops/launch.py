@@ -31,6 +31,13 @@ import os
 _FAST = os.environ.get("MODA_BENCH_FAST_LAUNCH", "1") not in ("0", "false", "off")
 
 
+def aligned16(*tensors) -> bool:
+    """Whether every tensor's data pointer is 16-byte aligned: the one pointer specialisation
+    Triton makes, so what a caller checks of the tensors it did not allocate before giving
+    `CachedLaunch` a key (else key=None, Triton's own path)."""
+    return not any(t.data_ptr() % 16 for t in tensors)
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for ints, b > 0."""
     return -(-a // b)

@@ -53,7 +53,7 @@ import triton.language as tl
 
 from moda_bench import floor
 from moda_bench.ops.dattn.validate import DAttnShape, check_dattn_inputs
-from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
+from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv, next_pow2
 
 MIX_PASSES = ("fwd", "bwd", "fwdbwd")
 
@@ -323,7 +323,7 @@ def launch_key(tensors: tuple, ints: tuple, consts: tuple):
     classes: 1, a multiple of 16, other) and the constexprs and launch options. The one float
     argument (scale / G) is not specialised. With S = 0 the stand-in source tensors and their
     strides (k's and v's) are in it like any others, and S = 0 itself."""
-    if any(t.data_ptr() % 16 for t in tensors):
+    if not aligned16(*tensors):
         return None
     return tuple(t.dtype for t in tensors), ints, consts
 

@@ -41,7 +41,7 @@ import torch
 from moda_bench.ops.decode.kernel_split import decode_combine_kernel, decode_split_kernel
 from moda_bench.ops.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
 from moda_bench.ops.counters import arrival_counters
-from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
+from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv, next_pow2
 from moda_bench.ops.moda.triton_utils import dot_precision, interpreting
 
 LOG2E = 1.4426950408889634
@@ -299,7 +299,7 @@ def _launch(q, k, v, kd, vd, seqlens, block_table, out, scale, shape: DecodeShap
     # with every pointer the caller gave 16-byte aligned (else Triton's own path); the buffers
     # made here are
     key = None
-    if all(t.data_ptr() % 16 == 0 for t in (q, k, v, kd, vd, sl, bt, out)):
+    if aligned16(q, k, v, kd, vd, sl, bt, out):
         key = (q.dtype, k.dtype, kd.dtype, sl.dtype, bt.dtype, B, Tq, Hq, Hk, d, L, shape.Tk, S, n_rb, shape.num_blocks,
                shape.page_size, shape.paged, seqlens is not None, rows, block_l, block_s, cfg.block_n, prec,
                kdesc is not None, fused, direct, pdl, cfg.num_warps, cfg.num_stages, cfg.combine_warps, strides)

@@ -54,7 +54,7 @@ import math
 
 import torch
 
-from moda_bench.ops.launch import CachedLaunch, cdiv
+from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv
 from moda_bench.ops.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
                                         pointer_block_l, pointer_bwd_depth, resolve_config)
 from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
@@ -238,7 +238,7 @@ def _shape_key(q, kd_, shape: MoDAShape, st: tuple, *tensors):
     """The pointer kernels' launch key for `CachedLaunch`: dtypes, shape and strides (which fix
     every integer specialisation), or None unless every caller-owned tensor is 16-byte aligned
     (Triton specialises pointers on that; the buffers allocated here always are)."""
-    if any(t.data_ptr() % 16 for t in tensors):
+    if not aligned16(*tensors):
         return None
     return q.dtype, kd_.dtype, shape.B, shape.T, shape.Hq, shape.Hk, shape.d, shape.L, shape.G, st
 

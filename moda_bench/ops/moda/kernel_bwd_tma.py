@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.counters import arrival_counters, scratch
-from moda_bench.ops.launch import CachedLaunch
+from moda_bench.ops.launch import CachedLaunch, aligned16
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
                                                   bwd_plan, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
@@ -527,7 +527,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
         ensure_allocator()
     # `CachedLaunch` keys: the plan's, where lse (the one tensor not checked by the caller nor
     # allocated here) is 16-byte aligned; else Triton's own path
-    cached = use_desc and lse.data_ptr() % 16 == 0
+    cached = use_desc and aligned16(lse)
 
     def dq_pass():
         _DQ_LAUNCH(p.dq_key if cached else None, p.dq_grid,
