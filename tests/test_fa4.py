@@ -222,6 +222,20 @@ def test_merge_route_under_the_tma_default(monkeypatch):
     assert seen and all(c.fwd_depth == "split" and c.block_l == 64 for c in seen)
 
 
+def test_backward_depth_launch_under_the_tma_default(monkeypatch):
+    """moda's "tma" backward default given to moda_fa4 (3 depth stages at T <= 4096, block_l per
+    position): correct, and the depth-only backward launch runs with the pointer kernels' own
+    stages (2) and block_l (H100: 3 stages took 1.43x the time of 2 at T=4096)."""
+    from moda_bench.ops.moda import fa4 as fa4_mod
+    seen = []
+    real = fa4_mod.moda_bwd
+    monkeypatch.setattr(fa4_mod, "moda_bwd", lambda *a, **k: seen.append(a[10]) or real(*a, **k))
+    cfg = MoDAConfig(bwd_depth="tma", bwd_depth_stages=3, bwd_block_l=32)
+    check_against_reference(_torch_route, 1, 37, 8, 1, 32, 70, torch.float32, seed=12, tol=1e-4, config=cfg)
+    assert seen and all(c.bwd_depth in ("fused", "stream", "split") and c.bwd_depth_stages == 2
+                        and c.bwd_block_l == 64 for c in seen)
+
+
 def test_fa4_unavailable_is_answered_once_per_device(monkeypatch):
     """moda_fa4 asks on every call (forward and, for the CuTe depth backward, backward): the package
     metadata lookup (~0.3 ms) must not be paid each time."""

@@ -43,6 +43,12 @@ from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
 from moda_bench.ops.moda.triton_utils import lse_merge
 
+# the depth-only backward launch's stages where moda's own default is the "tma" backward: the
+# pointer kernels' default, not the 3 that `default_config` gives the tma dq pass at T <= 4096
+# (H100, tools/overlap_probe.py, results/h100/fa4-depth-stages-s23: the launch alone 0.70x at
+# T=4096, 0.70x at T=2048; beside cuDNN's backward 0.89x / 0.85x)
+POINTER_DEPTH_STAGES = MoDAConfig.bwd_depth_stages
+
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_DTYPES = (torch.float16, torch.bfloat16)
 FA4_ARCH_MAJORS = (9, 10)  # sm90 (Hopper), sm100 (Blackwell)
@@ -361,7 +367,8 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
         depth_cfg = cfg.replace(bwd_depth="split")
         side = cfg.bwd_depth == "stream"
         if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels' default
-            depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L))  # (block_l, placement as before it)
+            depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L),  # (block_l, stages, placement as
+                                          bwd_depth_stages=POINTER_DEPTH_STAGES)  # before it)
             side = pointer_bwd_depth(shape.T) == "stream"
 
         def depth():
