@@ -366,9 +366,9 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
     else:
         depth_cfg = cfg.replace(bwd_depth="split")
         side = cfg.bwd_depth == "stream"
-        if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels' default
-            depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L),  # (block_l, stages, placement as
-                                          bwd_depth_stages=POINTER_DEPTH_STAGES)  # before it)
+        if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels'
+            # defaults (block_l, stages, placement), not the tma dq pass's
+            depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L), bwd_depth_stages=POINTER_DEPTH_STAGES)
             side = pointer_bwd_depth(shape.T) == "stream"
 
         def depth():
