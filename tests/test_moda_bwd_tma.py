@@ -280,6 +280,21 @@ def test_bwd_tma_default_choice(monkeypatch):
     assert not config_mod.bwd_tma_default(shape, torch.bfloat16)
 
 
+def test_pointer_bwd_config_of_a_tma_config():
+    """A "tma" backward config for the pointer kernels: the pointer default's placement, block_l
+    and 2 depth stages (the tma dq pass's 3 at T <= 4096 slowed the pointer depth-only launch
+    1.43x); any other config unchanged."""
+    from moda_bench.ops.moda.kernel import pointer_bwd_config
+    tma = _bt(bwd_depth_stages=3, bwd_block_l=32)
+    for T in (2048, 4096, 16384):
+        got = pointer_bwd_config(tma, T, 64)
+        assert (got.bwd_depth, got.bwd_block_l, got.bwd_depth_stages) == \
+            (config_mod.pointer_bwd_depth(T), config_mod.pointer_block_l(64), 2)
+        assert got.replace(bwd_depth="tma", bwd_block_l=32, bwd_depth_stages=3) == tma  # nothing else changed
+    other = MoDAConfig(bwd_depth="stream", bwd_depth_stages=3)
+    assert pointer_bwd_config(other, 4096, 64) is other
+
+
 class _NoLaunch:
     def __getitem__(self, grid):
         return lambda *a, **k: None

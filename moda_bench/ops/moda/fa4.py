@@ -36,18 +36,13 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import cdiv
-from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, pointer_bwd_depth, resolve_config
-from moda_bench.ops.moda.kernel import MERGE_BLOCK, Concurrent, moda_bwd, moda_fwd, wants_depth_grad
+from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, resolve_config
+from moda_bench.ops.moda.kernel import (MERGE_BLOCK, Concurrent, moda_bwd, moda_fwd, pointer_bwd_config,
+                                        wants_depth_grad)
 from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
 from moda_bench.ops.moda.triton_utils import lse_merge
-
-# the depth-only backward launch's stages where moda's own default is the "tma" backward: the
-# pointer kernels' default, not the 3 that `default_config` gives the tma dq pass at T <= 4096
-# (H100, tools/overlap_probe.py, results/h100/fa4-depth-stages-s23: the launch alone 0.70x at
-# T=4096, 0.70x at T=2048; beside cuDNN's backward 0.89x / 0.85x)
-POINTER_DEPTH_STAGES = MoDAConfig.bwd_depth_stages
 
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_DTYPES = (torch.float16, torch.bfloat16)
@@ -364,12 +359,10 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
                                  num_warps=cfg.bwd_depth_warps)
         side = True
     else:
-        depth_cfg = cfg.replace(bwd_depth="split")
-        side = cfg.bwd_depth == "stream"
-        if cfg.bwd_depth == "tma":  # moda's folded backward: the depth launch keeps the pointer kernels'
-            # defaults (block_l, stages, placement), not the tma dq pass's
-            depth_cfg = depth_cfg.replace(bwd_block_l=pointer_block_l(shape.L), bwd_depth_stages=POINTER_DEPTH_STAGES)
-            side = pointer_bwd_depth(shape.T) == "stream"
+        # moda's "tma" backward: the pointer default's placement, block_l and stages, not the dq pass's
+        pcfg = pointer_bwd_config(cfg, shape.T, shape.L)
+        depth_cfg = pcfg.replace(bwd_depth="split")
+        side = pcfg.bwd_depth == "stream"
 
         def depth():
             delta = torch.empty_like(lse_th)

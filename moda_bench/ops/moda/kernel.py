@@ -257,6 +257,22 @@ def merge_partials(o1, lse1, o2, lse2):
     return o, lse
 
 
+# The pointer backward's depth stages: MoDAConfig's default, not the 3 `default_config` gives the
+# "tma" dq pass at T <= 4096 (H100, tools/overlap_probe.py, results/h100/fa4-depth-stages-s23: the
+# pointer depth-only launch alone 0.70x with 2 at T = 4096 and 2048; beside cuDNN's backward 0.89x / 0.85x)
+POINTER_DEPTH_STAGES = MoDAConfig.bwd_depth_stages
+
+
+def pointer_bwd_config(cfg: MoDAConfig, T: int, L: int) -> MoDAConfig:
+    """cfg for the pointer backward kernels: a "tma" backward config takes the pointer default's
+    placement (`pointer_bwd_depth`), depth columns (`pointer_block_l`) and depth stages
+    (POINTER_DEPTH_STAGES); any other config is returned as it is."""
+    if cfg.bwd_depth != "tma":
+        return cfg
+    return cfg.replace(bwd_depth=pointer_bwd_depth(T), bwd_block_l=pointer_block_l(L),
+                       bwd_depth_stages=POINTER_DEPTH_STAGES)
+
+
 def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False,
              delta=None, depth_grad: bool = True):
     """The backward's launches for `cfg`: returns (dq, dk, dv, dkd, dvd). delta: rowsum(o * do),
@@ -283,8 +299,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
                             if not items and kv_beside(cfg, B, T, Hk, G, L, n_sms, chunk=chunk) else None,
                             mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly)
-    if cfg.bwd_depth == "tma":  # a caller's delta or a depth-only launch: the pointer passes
-        cfg = cfg.replace(bwd_depth=pointer_bwd_depth(T), bwd_block_l=pointer_block_l(L))
+    cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
     n_rows = B * T * Hq
     mode = cfg.bwd_depth if L > 0 else "none"
     # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)
