@@ -16,8 +16,8 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           (x fwd_maxnreg 0 / 168 when the base's forward is "tma"), timed on the forward pass
           (no grad), backward fields at their defaults;
   bwd_q   dq / depth-grad pass: bwd_q_block_m x bwd_q_block_n x bwd_q_warps x bwd_q_stages
-          (x bwd_q_maxnreg 0 / 168 when the base's backward is "tma"), timed on the backward
-          pass with the forward winner fixed;
+          (x bwd_q_maxnreg 0 / 168 when the base's backward is "tma", x bwd_dq_heads at L = 0: the
+          base's, off, on), timed on the backward pass with the forward winner fixed;
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise, x bwd_kv_beside: the base's, never, always, x bwd_kv_chunk:
           the base's, none, x bwd_depth_items at L > 0: the base's, on), timed on the
@@ -90,12 +90,12 @@ ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)
 ZERO_OK = ("depth_sub", "fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas",
            "exp_poly")  # 0 means "auto"/"no cap"/"none"
-MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items")  # -1: "decided by the shape" (check_config's rule)
+MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items", "bwd_dq_heads")  # -1: "decided by the shape" (check_config's rule)
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {
     "fwd": ("block_m", "block_n", "num_warps", "num_stages", "depth_sub", "block_l", "fwd_maxnreg"),
-    "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages", "bwd_q_maxnreg"),
+    "bwd_q": ("bwd_q_block_m", "bwd_q_block_n", "bwd_q_warps", "bwd_q_stages", "bwd_q_maxnreg", "bwd_dq_heads"),
     "bwd_kv": ("bwd_kv_block_m", "bwd_kv_block_n", "bwd_kv_warps", "bwd_kv_stages", "bwd_kv_maxnreg",
                "bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items"),
     # depth groups: placement first, then the fields of the depth-only launch
@@ -385,8 +385,9 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
         beside = tuple(dict.fromkeys((base.bwd_kv_beside, 0, 1))) if tma else (base.bwd_kv_beside,)
         chunk = tuple(dict.fromkeys((base.bwd_kv_chunk, 0))) if tma else (base.bwd_kv_chunk,)
         items = tuple(dict.fromkeys((base.bwd_depth_items, 1))) if tma and shape.L else (base.bwd_depth_items,)
+        heads = tuple(dict.fromkeys((base.bwd_dq_heads, 0, 1))) if tma and not shape.L else (base.bwd_dq_heads,)
         for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
-                                      *([beside, chunk, items] if kernel == "bwd_kv" else [])):
+                                      *([beside, chunk, items] if kernel == "bwd_kv" else [heads])):
             out.append(base.replace(**dict(zip(names, vals))))
     else:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")

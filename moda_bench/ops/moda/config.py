@@ -83,17 +83,17 @@ class MoDAConfig:
     bwd_depth_block_m, bwd_depth_warps, bwd_block_l, bwd_depth_stages  the same for the backward's
               depth part (its own launch, "overlap" programs, or, for block_l and stages, the q-major pass).
     reverse   visit query blocks heaviest-first (last causal block first) in the forward and q-major pass.
-    bwd_tma   the backward's sequence tiles through tensor descriptors (TMA on Hopper): the
-              sequence K/V tiles of the q-major pass, the q/do tiles of the key-major pass
-              (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
+    bwd_tma   the backward's sequence tiles through descriptors: the q-major pass's K/V tiles, the key-major
+              pass's q/do tiles (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
     fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
     bwd_depth_kernel  "persist" backward's depth kernel: "triton" (kernel_depth) or "cute" (depth_bwd_sm90).
     bwd_kv_beside  "tma" backward: the key-major pass beside the dq pass on a second stream, not
               after it: 1 always, 0 never, -1 in a graph capture at small grids (`kernel_bwd_rules.kv_beside`).
     bwd_kv_chunk  "tma" backward: a key-major program takes at most n key tiles' width of rows (n > 0; a
               tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_rules.kv_chunk`).
-    bwd_depth_items  "tma" backward: the depth part as items of the key-major grid, not in the dq pass
-              (1 on; 0 and -1 off: measured no faster, `kernel_bwd_rules.kv_depth_items`).
+    bwd_depth_items  "tma" backward: the depth part as items of the key-major grid, not in the dq pass (1 on;
+              0 and -1 off: measured no faster, `kernel_bwd_rules.kv_depth_items`).
+    bwd_dq_heads  "tma" backward, L = 0: the dq pass a query head a program (1, 0; -1: `kernel_bwd_rules.dq_heads`).
     exp_poly  an ablation, slower on the H100 (docs/PERFORMANCE.md row 32): "tma" passes with half their probabilities
               on the FMA pipe (`triton_utils.exp2_mix`; 16-bit inputs): bits 1 forward, 2 dq pass, 4 key-major pass.
     """
@@ -136,6 +136,7 @@ class MoDAConfig:
     bwd_kv_beside: int = -1
     bwd_kv_chunk: int = -1
     bwd_depth_items: int = -1
+    bwd_dq_heads: int = -1
     exp_poly: int = 0
 
     def to_dict(self) -> dict:
@@ -211,7 +212,6 @@ def _capability(idx: int) -> int:  # major compute capability of CUDA device idx
 
 # Descriptor forward tiles ("tma"; G=32: `default_config`): 64 rows, 4 warps (fwd+bwd 0.955-1.004x 128 on 8, s22-fwd64)
 TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 64, 64, 4, 3
-
 # The backward's sequence tiles through descriptors by default: no (H100, T=16384, G=8, L=64, bwd
 # alone: 20.4 ms by pointers, 23.6 with bwd_tma, 24.4-25.0 wider; bit-identical; probes-bwd-tma).
 BWD_TMA_DEFAULT = False
@@ -328,7 +328,7 @@ def _check(cfg: MoDAConfig, G: int) -> None:
     for name in ("depth_ctas", "bwd_depth_ctas"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
-    for name in ("bwd_kv_beside", "bwd_depth_items"):
+    for name in ("bwd_kv_beside", "bwd_depth_items", "bwd_dq_heads"):
         if getattr(cfg, name) not in (-1, 0, 1):
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be -1 (by shape), 0 or 1")
     if cfg.exp_poly not in range(8):

@@ -61,7 +61,7 @@ from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda
                                             moda_bwd_q_kernel)
 from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
                                             moda_merge_kernel)
-from moda_bench.ops.moda.kernel_bwd_rules import dq_mix, kv_beside, kv_chunk, kv_depth_items
+from moda_bench.ops.moda.kernel_bwd_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items
 from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
 from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
 from moda_bench.ops.moda.triton_utils import dot_precision, exp_poly_share
@@ -298,7 +298,8 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             and aligned(o, do), depth_grad=depth_grad,
                             beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
                             if not items and kv_beside(cfg, B, T, Hk, G, L, n_sms, chunk=chunk) else None,
-                            mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly)
+                            mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly,
+                            heads=dq_heads(cfg, T, L, G))
     cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
     n_rows = B * T * Hq
     mode = cfg.bwd_depth if L > 0 else "none"

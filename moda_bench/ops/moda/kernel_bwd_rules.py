@@ -130,6 +130,27 @@ def kv_depth_items(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
     return L > 0 and cfg.bwd_depth_items == 1
 
 
+# The dq pass at L = 0 a query head a program (`_dq_head_kernel`: BM positions of one head, not BM
+# folded rows of P positions x GP heads) where G is a power of two above 1 and T >= DQ_HEADS_MIN_T
+# (G = 2: DQ_HEADS_MIN_T_G2). Its 64 x 64 tiles take 122 registers a thread, no spill, 4 programs an
+# SM; the folded pass needs its 168 (capped at 128 it spills: the backward 1.27x). H100, fwd+bwd,
+# graph timer, interleaved, per head / folded (results/h100/dq-heads-s24, -s24b): G=8 T = 512 / 1024
+# / 2048 / 4096 / 8192 / 16384 / 32768 1.033 / 0.972 / 0.950 / 0.944 / 0.966 / 0.964 / 0.966; G=2
+# T=4096 1.010, T=16384 0.979; G=4 0.969, G=16 0.970, G=32 0.973 at 16K; G=16 T=2048 0.925. The
+# backward alone at T=16384, G=8: 0.963 (eager; 14.82 against 15.35 ms).
+DQ_HEADS_MIN_T, DQ_HEADS_MIN_T_G2 = 1024, 8192
+
+
+def dq_heads(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
+    """Whether the "tma" backward's dq pass runs a query head a program (cfg.bwd_dq_heads 1 / 0; -1:
+    by T and G, above); only at L = 0 with G a power of two above 1 (no padding heads)."""
+    if L or G < 2 or G & (G - 1):
+        return False
+    if cfg.bwd_dq_heads >= 0:
+        return bool(cfg.bwd_dq_heads)
+    return T >= (DQ_HEADS_MIN_T if G > 2 else DQ_HEADS_MIN_T_G2)
+
+
 def dq_mix(T: int, L: int) -> bool:
     """Whether the dq pass alternates heavy and light row blocks (`_dq_kernel`'s MIX)."""
     return L > 0 and T <= DQ_MIX_MAX_T
@@ -179,9 +200,11 @@ class BwdPlan(NamedTuple):
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
                kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
-               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly) -> BwdPlan:
+               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, heads) -> BwdPlan:
     """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
     gp = next_pow2(G)
+    if heads and (L or gp != G or G < 2):
+        raise ValueError(f"a dq pass a query head a program needs L = 0 and G a power of two above 1 (L={L}, G={G})")
     q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
     _, P, S, bl = bwd_depth_geometry(G, q_block_m, L, block_l)
     depth_grad = depth_grad and L > 0
@@ -213,10 +236,17 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                          CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl, DEPTH_STAGES=depth_stages,
                          DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly,
                          **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
+    dq_grid = (B * Hk, n_m)
+    if heads:  # BM positions of one head a program; rows from T to RP // GP: +inf / 0 (`_dq_head_kernel`)
+        dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAILN=next_pow2(max(1, RP // gp - T)), D=d,
+                       USE_DESC=use_desc, PREC=prec, DP_FIRST=bool(q_dp_first), POLY=q_poly,
+                       **launch_options(q_warps, q_stages, q_maxnreg))
+        dq_grid = (cdiv(T, q_block_m), B * Hq)
     split = chunk or kv_sub > 1
     return BwdPlan(RP, n_m, depth_grad,
-                   (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly),
-                   (B * Hk, n_m), lambda: dict(dq_meta),
+                   (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly,
+                    heads),
+                   dq_grid, lambda: dict(dq_meta),
                    tuple((shape_key, kv_block_n, stats, chunk, depth_items, bool(kv_dp_first), kv_warps, kv_stages,
                           kv_maxnreg, kv_poly) for stats in (False, True)),
                    (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),

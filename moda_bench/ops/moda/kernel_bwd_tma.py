@@ -25,6 +25,7 @@ Design:
   core tile) against their own S*BL depth columns a step, a batched product, with dk_depth,
   dv_depth of the block's positions stored by descriptor (a depth entry is read by the G rows
   of its own position only: no atomics).
+* At L = 0, G a power of two above 1, the dq pass may take a query head a program (`_dq_head_kernel`).
 * Key-major pass (`_kv_kernel`, a program per (BN keys, batch*KV head), grid (B*Hk, n_tiles):
   the heaviest tiles of every head first, then the lighter ones, which balances the causal
   triangle): K/V loaded once, BM rows a step from the tile's first position: cdiv(BN, P) masked
@@ -35,11 +36,10 @@ Design:
 * Product order: where the key-major pass's registers are not capped its step issues dp^T =
   v do^T before the exponentials of its scores (DP_FIRST, `kernel_bwd_rules.dp_first`), so the
   tensor cores work while the exponential unit does; the dq pass keeps dp after them.
-* Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's
-  choice); 168 at 4 warps lets three programs share an SM (measured on the H100: the dk/dv pass
-  at T=16384, G=8, d=64 from 9.8 to 8.7 ms, tools/bwd_tma_triton.py).
-The tile helpers (rows_desc ... depth_part) are public: the prototype tool builds its own
-variants (an atomic-dQ key-major pass) from them.
+* Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's choice); 168
+  at 4 warps lets three programs share an SM (H100: the dk/dv pass at T=16384, G=8, d=64 9.8 -> 8.7 ms).
+The tile helpers (rows_desc ... depth_part) are public: tools/bwd_tma_triton.py builds its variants
+(an atomic-dQ key-major pass) from them.
 """
 from __future__ import annotations
 
@@ -479,11 +479,53 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
+@triton.jit(do_not_specialize=["B", "T", "G", "Hk", "RP"])
+def _dq_head_kernel(Q, K, V, O, DO, LSE, LSE2, DELTA, DQ, qk_scale, sm_scale, B, T, G, Hk, RP, GP: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, TAILN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr,
+                    PREC: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr):
+    """The dq pass at L = 0 a query head a program (`kernel_bwd_rules.dq_heads`; G = GP): BM positions of
+    head h, grid (cdiv(T, BM), B*Hq), the last blocks first. Its rows' lse2 and delta go to the folded
+    buffers (row t*GP + g); a head's last block also writes +inf / 0 to its rows from T to RP // GP."""
+    Hq = G * Hk
+    t0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM
+    b, h = tl.program_id(1) // Hq, tl.program_id(1) % Hq
+    j = h // G
+    qdesc, dodesc, kdesc, vdesc = None, None, None, None
+    if USE_DESC:  # boxes of BM positions x 1 head
+        qdesc = rows_desc(Q, B, T, Hq, BM, 1, D)
+        dodesc = rows_desc(DO, B, T, Hq, BM, 1, D)
+        kdesc = keys_desc(K, B, T, Hk, BN, D)
+        vdesc = keys_desc(V, B, T, Hk, BN, D)
+    q = rows_tile(Q, qdesc, b, j, h % G, t0, T, G, Hq, 1, BM, D, USE_DESC)
+    do = rows_tile(DO, dodesc, b, j, h % G, t0, T, G, Hq, 1, BM, D, USE_DESC)
+    t = t0 + tl.arange(0, BM)
+    optr, ok = rows_ptr(b, j, h % G, t, T, G, Hq, 1, D)
+    lse = tl.load(LSE + (b * T + t).to(tl.int64) * Hq + h, mask=t < T, other=0.0)
+    lse2 = tl.where(t < T, lse * 1.4426950408889634, float("inf"))
+    delta = tl.sum(tl.load(O + optr, mask=ok, other=0.0).to(tl.float32) * do.to(tl.float32), 1)
+    rows = (b * Hk + j) * RP + h % G
+    tl.store(LSE2 + rows + t * GP, lse2, mask=t < T)
+    tl.store(DELTA + rows + t * GP, delta, mask=t < T)
+    if tl.program_id(0) == 0:
+        tt = T + tl.arange(0, TAILN)
+        tl.store(LSE2 + rows + tt * GP, tl.full([TAILN], float("inf"), tl.float32), mask=tt < RP // GP)
+        tl.store(DELTA + rows + tt * GP, tl.zeros([TAILN], tl.float32), mask=tt < RP // GP)
+    dq = tl.zeros([BM, D], tl.float32)
+    n_full = (t0 // BN) * BN
+    for n0 in tl.range(0, n_full, BN):
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     False, USE_DESC, PREC, DP_FIRST, POLY)
+    for n0 in range(n_full, tl.minimum(t0 + BM, T), BN):
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     True, USE_DESC, PREC, DP_FIRST, POLY)
+    tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
+
+
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
-                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0):
+                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, heads: bool = False):
     """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -498,7 +540,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     dv summed by the last to finish (`_kv_kernel`). 1 in every default: fwd+bwd 0.974-0.994 at
     G=8 and T >= 8192, 1.02-1.05 at G = 2, 16, 32 (H100, results/h100/s20-kv-sub).
     poly: `config.MoDAConfig.exp_poly`'s bits 2 (dq pass) and 4 (key-major pass): their sequence
-    probabilities half on the FMA pipe (`exp2_mix`; 16-bit inputs only).
+    probabilities half on the FMA pipe (`exp2_mix`; 16-bit inputs only). heads (L = 0, G a power of
+    two above 1): the dq pass a query head a program (`_dq_head_kernel`, `kernel_bwd_rules.dq_heads`).
     dp_first: (key-major pass, dq pass) booleans, each pass's dp product issued before its
     exponentials; None: the key-major pass by `kernel_bwd_rules.dp_first` of its register cap,
     the dq pass after.
@@ -515,7 +558,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
            q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
            depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
-           beside is not None, interpreting(), poly)
+           beside is not None, interpreting(), poly, bool(heads))
     p = bwd_plan(key)
     lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
@@ -530,6 +573,9 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     cached = use_desc and aligned16(lse)
 
     def dq_pass():
+        if heads:
+            return _DQH_LAUNCH(p.dq_key if cached else None, p.dq_grid, (q, k, v, o, do, lse, lse2, delta, dq,
+                               scale * LOG2E, scale, B, T, G, Hk, p.RP), p.dq_meta)
         _DQ_LAUNCH(p.dq_key if cached else None, p.dq_grid,
                    (q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
                     max(L, 1), G, Hk, p.RP, p.n_m), p.dq_meta)
@@ -551,4 +597,4 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     return dq, dk, dv, dkd, dvd
 
 
-_DQ_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_kv_kernel)
+_DQ_LAUNCH, _DQH_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_dq_head_kernel), CachedLaunch(_kv_kernel)
