@@ -372,6 +372,23 @@ def dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_s
 
 
 @triton.jit
+def dq_rows(q, do, lse2, delta, t, t0, K, V, kdesc, vdesc, b, j, T, Hk, qk_scale, NPOS: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
+            DP_FIRST: tl.constexpr, POLY: tl.constexpr):
+    """dq (unscaled) of BM rows at positions t (NPOS positions from t0) over the sequence keys: the
+    key tiles wholly below t0 unmasked, then the diagonal ones."""
+    dq = tl.zeros([BM, D], tl.float32)
+    n_full = (t0 // BN) * BN
+    for n0 in tl.range(0, n_full, BN):
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     False, USE_DESC, PREC, DP_FIRST, POLY)
+    for n0 in range(n_full, tl.minimum(t0 + NPOS, T), BN):
+        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
+                     True, USE_DESC, PREC, DP_FIRST, POLY)
+    return dq
+
+
+@triton.jit
 def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
                qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
                 BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
@@ -434,14 +451,8 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
         t0 = (n_m - 1 - i) * P
     b = bh // Hk
     j = bh % Hk
-    qdesc = None
-    dodesc = None
-    kdesc = None
-    vdesc = None
-    kddesc = None
-    vddesc = None
-    dkddesc = None
-    dvddesc = None
+    qdesc, dodesc, kdesc, vdesc = None, None, None, None
+    kddesc, vddesc, dkddesc, dvddesc = None, None, None, None
     if USE_DESC:
         qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
         dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
@@ -465,14 +476,8 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
         rt = n_m * BM + tl.arange(0, TAIL)
         tl.store(LSE2 + bh * RP + rt, tl.full([TAIL], float("inf"), tl.float32))
         tl.store(DELTA + bh * RP + rt, tl.zeros([TAIL], tl.float32))
-    dq = tl.zeros([BM, D], tl.float32)
-    n_full = (t0 // BN) * BN  # key tiles wholly below the block's first position
-    for n0 in tl.range(0, n_full, BN):
-        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     False, USE_DESC, PREC, DP_FIRST, POLY)
-    for n0 in range(n_full, tl.minimum(t0 + P, T), BN):
-        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     True, USE_DESC, PREC, DP_FIRST, POLY)
+    dq = dq_rows(q, do, lse2, delta, t, t0, K, V, kdesc, vdesc, b, j, T, Hk, qk_scale, P, BM, BN, D, USE_DESC,
+                 PREC, DP_FIRST, POLY)
     if DEPTH:
         dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
                         Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
@@ -510,14 +515,8 @@ def _dq_head_kernel(Q, K, V, O, DO, LSE, LSE2, DELTA, DQ, qk_scale, sm_scale, B,
         tt = T + tl.arange(0, TAILN)
         tl.store(LSE2 + rows + tt * GP, tl.full([TAILN], float("inf"), tl.float32), mask=tt < RP // GP)
         tl.store(DELTA + rows + tt * GP, tl.zeros([TAILN], tl.float32), mask=tt < RP // GP)
-    dq = tl.zeros([BM, D], tl.float32)
-    n_full = (t0 // BN) * BN
-    for n0 in tl.range(0, n_full, BN):
-        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     False, USE_DESC, PREC, DP_FIRST, POLY)
-    for n0 in range(n_full, tl.minimum(t0 + BM, T), BN):
-        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     True, USE_DESC, PREC, DP_FIRST, POLY)
+    dq = dq_rows(q, do, lse2, delta, t, t0, K, V, kdesc, vdesc, b, j, T, Hk, qk_scale, BM, BM, BN, D, USE_DESC,
+                 PREC, DP_FIRST, POLY)
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
