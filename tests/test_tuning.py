@@ -678,3 +678,18 @@ def test_bwd_kv_space_tries_the_key_major_pass_beside_the_dq_pass():
     ptr = tu.search_space(sh, "bwd_kv", default_config(sh).replace(bwd_depth="fused"))
     assert {c.bwd_kv_beside for c in ptr} == {-1} and {c.bwd_kv_chunk for c in ptr} == {-1}
     assert tu.config_problems(tma.replace(bwd_kv_beside=2), 8) == ["bwd_kv_beside=2 must be -1 (by shape), 0 or 1"]
+
+
+def test_bwd_q_space_tries_the_other_dq_pass_at_l0():
+    """With the "tma" backward as base, bwd_q's space at L = 0 (G a power of two above 1) holds the
+    base's bwd_dq_heads and the other dq pass (by the rule: per head at T=16384, folded at 512),
+    all valid; with depth, G = 3 or the pointer passes only the base's."""
+    for T, other in ((16384, 0), (512, 1)):
+        sh = shape(G=8, L=0, T=T)
+        space = tu.search_space(sh, "bwd_q", default_config(sh).replace(bwd_depth="tma"))
+        assert {c.bwd_dq_heads for c in space} == {-1, other}
+        assert all(tu.config_problems(c, 8) == [] for c in space)
+    for sh in (shape(G=8, L=64), shape(G=3, L=0)):
+        assert {c.bwd_dq_heads for c in tu.search_space(sh, "bwd_q", default_config(sh).replace(bwd_depth="tma"))} == {-1}
+    sh = shape(G=8, L=0)
+    assert {c.bwd_dq_heads for c in tu.search_space(sh, "bwd_q", default_config(sh).replace(bwd_depth="fused"))} == {-1}

@@ -16,8 +16,9 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           (x fwd_maxnreg 0 / 168 when the base's forward is "tma"), timed on the forward pass
           (no grad), backward fields at their defaults;
   bwd_q   dq / depth-grad pass: bwd_q_block_m x bwd_q_block_n x bwd_q_warps x bwd_q_stages
-          (x bwd_q_maxnreg 0 / 168 when the base's backward is "tma", x bwd_dq_heads at L = 0: the
-          base's, off, on), timed on the backward pass with the forward winner fixed;
+          (x bwd_q_maxnreg 0 / 168 when the base's backward is "tma", x bwd_dq_heads where a dq pass
+          a head a program can run: the base's and the other pass), timed on the backward pass
+          with the forward winner fixed;
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
           bwd_kv_maxnreg likewise, x bwd_kv_beside: the base's, never, always, x bwd_kv_chunk:
           the base's, none, x bwd_depth_items at L > 0: the base's, on), timed on the
@@ -54,6 +55,7 @@ from typing import Iterable, Optional
 from moda_bench.ops.launch import next_pow2
 from moda_bench.ops.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
                                         check_config, dtype_name, group_pad)
+from moda_bench.ops.moda.kernel_bwd_rules import dq_heads
 from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -385,7 +387,9 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
         beside = tuple(dict.fromkeys((base.bwd_kv_beside, 0, 1))) if tma else (base.bwd_kv_beside,)
         chunk = tuple(dict.fromkeys((base.bwd_kv_chunk, 0))) if tma else (base.bwd_kv_chunk,)
         items = tuple(dict.fromkeys((base.bwd_depth_items, 1))) if tma and shape.L else (base.bwd_depth_items,)
-        heads = tuple(dict.fromkeys((base.bwd_dq_heads, 0, 1))) if tma and not shape.L else (base.bwd_dq_heads,)
+        heads = (base.bwd_dq_heads,)
+        if tma and kernel == "bwd_q" and dq_heads(base.replace(bwd_dq_heads=1), shape.T, shape.L, shape.G):
+            heads += (int(not dq_heads(base, shape.T, shape.L, shape.G)),)  # the other dq pass than the base's
         for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
                                       *([beside, chunk, items] if kernel == "bwd_kv" else [heads])):
             out.append(base.replace(**dict(zip(names, vals))))
