@@ -55,7 +55,7 @@ from typing import Iterable, Optional
 from moda_bench.ops.launch import next_pow2
 from moda_bench.ops.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
                                         check_config, dtype_name, group_pad)
-from moda_bench.ops.moda.kernel_bwd_rules import dq_heads
+from moda_bench.ops.moda.kernel_bwd_rules import dq_heads, dq_heads_possible
 from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -388,7 +388,7 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
         chunk = tuple(dict.fromkeys((base.bwd_kv_chunk, 0))) if tma else (base.bwd_kv_chunk,)
         items = tuple(dict.fromkeys((base.bwd_depth_items, 1))) if tma and shape.L else (base.bwd_depth_items,)
         heads = (base.bwd_dq_heads,)
-        if tma and kernel == "bwd_q" and dq_heads(base.replace(bwd_dq_heads=1), shape.T, shape.L, shape.G):
+        if tma and kernel == "bwd_q" and dq_heads_possible(shape.L, shape.G):
             heads += (int(not dq_heads(base, shape.T, shape.L, shape.G)),)  # the other dq pass than the base's
         for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
                                       *([beside, chunk, items] if kernel == "bwd_kv" else [heads])):

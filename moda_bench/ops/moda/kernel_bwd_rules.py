@@ -141,10 +141,15 @@ def kv_depth_items(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
 DQ_HEADS_MIN_T, DQ_HEADS_MIN_T_G2 = 1024, 8192
 
 
+def dq_heads_possible(L: int, G: int) -> bool:
+    """Whether a dq pass a query head a program can run: L = 0, G a power of two above 1 (no padding heads)."""
+    return not L and G >= 2 and not G & (G - 1)
+
+
 def dq_heads(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
     """Whether the "tma" backward's dq pass runs a query head a program (cfg.bwd_dq_heads 1 / 0; -1:
-    by T and G, above); only at L = 0 with G a power of two above 1 (no padding heads)."""
-    if L or G < 2 or G & (G - 1):
+    by T and G, above); only where `dq_heads_possible`."""
+    if not dq_heads_possible(L, G):
         return False
     if cfg.bwd_dq_heads >= 0:
         return bool(cfg.bwd_dq_heads)
@@ -203,7 +208,7 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, heads) -> BwdPlan:
     """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
     gp = next_pow2(G)
-    if heads and (L or gp != G or G < 2):
+    if heads and not dq_heads_possible(L, G):
         raise ValueError(f"a dq pass a query head a program needs L = 0 and G a power of two above 1 (L={L}, G={G})")
     q_block_m, kv_block_m = max(q_block_m, gp), max(kv_block_m, gp)
     _, P, S, bl = bwd_depth_geometry(G, q_block_m, L, block_l)
