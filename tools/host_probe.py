@@ -11,6 +11,7 @@ moda calls: the functions with the most own time and the most cumulative time.
     python3 tools/host_probe.py --engine      # autograd's own host cost: a Python node against a C++ one
     python3 tools/host_probe.py --cpu-trace   # torch.profiler's CPU events of the moda calls
     python3 tools/host_probe.py --launch      # cached launches (ops.launch) against Triton's path
+    python3 tools/host_probe.py --desc        # host-side tensor descriptors against device-side ones
 
 --phases times each piece of a call on its own (input checks, config look-up, allocations, the
 launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch with as many
@@ -241,6 +242,30 @@ def launch_ab(x, leaves, max_time: float = 3.0) -> None:
     set_fast_launch(True)
 
 
+def desc_ab(x, leaves, max_time: float = 3.0, pass_: str = "fwdbwd") -> None:
+    """The descriptor kernels with host-side descriptors (`descriptors.set_host_descriptors`) against
+    descriptors built by every program on the device: host us a call, then interleaved timings."""
+    from moda_bench.ops.moda.descriptors import set_host_descriptors
+    q, k, v, kd, vd = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
+
+    def call(host: bool):
+        inner = make_pass_fn(lambda: moda_attention(q, k, v, kd, vd), x, pass_)
+
+        def fn():
+            set_host_descriptors(host)
+            return inner()
+        return fn
+
+    fns = {"device": call(False), "host": call(True)}
+    for fn in fns.values():
+        fn()
+    for _ in range(2):  # host time alone, alternated twice
+        for name, fn in fns.items():
+            print(f"  host  {name:8s} {per_call_us(fn, 150):8.1f} us a call")
+    interleaved(fns, leaves, "device", ("eager",) if pass_ == "bwd" else ("graph", "eager"), max_time, width=8)
+    set_host_descriptors(True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, default=1024)
@@ -258,6 +283,7 @@ def main() -> None:
     p.add_argument("--pass", dest="pass_", choices=("fwdbwd", "fwd", "bwd"), default="fwdbwd",
                    help="what --variants times: fwd+bwd, the forward alone or the backward alone")
     p.add_argument("--launch", action="store_true", help="cached launches against Triton's path, interleaved")
+    p.add_argument("--desc", action="store_true", help="host-side descriptors against device-side ones, interleaved")
     a = p.parse_args()
     x = make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
     leaves = [t for k, t in x.items() if k != "do" and t is not None]
@@ -288,7 +314,9 @@ def main() -> None:
         variants(x, leaves, a.variants, a.max_time, a.pass_)
     if a.launch:
         launch_ab(x, leaves, a.max_time)
-    if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None or a.launch:
+    if a.desc:
+        desc_ab(x, leaves, a.max_time, a.pass_)
+    if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None or a.launch or a.desc:
         return
     for name, fn in (("moda", moda), ("fa2", fa2)):
         for _ in range(5):

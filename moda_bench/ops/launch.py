@@ -102,8 +102,8 @@ class CachedLaunch:
     the tensors' dtypes, every integer argument's value class (1, a multiple of 16, other),
     every constexpr and option in meta, and that all pointer arguments are 16-byte aligned
     (callers check alignment where it is not given, else pass key=None). The CUDA device is
-    added to the key here; a launch whose first argument is not a CUDA tensor (the interpreter's
-    CPU tensors) takes Triton's path. args: the runtime arguments, positionally, in signature
+    added to the key here; a launch whose first argument is not a CUDA tensor nor a descriptor of
+    one (the interpreter's CPU tensors) takes Triton's path. args: the runtime arguments, positionally, in signature
     order; meta: a callable returning the constexprs and launch options (num_warps, ...) by
     name, called only where Triton's own path runs. `entries` counts the kept kernels."""
 
@@ -118,7 +118,8 @@ class CachedLaunch:
         return len(self.kernels)
 
     def __call__(self, key, grid: tuple, args: tuple, meta) -> None:
-        if key is None or not _FAST or not getattr(args[0], "is_cuda", False):
+        first = getattr(args[0], "base", args[0])  # a host-side tensor descriptor: its tensor
+        if key is None or not _FAST or not getattr(first, "is_cuda", False):
             self.fn[grid](*args, **meta())
             return
         dev, stream = _current_stream()

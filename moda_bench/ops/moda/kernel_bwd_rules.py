@@ -1,9 +1,10 @@
 """Launch rules of the folded-row "tma" backward (`kernel_bwd_tma`), decided per call on the host:
 whether the key-major pass runs beside the dq pass (`kv_beside`), how its key tiles' rows are cut
 into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of the key-major grid
-(`kv_depth_items`, off unless asked for), the dq pass's block order (`dq_mix`), and the order of
-a step's products (`dp_first`). Each rule states the measurements it stands on; `MoDAConfig`
-fields override them (-1 means "by the rule"; `dp_first` has no field: `moda_bwd_tma`'s kwarg).
+(`kv_depth_items`, off unless asked for), the dq pass's block order (`dq_mix`), the order of
+a step's products (`dp_first`) and whether the passes take host-side descriptors (`host_desc_bwd`).
+Each rule states the measurements it stands on; `MoDAConfig` fields override them (-1 means "by
+the rule"; `dp_first` and `host_desc_bwd` have none: `moda_bwd_tma`'s kwarg, the process switch).
 Also `moda_bwd_tma`'s plan (`bwd_plan`): its launches' grids, keys and constexprs for one set of
 sizes and arguments, memoised, so that a call only allocates and launches.
 """
@@ -15,6 +16,7 @@ import torch
 
 from moda_bench.ops.launch import cdiv, next_pow2
 from moda_bench.ops.moda.config import MoDAConfig, current_device_index, tma_block_l
+from moda_bench.ops.moda.descriptors import host_descriptors
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry
 from moda_bench.ops.moda.triton_utils import dot_precision, exp_poly_share, launch_options
 
@@ -161,6 +163,21 @@ def dq_mix(T: int, L: int) -> bool:
     return L > 0 and T <= DQ_MIX_MAX_T
 
 
+# The backward's passes take host-side tensor descriptors (`descriptors`) where T <= HOST_DESC_BWD_MAX_T;
+# above it they build theirs on the device. H100, interleaved, host / device-side descriptors, G=8,
+# L=64 unless said (results/h100/host-desc-s25, -s25b): fwd+bwd (graph) T = 1024 / 2048 / 4096
+# 0.849 / 0.886 / 0.898, T=8192 0.961 (eager); the backward alone at T=16384 1.019 [1.010-1.028], G=2
+# 1.070: there the passes are capped at 168 registers and spill more with the descriptors' parameters
+# (the dq pass at G=2: 46 -> 66 spills; key-major 8 -> 12), where their device-side builds are a
+# small share of long programs. The forward takes them at every T (T=16384 0.990, G=2 0.984, L=0 0.997).
+HOST_DESC_BWD_MAX_T = 8192
+
+
+def host_desc_bwd(T: int) -> bool:
+    """Whether the "tma" backward's passes take host-side descriptors at sequence length T."""
+    return T <= HOST_DESC_BWD_MAX_T and host_descriptors()
+
+
 # The key-major pass's step issues its dp^T product (v do^T) before the exponentials of its
 # scores, so the tensor cores compute it while the exponential unit works, where its registers
 # are not capped; with the cap (168 at T > 4096) the two score-sized fp32 tiles live at once and
@@ -201,11 +218,12 @@ class BwdPlan(NamedTuple):
     n_items: int
     n_tiles: int
     n_depth: int
+    boxes: tuple  # host-side descriptors' boxes: GP, dq positions, BL, key-major positions and heads, dq rows; or ()
 
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
                kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
-               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, heads) -> BwdPlan:
+               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, heads, host) -> BwdPlan:
     """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
     gp = next_pow2(G)
     if heads and not dq_heads_possible(L, G):
@@ -233,18 +251,19 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
     # the launches' specialisation: every tensor of q's dtype but the fp32 row statistics and
     # partials, every pointer 16-byte aligned (the caller's `aligned`; lse checked per call)
     shape_key = (dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, kv_block_m, S, bl, depth_grad, prec,
-                 depth_stages, kv_sub)
+                 depth_stages, kv_sub, host)
     dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl, DEPTH=L > 0 and not depth_items,
                    DEPTH_GRAD=depth_grad, USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix,
-                   DP_FIRST=bool(q_dp_first), POLY=q_poly, **launch_options(q_warps, q_stages, q_maxnreg))
+                   DP_FIRST=bool(q_dp_first), POLY=q_poly, HOST_DESC=host,
+                   **launch_options(q_warps, q_stages, q_maxnreg))
     kv_meta = tuple(dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=use_desc, PREC=prec, STATS=stats,
                          CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl, DEPTH_STAGES=depth_stages,
-                         DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly,
+                         DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly, HOST_DESC=host,
                          **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
     dq_grid = (B * Hk, n_m)
     if heads:  # BM positions of one head a program; rows from T to RP // GP: +inf / 0 (`_dq_head_kernel`)
         dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAILN=next_pow2(max(1, RP // gp - T)), D=d,
-                       USE_DESC=use_desc, PREC=prec, DP_FIRST=bool(q_dp_first), POLY=q_poly,
+                       USE_DESC=use_desc, PREC=prec, DP_FIRST=bool(q_dp_first), POLY=q_poly, HOST_DESC=host,
                        **launch_options(q_warps, q_stages, q_maxnreg))
         dq_grid = (cdiv(T, q_block_m), B * Hq)
     split = chunk or kv_sub > 1
@@ -256,7 +275,8 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                           kv_maxnreg, kv_poly) for stats in (False, True)),
                    (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
                    B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
-                   nch, n_items, n_tiles, n_depth)
+                   nch, n_items, n_tiles, n_depth,
+                   (gp, P, bl, kv_block_m * kv_sub // gp, gp // kv_sub, q_block_m) if host else ())
 
 
 _PLANS: dict = {}

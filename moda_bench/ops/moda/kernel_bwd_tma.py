@@ -51,52 +51,14 @@ from moda_bench.ops.counters import arrival_counters, scratch
 from moda_bench.ops.launch import CachedLaunch, aligned16
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
-                                                  bwd_plan, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_items)
-from moda_bench.ops.moda.kernel_fwd_tma import ensure_allocator, keys_desc, rows_desc
+                                                  bwd_plan, dq_mix, host_desc_bwd, kv_beside, kv_chunk, kv_depth_items,
+                                                  kv_items)
+from moda_bench.ops.moda.descriptors import (depth_desc, depth_hdesc, ensure_allocator, keys_desc,  # noqa: F401
+                                             keys_hdesc, keys_tile, rows_desc, rows_hdesc, rows_ptr, rows_tile)
 from moda_bench.ops.moda.triton_utils import exp2_mix, interpreting, mm, mm_acc
 
 LOG2E = 1.4426950408889634
 _KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
-
-
-@triton.jit
-def depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
-    return tl.make_tensor_descriptor(X, shape=[B, T, LD, Hk * D], strides=[T.to(tl.int64) * LD * Hk * D,
-                                     LD * Hk * D, Hk * D, 1], block_shape=[1, P, BL, D])
-
-
-@triton.jit
-def rows_ptr(b, j, g0, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
-    """Offsets [BM, D] of folded rows r (GP heads a position from head g0 of KV head j's group)
-    into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
-    t = r // GP
-    g = g0 + r % GP
-    ptr = ((b * T + t).to(tl.int64) * Hq + j * G + g)[:, None] * D + tl.arange(0, D)[None, :]
-    return ptr, ((t < T) & (g < G))[:, None]
-
-
-@triton.jit
-def rows_tile(X, xdesc, b, j, g0, t0, T, G, Hq, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-              USE_DESC: tl.constexpr):
-    """[BM, D] tile of q or do from position t0 of (b, KV head j), GP heads a position from head
-    g0 of its group (0: all of them, the padded group). Padding rows hold the next head's values
-    (descriptor) or zeros (pointers): their lse2 = +inf makes them contribute 0."""
-    if USE_DESC:
-        return tl.reshape(xdesc.load([b, t0, j * G + g0, 0]), (BM, D))
-    else:
-        ptr, ok = rows_ptr(b, j, g0, t0 * GP + tl.arange(0, BM), T, G, Hq, GP, D)
-        return tl.load(X + ptr, mask=ok, other=0.0)
-
-
-@triton.jit
-def keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr):
-    """[BN, D] tile of k or v from key n0 (keys past T: the next sequence's or zeros, always masked)."""
-    if USE_DESC:
-        return xdesc.load([b * T + n0, j * D])
-    else:
-        kn = n0 + tl.arange(0, BN)
-        ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
-        return tl.load(X + ptr, mask=(kn < T)[:, None], other=0.0)
 
 
 @triton.jit
@@ -212,7 +174,7 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
                CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
                DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr, NSUB: tl.constexpr,
-               POLY: tl.constexpr):
+               POLY: tl.constexpr, HOST_DESC: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
     computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
     CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
@@ -225,7 +187,8 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     NSUB > 1 (neither STATS nor DEPTH_ITEMS): grid (B*Hk*NSUB, N_ITEMS), a program per (key item,
     sub-group of GP // NSUB heads): a step's BM rows then span NSUB times the positions, so the
     programs of one head read the same q/do rows NSUB times sooner after each other (L2 reuse);
-    the sub-groups' fp32 dk, dv go to WS like chunks', the last to arrive sums them. The NSUB = 1
+    the sub-groups' fp32 dk, dv go to WS like chunks', the last to arrive sums them. HOST_DESC: Q, DO,
+    K, V (and O with STATS) are host-side descriptors (`descriptors`), not tensors. The NSUB = 1
     branches here, in `kv_item` and `_kv_step` keep the expressions the unsplit pass had before
     sub-groups: folded alike, they still compiled to more SASS and spills (`tools/sass_diff.py`)."""
     GS: tl.constexpr = GP // NSUB
@@ -243,7 +206,11 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     qdesc = None
     dodesc = None
     odesc = None
-    if USE_DESC:
+    if HOST_DESC:
+        qdesc, dodesc = Q, DO
+        if STATS:
+            odesc = O
+    elif USE_DESC:
         qdesc = rows_desc(Q, B, T, G * Hk, P, GS, D)
         dodesc = rows_desc(DO, B, T, G * Hk, P, GS, D)
         if STATS:
@@ -270,18 +237,18 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
         else:
             kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B,
                     T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, 0, GP, 1, BM, BN, D, USE_DESC, PREC, STATS,
-                    CHUNK, DP_FIRST, POLY)
+                    CHUNK, DP_FIRST, POLY, HOST_DESC)
     else:
         kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T,
                 G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP, NSUB, BM, BN, D, USE_DESC, PREC, STATS, CHUNK,
-                DP_FIRST, POLY)
+                DP_FIRST, POLY, HOST_DESC)
 
 
 @triton.jit
 def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G, Hk,
             RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr,
             BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
-            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr):
+            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr, HOST_DESC: tl.constexpr):
     """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows, for
     the heads of sub-group `sub` (of NSUB)."""
     P: tl.constexpr = BM // (GP // NSUB)
@@ -293,7 +260,9 @@ def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, od
     n0 = tile * BN
     kdesc = None
     vdesc = None
-    if USE_DESC:
+    if HOST_DESC:
+        kdesc, vdesc = K, V
+    elif USE_DESC:
         kdesc = keys_desc(K, B, T, Hk, BN, D)
         vdesc = keys_desc(V, B, T, Hk, BN, D)
     k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
@@ -438,10 +407,11 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
                n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
                USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
-               DP_FIRST: tl.constexpr, POLY: tl.constexpr):
+               DP_FIRST: tl.constexpr, POLY: tl.constexpr, HOST_DESC: tl.constexpr):
     """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
-    n_m), the last row block first, or (MIX) the last, the first, the last but one, ..."""
+    n_m), the last row block first, or (MIX) the last, the first, the last but one, ... HOST_DESC: Q,
+    DO, K, V (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side descriptors."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
     i = tl.program_id(1)
@@ -453,7 +423,13 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
     j = bh % Hk
     qdesc, dodesc, kdesc, vdesc = None, None, None, None
     kddesc, vddesc, dkddesc, dvddesc = None, None, None, None
-    if USE_DESC:
+    if HOST_DESC:
+        qdesc, dodesc, kdesc, vdesc = Q, DO, K, V
+        if DEPTH:
+            kddesc, vddesc = KD, VD
+            if DEPTH_GRAD:
+                dkddesc, dvddesc = DKD, DVD
+    elif USE_DESC:
         qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
         dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
         kdesc = keys_desc(K, B, T, Hk, BN, D)
@@ -487,7 +463,7 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
 @triton.jit(do_not_specialize=["B", "T", "G", "Hk", "RP"])
 def _dq_head_kernel(Q, K, V, O, DO, LSE, LSE2, DELTA, DQ, qk_scale, sm_scale, B, T, G, Hk, RP, GP: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, TAILN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr,
-                    PREC: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr):
+                    PREC: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr, HOST_DESC: tl.constexpr):
     """The dq pass at L = 0 a query head a program (`kernel_bwd_rules.dq_heads`; G = GP): BM positions of
     head h, grid (cdiv(T, BM), B*Hq), the last blocks first. Its rows' lse2 and delta go to the folded
     buffers (row t*GP + g); a head's last block also writes +inf / 0 to its rows from T to RP // GP."""
@@ -496,7 +472,9 @@ def _dq_head_kernel(Q, K, V, O, DO, LSE, LSE2, DELTA, DQ, qk_scale, sm_scale, B,
     b, h = tl.program_id(1) // Hq, tl.program_id(1) % Hq
     j = h // G
     qdesc, dodesc, kdesc, vdesc = None, None, None, None
-    if USE_DESC:  # boxes of BM positions x 1 head
+    if HOST_DESC:  # Q, DO, K, V: host-side descriptors
+        qdesc, dodesc, kdesc, vdesc = Q, DO, K, V
+    elif USE_DESC:  # boxes of BM positions x 1 head
         qdesc = rows_desc(Q, B, T, Hq, BM, 1, D)
         dodesc = rows_desc(DO, B, T, Hq, BM, 1, D)
         kdesc = keys_desc(K, B, T, Hk, BN, D)
@@ -557,7 +535,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
            q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
            depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
-           beside is not None, interpreting(), poly, bool(heads))
+           beside is not None, interpreting(), poly, bool(heads), bool(use_desc) and host_desc_bwd(T))
     p = bwd_plan(key)
     lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
     delta = torch.empty_like(lse2)
@@ -565,18 +543,29 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if p.depth_grad else (None, None)
     kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
     dkd_, dvd_ = (dkd, dvd) if p.depth_grad else (kd_, vd_)  # never written without depth_grad
-    if use_desc:
+    dq_in = (q, k, v, do, kd_, vd_, dkd_, dvd_)  # the dq pass's tensors, or their host-side descriptors
+    kv_in = (q, k, v, do, o)  # the key-major pass's
+    if p.boxes:  # the views and boxes of the kernels' device-side builders (`descriptors`)
+        gp, P, bl, kvP, kvGS, qBM = p.boxes
+        kv_in = (rows_hdesc(q, kvP, kvGS), keys_hdesc(k, kv_block_n), keys_hdesc(v, kv_block_n),
+                 rows_hdesc(do, kvP, kvGS), rows_hdesc(o, kvP, gp) if beside is not None else o)
+        qP, qG = (qBM, 1) if heads else (P, gp)
+        dq_in = (rows_hdesc(q, qP, qG), keys_hdesc(k, q_block_n), keys_hdesc(v, q_block_n), rows_hdesc(do, qP, qG),
+                 *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl) if L and not heads else x) for x in (kd_, vd_)),
+                 *((depth_hdesc(x, B, T, L, Hk, d, P, bl) if p.depth_grad else x) for x in (dkd_, dvd_)))
+    elif use_desc:
         ensure_allocator()
     # `CachedLaunch` keys: the plan's, where lse (the one tensor not checked by the caller nor
     # allocated here) is 16-byte aligned; else Triton's own path
     cached = use_desc and aligned16(lse)
 
     def dq_pass():
+        q_, k_, v_, do_, kd_x, vd_x, dkd_x, dvd_x = dq_in
         if heads:
-            return _DQH_LAUNCH(p.dq_key if cached else None, p.dq_grid, (q, k, v, o, do, lse, lse2, delta, dq,
+            return _DQH_LAUNCH(p.dq_key if cached else None, p.dq_grid, (q_, k_, v_, o, do_, lse, lse2, delta, dq,
                                scale * LOG2E, scale, B, T, G, Hk, p.RP), p.dq_meta)
         _DQ_LAUNCH(p.dq_key if cached else None, p.dq_grid,
-                   (q, k, v, kd_, vd_, o, do, lse, lse2, delta, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
+                   (q_, k_, v_, kd_x, vd_x, o, do_, lse, lse2, delta, dq, dkd_x, dvd_x, scale * LOG2E, scale, B, T, L,
                     max(L, 1), G, Hk, p.RP, p.n_m), p.dq_meta)
 
     def kv_pass(stats: bool):
@@ -585,8 +574,9 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             ws = scratch(_KV_COUNTERS, q.device, p.ws_n)
             cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
         _KV_LAUNCH(p.kv_keys[stats] if cached else None, p.kv_grid,
-                   (q, k, v, do, o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale,
-                    B, T, L, max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth), p.kv_meta[stats])
+                   (*kv_in[:4], kv_in[4] if stats else o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_,
+                    scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth),
+                   p.kv_meta[stats])
 
     if beside is None:
         dq_pass()

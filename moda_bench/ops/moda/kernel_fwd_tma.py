@@ -40,6 +40,9 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import CachedLaunch, cdiv, next_pow2
+from moda_bench.ops.moda.descriptors import (aligned, depth_rows_desc, depth_rows_hdesc,  # noqa: F401
+                                             descriptors_available, ensure_allocator, host_descriptors, keys_desc,
+                                             keys_hdesc, rows_desc, rows_hdesc)
 from moda_bench.ops.moda.triton_utils import dot_precision, exp2_mix, launch_options, mm, mm_acc
 
 LOG2E = 1.4426950408889634
@@ -74,27 +77,6 @@ def _seq_tile(q, acc, m_i, l_i, t, K, V, kdesc, vdesc, b, j, start_n, T, Hk, qk_
     acc = acc * alpha[:, None]
     acc = mm_acc(p.to(v.dtype), v, acc, PREC)
     return acc, m_new, l_i
-
-
-@triton.jit
-def rows_desc(X, B, T, Hq, P: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
-    """Descriptor of a (B,T,Hq,D) tensor (q, o, do) in boxes of P positions x GP heads: one folded row block."""
-    return tl.make_tensor_descriptor(X, shape=[B, T, Hq, D], strides=[T.to(tl.int64) * Hq * D, Hq * D, D, 1],
-                                     block_shape=[1, P, GP, D])
-
-
-@triton.jit
-def keys_desc(X, B, T, Hk, BN: tl.constexpr, D: tl.constexpr):
-    """Descriptor of a (B,T,Hk,D) tensor (k, v) as (B*T, Hk*D) rows in boxes of BN keys of one head."""
-    return tl.make_tensor_descriptor(X, shape=[B * T, Hk * D], strides=[Hk * D, 1], block_shape=[BN, D])
-
-
-@triton.jit
-def depth_rows_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
-    """Descriptor of a (B,T,LD,Hk,D) depth tensor as (B*T, LD, Hk*D) in boxes of P positions x BL
-    depth entries of one head (the forward's depth phase)."""
-    return tl.make_tensor_descriptor(X, shape=[B * T, LD, Hk * D], strides=[LD * Hk * D, Hk * D, 1],
-                                     block_shape=[P, BL, D])
 
 
 @triton.jit
@@ -190,17 +172,21 @@ def moda_fwd_tma_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, H
                           GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HEAD_DIM: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, USE_DESC: tl.constexpr,
                           WS: tl.constexpr, DEPTH_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
-                          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr):
+                          PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, POLY: tl.constexpr,
+                          HOST_DESC: tl.constexpr):
     """All inputs contiguous. LD = max(L, 1) sizes the depth descriptors (KD/VD alias K/V when
     L = 0; the depth loop then runs no step). Grid: (n_mblocks, B*Hk), or (programs,) when
-    PERSISTENT; row blocks are visited heaviest (last) first."""
+    PERSISTENT; row blocks are visited heaviest (last) first. HOST_DESC: Q, K, V, KD, VD are host-side
+    descriptors (`descriptors.host_descriptors`), not tensors."""
     P: tl.constexpr = BLOCK_M // GP
     qdesc = None
     kdesc = None
     vdesc = None
     kddesc = None
     vddesc = None
-    if USE_DESC:
+    if HOST_DESC:
+        qdesc, kdesc, vdesc, kddesc, vddesc = Q, K, V, KD, VD
+    elif USE_DESC:
         qdesc = rows_desc(Q, B, T, Hq, P, GP, HEAD_DIM)
         kdesc = keys_desc(K, B, T, Hk, BLOCK_N, HEAD_DIM)
         vdesc = keys_desc(V, B, T, Hk, BLOCK_N, HEAD_DIM)
@@ -223,67 +209,6 @@ def moda_fwd_tma_kernel(Q, K, V, KD, VD, O, LSE, qk_scale, B, T, L, LD, G, Hk, H
 
 
 # ----------------------------------------------------------------------------- host side
-
-def descriptors_available() -> bool:
-    """Whether this Triton builds device-side tensor descriptors (3.4 and later)."""
-    return hasattr(tl, "make_tensor_descriptor")
-
-
-_ALLOCATION: list = []  # Triton's allocation module, looked up once (None: another Triton layout)
-
-
-def _null_allocator():
-    """(the allocator Triton has for this context, Triton's null allocator)."""
-    if not _ALLOCATION:
-        try:
-            from triton.runtime import _allocation
-            _ALLOCATION.append(_allocation if hasattr(_allocation, "_allocator") else None)
-        except ImportError:  # pragma: no cover - another Triton layout
-            _ALLOCATION.append(None)
-    mod = _ALLOCATION[0]
-    if mod is None:  # pragma: no cover
-        return None, None
-    return mod._allocator.get(), getattr(mod, "_NULL_ALLOCATOR", None)
-
-
-_SCRATCH_DEVICE: list = []  # torch.device("cuda") (the current one at each call), or "cpu" without CUDA
-
-
-def _torch_alloc(size: int, alignment: int, stream):
-    """Global scratch for device-side descriptors (128 bytes a program), from torch's caching
-    allocator on the current device: cheap, and capture-safe under CUDA graphs. Triton asks for it
-    at every launch of a descriptor kernel, so CUDA's availability is asked once."""
-    if not _SCRATCH_DEVICE:
-        _SCRATCH_DEVICE.append(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    return torch.empty(size, dtype=torch.int8, device=_SCRATCH_DEVICE[0])
-
-
-def ensure_allocator() -> None:
-    """Device-side descriptors need Triton's global scratch allocator. Install ours only where
-    none is set (a user's own allocator is kept); Triton keeps it per thread context, so this is
-    asked at every launch (a context-variable read)."""
-    current, null = _null_allocator()
-    if current is None or current is null:
-        triton.set_allocator(_torch_alloc)
-
-
-def aligned(*tensors, contiguous: bool = False) -> bool:
-    """TMA's rule: base addresses and every stride but the last 16-byte multiples. A contiguous
-    tensor's strides are read as the kernels address it, from its shape (each a multiple of the
-    last dimension's length: one product instead of a loop over strides, which torch leaves
-    arbitrary on dimensions of length 1). contiguous: every tensor must also be contiguous."""
-    for t in tensors:
-        if t is None:
-            continue
-        if t.data_ptr() % 16:
-            return False
-        if t.is_contiguous():
-            if t.dim() > 1 and (t.shape[-1] * t.element_size()) % 16:
-                return False
-        elif contiguous or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
-
 
 def depth_geometry(G: int, block_m: int, depth_sub: int = 0, block_l: int = 0):
     """(GP, P, S, BL) of a program of block_m rows: S positions per depth sub-tile (depth_sub, or
@@ -348,17 +273,23 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
     n_m = cdiv(T, P)
     n_tiles = n_m * B * Hk
-    if use_desc:
+    host = bool(use_desc) and host_descriptors()
+    ins = (q, k, v, kd, vd)
+    if host:  # the same views and boxes as the kernel's device-side builders
+        LD = max(L, 1)
+        ins = (rows_hdesc(q, P, gp), keys_hdesc(k, block_n), keys_hdesc(v, block_n),
+               depth_rows_hdesc(kd, B, T, LD, Hk, d, P, bl), depth_rows_hdesc(vd, B, T, LD, Hk, d, P, bl))
+    elif use_desc:
         ensure_allocator()
     grid = (min(n_tiles, num_sms(q.device)),) if persistent else (n_m, B * Hk)
     # descriptor loads: every pointer 16-byte aligned (the caller's `aligned`), so the shape and
     # the tile configuration fix the launch's specialisation (`CachedLaunch`)
     key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, bool(ws),
-           bool(depth_first), bool(persistent), depth_stages, maxnreg, poly) if use_desc else None
-    _FWD_LAUNCH(key, grid, (q, k, v, kd, vd, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
+           bool(depth_first), bool(persistent), depth_stages, maxnreg, poly, host) if use_desc else None
+    _FWD_LAUNCH(key, grid, (*ins, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
                 lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
                              WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
-                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, POLY=poly,
+                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, POLY=poly, HOST_DESC=host,
                              **launch_options(num_warps, num_stages, maxnreg)))
     return o, lse
 
