@@ -160,3 +160,50 @@ def test_cached_launch_reads_a_descriptors_tensor(monkeypatch):
     cl(("key",), (1,), (desc, 3), lambda: dict(N=1))
     cl(("key",), (1,), (desc, 3), lambda: dict(N=1))
     assert len(calls) == 2 and cl.entries == 0 and calls[0][1][0] is desc
+
+
+def test_tensor_maps_encode_once_and_expand_in_place(monkeypatch):
+    """`TensorMaps` (Triton 3.6's launcher layout, faked here): a descriptor argument is replaced by
+    its encoded map, shape and strides in place, encoded once per (position, pointer, shape,
+    strides), and the launcher Triton's wrapper would call gets the 13 base arguments first."""
+    import triton.backends.nvidia.driver as drv
+    encoded = []
+
+    def fake_encode(arg, metadata):
+        encoded.append((arg.base.data_ptr(), metadata))
+        return [("map", arg.base.data_ptr()), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(drv, "make_tensordesc_arg", fake_encode)
+    seen = []
+
+    def make_inner(launcher):
+        def inner(*a):
+            return launcher(*a)
+        return inner
+
+    class Run:
+        launch = make_inner(lambda *a: seen.append(a))
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+
+    class Meta:
+        tensordesc_meta = [{"box": 1}, {"box": 2}]
+
+    class Ck:
+        run, metadata, function, packed_metadata = Run(), Meta(), "fn", "packed"
+
+    x, y = torch.zeros(1, 4, 2, 16), torch.zeros(1, 8, 2, 16)
+    args = (D.rows_hdesc(x, 4, 2), 7, D.keys_hdesc(y, 16), 9)
+    maps = launch_mod.TensorMaps.of(Ck(), args)
+    assert maps is not None and maps.pos == (0, 2)
+    launch_mod.TensorMaps._MAPS.clear()
+    for _ in range(2):
+        maps.launch(3, 1, 1, 123, Ck(), args, ("tail",))
+    assert len(encoded) == 2 and [m for _, m in encoded] == [{"box": 2}, {"box": 1}]
+    a = seen[-1]
+    assert a[:13] == (3, 1, 1, 123, "fn", False, True, None, None, "packed", None, None, None)
+    assert a[13:] == (("map", x.data_ptr()), 1, 4, 2, 16, 128, 32, 16, 1, 7, ("map", y.data_ptr()), 8, 32, 32, 1,
+                      9, "tail")
+    assert launch_mod.TensorMaps.of(Ck(), (x, 7)) is None  # no descriptor among the arguments
+    monkeypatch.setattr(drv, "make_tensordesc_arg", lambda arg, metadata, extra: [])
+    assert launch_mod.TensorMaps.of(Ck(), args) is None  # another launcher layout: Triton's own path

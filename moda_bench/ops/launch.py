@@ -23,6 +23,8 @@ its pointer kernels' forward, q-major, key-major and depth-only launches (`kerne
 strides too), decode's split and combine kernels (`ops.decode.kernel`) and Depth-Attention's
 mix forward and backward (`ops.dattn.mix_kernel`: keyed by every integer argument's value and
 every tensor's dtype); MoDA's merge and delta kernels still go through Triton at every call.
+Host-side tensor descriptors among the arguments (MoDA's descriptor kernels, decode's cache tiles)
+keep their encoded tensor maps (`TensorMaps`).
 """
 from __future__ import annotations
 
@@ -103,8 +105,8 @@ class CachedLaunch:
     every constexpr and option in meta, and that all pointer arguments are 16-byte aligned
     (callers check alignment where it is not given, else pass key=None). The CUDA device is
     added to the key here; a launch whose first argument is not a CUDA tensor nor a descriptor of
-    one (the interpreter's CPU tensors) takes Triton's path. args: the runtime arguments, positionally, in signature
-    order; meta: a callable returning the constexprs and launch options (num_warps, ...) by
+    one (the interpreter's CPU tensors) takes Triton's path. args: the runtime arguments,
+    positionally, in signature order (host-side descriptors among them: `TensorMaps`); meta: a callable returning the constexprs and launch options (num_warps, ...) by
     name, called only where Triton's own path runs. `entries` counts the kept kernels."""
 
     __slots__ = ("fn", "kernels")
@@ -125,9 +127,12 @@ class CachedLaunch:
         dev, stream = _current_stream()
         hit = self.kernels.get((dev, key))
         if hit is not None and _hooks_idle():
-            ck, tail = hit
+            ck, tail, maps = hit
             gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-            ck.run(gx, gy, gz, stream, ck.function, ck.packed_metadata, None, None, None, *args, *tail)
+            if maps is None:
+                ck.run(gx, gy, gz, stream, ck.function, ck.packed_metadata, None, None, None, *args, *tail)
+            else:
+                maps.launch(gx, gy, gz, stream, ck, args, tail)
             return
         kw = meta()
         ck = self.fn[grid](*args, **kw)
@@ -137,13 +142,65 @@ class CachedLaunch:
                 self.kernels[(dev, key)] = entry
 
     def _entry(self, ck, args: tuple, kw: dict):
-        """(compiled kernel, the constexpr values after args in signature order), or None where
-        the launch cannot be repeated from them: no launcher interface (the interpreter, another
-        Triton), or a parameter neither in args nor in kw (a default Triton would fill in)."""
+        """(compiled kernel, the constexpr values after args in signature order, its `TensorMaps` or
+        None), or None where the launch cannot be repeated from them: no launcher interface (the
+        interpreter, another Triton), or a parameter neither in args nor in kw (a default Triton
+        would fill in)."""
         if not all(hasattr(ck, a) for a in ("run", "function", "packed_metadata")):
             return None
         names = list(getattr(self.fn, "arg_names", ()))
         rest = names[len(args):]
         if len(names) < len(args) or any(n not in kw for n in rest):
             return None
-        return ck, tuple(kw[n] for n in rest)
+        return ck, tuple(kw[n] for n in rest), TensorMaps.of(ck, args)
+
+
+class TensorMaps:
+    """The launch of a kernel with host-side tensor descriptor arguments, their encoded tensor maps
+    kept. Triton's launcher encodes every descriptor at every launch (`make_tensordesc_arg`:
+    `cuTensorMapEncodeTiled` and the arguments' expansion in Python), measured at ~10 us a
+    descriptor on a GPU host (a forward with five: 71 -> 120 us of host, results/h100/host-desc-s25c);
+    a map depends only on the pointer, shape, strides and the kernel's box and swizzle, so it is
+    encoded once per (position, pointer, shape, strides) and the expanded arguments go straight to
+    the launcher Triton's wrapper calls. `of` answers None (Triton's `ck.run` then) where the
+    launcher is not laid out as Triton 3.6's (its wrapper's `launcher`, `make_tensordesc_arg(arg,
+    metadata)`, no global or profile scratch)."""
+
+    __slots__ = ("raw", "pos", "metas", "coop", "pdl")
+    _MAPS: dict = {}  # (argument position, pointer, shape..., strides...) -> expanded arguments
+
+    def __init__(self, raw, pos, metas, coop, pdl):
+        self.raw, self.pos, self.metas, self.coop, self.pdl = raw, pos, metas, coop, pdl
+
+    @classmethod
+    def of(cls, ck, args: tuple):
+        pos = tuple(i for i, a in enumerate(args) if hasattr(a, "block_shape") and hasattr(a, "base"))
+        if not pos:
+            return None
+        try:
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+            run = ck.run
+            inner = run.launch
+            raw = inner.__closure__[inner.__code__.co_freevars.index("launcher")].cell_contents
+            metas = getattr(ck.metadata, "tensordesc_meta", None)
+            if (make_tensordesc_arg.__code__.co_argcount != 2 or not metas or len(metas) != len(pos)
+                    or run.global_scratch_size or run.profile_scratch_size):
+                return None
+            return cls(raw, pos, tuple(metas), run.launch_cooperative_grid, run.launch_pdl)
+        except (ImportError, AttributeError, ValueError, TypeError):
+            return None
+
+    def launch(self, gx, gy, gz, stream, ck, args: tuple, tail: tuple) -> None:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+        out = list(args)
+        for i, meta in zip(reversed(self.pos), reversed(self.metas)):
+            d = args[i]
+            key = (i, d.base.data_ptr(), *d.shape, *d.strides)
+            enc = self._MAPS.get(key)
+            if enc is None:
+                if len(self._MAPS) >= 4096:
+                    self._MAPS.clear()
+                enc = self._MAPS[key] = make_tensordesc_arg(d, meta)
+            out[i:i + 1] = enc
+        self.raw(gx, gy, gz, stream, ck.function, self.coop, self.pdl, None, None, ck.packed_metadata, None, None,
+                 None, *out, *tail)
