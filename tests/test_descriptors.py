@@ -164,8 +164,10 @@ def test_cached_launch_reads_a_descriptors_tensor(monkeypatch):
 
 def test_tensor_maps_encode_once_and_expand_in_place(monkeypatch):
     """`TensorMaps` (Triton 3.6's launcher layout, faked here): a descriptor argument is replaced by
-    its encoded map, shape and strides in place, encoded once per (position, pointer, shape,
-    strides), and the launcher Triton's wrapper would call gets the 13 base arguments first."""
+    its encoded map, shape and strides in place, encoded once per (metadata, pointer, shape,
+    strides): a kernel whose metadata differs for the same tensor and view gets its own map (the
+    GPU found a kept map shared across two kernels' swizzles); the launcher Triton's wrapper would
+    call gets the 13 base arguments first."""
     import triton.backends.nvidia.driver as drv
     encoded = []
 
@@ -204,6 +206,14 @@ def test_tensor_maps_encode_once_and_expand_in_place(monkeypatch):
     assert a[:13] == (3, 1, 1, 123, "fn", False, True, None, None, "packed", None, None, None)
     assert a[13:] == (("map", x.data_ptr()), 1, 4, 2, 16, 128, 32, 16, 1, 7, ("map", y.data_ptr()), 8, 32, 32, 1,
                       9, "tail")
+    class Meta2:  # another kernel: the same views with another swizzle for the first
+        tensordesc_meta = [{"box": 1, "swizzle": 2}, {"box": 2}]
+
+    class Ck2(Ck):
+        metadata = Meta2()
+
+    launch_mod.TensorMaps.of(Ck2(), args).launch(3, 1, 1, 123, Ck2(), args, ())
+    assert len(encoded) == 3 and encoded[-1] == (x.data_ptr(), {"box": 1, "swizzle": 2})  # its own map
     assert launch_mod.TensorMaps.of(Ck(), (x, 7)) is None  # no descriptor among the arguments
     monkeypatch.setattr(drv, "make_tensordesc_arg", lambda arg, metadata, extra: [])
     assert launch_mod.TensorMaps.of(Ck(), args) is None  # another launcher layout: Triton's own path

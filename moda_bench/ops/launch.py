@@ -160,17 +160,19 @@ class TensorMaps:
     kept. Triton's launcher encodes every descriptor at every launch (`make_tensordesc_arg`:
     `cuTensorMapEncodeTiled` and the arguments' expansion in Python), measured at ~10 us a
     descriptor on a GPU host (a forward with five: 71 -> 120 us of host, results/h100/host-desc-s25c);
-    a map depends only on the pointer, shape, strides and the kernel's box and swizzle, so it is
-    encoded once per (position, pointer, shape, strides) and the expanded arguments go straight to
+    a map depends only on the pointer, shape, strides and the kernel's box and swizzle (its
+    `tensordesc_meta` entry, which two kernels may choose differently for the same view and box),
+    so it is encoded once per (metadata, pointer, shape, strides) and the expanded arguments go straight to
     the launcher Triton's wrapper calls. `of` answers None (Triton's `ck.run` then) where the
     launcher is not laid out as Triton 3.6's (its wrapper's `launcher`, `make_tensordesc_arg(arg,
     metadata)`, no global or profile scratch)."""
 
-    __slots__ = ("raw", "pos", "metas", "coop", "pdl")
-    _MAPS: dict = {}  # (argument position, pointer, shape..., strides...) -> expanded arguments
+    __slots__ = ("raw", "pos", "metas", "mkeys", "coop", "pdl")
+    _MAPS: dict = {}  # (metadata's items, pointer, shape..., strides...) -> expanded arguments
 
     def __init__(self, raw, pos, metas, coop, pdl):
         self.raw, self.pos, self.metas, self.coop, self.pdl = raw, pos, metas, coop, pdl
+        self.mkeys = tuple(_frozen(m) for m in metas)
 
     @classmethod
     def of(cls, ck, args: tuple):
@@ -193,9 +195,9 @@ class TensorMaps:
     def launch(self, gx, gy, gz, stream, ck, args: tuple, tail: tuple) -> None:
         from triton.backends.nvidia.driver import make_tensordesc_arg
         out = list(args)
-        for i, meta in zip(reversed(self.pos), reversed(self.metas)):
+        for i, meta, mkey in zip(reversed(self.pos), reversed(self.metas), reversed(self.mkeys)):
             d = args[i]
-            key = (i, d.base.data_ptr(), *d.shape, *d.strides)
+            key = (mkey, d.base.data_ptr(), *d.shape, *d.strides)
             enc = self._MAPS.get(key)
             if enc is None:
                 if len(self._MAPS) >= 4096:
@@ -204,3 +206,12 @@ class TensorMaps:
             out[i:i + 1] = enc
         self.raw(gx, gy, gz, stream, ck.function, self.coop, self.pdl, None, None, ck.packed_metadata, None, None,
                  None, *out, *tail)
+
+
+def _frozen(meta):
+    """A hashable copy of a descriptor's metadata (dicts and lists as sorted tuples)."""
+    if isinstance(meta, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in meta.items()))
+    if isinstance(meta, (list, tuple)):
+        return tuple(_frozen(v) for v in meta)
+    return meta
