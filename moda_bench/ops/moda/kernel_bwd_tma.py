@@ -1,7 +1,8 @@
 """The folded-row backward of the fused MoDA kernel (`MoDAConfig.bwd_depth = "tma"`): two passes
 over group-folded rows with per-row softmax statistics in flat buffers, every tile loaded through
-a device-side tensor descriptor (TMA on Hopper) or, where descriptors are unusable, through masked
-pointers (USE_DESC=False, the same arithmetic). Launched by `kernel.moda_bwd` (through
+a tensor descriptor (TMA on Hopper; built on the host at T <= 8192, `host_desc_bwd`, else by each
+program: `descriptors`) or, where descriptors are unusable, through masked pointers (USE_DESC=False,
+the same arithmetic). Launched by `kernel.moda_bwd` (through
 `moda_bwd_tma`); `tools/bwd_tma_triton.py` times its variants (issue 21).
 
 q, o, do (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0), all

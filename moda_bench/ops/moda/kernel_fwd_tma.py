@@ -1,7 +1,7 @@
 """The descriptor-load forward of the fused MoDA kernel (`MoDAConfig.fwd_depth = "tma"`): one
 program per block of folded rows does the causal sequence loop and the depth phase under one
-online softmax, every tile loaded through a device-side tensor descriptor
-(`tl.make_tensor_descriptor`, the TMA copy engine on Hopper). Launched by `kernel.moda_fwd`
+online softmax, every tile loaded through a tensor descriptor (the TMA copy engine on Hopper),
+built on the host where Triton has them, else by each program (`descriptors`). Launched by `kernel.moda_fwd`
 (through `moda_fwd_tma`); `tools/fused_fwd_triton.py` times its variants (issue 20's route A,
 docs/FUSED_PROTOTYPES.md).
 
