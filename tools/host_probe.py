@@ -232,14 +232,19 @@ def launch_ab(x, leaves, max_time: float = 3.0) -> None:
             moda_attention(q, k, v, kd, vd).backward(do)
         return fn
 
-    fns = {"triton": call(False), "cached": call(True)}
+    switch_ab({"triton": call(False), "cached": call(True)}, leaves, ("eager", "graph"), max_time)
+    set_fast_launch(True)
+
+
+def switch_ab(fns: dict, leaves, timers, max_time: float) -> None:
+    """Two callables that flip a process switch each: host us a call (alternated twice), then
+    interleaved timings against the first."""
     for fn in fns.values():
         fn()
     for _ in range(2):  # host time alone, alternated twice
         for name, fn in fns.items():
             print(f"  host  {name:8s} {per_call_us(fn, 150):8.1f} us a call")
-    interleaved(fns, leaves, "triton", ("eager", "graph"), max_time, width=8)
-    set_fast_launch(True)
+    interleaved(fns, leaves, next(iter(fns)), timers, max_time, width=8)
 
 
 def desc_ab(x, leaves, max_time: float = 3.0, pass_: str = "fwdbwd") -> None:
@@ -256,13 +261,8 @@ def desc_ab(x, leaves, max_time: float = 3.0, pass_: str = "fwdbwd") -> None:
             return inner()
         return fn
 
-    fns = {"device": call(False), "host": call(True)}
-    for fn in fns.values():
-        fn()
-    for _ in range(2):  # host time alone, alternated twice
-        for name, fn in fns.items():
-            print(f"  host  {name:8s} {per_call_us(fn, 150):8.1f} us a call")
-    interleaved(fns, leaves, "device", ("eager",) if pass_ == "bwd" else ("graph", "eager"), max_time, width=8)
+    switch_ab({"device": call(False), "host": call(True)}, leaves, ("eager",) if pass_ == "bwd" else ("graph", "eager"),
+              max_time)
     set_host_descriptors(True)
 
 
