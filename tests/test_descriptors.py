@@ -215,5 +215,10 @@ def test_tensor_maps_encode_once_and_expand_in_place(monkeypatch):
     launch_mod.TensorMaps.of(Ck2(), args).launch(3, 1, 1, 123, Ck2(), args, ())
     assert len(encoded) == 3 and encoded[-1] == (x.data_ptr(), {"box": 1, "swizzle": 2})  # its own map
     assert launch_mod.TensorMaps.of(Ck(), (x, 7)) is None  # no descriptor among the arguments
+
+    class Ck3(Ck):  # descriptors without metadata: a kept map would hold the tensor itself
+        metadata = type("M", (), {"tensordesc_meta": [None, None]})()
+
+    assert launch_mod.TensorMaps.of(Ck3(), args) is None
     monkeypatch.setattr(drv, "make_tensordesc_arg", lambda arg, metadata, extra: [])
     assert launch_mod.TensorMaps.of(Ck(), args) is None  # another launcher layout: Triton's own path

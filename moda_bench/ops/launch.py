@@ -106,7 +106,8 @@ class CachedLaunch:
     (callers check alignment where it is not given, else pass key=None). The CUDA device is
     added to the key here; a launch whose first argument is not a CUDA tensor nor a descriptor of
     one (the interpreter's CPU tensors) takes Triton's path. args: the runtime arguments,
-    positionally, in signature order (host-side descriptors among them: `TensorMaps`); meta: a callable returning the constexprs and launch options (num_warps, ...) by
+    positionally, in signature order (host-side descriptors among them: `TensorMaps`); meta: a
+    callable returning the constexprs and launch options (num_warps, ...) by
     name, called only where Triton's own path runs. `entries` counts the kept kernels."""
 
     __slots__ = ("fn", "kernels")
@@ -162,10 +163,11 @@ class TensorMaps:
     descriptor on a GPU host (a forward with five: 71 -> 120 us of host, results/h100/host-desc-s25c);
     a map depends only on the pointer, shape, strides and the kernel's box and swizzle (its
     `tensordesc_meta` entry, which two kernels may choose differently for the same view and box),
-    so it is encoded once per (metadata, pointer, shape, strides) and the expanded arguments go straight to
-    the launcher Triton's wrapper calls. `of` answers None (Triton's `ck.run` then) where the
-    launcher is not laid out as Triton 3.6's (its wrapper's `launcher`, `make_tensordesc_arg(arg,
-    metadata)`, no global or profile scratch)."""
+    so it is encoded once per (metadata, pointer, shape, strides) and the expanded arguments go
+    straight to the launcher Triton's wrapper calls. `of` answers None (Triton's `ck.run` then)
+    where the launcher is not laid out as Triton 3.6's (its wrapper's `launcher`,
+    `make_tensordesc_arg(arg, metadata)`, metadata for every descriptor, no global or profile
+    scratch): a map kept without metadata would hold the tensor itself."""
 
     __slots__ = ("raw", "pos", "metas", "mkeys", "coop", "pdl")
     _MAPS: dict = {}  # (metadata's items, pointer, shape..., strides...) -> expanded arguments
@@ -186,7 +188,7 @@ class TensorMaps:
             raw = inner.__closure__[inner.__code__.co_freevars.index("launcher")].cell_contents
             metas = getattr(ck.metadata, "tensordesc_meta", None)
             if (make_tensordesc_arg.__code__.co_argcount != 2 or not metas or len(metas) != len(pos)
-                    or run.global_scratch_size or run.profile_scratch_size):
+                    or any(m is None for m in metas) or run.global_scratch_size or run.profile_scratch_size):
                 return None
             return cls(raw, pos, tuple(metas), run.launch_cooperative_grid, run.launch_pdl)
         except (ImportError, AttributeError, ValueError, TypeError):

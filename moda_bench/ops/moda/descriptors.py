@@ -10,9 +10,10 @@ and a barrier, one after another for each descriptor. ncu of the passes at T=102
 H100; results/h100/short-t-s25b) put 18% of the forward's warp samples, 29% of the dq pass's (eight
 descriptors) and 11% of the key-major pass's in those prologues; a host-side descriptor is encoded
 once a launch by Triton's launcher and reaches every program as a kernel parameter.
-`set_host_descriptors(False)` (or MODA_BENCH_HOST_DESC=0) keeps the device-side builds (A/B timing). Each builder below has its
-host twin (`*_hdesc`) describing the same view with the same box; a kernel whose HOST_DESC
-constexpr is set takes the twin in its tensor's argument slot.
+`set_host_descriptors(False)` (or MODA_BENCH_HOST_DESC=0 in the environment) keeps the device-side
+builds (A/B timing). Each builder below has its host twin (`*_hdesc`) describing the same view with
+the same box; a kernel whose HOST_DESC constexpr is set takes the twin in its tensor's argument
+slot; `ops.launch.TensorMaps` keeps their encoded tensor maps between launches.
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def keys_tile(X, xdesc, b, j, n0, T, Hk, BN: tl.constexpr, D: tl.constexpr, USE_
 # ----------------------------------------------------------------------------- host side
 
 # set_host_descriptors; MODA_BENCH_HOST_DESC=0 in the environment starts a process with them off
-_HOST = [TensorDescriptor is not None and os.environ.get("MODA_BENCH_HOST_DESC", "1") not in ("0", "false", "off")]
+_HOST = [TensorDescriptor is not None
+         and os.environ.get("MODA_BENCH_HOST_DESC", "1") not in ("0", "false", "off")]
 
 
 def host_descriptors() -> bool:
