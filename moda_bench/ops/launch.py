@@ -169,11 +169,11 @@ class TensorMaps:
     `make_tensordesc_arg(arg, metadata)`, metadata for every descriptor, no global or profile
     scratch): a map kept without metadata would hold the tensor itself."""
 
-    __slots__ = ("raw", "pos", "metas", "mkeys", "coop", "pdl")
+    __slots__ = ("raw", "encode", "pos", "metas", "mkeys", "coop", "pdl")
     _MAPS: dict = {}  # (metadata's items, pointer, shape..., strides...) -> expanded arguments
 
-    def __init__(self, raw, pos, metas, coop, pdl):
-        self.raw, self.pos, self.metas, self.coop, self.pdl = raw, pos, metas, coop, pdl
+    def __init__(self, raw, encode, pos, metas, coop, pdl):
+        self.raw, self.encode, self.pos, self.metas, self.coop, self.pdl = raw, encode, pos, metas, coop, pdl
         self.mkeys = tuple(_frozen(m) for m in metas)
 
     @classmethod
@@ -190,12 +190,11 @@ class TensorMaps:
             if (make_tensordesc_arg.__code__.co_argcount != 2 or not metas or len(metas) != len(pos)
                     or any(m is None for m in metas) or run.global_scratch_size or run.profile_scratch_size):
                 return None
-            return cls(raw, pos, tuple(metas), run.launch_cooperative_grid, run.launch_pdl)
+            return cls(raw, make_tensordesc_arg, pos, tuple(metas), run.launch_cooperative_grid, run.launch_pdl)
         except (ImportError, AttributeError, ValueError, TypeError):
             return None
 
     def launch(self, gx, gy, gz, stream, ck, args: tuple, tail: tuple) -> None:
-        from triton.backends.nvidia.driver import make_tensordesc_arg
         out = list(args)
         for i, meta, mkey in zip(reversed(self.pos), reversed(self.metas), reversed(self.mkeys)):
             d = args[i]
@@ -204,7 +203,7 @@ class TensorMaps:
             if enc is None:
                 if len(self._MAPS) >= 4096:
                     self._MAPS.clear()
-                enc = self._MAPS[key] = make_tensordesc_arg(d, meta)
+                enc = self._MAPS[key] = self.encode(d, meta)
             out[i:i + 1] = enc
         self.raw(gx, gy, gz, stream, ck.function, self.coop, self.pdl, None, None, ck.packed_metadata, None, None,
                  None, *out, *tail)

@@ -545,7 +545,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
     dkd_, dvd_ = (dkd, dvd) if p.depth_grad else (kd_, vd_)  # never written without depth_grad
     dq_in = (q, k, v, do, kd_, vd_, dkd_, dvd_)  # the dq pass's tensors, or their host-side descriptors
-    kv_in = (q, k, v, do, o)  # the key-major pass's
+    kv_in = (q, k, v, do, o)  # the key-major pass's (o read only beside the dq pass, for its row statistics)
     if p.boxes:  # the views and boxes of the kernels' device-side builders (`descriptors`)
         gp, P, bl, kvP, kvGS, qBM = p.boxes
         kv_in = (rows_hdesc(q, kvP, kvGS), keys_hdesc(k, kv_block_n), keys_hdesc(v, kv_block_n),
@@ -575,9 +575,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             ws = scratch(_KV_COUNTERS, q.device, p.ws_n)
             cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
         _KV_LAUNCH(p.kv_keys[stats] if cached else None, p.kv_grid,
-                   (*kv_in[:4], kv_in[4] if stats else o, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_,
-                    scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth),
-                   p.kv_meta[stats])
+                   (*kv_in, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
+                    max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth), p.kv_meta[stats])
 
     if beside is None:
         dq_pass()

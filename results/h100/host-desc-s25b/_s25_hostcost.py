@@ -40,6 +40,6 @@ for spec in sys.argv[1:]:
         torch.cuda.synchronize()
         print(f"T={T} G={G} L={L} host={host}: forward call host us {us(fwd, 300):.1f}")
 for name, launch in (("fwd", F._FWD_LAUNCH), ("dq", Bk._DQ_LAUNCH), ("dqh", Bk._DQH_LAUNCH), ("kv", Bk._KV_LAUNCH)):
-    for (dev, key), (ck, tail, maps) in launch.kernels.items():
-        print(f"{name:4s} regs {ck.n_regs:4d} spills {ck.n_spills:4d} shared {ck.metadata.shared:7d} maps {maps is not None} key {str(key)[-160:]}")
+    for (dev, key), (ck, tail) in launch.kernels.items():
+        print(f"{name:4s} regs {ck.n_regs:4d} spills {ck.n_spills:4d} shared {ck.metadata.shared:7d} key {str(key)[-160:]}")
 D.set_host_descriptors(True)
