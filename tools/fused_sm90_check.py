@@ -48,11 +48,14 @@ def err(a, b):
 
 
 def check(w, placement: str) -> bool:
+    """out and lse at CHECK_SHAPES against fp64; placement "NAME" or "NAME:probe" (a probe whose
+    results are correct, e.g. "spread:late")."""
     from moda_bench.ops.moda.fa4 import moda_fa4
     from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd, placement_unavailable
     from moda_bench.ops.moda.reference import moda_reference
     from moda_bench.timing import make_inputs
     ok_all = True
+    placement, _, probe = placement.partition(":")
     for B, T, G, L, d, Hk in CHECK_SHAPES:
         if placement_unavailable(placement, d):
             print(f"CHECK {placement} B={B} T={T} G={G} L={L} d={d}: skipped: {placement_unavailable(placement, d)}")
@@ -61,7 +64,7 @@ def check(w, placement: str) -> bool:
         q, k, v, kd, vd = (ins[n] for n in ("q", "k", "v", "k_depth", "v_depth"))
         try:
             t0 = time.time()
-            out, lse = moda_fused_sm90_fwd(q, k, v, kd, vd, placement=placement)
+            out, lse = moda_fused_sm90_fwd(q, k, v, kd, vd, placement=placement, probe=probe)
             torch.cuda.synchronize()
             dt = time.time() - t0
         except Exception as exc:  # noqa: BLE001 - report the shape and go on
@@ -78,7 +81,7 @@ def check(w, placement: str) -> bool:
         ok_all &= ok
         print(f"CHECK {placement} B={B} T={T} G={G} L={L} d={d}: out err {e_out:.2e} (moda-fa4 {e_fa4:.2e}), "
               f"lse err {e_lse:.2e}, first call {dt:.1f} s: {'ok' if ok else 'WRONG'}", flush=True)
-        w.writerow(["check-" + placement, B, T, G, L, d, f"{e_out:.3e}", f"{e_fa4:.3e}", f"{e_lse:.3e}", "", "ok" if ok else "wrong"])
+        w.writerow(["check-" + placement + (":" + probe if probe else ""), B, T, G, L, d, f"{e_out:.3e}", f"{e_fa4:.3e}", f"{e_lse:.3e}", "", "ok" if ok else "wrong"])
     return ok_all
 
 
