@@ -219,6 +219,37 @@ def test_search_skips_failing_candidates_and_picks_the_fastest():
         tu.search("fwd", cands[2:], time_fn)
 
 
+def test_search_keeps_the_runner_up_as_evidence_for_a_kept_base():
+    base = MoDAConfig()
+    cands = [base, base.replace(block_n=32), base.replace(num_warps=8), base.replace(block_n=128)]
+    cost = {32: 1.03, 128: 1.10}
+    ks = tu.search("fwd", cands, lambda c: 1.2 if c.num_warps == 8 else cost.get(c.block_n, 1.0))
+    assert ks.best == base and ks.best_ms == ks.base_ms == 1.0 and ks.base == base
+    assert ks.runner_up == cands[1] and ks.runner_up_ms == pytest.approx(1.03)
+    assert ks.runner_up_fields() == {"block_n": 32}
+    s = ks.summary()
+    assert s["runner_up_ratio"] == pytest.approx(1.03) and s["runner_up_fields"] == {"block_n": 32}
+    assert ks.closest() == "fwd: block_n=32 1.030x"
+    alone = tu.search("fwd", [base], lambda c: 1.0)
+    assert alone.runner_up is None and "runner_up_ms" not in alone.summary() and alone.closest() == ""
+
+
+class SlowerTimer(tu.Timer):
+    """Every config but the default is 2% slower on every pass: nothing beats the default."""
+
+    def time(self, cfg, pass_, final=False):
+        return 1.0 if cfg == default_config(shape()) else 1.02
+
+
+def test_tune_shape_names_the_closest_candidates_when_the_default_stays():
+    res = tu.tune_shape(shape(), torch.bfloat16, SlowerTimer(), kernels=("fwd", "bwd_q"), budget=3,
+                        smem_limit=H100_SMEM)
+    assert res.decision == "default" and res.config == default_config(shape())
+    note = next(n for n in res.notes if n.startswith("the search found nothing faster"))
+    assert "closest candidates" in note and "fwd: " in note and "bwd_q: " in note and "1.020x" in note
+    assert all(res.kernels[k].summary()["runner_up_ratio"] == pytest.approx(1.02) for k in ("fwd", "bwd_q"))
+
+
 class FakeTimer(tu.Timer):
     """Deterministic cost model: fwd prefers block_m=128/block_n=32, bwd prefers 8 warps."""
 

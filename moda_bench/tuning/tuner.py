@@ -33,7 +33,9 @@ COMPARE_RULE = RoundRule(min_rounds=10, ci_tol=0.005, conf=0.95, max_time_s=10.0
 
 @dataclass
 class KernelSearch:
-    """Outcome of tuning one kernel: best config and ms, the base's ms, what was tried."""
+    """Outcome of tuning one kernel: best config and ms, the base's ms, what was tried, and the
+    fastest candidate other than the base (`runner_up`): where nothing beats the base, how close
+    the search came, the evidence a kept default needs."""
 
     kernel: str
     best: Optional[MoDAConfig]
@@ -41,9 +43,30 @@ class KernelSearch:
     base_ms: float
     tried: int = 0
     skipped: list[tuple[dict, str]] = field(default_factory=list)
+    base: Optional[MoDAConfig] = None
+    runner_up: Optional[MoDAConfig] = None
+    runner_up_ms: float = float("inf")
+
+    def runner_up_fields(self) -> dict:
+        """The fields in which the runner-up differs from the base ({} without either)."""
+        if self.runner_up is None or self.base is None:
+            return {}
+        a, b = self.base.to_dict(), self.runner_up.to_dict()
+        return {k: v for k, v in b.items() if a.get(k) != v}
 
     def summary(self) -> dict:
-        return {"best_ms": self.best_ms, "base_ms": self.base_ms, "tried": self.tried, "skipped": len(self.skipped)}
+        out = {"best_ms": self.best_ms, "base_ms": self.base_ms, "tried": self.tried, "skipped": len(self.skipped)}
+        if self.runner_up is not None:
+            out.update(runner_up_ms=self.runner_up_ms, runner_up_ratio=self.runner_up_ms / self.base_ms,
+                       runner_up_fields=self.runner_up_fields())
+        return out
+
+    def closest(self) -> str:
+        """'kernel: field=value,... 1.034x' for the runner-up (timed on the kernel's pass), or ''."""
+        if self.runner_up is None or not self.base_ms > 0:
+            return ""
+        fields = ",".join(f"{k}={v}" for k, v in sorted(self.runner_up_fields().items()))
+        return f"{self.kernel}: {fields or 'same config'} {self.runner_up_ms / self.base_ms:.3f}x"
 
 
 def search(kernel: str, candidates: list[MoDAConfig], time_fn: Callable[[MoDAConfig], float],
@@ -72,7 +95,9 @@ def search(kernel: str, candidates: list[MoDAConfig], time_fn: Callable[[MoDACon
             continue
         ks.tried += 1
         if i == 0 and into is None:
-            ks.base_ms = ms
+            ks.base_ms, ks.base = ms, cfg
+        elif ms < ks.runner_up_ms:
+            ks.runner_up, ks.runner_up_ms = cfg, ms
         if ms < ks.best_ms:
             ks.best, ks.best_ms = cfg, ms
         if on_done:
@@ -309,7 +334,9 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
     done = dict(kernels=results, notes=notes, min_gain=min_gain, op=op)
     if cfg == default:
         default_ms = timer.time(default, "fwdbwd", final=True)
-        notes.append("the search found nothing faster than the default config")
+        near = [c for c in (ks.closest() for ks in results.values()) if c]
+        notes.append("the search found nothing faster than the default config"
+                     + (f" (closest candidates, each on its pass: {'; '.join(near)})" if near else ""))
         return TuneResult(shape, dtype, default, default_ms, default_ms, time.perf_counter() - t0,
                           decision="default", ratio=1.0, **done)
     check = getattr(timer, "check", None)  # the device timer re-checks the combined winner's results
