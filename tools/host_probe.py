@@ -88,6 +88,25 @@ def phases(x, leaves, calls: int) -> None:
             t.grad = None
         moda_attention(q, k, v, kd, vd).backward(do)
 
+    kept = moda_attention(q, k, v, kd, vd)  # a graph kept for the backward-only rows
+
+    def bwd_accumulate():  # the engine, moda's backward and AccumulateGrad into fresh .grad
+        for t in leaves:
+            t.grad = None
+        kept.backward(do, retain_graph=True)
+
+    def bwd_grad():  # the same without AccumulateGrad (gradients returned)
+        torch.autograd.grad(kept, leaves, do, retain_graph=True)
+
+    grads = [torch.empty_like(t) for t in leaves]
+    five = _five_node(grads)
+    stub_in = [t.detach().requires_grad_() for t in leaves]
+
+    def stub():  # a Python node of five inputs whose backward returns ready gradients: engine + accumulate
+        for t in stub_in:
+            t.grad = None
+        five.apply(*stub_in).backward(do)
+
     rows = [
         ("check_inputs", lambda: check_inputs(q, k, v, kd, vd, need_cuda=True)),
         ("resolve_config + check_config", lambda: check_config(resolve_config(shape, q.dtype), shape.G)),
@@ -106,6 +125,9 @@ def phases(x, leaves, calls: int) -> None:
          lambda: moda_bwd(do, qd, kk, vv, kdd, vdd, o, lse, scale, shape, cfg.replace(bwd_kv_chunk=4))),
         ("moda_attention forward (graph kept)", fwd_graph),
         ("moda_attention fwd + backward", fwdbwd),
+        ("backward alone (engine + moda_bwd + accumulate)", bwd_accumulate),
+        ("backward alone, autograd.grad (no accumulate)", bwd_grad),
+        ("five-input Python node fwd+bwd, no kernels", stub),
     ]
     print(f"host us per call ({calls} calls each, no profiler); config: {cfg.fwd_depth}/{cfg.bwd_depth}")
     for name, fn in rows:
@@ -113,6 +135,20 @@ def phases(x, leaves, calls: int) -> None:
 
 
 _Same = pass_node()  # the least a Python autograd node can do: pass the gradient through
+
+
+def _five_node(grads):
+    """A Python autograd Function over MoDA's five inputs: forward returns a view of the first, backward
+    returns the ready `grads` (the engine's and AccumulateGrad's host cost with moda's input count)."""
+    class Five(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, *rest):
+            return q.view_as(q)
+
+        @staticmethod
+        def backward(ctx, g):
+            return tuple(grads)
+    return Five
 
 
 def engine(x, moda, fa2, calls: int) -> None:
