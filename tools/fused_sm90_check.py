@@ -81,7 +81,8 @@ def check(w, placement: str) -> bool:
         ok_all &= ok
         print(f"CHECK {placement} B={B} T={T} G={G} L={L} d={d}: out err {e_out:.2e} (moda-fa4 {e_fa4:.2e}), "
               f"lse err {e_lse:.2e}, first call {dt:.1f} s: {'ok' if ok else 'WRONG'}", flush=True)
-        w.writerow(["check-" + placement + (":" + probe if probe else ""), B, T, G, L, d, f"{e_out:.3e}", f"{e_fa4:.3e}", f"{e_lse:.3e}", "", "ok" if ok else "wrong"])
+        w.writerow(["check-" + placement + (":" + probe if probe else ""), B, T, G, L, d, f"{e_out:.3e}", f"{e_fa4:.3e}",
+                    f"{e_lse:.3e}", "", "ok" if ok else "wrong"])
     return ok_all
 
 

@@ -139,7 +139,9 @@ _Same = pass_node()  # the least a Python autograd node can do: pass the gradien
 
 def _five_node(grads):
     """A Python autograd Function over MoDA's five inputs: forward returns a view of the first, backward
-    returns the ready `grads` (the engine's and AccumulateGrad's host cost with moda's input count)."""
+    allocates gradients like `grads` and returns them, no kernels (the engine's, the allocations' and
+    AccumulateGrad's host cost with moda's input count; fresh tensors, which AccumulateGrad keeps
+    without a copy)."""
     class Five(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, *rest):
@@ -147,7 +149,7 @@ def _five_node(grads):
 
         @staticmethod
         def backward(ctx, g):
-            return tuple(grads)
+            return tuple(torch.empty_like(x) for x in grads)
     return Five
 
 
