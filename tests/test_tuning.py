@@ -245,6 +245,7 @@ def test_tune_shape_names_the_closest_candidates_when_the_default_stays():
     res = tu.tune_shape(shape(), torch.bfloat16, SlowerTimer(), kernels=("fwd", "bwd_q"), budget=3,
                         smem_limit=H100_SMEM)
     assert res.decision == "default" and res.config == default_config(shape())
+    assert res.candidate is not None and res.ratio == pytest.approx(1.02) and res.compare_rounds >= 10
     note = next(n for n in res.notes if n.startswith("the search found nothing faster"))
     assert "closest candidates" in note and "fwd: " in note and "bwd_q: " in note and "1.020x" in note
     assert all(res.kernels[k].summary()["runner_up_ratio"] == pytest.approx(1.02) for k in ("fwd", "bwd_q"))

@@ -81,15 +81,45 @@ def test_a_clearly_faster_candidate_is_kept():
     assert res.tuned_ms == res.candidate_ms < res.default_ms and res.speedup > 1
 
 
-def test_nothing_better_than_the_default_skips_the_comparison():
-    class Flat(NoisyTimer):
-        def time(self, cfg, pass_, final=False):
-            return 1.0 if cfg == self.default else 2.0
+class Flat(NoisyTimer):
+    """Every candidate but the default takes twice its time, on every pass."""
 
+    def time(self, cfg, pass_, final=False):
+        if final:
+            self.finals.append(cfg == self.default)
+        return 1.0 if cfg == self.default else 2.0
+
+
+def test_nothing_better_than_the_default_compares_the_closest_candidate():
     timer = Flat(1.0, 0.0)
     res = _tune(timer)
+    # the evidence for the kept default: its closest candidate's fwd+bwd ratio, with an interval
+    assert res.decision == "default" and res.config == default_config(shape())
+    assert res.candidate is not None and res.candidate != res.config and res.compare_rounds == 10
+    assert res.ratio == pytest.approx(2.0) and res.ratio_lo == pytest.approx(2.0) == res.ratio_hi
+    assert res.tuned_ms == res.default_ms and res.speedup == 1.0
+    assert any(n.startswith("the search found nothing faster") and "closest candidates" in n for n in res.notes)
+    assert any("keeping default" in n for n in res.notes)
+
+
+def test_nothing_better_without_the_confirmation_skips_the_comparison():
+    timer = Flat(1.0, 0.0)
+    res = _tune(timer, confirm_closest=False)
     assert res.decision == "default" and res.candidate is None and res.compare_rounds == 0
     assert res.ratio == 1.0 and math.isnan(res.ratio_hi)
+    assert timer.finals == [True]  # the default's fwd+bwd time, once
+
+
+def test_a_closest_candidate_that_clears_the_margin_on_fwdbwd_is_kept():
+    class SlowFwdFastBoth(NoisyTimer):  # slower on its own pass, faster over fwd+bwd: the comparison decides
+        def time(self, cfg, pass_, final=False):
+            if cfg == self.default:
+                return 1.0
+            return 0.8 if final else 1.01
+
+    res = _tune(SlowFwdFastBoth(1.0, 0.0))
+    assert res.decision == "tuned" and res.config == res.candidate != default_config(shape())
+    assert res.ratio == pytest.approx(0.8)
 
 
 def test_the_decision_and_the_interval_are_stored_in_the_cache_entry(tmp_path):

@@ -105,6 +105,13 @@ def search(kernel: str, candidates: list[MoDAConfig], time_fn: Callable[[MoDACon
     return ks
 
 
+def closest_candidate(searches) -> Optional[MoDAConfig]:
+    """The runner-up (`KernelSearch.runner_up`) with the smallest time ratio to its base among
+    the searches, or None where no search timed a candidate besides its base."""
+    near = [ks for ks in searches if ks.runner_up is not None and ks.base_ms > 0]
+    return min(near, key=lambda ks: ks.runner_up_ms / ks.base_ms).runner_up if near else None
+
+
 def tune_kernel(shape: MoDAShape, kernel: str, base: MoDAConfig, time_fn: Callable[[MoDAConfig], float], *,
                 dtype="bfloat16", budget: int = DEFAULT_BUDGET, smem_limit: int = DEFAULT_SMEM_BYTES,
                 seed: int = 0, on_plan: Optional[Callable[[str, int, dict], None]] = None,
@@ -308,7 +315,8 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
                budget: int = DEFAULT_BUDGET, smem_limit: Optional[int] = None, seed: int = 0,
                min_gain: float = DEFAULT_MIN_GAIN, op: str = "moda", default: Optional[MoDAConfig] = None,
                on_plan: Optional[Callable[[str, int, dict], None]] = None,
-               on_done: Optional[Callable[[MoDAConfig, Optional[float], Optional[str]], None]] = None) -> TuneResult:
+               on_done: Optional[Callable[[MoDAConfig, Optional[float], Optional[str]], None]] = None,
+               confirm_closest: bool = True) -> TuneResult:
     """Tune `kernels` one after another (fwd and fwd_depth timed on 'fwd', the others on
     'bwd'; the depth groups are skipped when L = 0), then compare the winner with the default
     config on fwd+bwd in interleaved rounds (`timer.compare`). The winner is kept (decision
@@ -316,7 +324,11 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
     otherwise the default is recorded (decision 'default', speedup 1). `op` (config.OPS) names
     the operator the timer runs, recorded in the result for its cache key; `default` is the
     config to beat and to start from (the heuristic `default_config` unless given: moda-overlap
-    passes its own, `overlap.overlap_heuristic`).
+    passes its own, `overlap.overlap_heuristic`). Where no group found anything faster than the
+    default on its own pass, the closest candidate (`closest_candidate`) goes through the same
+    check and comparison (confirm_closest; False skips it): a default kept then carries that
+    candidate's fwd+bwd ratio and interval as its evidence, and a candidate that does clear the
+    margin on fwd+bwd is kept as any winner would be.
     """
     t0 = time.perf_counter()
     dtype = dtype_name(dtype)
@@ -333,12 +345,15 @@ def tune_shape(shape: MoDAShape, dtype, timer: Timer, *, kernels: Iterable[str] 
         cfg = ks.best
     done = dict(kernels=results, notes=notes, min_gain=min_gain, op=op)
     if cfg == default:
-        default_ms = timer.time(default, "fwdbwd", final=True)
         near = [c for c in (ks.closest() for ks in results.values()) if c]
         notes.append("the search found nothing faster than the default config"
                      + (f" (closest candidates, each on its pass: {'; '.join(near)})" if near else ""))
-        return TuneResult(shape, dtype, default, default_ms, default_ms, time.perf_counter() - t0,
-                          decision="default", ratio=1.0, **done)
+        closest = closest_candidate(results.values()) if confirm_closest else None
+        if closest is None:
+            default_ms = timer.time(default, "fwdbwd", final=True)
+            return TuneResult(shape, dtype, default, default_ms, default_ms, time.perf_counter() - t0,
+                              decision="default", ratio=1.0, **done)
+        cfg = closest  # compared with the default like a winner: the kept default's evidence, with its interval
     check = getattr(timer, "check", None)  # the device timer re-checks the combined winner's results
     try:
         if check is not None:
