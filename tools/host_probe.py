@@ -15,7 +15,8 @@ moda calls: the functions with the most own time and the most cumulative time.
 
 --phases times each piece of a call on its own (input checks, config look-up, allocations, the
 launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch with as many
-arguments) by issuing it N times without a profiler. --variants: ';'-separated configs, each a
+arguments) without a profiler: one call at a time on an idle GPU (the host's issue time), and N
+calls back to back (where a piece's GPU time is longer, the queue fills and that is what shows). --variants: ';'-separated configs, each a
 ','-separated list of field=value of `MoDAConfig` (short names kv_n, kv_m, q_m, q_n, fwd_m for
 bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd (--pass
 fwd / bwd: the forward or, eager only, the backward alone) in interleaved rounds against the default, with
@@ -66,6 +67,22 @@ def per_call_us(fn, calls: int) -> float:
     dt = time.perf_counter() - t0
     torch.cuda.synchronize()
     return 1e6 * dt / calls
+
+
+def drained_call_us(fn, calls: int) -> float:
+    """Median host microseconds of one call of fn issued on an idle GPU (synchronized before each
+    call, outside the timed span): the host's issue time alone. Back to back (`per_call_us`), a
+    piece whose GPU time exceeds its host time fills the launch queue and reads the GPU's time."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return 1e6 * sorted(times)[len(times) // 2]
 
 
 def phases(x, leaves, calls: int) -> None:
@@ -129,9 +146,10 @@ def phases(x, leaves, calls: int) -> None:
         ("backward alone, autograd.grad (no accumulate)", bwd_grad),
         ("five-input Python node fwd+bwd, no kernels", stub),
     ]
-    print(f"host us per call ({calls} calls each, no profiler); config: {cfg.fwd_depth}/{cfg.bwd_depth}")
+    print(f"host us per call ({calls} calls each, no profiler; config: {cfg.fwd_depth}/{cfg.bwd_depth}): "
+          "one call on an idle GPU (median), and back to back (mean: the GPU's time where that is longer)")
     for name, fn in rows:
-        print(f"  {name:40s} {per_call_us(fn, calls):8.1f}")
+        print(f"  {name:48s} {drained_call_us(fn, calls):8.1f} {per_call_us(fn, calls):8.1f}")
 
 
 _Same = pass_node()  # the least a Python autograd node can do: pass the gradient through
