@@ -461,7 +461,7 @@ def test_tuning_decisions_table(tmp_path):
               [{**row(4096, 8, 64, 2.236, 2.236, "2026-03-01T00:00:00+00:00", ratio=1.0), "gpu": H200,
                 "cache_key": f"{H200}|k"},
                {**row(16384, 32, 64, 104.0, 103.1, "2026-03-01T00:00:00+00:00", ratio=0.991), "gpu": H200,
-                "cache_key": f"{H200}|k2"}], old_cols)
+                "cache_key": f"moda-overlap|{H200}|k2"}], old_cols)
     tune = read_tuning([tmp_path], warn=lambda m: None)
     assert len(tune) == 4 and list(tune["decision"]) == ["tuned", "default", "default", "faster median"]
     assert tune.loc[tune["L"] == 256, "default_ms"].item() == pytest.approx(33.59)   # the newer re-tune
@@ -484,9 +484,10 @@ def test_tuning_decisions_table(tmp_path):
     assert at(header, body, "decision", G=2) == "tuned"
     assert at(header, body, "kept config (fields changed)", G=2) == "fwd_depth=stream bwd_depth=fused"
     assert at(header, body, "candidate/default", L=256) == "1.002 [0.996-1.008]"
+    assert at(header, body, "op", G=2) == "moda" and at(header, body, "summary", G=2).endswith("tune_G.csv")
     header, body = table(md, f"### Tuning decisions on {H200}")
     assert at(header, body, "candidate/default", G=32) == "0.991"
-    assert at(header, body, "decision", G=32) == "faster median"
+    assert at(header, body, "decision", G=32) == "faster median" and at(header, body, "op", G=32) == "moda-overlap"
     assert at(header, body, "kept config (fields changed)", G=32).startswith("fwd_depth=stream bwd_depth=fused (")
 
 

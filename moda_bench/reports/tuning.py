@@ -2,8 +2,9 @@
 table per GPU, a line per tuned shape (cache key): the built-in default's and the search winner's
 fwd+bwd ms, the winner's time over the default's with the 95% interval of the interleaved
 comparison, the margin, the decision ('tuned': kept and shipped by `--export-shipped`;
-'default': kept the default) and, for kept winners, the config fields that differ from the
-default config of that shape. No torch or triton: the fields come from the summary.
+'default': kept the default), for kept winners the config fields that differ from the default
+config of that shape, the operator tuned (`op_of`: moda, moda-fa4 or moda-overlap, from the cache
+key) and the summary file. No torch or triton: the fields come from the summary.
 """
 from __future__ import annotations
 
@@ -19,7 +20,16 @@ TUNING_INTRO = (
     "with its 95% interval. A winner is kept (`tuned`) only where the interval's upper end is below "
     "1 - `min gain`; kept winners ship in `moda_bench/ops/moda/tuned/<gpu>.json` and run with no flag. "
     "Summaries from before the interleaved comparison show the ratio of medians without an interval; "
-    "that tuner stored any config with a faster median (`faster median`, no margin), and those are not shipped.")
+    "that tuner stored any config with a faster median (`faster median`, no margin), and those are not shipped. "
+    "A kept default's candidate is, since 2026-11-27, the search's closest candidate where nothing was faster on "
+    "its own pass. `op`: the operator tuned; `summary`: the tuner's CSV.")
+
+
+def op_of(cache_key) -> str:
+    """The operator a cache key belongs to: its first field where that names a MoDA operator
+    (`moda-fa4|...`, `moda-overlap|...`), else `moda` (whose keys start with the GPU name)."""
+    head = str(cache_key).split("|", 1)[0]
+    return head if head.startswith("moda") else "moda"
 
 
 def changed_fields(row) -> str:
@@ -54,8 +64,9 @@ def tuning_markdown(frame) -> str:
             rows.append([fmt_int(r["T"]), fmt_int(r["G"]), fmt_int(r["L"]), fmt_int(r["d"]), str(r["dtype"]),
                          fmt_ms(r["default_ms"]), fmt_ms(r["candidate_ms"]), fmt_ms(r["tuned_ms"]),
                          fmt_ci(ratio, r["ratio_lo"], r["ratio_hi"]), fmt_num(100 * r["min_gain"], ".0f", "%"),
-                         str(r["decision"]), fmt_num(r["speedup"], ".3f", "x"), changed_fields(r)])
+                         str(r["decision"]), fmt_num(r["speedup"], ".3f", "x"), changed_fields(r),
+                         op_of(r["cache_key"]), str(r.get("_file", MISSING))])
         out.append(f"### Tuning decisions on {gpu or 'an unnamed GPU'}\n\n" + md_table(
             ["T", "G", "L", "d", "dtype", "default ms", "candidate ms", "stored ms", "candidate/default",
-             "min gain", "decision", "speedup", "kept config (fields changed)"], rows))
+             "min gain", "decision", "speedup", "kept config (fields changed)", "op", "summary"], rows))
     return "\n\n".join(out)
