@@ -270,8 +270,9 @@ def variants(x, leaves, spec: str, max_time: float = 3.0, pass_: str = "fwdbwd")
             print(f"  {name:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue
         fns[name] = fn
-    for name, fn in fns.items():  # host time alone: calls issued back to back, fewer than the launch queue holds
-        print(f"  host  {name:40s} {per_call_us(fn, 150):8.1f} us a call")
+    for name, fn in fns.items():  # host time: one call on an idle GPU (median), and calls back to back (mean)
+        print(f"  host  {name:40s} {drained_call_us(fn, 100):8.1f} us a call alone, "
+              f"{per_call_us(fn, 150):8.1f} back to back")
     # the backward alone of a forward made outside a capture cannot be captured (autograd's stream)
     interleaved(fns, leaves, "default", ("eager",) if pass_ == "bwd" else ("graph", "eager"), max_time, width=40)
 
