@@ -73,7 +73,8 @@
 #   host        where an eager fwd+bwd's host time goes at T=1024 (tools/host_probe.py: issue time per call, cProfile)
 #   host-split  the same split without a profiler: --phases (each piece alone; the backward alone with and without
 #               AccumulateGrad; a five-input Python node) and --engine (a Python and a C++ node, moda and FA2, with
-#               and without autograd's device threads). Pieces whose GPU time exceeds their host time read the GPU
+#               and without autograd's device threads), then the key-major pass after the dq pass (no side stream)
+#               and unchunked against the default (--variants: host time alone and interleaved ratios)
 #   pdl-test    the decode PDL tests alone (tests/test_decode.py -k pdl)
 #   fused-check route B's fused forward (moda_bench/ops/moda/fused_sm90.py) against the fp64 reference at odd shapes
 #               (tools/fused_sm90_check.py --check); needs FA4
@@ -319,7 +320,8 @@ for s in "$@"; do
              --passes fwd,fwdbwd --variants '$V'; $OP --T 16384,32768 --passes fwd,bwd,fwdbwd --variants '$V'" ;;
     host) stage host timeout 200 python3 tools/host_probe.py --T 1024 --calls 300 --top 30 ;;
     host-split) stage host-split bash -c "timeout 150 python3 tools/host_probe.py --phases --T 1024 --calls 300; \
-               timeout 150 python3 tools/host_probe.py --engine --T 1024 --calls 300" ;;
+               timeout 150 python3 tools/host_probe.py --engine --T 1024 --calls 300; \
+               timeout 150 python3 tools/host_probe.py --T 1024 --variants 'beside=0;chunk=0' --max-time 2" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
