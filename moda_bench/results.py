@@ -180,7 +180,7 @@ def read_tuning(paths, *, warn: Warn = default_warn):
             df[c] = pd.to_numeric(df[c].str.strip().where(df[c].str.strip() != "", None), errors="coerce")
         derived = (df["tuned_ms"] < df["default_ms"]).map({True: "faster median", False: "default"})
         df["decision"] = df["decision"].where(df["decision"].str.strip() != "", derived)
-        shown = display if "/" in display else f"{path.parent.name}/{display}"  # a run folder given: name it too
+        shown = display if len(Path(display).parts) > 1 else f"{path.parent.name}/{display}"  # a run folder given
         frames.append(df[schema.TUNE_COLUMNS].assign(_file=shown))
     if not frames:
         return pd.DataFrame(columns=schema.TUNE_COLUMNS + ["_file"])

@@ -54,19 +54,26 @@ class KernelSearch:
         a, b = self.base.to_dict(), self.runner_up.to_dict()
         return {k: v for k, v in b.items() if a.get(k) != v}
 
+    def runner_up_ratio(self) -> Optional[float]:
+        """The runner-up's time over the base's, or None without a runner-up (or a base time)."""
+        if self.runner_up is None or not self.base_ms > 0:
+            return None
+        return self.runner_up_ms / self.base_ms
+
     def summary(self) -> dict:
         out = {"best_ms": self.best_ms, "base_ms": self.base_ms, "tried": self.tried, "skipped": len(self.skipped)}
-        if self.runner_up is not None:
-            out.update(runner_up_ms=self.runner_up_ms, runner_up_ratio=self.runner_up_ms / self.base_ms,
-                       runner_up_fields=self.runner_up_fields())
+        ratio = self.runner_up_ratio()
+        if ratio is not None:
+            out.update(runner_up_ms=self.runner_up_ms, runner_up_ratio=ratio, runner_up_fields=self.runner_up_fields())
         return out
 
     def closest(self) -> str:
         """'kernel: field=value,... 1.034x' for the runner-up (timed on the kernel's pass), or ''."""
-        if self.runner_up is None or not self.base_ms > 0:
+        ratio = self.runner_up_ratio()
+        if ratio is None:
             return ""
         fields = ",".join(f"{k}={v}" for k, v in sorted(self.runner_up_fields().items()))
-        return f"{self.kernel}: {fields or 'same config'} {self.runner_up_ms / self.base_ms:.3f}x"
+        return f"{self.kernel}: {fields or 'same config'} {ratio:.3f}x"
 
 
 def search(kernel: str, candidates: list[MoDAConfig], time_fn: Callable[[MoDAConfig], float],
@@ -108,8 +115,8 @@ def search(kernel: str, candidates: list[MoDAConfig], time_fn: Callable[[MoDACon
 def closest_candidate(searches) -> Optional[MoDAConfig]:
     """The runner-up (`KernelSearch.runner_up`) with the smallest time ratio to its base among
     the searches, or None where no search timed a candidate besides its base."""
-    near = [ks for ks in searches if ks.runner_up is not None and ks.base_ms > 0]
-    return min(near, key=lambda ks: ks.runner_up_ms / ks.base_ms).runner_up if near else None
+    near = [ks for ks in searches if ks.runner_up_ratio() is not None]
+    return min(near, key=KernelSearch.runner_up_ratio).runner_up if near else None
 
 
 def tune_kernel(shape: MoDAShape, kernel: str, base: MoDAConfig, time_fn: Callable[[MoDAConfig], float], *,
