@@ -10,14 +10,15 @@ moda calls: the functions with the most own time and the most cumulative time.
     python3 tools/host_probe.py --variants 'kv_n=32;q_m=32'   # configs against the default, interleaved
     python3 tools/host_probe.py --engine      # autograd's own host cost: a Python node against a C++ one
     python3 tools/host_probe.py --cpu-trace   # torch.profiler's CPU events of the moda calls
+    python3 tools/host_probe.py --api         # CUDA API calls and torch ops a call, moda and FA2 (counts, host us)
     python3 tools/host_probe.py --launch      # cached launches (ops.launch) against Triton's path
     python3 tools/host_probe.py --desc        # host-side tensor descriptors against device-side ones
 
 --phases times each piece of a call on its own (input checks, config look-up, allocations, the
 launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch with as many
 arguments) without a profiler: one call at a time on an idle GPU (the host's issue time), and N
-calls back to back (where a piece's GPU time is longer, the queue fills and that is what shows). --variants: ';'-separated configs, each a
-','-separated list of field=value of `MoDAConfig` (short names kv_n, kv_m, q_m, q_n, fwd_m for
+calls back to back (where a piece's GPU time is longer, the queue fills and that is what shows).
+--variants: ';'-separated configs, each a ','-separated list of field=value of `MoDAConfig` (short names kv_n, kv_m, q_m, q_n, fwd_m for
 bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd (--pass
 fwd / bwd: the forward or, eager only, the backward alone) in interleaved rounds against the default, with
 the graph timer and then the eager one (the suite's timing: ratios with 95% intervals). A
@@ -199,13 +200,15 @@ def engine(x, moda, fa2, calls: int) -> None:
         print(f"  {name:38s} {on:10.1f} {off:16.1f} {polled:16.1f} ({len(s.polls)} polls)")
 
 
-def profiled(fn, activity: str, reps: int = 20):
-    """torch.profiler's record of `reps` calls of fn (after three warm-up calls), CPU or CUDA events."""
+def profiled(fn, activity: str, reps: int = 20, cpu: bool = False):
+    """torch.profiler's record of `reps` calls of fn (after three warm-up calls), CPU or CUDA events
+    (cpu: the CPU's as well)."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[getattr(ProfilerActivity, activity)]) as prof:
+    acts = [getattr(ProfilerActivity, activity)] + ([ProfilerActivity.CPU] if cpu and activity != "CPU" else [])
+    with profile(activities=acts) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
@@ -216,6 +219,22 @@ def cpu_trace(fn, reps: int = 20, top: int = 30) -> None:
     prof = profiled(fn, "CPU", reps)
     print(f"--- moda: CPU events of {reps} fwd+bwd calls (us totals over all calls)")
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=top, max_name_column_width=70))
+
+
+def api_calls(fns: dict, reps: int = 50, top: int = 22) -> None:
+    """Per fwd+bwd call of each callable: the CUDA runtime and driver API calls (CUPTI's records:
+    launches, event records, stream waits, memsets) and the torch ops, with their count and host
+    microseconds a call by own time. The profiler adds its own cost to each record; the counts
+    are exact, the times tell the pieces' sizes relative to each other."""
+    for name, fn in fns.items():
+        prof = profiled(fn, "CUDA", reps, cpu=True)
+        rows = [e for e in prof.key_averages() if e.device_type.name == "CPU"]
+        rows.sort(key=lambda e: -e.self_cpu_time_total)
+        api = [e for e in rows if e.key.startswith("cu")]
+        print(f"--- {name}: {sum(e.count for e in api) / reps:.1f} CUDA API calls a call, "
+              f"{sum(e.self_cpu_time_total for e in api) / reps:.1f} us; torch ops and API by own host time")
+        for e in rows[:top]:
+            print(f"  {e.self_cpu_time_total / reps:8.1f} us  x{e.count / reps:<5.1f} {e.key[:90]}")
 
 
 def kernels(fns: dict, reps: int = 20) -> None:
@@ -335,6 +354,7 @@ def main() -> None:
     p.add_argument("--kernels", action="store_true", help="GPU us of each kernel of a fwd+bwd")
     p.add_argument("--engine", action="store_true", help="autograd's own host cost, device threads on and off")
     p.add_argument("--cpu-trace", action="store_true", help="torch.profiler CPU events of the moda calls")
+    p.add_argument("--api", action="store_true", help="CUDA API calls and torch ops a fwd+bwd, moda and FA2")
     p.add_argument("--max-time", type=float, default=3.0, help="seconds of interleaved rounds a timer (--variants)")
     p.add_argument("--variants", default=None, help="';'-separated configs against the default, interleaved")
     p.add_argument("--pass", dest="pass_", choices=("fwdbwd", "fwd", "bwd"), default="fwdbwd",
@@ -367,13 +387,15 @@ def main() -> None:
         engine(x, moda, fa2, a.calls)
     if a.cpu_trace:
         cpu_trace(moda)
+    if a.api:
+        api_calls({"moda": moda, "fa2": fa2}, top=a.top)
     if a.variants is not None:
         variants(x, leaves, a.variants, a.max_time, a.pass_)
     if a.launch:
         launch_ab(x, leaves, a.max_time)
     if a.desc:
         desc_ab(x, leaves, a.max_time, a.pass_)
-    if a.phases or a.kernels or a.engine or a.cpu_trace or a.variants is not None or a.launch or a.desc:
+    if a.phases or a.kernels or a.engine or a.cpu_trace or a.api or a.variants is not None or a.launch or a.desc:
         return
     for name, fn in (("moda", moda), ("fa2", fa2)):
         for _ in range(5):
