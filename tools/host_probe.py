@@ -19,10 +19,11 @@ launches through `moda_fwd` / `moda_bwd`, autograd's share, a bare Triton launch
 arguments) without a profiler: one call at a time on an idle GPU (the host's issue time), and N
 calls back to back (where a piece's GPU time is longer, the queue fills and that is what shows).
 --variants: ';'-separated configs, each a ','-separated list of field=value of `MoDAConfig`
-(short names kv_n, kv_m, q_m, q_n, fwd_m for bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m, bwd_q_block_n, block_m), timed fwd+bwd (--pass
-fwd / bwd: the forward or, eager only, the backward alone) in interleaved rounds against the default, with
-the graph timer and then the eager one (the suite's timing: ratios with 95% intervals). A
-diagnosis tool: its other numbers come from Python's clock, cProfile and torch.profiler, and none
+(short names kv_n, kv_m, q_m, q_n, fwd_m for bwd_kv_block_n, bwd_kv_block_m, bwd_q_block_m,
+bwd_q_block_n, block_m), timed fwd+bwd (--pass fwd / bwd: the forward or, eager only, the backward
+alone) in interleaved rounds against the default, with the graph timer and then the eager one (the
+suite's timing: ratios with 95% intervals). A diagnosis tool: its other numbers come from Python's
+clock, cProfile and torch.profiler, and none
 of it writes the suite's rows.
 """
 from __future__ import annotations
