@@ -179,12 +179,13 @@ def test_gpu_cached_launches_give_tritons_results(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("place,launches", [("fused", 3), ("split", 5), ("stream", 5), ("overlap", 3)])
+@pytest.mark.parametrize("place,launches", [("fused", 3), ("split", 6), ("stream", 7), ("overlap", 5)])
 def test_gpu_cached_pointer_launches_give_tritons_results(monkeypatch, place, launches):
-    """The pointer kernels' launches (forward, q-major and key-major passes, depth-only launches)
-    repeat from the cache after their first call, with out and all five gradients bitwise those of
-    Triton's own path, in every placement (L=64, odd T) and at L = 0 (T=77, G=2); the merge and
-    delta kernels keep Triton's path."""
+    """The pointer kernels' launches (forward, q-major and key-major passes, depth-only launches,
+    and the merge of "stream" and "overlap" and the delta kernel of every placement but "fused",
+    whose q-major pass computes delta) repeat from the cache after their first call, with out and
+    all five gradients bitwise those of Triton's own path, in every placement (L=64, odd T) and at
+    L = 0 (T=77, G=2)."""
     import torch
     from moda_bench.ops.moda import MoDAConfig
     if not torch.cuda.is_available():
@@ -194,6 +195,33 @@ def test_gpu_cached_pointer_launches_give_tritons_results(monkeypatch, place, la
                                                MoDAConfig(fwd_depth=place, bwd_depth=place))
         assert cached == n, (place, T, G, L, cached)
         assert same, (place, T, G, L)
+
+
+@pytest.mark.gpu
+def test_gpu_cached_depth_and_merge_launches_give_tritons_results(monkeypatch):
+    """The streaming depth kernels (`kernel_depth.depth_fwd`, `depth_bwd`, with and without
+    depth_grad) and moda-fa4's merge (`fa4._merge`) repeat from the cache after their first call,
+    bitwise Triton's own path (odd T, G=8, L=64; no FA4 needed)."""
+    import torch
+    from helpers import cached_against_tritons, random_inputs
+    from moda_bench.ops.moda import fa4, kernel_depth
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, k, v, kd, vd, do = random_inputs(1, 333, 32, 4, 64, 64, torch.bfloat16, seed=5)
+    scale = 0.125
+    od, lsed = kernel_depth.depth_fwd(q, kd, vd, scale, 8, 16)
+    o = (q + od).contiguous()
+    lse_ht = lsed.transpose(1, 2).contiguous() + 0.5
+    steps = {
+        "depth_fwd": (lambda: kernel_depth.depth_fwd(q, kd, vd, scale, 8, 16), 1),
+        "depth_bwd": (lambda: kernel_depth.depth_bwd(do, q, o, lsed, kd, vd, scale, 8, 16), 1),
+        "depth_bwd detached": (lambda: kernel_depth.depth_bwd(do, q, o, lsed, kd, vd, scale, 8, 16,
+                                                              depth_grad=False)[:1], 1),
+        "fa4 merge": (lambda: fa4._merge(o, lse_ht, od, lsed), 1),
+    }
+    for name, (step, n) in steps.items():
+        cached, same = cached_against_tritons(monkeypatch, step)
+        assert cached == n and same, (name, cached, same)
 
 
 def test_tma_alignment_rule_and_sm_count():

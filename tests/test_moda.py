@@ -74,13 +74,12 @@ def test_delta_preprocess_only_where_needed(monkeypatch, bwd_depth, L, launches)
     placements read delta before any q-major pass and keep the launch."""
     import moda_bench.ops.moda.kernel as kernel_mod
     calls = []
-    real = kernel_mod.moda_bwd_delta_kernel
+    real = kernel_mod._DELTA  # the delta kernel's launch (`kernel.launch_delta`)
 
-    class Counting:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
-    monkeypatch.setattr(kernel_mod, "moda_bwd_delta_kernel", Counting())
+    def counting(key, grid, args, meta):
+        calls.append(grid)
+        return real(key, grid, args, meta)
+    monkeypatch.setattr(kernel_mod, "_DELTA", counting)
     cfg = MoDAConfig(block_m=32, block_n=16, depth_block_m=16, bwd_q_block_m=32, bwd_kv_block_m=16,
                      bwd_kv_block_n=16, block_l=16, bwd_depth=bwd_depth)
     check_against_reference(_moda_lse, 2, 37, 4, 2, 32, L, torch.float32, seed=13, config=cfg)

@@ -295,11 +295,6 @@ def test_pointer_bwd_config_of_a_tma_config():
     assert pointer_bwd_config(other, 4096, 64) is other
 
 
-class _NoLaunch:
-    def __getitem__(self, grid):
-        return lambda *a, **k: None
-
-
 @pytest.mark.parametrize("T,side", [(4096, True), (2048, False)])
 def test_moda_fa4_depth_launch_under_the_tma_backward(monkeypatch, T, side):
     """moda-fa4 under a "tma" backward: its depth-only launch keeps the pointer kernels' block_l
@@ -323,7 +318,7 @@ def test_moda_fa4_depth_launch_under_the_tma_backward(monkeypatch, T, side):
 
     monkeypatch.setattr(fa4_mod, "moda_bwd", fake_bwd)
     monkeypatch.setattr(fa4_mod, "_beside", fake_beside)
-    monkeypatch.setattr(fa4_mod, "moda_bwd_delta_kernel", _NoLaunch())
+    monkeypatch.setattr(fa4_mod, "launch_delta", lambda *a: None)
     shape = MoDAShape(B=1, T=T, Hq=4, Hk=2, d=32, L=3)
     fa4_mod._backward(do, q, k, v, kd, vd, q, None, torch.zeros(1, 8, 4), 1.0, shape, _bt(), Backend)
     assert seen["side"] is side

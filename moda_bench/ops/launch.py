@@ -20,9 +20,11 @@ them. A key of None, a Triton without that launcher interface, the interpreter, 
 hook installed, or `MODA_BENCH_FAST_LAUNCH=0` in the environment all take Triton's own path.
 Users: MoDA's descriptor forward, dq pass and key-major pass (`kernel_fwd_tma`, `kernel_bwd_tma`),
 its pointer kernels' forward, q-major, key-major and depth-only launches (`kernel`: keyed by
-strides too), decode's split and combine kernels (`ops.decode.kernel`) and Depth-Attention's
-mix forward and backward (`ops.dattn.mix_kernel`: keyed by every integer argument's value and
-every tensor's dtype); MoDA's merge and delta kernels still go through Triton at every call.
+strides too), its merge and delta kernels (`kernel.merge_partials`, `kernel.launch_delta`),
+moda-fa4's merge and the streaming depth kernels of moda-fa4 and moda-overlap (`fa4._merge`,
+`kernel_depth`), decode's split and combine kernels (`ops.decode.kernel`) and Depth-Attention's
+mix forward and backward (`ops.dattn.mix_kernel`); those without strides among their arguments
+are keyed by every integer argument's value and every tensor's dtype.
 Host-side tensor descriptors among the arguments (MoDA's descriptor kernels, decode's cache tiles)
 keep their encoded tensor maps (`TensorMaps`).
 """

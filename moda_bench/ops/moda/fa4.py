@@ -35,11 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moda_bench.ops.launch import cdiv
+from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv
 from moda_bench.ops.moda.config import MoDAConfig, check_config, pointer_block_l, resolve_config
-from moda_bench.ops.moda.kernel import (MERGE_BLOCK, Concurrent, moda_bwd, moda_fwd, pointer_bwd_config,
+from moda_bench.ops.moda.kernel import (MERGE_BLOCK, Concurrent, launch_delta, moda_bwd, moda_fwd, pointer_bwd_config,
                                         wants_depth_grad)
-from moda_bench.ops.moda.kernel_bwd import moda_bwd_delta_kernel
 from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
 from moda_bench.ops.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
 from moda_bench.ops.moda.triton_utils import lse_merge
@@ -235,9 +234,14 @@ def _merge(o1, lse_ht1, od, lsed):
     B, T, Hq, d = o1.shape
     n_rows = B * T * Hq
     o, lse_ht, lse_th = torch.empty_like(o1), torch.empty_like(lse_ht1), torch.empty_like(lsed)
-    fa4_merge_kernel[(cdiv(n_rows, MERGE_BLOCK),)](o1, lse_ht1, od, lsed, o, lse_ht, lse_th, n_rows, T, Hq,
-                                                   HEAD_DIM=d, BLOCK=MERGE_BLOCK)
+    ok = aligned16(o1, lse_ht1, od, lsed)  # the launch key's condition (every other tensor allocated here)
+    key = (o1.dtype, od.dtype, lse_ht1.dtype, lsed.dtype, n_rows, T, Hq, d) if ok else None
+    _FA4_MERGE(key, (cdiv(n_rows, MERGE_BLOCK),), (o1, lse_ht1, od, lsed, o, lse_ht, lse_th, n_rows, T, Hq),
+               lambda: dict(HEAD_DIM=d, BLOCK=MERGE_BLOCK))
     return o, lse_ht, lse_th
+
+
+_FA4_MERGE = CachedLaunch(fa4_merge_kernel)
 
 
 # ------------------------------------------------------------------ side stream
@@ -366,8 +370,7 @@ def _backward(do, q, k, v, kd, vd, o, lse_ht, lse_th, scale, shape, cfg, backend
 
         def depth():
             delta = torch.empty_like(lse_th)
-            n_rows = delta.numel()
-            moda_bwd_delta_kernel[(cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=shape.d, BLOCK=128)
+            launch_delta(o, do, delta, shape.d)
             dq_d, _, _, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse_th, scale, shape, depth_cfg, depth_only=True,
                                             delta=delta, depth_grad=depth_grad)
             return dq_d, dkd, dvd

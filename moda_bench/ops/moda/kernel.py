@@ -251,10 +251,23 @@ def merge_partials(o1, lse1, o2, lse2):
     """The log-sum-exp merge of two normalised partials (o (B,T,Hq,d), lse (B,T,Hq), contiguous)
     into new tensors (`moda_merge_kernel`; never in place: see its docstring)."""
     o, lse = torch.empty_like(o1), torch.empty_like(lse1)
-    n_rows = lse1.numel()
-    moda_merge_kernel[(cdiv(n_rows, MERGE_BLOCK),)](o1, lse1, o2, lse2, o, lse, n_rows, HEAD_DIM=o1.shape[-1],
-                                                    BLOCK=MERGE_BLOCK)
+    n_rows, d = lse1.numel(), o1.shape[-1]
+    key = (o1.dtype, o2.dtype, lse1.dtype, lse2.dtype, n_rows, d) if aligned16(o1, lse1, o2, lse2) else None
+    _MERGE(key, (cdiv(n_rows, MERGE_BLOCK),), (o1, lse1, o2, lse2, o, lse, n_rows),
+           lambda: dict(HEAD_DIM=d, BLOCK=MERGE_BLOCK))
     return o, lse
+
+
+def launch_delta(o, do, delta, d: int) -> None:
+    """delta <- rowsum(o * do) over the flattened (rows, d) views (`moda_bwd_delta_kernel`; o, do
+    contiguous, delta allocated by the caller, one float32 a row)."""
+    n_rows = delta.numel()
+    key = (o.dtype, do.dtype, n_rows, d) if aligned16(o, do, delta) else None
+    _DELTA(key, (cdiv(n_rows, DELTA_BLOCK),), (o, do, delta, n_rows), lambda: dict(HEAD_DIM=d, BLOCK=DELTA_BLOCK))
+
+
+DELTA_BLOCK = 128  # rows per program of the delta kernel
+_MERGE, _DELTA = CachedLaunch(moda_merge_kernel), CachedLaunch(moda_bwd_delta_kernel)
 
 
 # The pointer backward's depth stages: MoDAConfig's default, not the 3 `default_config` gives the
@@ -310,7 +323,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     if delta is None:
         delta = torch.empty_like(lse)
         if not depth_only and not inline:
-            moda_bwd_delta_kernel[(cdiv(n_rows, 128),)](o, do, delta, n_rows, HEAD_DIM=d, BLOCK=128)
+            launch_delta(o, do, delta, d)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)

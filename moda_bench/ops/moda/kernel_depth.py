@@ -28,6 +28,8 @@ read neighbouring heads of the same positions.
 * `depth_bwd`: given the merged out and lse (the whole MoDA softmax), the depth keys' share of dq
   and, with depth_grad, dk_depth and dv_depth, through the folded backward's `depth_part`; each
   row's lse2 and delta = rowsum(o * do) are computed here.
+* Both launch through `ops.launch.CachedLaunch`, keyed by every integer argument and constexpr
+  (moda-fa4 and moda-overlap launch them at every call, where short T makes the host the limit).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv, next_pow2
 from moda_bench.ops.moda.kernel_bwd_tma import bwd_depth_geometry, depth_desc, depth_part, rows_ptr, rows_tile
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry as fwd_depth_geometry
 from moda_bench.ops.moda.kernel_fwd_tma import depth_phase, depth_rows_desc, ensure_allocator, rows_desc
@@ -141,9 +143,12 @@ def depth_fwd(q, kd, vd, scale: float, G: int, programs: int, *, block_m: int = 
     gp, P, S, bl = fwd_depth_geometry(G, max(block_m, next_pow2(G)), 0, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()
-    depth_fwd_kernel[(_programs(n_items, programs),)](
-        q, kd, vd, od, lsed, scale * LOG2E, B, T, L, G, Hk, Hq, n_items, GP=gp, BLOCK_M=P * gp, HEAD_DIM=d, S=S,
-        BL=bl, PREC=dot_precision(q.dtype), DEPTH_STAGES=stages, num_warps=num_warps)
+    # every integer argument and constexpr in the key; the caller's tensors' alignment checked
+    key = (q.dtype, kd.dtype, B, T, L, G, Hk, Hq, n_items, gp, P, d, S, bl, stages, num_warps) \
+        if aligned16(q, kd, vd) else None
+    _FWD(key, (_programs(n_items, programs),), (q, kd, vd, od, lsed, scale * LOG2E, B, T, L, G, Hk, Hq, n_items),
+         lambda: dict(GP=gp, BLOCK_M=P * gp, HEAD_DIM=d, S=S, BL=bl, PREC=dot_precision(q.dtype),
+                      DEPTH_STAGES=stages, num_warps=num_warps))
     return od, lsed
 
 
@@ -160,8 +165,14 @@ def depth_bwd(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, dep
     gp, P, S, bl = bwd_depth_geometry(G, max(block_m, next_pow2(G)), L, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()
-    depth_bwd_kernel[(_programs(n_items, programs),)](
-        q, do, o, lse, kd, vd, dq, kd if dkd is None else dkd, vd if dvd is None else dvd, scale * LOG2E, scale,
-        B, T, L, G, Hk, n_items, GP=gp, BLOCK_M=P * gp, D=d, S=S, BL=bl, PREC=dot_precision(q.dtype),
-        DEPTH_STAGES=stages, DEPTH_GRAD=bool(depth_grad), num_warps=num_warps)
+    key = (q.dtype, do.dtype, o.dtype, kd.dtype, B, T, L, G, Hk, n_items, gp, P, d, S, bl, stages,
+           bool(depth_grad), num_warps) if aligned16(q, do, o, lse, kd, vd) else None
+    _BWD(key, (_programs(n_items, programs),),
+         (q, do, o, lse, kd, vd, dq, kd if dkd is None else dkd, vd if dvd is None else dvd, scale * LOG2E, scale,
+          B, T, L, G, Hk, n_items),
+         lambda: dict(GP=gp, BLOCK_M=P * gp, D=d, S=S, BL=bl, PREC=dot_precision(q.dtype), DEPTH_STAGES=stages,
+                      DEPTH_GRAD=bool(depth_grad), num_warps=num_warps))
     return dq, dkd, dvd
+
+
+_FWD, _BWD = CachedLaunch(depth_fwd_kernel), CachedLaunch(depth_bwd_kernel)
