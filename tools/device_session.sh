@@ -75,6 +75,8 @@
 #               AccumulateGrad; a five-input Python node) and --engine (a Python and a C++ node, moda and FA2, with
 #               and without autograd's device threads), then the key-major pass after the dq pass (no side stream)
 #               and unchunked against the default (--variants: host time alone and interleaved ratios)
+#   launch-tests GPU tests of the cached launches (tests/test_launch.py, test_dattn_launch.py: bitwise Triton's own
+#               path, launch counts) and of the merges (tests/test_merge.py; its moda-fa4 routes need FA4)
 #   host-timeline  the stamp-by-stamp host timeline of an eager fwd+bwd at T=1024 (tools/host_timeline.py, device threads
 #               on and off), then each kept launch's host cost piece by piece (tools/launch_pieces.py)
 #   pdl-test    the decode PDL tests alone (tests/test_decode.py -k pdl)
@@ -324,6 +326,8 @@ for s in "$@"; do
     host-split) stage host-split bash -c "timeout 150 python3 tools/host_probe.py --phases --T 1024 --calls 300; \
                timeout 150 python3 tools/host_probe.py --engine --T 1024 --calls 300; \
                timeout 150 python3 tools/host_probe.py --T 1024 --variants 'beside=0;chunk=0' --max-time 2" ;;
+    launch-tests) stage launch-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_launch.py \
+               tests/test_dattn_launch.py tests/test_merge.py ;;
     host-timeline) stage host-timeline bash -c "timeout 90 python3 tools/host_timeline.py --T 1024 --calls 300 --threads-off; \
                timeout 120 python3 tools/launch_pieces.py --T 1024 --n 2000" ;;
     doctor) stage doctor $MB doctor ;;
