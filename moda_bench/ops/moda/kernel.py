@@ -262,7 +262,7 @@ def launch_delta(o, do, delta, d: int) -> None:
     """delta <- rowsum(o * do) over the flattened (rows, d) views (`moda_bwd_delta_kernel`; o, do
     contiguous, delta allocated by the caller, one float32 a row)."""
     n_rows = delta.numel()
-    key = (o.dtype, do.dtype, n_rows, d) if aligned16(o, do, delta) else None
+    key = (o.dtype, do.dtype, delta.dtype, n_rows, d) if aligned16(o, do, delta) else None
     _DELTA(key, (cdiv(n_rows, DELTA_BLOCK),), (o, do, delta, n_rows), lambda: dict(HEAD_DIM=d, BLOCK=DELTA_BLOCK))
 
 

@@ -165,7 +165,7 @@ def depth_bwd(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, dep
     gp, P, S, bl = bwd_depth_geometry(G, max(block_m, next_pow2(G)), L, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()
-    key = (q.dtype, do.dtype, o.dtype, kd.dtype, B, T, L, G, Hk, n_items, gp, P, d, S, bl, stages,
+    key = (q.dtype, do.dtype, o.dtype, lse.dtype, kd.dtype, B, T, L, G, Hk, n_items, gp, P, d, S, bl, stages,
            bool(depth_grad), num_warps) if aligned16(q, do, o, lse, kd, vd) else None
     _BWD(key, (_programs(n_items, programs),),
          (q, do, o, lse, kd, vd, dq, kd if dkd is None else dkd, vd if dvd is None else dvd, scale * LOG2E, scale,
