@@ -58,6 +58,21 @@ def _bare2(X, a0, N: tl.constexpr):
     tl.store(X + tl.program_id(0), a0)
 
 
+def shape_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The probe point's options (--T --G --Hk --L; B = 1, d = 64), shared by the host tools
+    (`host_timeline`, `launch_pieces`)."""
+    p.add_argument("--T", type=int, default=1024)
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--Hk", type=int, default=8)
+    p.add_argument("--L", type=int, default=64)
+    return p
+
+
+def probe_inputs(a) -> dict:
+    """The inputs of the point `shape_args` parsed (`timing.make_inputs`: q, k, v, k_depth, v_depth, do)."""
+    return make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
+
+
 def per_call_us(fn, calls: int) -> float:
     """Host microseconds a call of fn, issued `calls` times back to back (the GPU drained first)."""
     for _ in range(3):
@@ -344,11 +359,7 @@ def desc_ab(x, leaves, max_time: float = 3.0, pass_: str = "fwdbwd") -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--T", type=int, default=1024)
-    p.add_argument("--G", type=int, default=8)
-    p.add_argument("--Hk", type=int, default=8)
-    p.add_argument("--L", type=int, default=64)
+    p = shape_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--phases", action="store_true", help="host us of each step of a call, no profiler")
@@ -363,7 +374,7 @@ def main() -> None:
     p.add_argument("--launch", action="store_true", help="cached launches against Triton's path, interleaved")
     p.add_argument("--desc", action="store_true", help="host-side descriptors against device-side ones, interleaved")
     a = p.parse_args()
-    x = make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
+    x = probe_inputs(a)
     leaves = [t for k, t in x.items() if k != "do" and t is not None]
 
     def moda():

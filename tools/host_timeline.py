@@ -25,7 +25,7 @@ import torch
 import moda_bench.ops.launch as launch
 import moda_bench.ops.moda.kernel as kernel
 from moda_bench.ops.moda import moda_attention
-from moda_bench.timing import make_inputs
+from host_probe import probe_inputs, shape_args  # tools/ is on sys.path when this file runs
 
 CLOCK = time.perf_counter
 STAMPS: dict = {}
@@ -120,15 +120,11 @@ def run(x, leaves, calls: int, drained: bool) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--T", type=int, default=1024)
-    p.add_argument("--G", type=int, default=8)
-    p.add_argument("--Hk", type=int, default=8)
-    p.add_argument("--L", type=int, default=64)
+    p = shape_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--threads-off", action="store_true", help="also without autograd's device threads")
     a = p.parse_args()
-    x = make_inputs(1, a.T, a.G * a.Hk, a.Hk, 64, a.L, seed=0)
+    x = probe_inputs(a)
     leaves = [t for n, t in x.items() if n != "do" and t is not None]
     install()
     cols = {}

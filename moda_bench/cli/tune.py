@@ -7,8 +7,9 @@ Candidates are timed like the sweep (moda_bench.timing.measure); the winner is t
 against the default in interleaved rounds and kept only if the 95% upper bound of its time
 ratio is below 1 - `--min-gain` (decision 'tuned'), else the default is stored ('default').
 Where the search found nothing faster, its closest candidate is compared the same way, so a kept
-default carries that candidate's ratio and interval. Each shape's result is saved as soon as it is found and shapes already in the cache are
-skipped (--force retunes), so a long preset can be run in several invocations.
+default carries that candidate's ratio and interval. Each shape's result is saved as soon as it
+is found and shapes already in the cache are skipped (--force retunes), so a long preset can be
+run in several invocations.
 `--export-shipped DIR` writes the cache's 'tuned' entries as the package's shipped configs
 (DIR/<gpu-slug>.json; the package's own directory is moda_bench/ops/moda/tuned). torch/triton
 are imported inside the command.

@@ -314,7 +314,6 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly,
                             heads=dq_heads(cfg, T, L, G))
     cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
-    n_rows = B * T * Hq
     mode = cfg.bwd_depth if L > 0 else "none"
     # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)
     inline = delta is None and not depth_only and mode in ("none", "fused")
