@@ -135,8 +135,8 @@ def test_kv_beside_rule():
     assert not kv_beside(cfg.replace(bwd_kv_beside=0), 1, 64, 1, 1, 64, 132, capturing=True)
     assert not kv_beside(cfg.replace(bwd_kv_chunk=-1), 1, T, 8, G, 64, 132, capturing=True)  # chunked
     assert kv_beside(cfg.replace(bwd_kv_chunk=-1), 1, T, 8, 1, 64, 132, capturing=True)  # G=1: 16-step tiles
-    with pytest.raises(ValueError, match="bwd_kv_beside=2"):
-        moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_kv_beside=2))
+    with pytest.raises(ValueError, match="bwd_kv_beside=3"):
+        moda_attention(*random_inputs(1, 8, 4, 2, 32, 2, torch.float32)[:5], config=_bt(bwd_kv_beside=3))
 
 
 @pytest.mark.gpu

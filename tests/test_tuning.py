@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from moda_bench.ops.moda import config as config_mod
+from moda_bench.ops.moda import kernel_bwd_rules as rules
 from moda_bench import tuning as tu
 from moda_bench.tuning import cache as cache_mod
 from moda_bench.ops.moda.config import MoDAConfig, default_config, group_pad, resolve_config
@@ -704,12 +705,15 @@ def test_bwd_kv_space_tries_the_key_major_pass_beside_the_dq_pass():
     sh = shape(G=8, L=64)
     tma = default_config(sh).replace(bwd_depth="tma")
     space = tu.search_space(sh, "bwd_kv", tma)
-    assert {c.bwd_kv_beside for c in space} == {-1, 0, 1}
+    assert {c.bwd_kv_beside for c in space} == {-1, 0, 1, 2}
+    assert all(not rules.kv_one_fits(*rules.pass_options(c)) for c in space if c.bwd_kv_beside == 2)
     assert {c.bwd_kv_chunk for c in space} == {-1, 0}
     assert all(tu.config_problems(c, 8) == [] for c in space)
     ptr = tu.search_space(sh, "bwd_kv", default_config(sh).replace(bwd_depth="fused"))
     assert {c.bwd_kv_beside for c in ptr} == {-1} and {c.bwd_kv_chunk for c in ptr} == {-1}
-    assert tu.config_problems(tma.replace(bwd_kv_beside=2), 8) == ["bwd_kv_beside=2 must be -1 (by shape), 0 or 1"]
+    assert tu.config_problems(tma.replace(bwd_kv_beside=3), 8) == ["bwd_kv_beside=3 must be -1 (by shape) or in (0, 1, 2)"]
+    assert tu.config_problems(tma.replace(bwd_kv_beside=2, bwd_kv_warps=8), 8) == [
+        "bwd_kv_beside=2 (both backward passes in one launch) needs: bwd_q_warps=4 != bwd_kv_warps=8"]
 
 
 def test_bwd_q_space_tries_the_other_dq_pass_at_l0():

@@ -20,7 +20,7 @@ Search spaces (one group of MoDAConfig fields each, tuned one after another in t
           a head a program can run: the base's and the other pass), timed on the backward pass
           with the forward winner fixed;
   bwd_kv  dk/dv pass: bwd_kv_block_m x bwd_kv_block_n x bwd_kv_warps x bwd_kv_stages (x
-          bwd_kv_maxnreg likewise, x bwd_kv_beside: the base's, never, always, x bwd_kv_chunk:
+          bwd_kv_maxnreg likewise, x bwd_kv_beside: the base's, never, always, one launch, x bwd_kv_chunk:
           the base's, none, x bwd_depth_items at L > 0: the base's, on), timed on the
           backward pass with the fwd and bwd_q winners fixed.
   fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas  moda-overlap's knobs, in that order (by
@@ -55,7 +55,7 @@ from typing import Iterable, Optional
 from moda_bench.ops.launch import next_pow2
 from moda_bench.ops.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
                                         check_config, dtype_name, group_pad)
-from moda_bench.ops.moda.kernel_bwd_rules import dq_heads, dq_heads_possible
+from moda_bench.ops.moda.kernel_bwd_rules import dq_heads, dq_heads_possible, kv_one_fits, pass_options
 from moda_bench.ops.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -228,6 +228,9 @@ def config_problems(cfg: MoDAConfig, G: int) -> list[str]:
         check_config(cfg, G)
     except ValueError as exc:
         return [str(exc).removeprefix("config ")]
+    why = kv_one_fits(*pass_options(cfg), cfg.bwd_dq_heads == 1, cfg.bwd_depth_items == 1)
+    if cfg.bwd_kv_beside == 2 and cfg.bwd_depth == "tma" and why:
+        return [f"bwd_kv_beside=2 (both backward passes in one launch) needs: {why}"]
     return []
 
 
@@ -384,7 +387,7 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
         names = KERNEL_FIELDS[kernel]
         tma = base.bwd_depth == "tma"
         regs = MAXNREG if tma else (getattr(base, names[4]),)
-        beside = tuple(dict.fromkeys((base.bwd_kv_beside, 0, 1))) if tma else (base.bwd_kv_beside,)
+        beside = tuple(dict.fromkeys((base.bwd_kv_beside, 0, 1, 2))) if tma else (base.bwd_kv_beside,)
         chunk = tuple(dict.fromkeys((base.bwd_kv_chunk, 0))) if tma else (base.bwd_kv_chunk,)
         items = tuple(dict.fromkeys((base.bwd_depth_items, 1))) if tma and shape.L else (base.bwd_depth_items,)
         heads = (base.bwd_dq_heads,)
@@ -392,7 +395,9 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
             heads += (int(not dq_heads(base, shape.T, shape.L, shape.G)),)  # the other dq pass than the base's
         for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
                                       *([beside, chunk, items] if kernel == "bwd_kv" else [heads])):
-            out.append(base.replace(**dict(zip(names, vals))))
+            c = base.replace(**dict(zip(names, vals)))
+            if c.bwd_kv_beside != 2 or not kv_one_fits(*pass_options(c), c.bwd_dq_heads == 1, c.bwd_depth_items == 1):
+                out.append(c)  # one launch only where both passes share their options
     else:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     return list(dict.fromkeys(out))

@@ -87,8 +87,8 @@ class MoDAConfig:
               pass's q/do tiles (bwd_kv_block_m a multiple of GP there, else that pass keeps pointer loads).
     fa4_fused_fwd  moda-fa4 only: the forward is FA4's sm90 kernel with the depth tiles inside (`fused_sm90`).
     bwd_depth_kernel  "persist" backward's depth kernel: "triton" (kernel_depth) or "cute" (depth_bwd_sm90).
-    bwd_kv_beside  "tma" backward: the key-major pass beside the dq pass on a second stream, not
-              after it: 1 always, 0 never, -1 in a graph capture at small grids (`kernel_bwd_rules.kv_beside`).
+    bwd_kv_beside  "tma" backward: the key-major pass on a second stream beside the dq pass (1), after it (0), or
+              both in one launch (2, `_one_kernel`); -1 by the rules (`kernel_bwd_rules.kv_beside`, `kv_one`).
     bwd_kv_chunk  "tma" backward: a key-major program takes at most n key tiles' width of rows (n > 0; a
               tile's chunks summed by the last), 0 all, -1 as the grid needs (`kernel_bwd_rules.kv_chunk`).
     bwd_depth_items  "tma" backward: the depth part as items of the key-major grid, not in the dq pass (1 on;
@@ -328,9 +328,9 @@ def _check(cfg: MoDAConfig, G: int) -> None:
     for name in ("depth_ctas", "bwd_depth_ctas"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise ValueError(f"config {name}={getattr(cfg, name)!r} must be 0 (no cap) or a number of programs")
-    for name in ("bwd_kv_beside", "bwd_depth_items", "bwd_dq_heads"):
-        if getattr(cfg, name) not in (-1, 0, 1):
-            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be -1 (by shape), 0 or 1")
+    for name, ok in (("bwd_kv_beside", (-1, 0, 1, 2)), ("bwd_depth_items", (-1, 0, 1)), ("bwd_dq_heads", (-1, 0, 1))):
+        if getattr(cfg, name) not in ok:  # bwd_kv_beside 2: both backward passes in one launch
+            raise ValueError(f"config {name}={getattr(cfg, name)!r} must be -1 (by shape) or in {ok[1:]}")
     if cfg.exp_poly not in range(8):
         raise ValueError(f"config exp_poly={cfg.exp_poly!r} must be 0..7 (bits: 1 forward, 2 dq pass, 4 key-major)")
     if not isinstance(cfg.bwd_kv_chunk, int) or cfg.bwd_kv_chunk < -1:

@@ -61,7 +61,7 @@ from moda_bench.ops.moda.kernel_bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda
                                             moda_bwd_q_kernel)
 from moda_bench.ops.moda.kernel_fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
                                             moda_merge_kernel)
-from moda_bench.ops.moda.kernel_bwd_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items
+from moda_bench.ops.moda.kernel_bwd_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_one
 from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
 from moda_bench.ops.moda.kernel_fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
 from moda_bench.ops.moda.triton_utils import dot_precision, exp_poly_share
@@ -302,6 +302,8 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
         o = o.contiguous()
         n_sms = num_sms(q.device)
         chunk, items = kv_chunk(cfg, B, T, Hk, G, n_sms), kv_depth_items(cfg, T, L, G)
+        heads = dq_heads(cfg, T, L, G) and cfg.bwd_kv_beside != 2
+        one = kv_one(cfg, T, heads, items)
         return moda_bwd_tma(do, q, k, v, kd if L > 0 else None, vd if L > 0 else None, o, lse.contiguous(), scale, G,
                             q_block_m=cfg.bwd_q_block_m, q_block_n=cfg.bwd_q_block_n, q_warps=cfg.bwd_q_warps,
                             q_stages=cfg.bwd_q_stages, q_maxnreg=cfg.bwd_q_maxnreg, kv_block_m=cfg.bwd_kv_block_m,
@@ -310,9 +312,9 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             depth_stages=cfg.bwd_depth_stages, use_desc=tma_usable(q, k, v, kd, vd, L)
                             and aligned(o, do), depth_grad=depth_grad,
                             beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
-                            if not items and kv_beside(cfg, B, T, Hk, G, L, n_sms, chunk=chunk) else None,
-                            mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly,
-                            heads=dq_heads(cfg, T, L, G))
+                            if not (items or one) and kv_beside(cfg, B, T, Hk, G, L, n_sms, chunk=chunk) else None,
+                            mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly, heads=heads,
+                            one=one)
     cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
     mode = cfg.bwd_depth if L > 0 else "none"
     # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)

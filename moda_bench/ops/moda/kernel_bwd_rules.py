@@ -40,7 +40,7 @@ def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: i
     Its grid counts its chunks (chunk: `kv_chunk`'s answer, None: asked here): a chunked pass
     fills the SMs itself."""
     if cfg.bwd_kv_beside >= 0:
-        return bool(cfg.bwd_kv_beside)
+        return cfg.bwd_kv_beside == 1
     if chunk is None:
         chunk = kv_chunk(cfg, B, T, Hk, G, n_sms)
     grid = B * Hk * kv_items(T, cfg.bwd_kv_block_n, chunk)[0]
@@ -104,6 +104,38 @@ def _kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> i
             return 0
         chunk = max(cdiv(KV_CHUNK_MIN_STEPS * p, bn) * bn, int(fair * p) // bn * bn)
     return chunk if 0 < chunk < T else 0
+
+
+# Both passes in one launch (bwd_kv_beside = 2, `kernel_bwd_tma._one_kernel`; -1: where T <=
+# KV_ONE_MAX_T and `kv_one_fits`): the key-major items computing their rows' statistics themselves,
+# then the dq pass's row blocks. Where an eager call is host-bound (T=1024) it saves a launch and
+# two allocations; not measured yet, so off by the rule (0).
+KV_ONE_MAX_T = 0
+
+
+ONE_OPTS = ("block_m", "block_n", "warps", "stages", "maxnreg")  # what both passes of one launch share
+
+
+def pass_options(cfg: MoDAConfig) -> tuple:
+    """((block_m, block_n, warps, stages, maxnreg) of the dq pass, the same of the key-major pass) of cfg."""
+    return tuple(tuple(getattr(cfg, f"bwd_{p}_{n}") for n in ONE_OPTS) for p in ("q", "kv"))
+
+
+def kv_one_fits(q_opts: tuple, kv_opts: tuple, heads: bool = False, items: bool = False, sub: int = 1) -> str:
+    """Why the two passes cannot share one launch ('' where they can): the same tiles, warps, stages
+    and register cap (`pass_options`), no dq pass a head a program, no depth items, no sub-groups."""
+    why = [f"bwd_q_{n}={a} != bwd_kv_{n}={b}" for n, a, b in zip(ONE_OPTS, q_opts, kv_opts) if a != b]
+    why += [w for w, on in (("a dq pass a query head a program", heads), ("depth items", items),
+                            ("key-major sub-groups", sub > 1)) if on]
+    return "; ".join(why)
+
+
+def kv_one(cfg: MoDAConfig, T: int, heads: bool = False, items: bool = False) -> bool:
+    """Whether the "tma" backward runs both passes in one launch: cfg.bwd_kv_beside == 2, or -1
+    where T <= KV_ONE_MAX_T and `kv_one_fits`."""
+    if cfg.bwd_kv_beside >= 0:
+        return cfg.bwd_kv_beside == 2
+    return T <= KV_ONE_MAX_T and not kv_one_fits(*pass_options(cfg), heads, items)
 
 
 def kv_items(T: int, block_n: int, chunk: int) -> tuple:
@@ -219,6 +251,9 @@ class BwdPlan(NamedTuple):
     n_tiles: int
     n_depth: int
     boxes: tuple  # host-side descriptors' boxes: GP, dq positions, BL, key-major positions and heads, dq rows; or ()
+    one_key: tuple = None  # both passes in one launch (`_one_kernel`): its key, grid and constexprs, else None
+    one_grid: tuple = ()
+    one_meta: Callable = None
 
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
@@ -267,6 +302,18 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                        **launch_options(q_warps, q_stages, q_maxnreg))
         dq_grid = (cdiv(T, q_block_m), B * Hq)
     split = chunk or kv_sub > 1
+    one = None
+    if beside == 2:
+        why = kv_one_fits((q_block_m, q_block_n, q_warps, q_stages, q_maxnreg),
+                          (kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg), heads, depth_items, kv_sub)
+        if why:
+            raise ValueError(f"both backward passes in one launch need the same tiles and options: {why}")
+        one_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, D=d, S=S, BL=bl, DEPTH=L > 0, DEPTH_GRAD=depth_grad,
+                        USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix, DP_FIRST=bool(q_dp_first),
+                        POLY=q_poly, CHUNK=chunk, KV_DP_FIRST=bool(kv_dp_first), KV_POLY=kv_poly, HOST_DESC=host,
+                        **launch_options(q_warps, q_stages, q_maxnreg))
+        one = ((shape_key, "one", q_block_n, mix, bool(q_dp_first), bool(kv_dp_first), chunk, q_warps, q_stages,
+                q_maxnreg, q_poly, kv_poly), (B * Hk, n_items + n_m), lambda: dict(one_meta))
     return BwdPlan(RP, n_m, depth_grad,
                    (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly,
                     heads),
@@ -276,7 +323,8 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                    (B * Hk * kv_sub, n_items + n_depth), tuple((lambda m=m: dict(m)) for m in kv_meta),
                    B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
                    nch, n_items, n_tiles, n_depth,
-                   (gp, P, bl, kv_block_m * kv_sub // gp, gp // kv_sub, q_block_m) if host else ())
+                   (gp, P, bl, kv_block_m * kv_sub // gp, gp // kv_sub, q_block_m) if host else (),
+                   *(one or (None, (), None)))
 
 
 _PLANS: dict = {}

@@ -39,8 +39,12 @@ Design:
   tensor cores work while the exponential unit does; the dq pass keeps dp after them.
 * Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's choice); 168
   at 4 warps lets three programs share an SM (H100: the dk/dv pass at T=16384, G=8, d=64 9.8 -> 8.7 ms).
-The tile helpers (rows_desc ... depth_part) are public: tools/bwd_tma_triton.py builds its variants
-(an atomic-dQ key-major pass) from them.
+* One launch (`bwd_kv_beside` = 2, `kernel_bwd_rules.kv_one`): `_one_kernel`'s grid holds the
+  key-major items first, computing their rows' statistics themselves as beside the dq pass, then
+  the dq pass's row blocks, which then store no statistics: one launch and two buffers fewer a call,
+  where the host's issue time bounds the call (issue 21's eager T=1024 row).
+The tile helpers live in `kernel_bwd_parts` and are re-exported here: tools/bwd_tma_triton.py builds
+its variants (an atomic-dQ key-major pass) from them.
 """
 from __future__ import annotations
 
@@ -56,117 +60,12 @@ from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G,
                                                   kv_items)
 from moda_bench.ops.moda.descriptors import (depth_desc, depth_hdesc, ensure_allocator, keys_desc,  # noqa: F401
                                              keys_hdesc, keys_tile, rows_desc, rows_hdesc, rows_ptr, rows_tile)
-from moda_bench.ops.moda.triton_utils import exp2_mix, interpreting, mm, mm_acc
+from moda_bench.ops.moda.kernel_bwd_parts import (chunk_item, depth_item, depth_part, dq_block, dq_rows,  # noqa: F401
+                                                  dq_step, kv_item, row_stats, store_kv)
+from moda_bench.ops.moda.triton_utils import interpreting
 
 LOG2E = 1.4426950408889634
 _KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
-
-
-@triton.jit
-def row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-              USE_DESC: tl.constexpr):
-    """(lse2, delta) of the BM folded rows from position t0: lse*log2(e) (+inf on padding rows and
-    rows past T, so that their probabilities are exactly 0) and rowsum(o*do) in fp32."""
-    r = t0 * GP + tl.arange(0, BM)
-    t = r // GP
-    row_ok = (t < T) & (r % GP < G)
-    lse = tl.load(LSE + ((b * T + t).to(tl.int64) * (G * Hk) + j * G + r % GP), mask=row_ok, other=0.0)
-    lse2 = tl.where(row_ok, lse * 1.4426950408889634, float("inf"))
-    o = rows_tile(O, odesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC).to(tl.float32)
-    delta = tl.sum(o * tl.where(row_ok[:, None], do.to(tl.float32), 0.0), 1)
-    return lse2, delta
-
-
-@triton.jit
-def _kv_step(k, v, dk, dv, kn, t0, s, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T, G, Hk, RP,
-             qk_scale, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
-             USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr, DP_FIRST: tl.constexpr,
-             POLY: tl.constexpr):
-    """dk, dv of the key tile += the share of the BM folded rows from position t0: GP // NSUB heads a
-    position, sub-group s of the padded group (NSUB = 1: all GP). STATS (NSUB = 1 only): the rows'
-    lse2 and delta computed here from lse, o and do (no dq pass before this one), else read from
-    the flat buffers the dq pass wrote (row t*GP + g). DP_FIRST: dp^T's product issued before the
-    exponentials (`kernel_bwd_rules.dp_first`). POLY: `exp2_mix`'s share on the FMA pipe."""
-    if NSUB == 1:  # (this branch compiles to the unsplit pass's code before sub-groups existed)
-        q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-        do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-        r = t0 * GP + tl.arange(0, BM)
-    else:
-        GS: tl.constexpr = GP // NSUB
-        q = rows_tile(Q, qdesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
-        do = rows_tile(DO, dodesc, b, j, s * GS, t0, T, G, G * Hk, GS, BM, D, USE_DESC)
-        rl = tl.arange(0, BM)
-        t = t0 + rl // GS
-        r = t * GP + s * GS + rl % GS  # the dq pass's row of each
-    if STATS:
-        tl.static_assert(NSUB == 1, "the key-major pass computes its rows' statistics only unsplit")
-        lse2, delta = row_stats(do, O, odesc, LSE, b, j, t0, T, G, Hk, GP, BM, D, USE_DESC)
-    else:
-        lse2 = tl.load(LSE2 + bh * RP + r)  # rows past the last position: +inf, written by the dq pass
-        delta = tl.load(DELTA + bh * RP + r)
-    sT = mm_acc(k, tl.trans(q), None, PREC)  # [BN, BM]
-    if DP_FIRST:
-        dpT = mm_acc(v, tl.trans(do), None, PREC)
-    pT = exp2_mix(sT * qk_scale - lse2[None, :], POLY)
-    if MASK:
-        if NSUB == 1:
-            pT = tl.where(kn[:, None] <= (r // GP)[None, :], pT, 0.0)
-        else:
-            pT = tl.where(kn[:, None] <= t[None, :], pT, 0.0)
-    dv = mm_acc(pT.to(do.dtype), do, dv, PREC)
-    if not DP_FIRST:
-        dpT = mm_acc(v, tl.trans(do), None, PREC)
-    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
-    dk = mm_acc(dsT, q, dk, PREC)
-    return dk, dv
-
-
-@triton.jit
-def chunk_item(u, NCH, TPC: tl.constexpr):
-    """(tile, chunk, chunks of the tile, item of its first chunk) of key-major item u when each
-    key tile's rows are cut at every CHUNK = TPC key tiles' width of positions: chunk c holds the
-    rows of positions [c*CHUNK, (c+1)*CHUNK), so tile i has chunks i // TPC ... NCH - 1. Items run
-    tile by tile, the heaviest tiles first (group k: TPC tiles of NCH - k chunks each)."""
-    zero = u * 0
-    tile, c, nc, first, base = zero, zero, zero + 1, zero, zero
-    for k in range(0, NCH):
-        per = NCH - k
-        inside = (u >= base) & (u < base + TPC * per)
-        off = u - base
-        tile = tl.where(inside, k * TPC + off // per, tile)
-        c = tl.where(inside, k + off % per, c)
-        nc = tl.where(inside, per, nc)
-        first = tl.where(inside, base + (off // per) * per, first)
-        base += TPC * per
-    return tile, c, nc, first
-
-
-@triton.jit
-def store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D: tl.constexpr):
-    ptr = ((b * T + kn).to(tl.int64) * Hk + j)[:, None] * D + tl.arange(0, D)[None, :]
-    tl.store(DK + ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=(kn < T)[:, None])
-    tl.store(DV + ptr, dv.to(DV.dtype.element_ty), mask=(kn < T)[:, None])
-
-
-@triton.jit
-def depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, vddesc, dkddesc, dvddesc, b, j, bh,
-               t0, T, L, G, Hk, RP, qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
-               S: tl.constexpr, BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
-               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr):
-    """The depth part of the BM folded rows from position t0 as an item of the key-major grid
-    (`depth_part`; the rows' lse2 and delta from the dq pass's buffers): dk_depth, dv_depth stored,
-    its dq share added to the dq the depth-less dq pass stored (the rows are this item's alone)."""
-    q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    r = t0 * GP + tl.arange(0, BM)
-    lse2 = tl.load(LSE2 + bh * RP + r)
-    delta = tl.load(DELTA + bh * RP + r)
-    dq = depth_part(q, do, lse2, delta, tl.zeros([BM, D], tl.float32), KD, VD, DKD, DVD, kddesc, vddesc, dkddesc,
-                    dvddesc, b, j, t0, T, L, Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES,
-                    DEPTH_GRAD)
-    optr, ok = rows_ptr(b, j, 0, r, T, G, G * Hk, GP, D)
-    old = tl.load(DQ + optr, mask=ok, other=0.0).to(tl.float32)
-    tl.store(DQ + optr, (old + dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "NCH", "N_ITEMS", "N_TILES", "N_DEPTH"])
@@ -245,220 +144,52 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
                 DP_FIRST, POLY, HOST_DESC)
 
 
-@triton.jit
-def kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G, Hk,
-            RP, NCH, N_ITEMS, N_TILES, bh, b, j, u, sub, GP: tl.constexpr, NSUB: tl.constexpr, BM: tl.constexpr,
-            BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
-            CHUNK: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr, HOST_DESC: tl.constexpr):
-    """Key item u of the key-major grid (`_kv_kernel`): one key tile, or one chunk of its rows, for
-    the heads of sub-group `sub` (of NSUB)."""
-    P: tl.constexpr = BM // (GP // NSUB)
-    NDIAG: tl.constexpr = (BN + P - 1) // P
-    if CHUNK == 0:
-        tile, c, nc, first = u, 0, 1, u
-    else:
-        tile, c, nc, first = chunk_item(u, NCH, CHUNK // BN)
-    n0 = tile * BN
-    kdesc = None
-    vdesc = None
-    if HOST_DESC:
-        kdesc, vdesc = K, V
-    elif USE_DESC:
-        kdesc = keys_desc(K, B, T, Hk, BN, D)
-        vdesc = keys_desc(V, B, T, Hk, BN, D)
-    k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    v = keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    kn = n0 + tl.arange(0, BN)
-    dk = tl.zeros([BN, D], tl.float32)
-    dv = tl.zeros([BN, D], tl.float32)
-    diag_end = tl.minimum(n0 + NDIAG * P, T)
-    if CHUNK == 0:
-        diag_hi = diag_end
-        lo = diag_end
-        hi = T
-    else:  # the tile's first chunk takes the diagonal steps; a step belongs to the chunk of its first row
-        diag_hi = tl.where(u == first, diag_end, n0)
-        lo = diag_end + tl.cdiv(tl.maximum(c * CHUNK - diag_end, 0), P) * P
-        hi = tl.minimum((c + 1) * CHUNK, T)
-    for t0 in range(n0, diag_hi, P):  # positions whose rows see only part of the tile
-        dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
-                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, True, USE_DESC, PREC, STATS, DP_FIRST, POLY)
-    for t0 in tl.range(lo, hi, P):
-        dk, dv = _kv_step(k, v, dk, dv, kn, t0, sub, Q, DO, O, LSE, qdesc, dodesc, odesc, LSE2, DELTA, b, j, bh, T,
-                          G, Hk, RP, qk_scale, GP, NSUB, BM, D, False, USE_DESC, PREC, STATS, DP_FIRST, POLY)
-    if CHUNK == 0 and NSUB == 1:
-        store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
-    else:  # partials: nc chunks x NSUB sub-groups of the tile, in WS (B*Hk*NSUB, N_ITEMS, 2, BN, D)
-        if nc * NSUB == 1:
-            store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
-        else:
-            cell = tl.arange(0, BN)[:, None] * D + tl.arange(0, D)[None, :]
-            if NSUB == 1:
-                slot = (bh.to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
-            else:
-                slot = ((bh * NSUB + sub).to(tl.int64) * N_ITEMS + u) * (2 * BN * D)
-            tl.store(WS + slot + cell, dk)
-            tl.store(WS + slot + BN * D + cell, dv)
-            # every thread's stores before the barrier, the barrier before thread 0's release: the
-            # program that acquires the last arrival sees all chunks (as decode's fused combine)
-            tl.debug_barrier()
-            cidx = bh * N_TILES + tile
-            arrived = tl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
-            if arrived == nc * NSUB - 1:
-                tl.debug_barrier()
-                dk = tl.zeros([BN, D], tl.float32)
-                dv = tl.zeros([BN, D], tl.float32)
-                if NSUB == 1:
-                    for i in range(0, nc):
-                        s_i = (bh.to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
-                        dk += tl.load(WS + s_i + cell)
-                        dv += tl.load(WS + s_i + BN * D + cell)
-                else:
-                    for ss in range(0, NSUB):
-                        for i in range(0, nc):
-                            s_i = ((bh * NSUB + ss).to(tl.int64) * N_ITEMS + first + i) * (2 * BN * D)
-                            dk += tl.load(WS + s_i + cell)
-                            dv += tl.load(WS + s_i + BN * D + cell)
-                store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D)
-                tl.atomic_xchg(CNT + cidx, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN: tl.constexpr,
-            D: tl.constexpr, MASK: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
-            DP_FIRST: tl.constexpr, POLY: tl.constexpr):
-    """dq (unscaled) += the share of the BN sequence keys from n0 (DP_FIRST, POLY as in `_kv_step`)."""
-    k = keys_tile(K, kdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    v = keys_tile(V, vdesc, b, j, n0, T, Hk, BN, D, USE_DESC)
-    s = mm_acc(q, tl.trans(k), None, PREC)
-    if DP_FIRST:
-        dp = mm_acc(do, tl.trans(v), None, PREC)
-    p = exp2_mix(s * qk_scale - lse2[:, None], POLY)
-    if MASK:
-        p = tl.where((n0 + tl.arange(0, BN))[None, :] <= t[:, None], p, 0.0)
-    if not DP_FIRST:
-        dp = mm_acc(do, tl.trans(v), None, PREC)
-    return mm_acc((p * (dp - delta[:, None])).to(k.dtype), k, dq, PREC)
-
-
-@triton.jit
-def dq_rows(q, do, lse2, delta, t, t0, K, V, kdesc, vdesc, b, j, T, Hk, qk_scale, NPOS: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
-            DP_FIRST: tl.constexpr, POLY: tl.constexpr):
-    """dq (unscaled) of BM rows at positions t (NPOS positions from t0) over the sequence keys: the
-    key tiles wholly below t0 unmasked, then the diagonal ones."""
-    dq = tl.zeros([BM, D], tl.float32)
-    n_full = (t0 // BN) * BN
-    for n0 in tl.range(0, n_full, BN):
-        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     False, USE_DESC, PREC, DP_FIRST, POLY)
-    for n0 in range(n_full, tl.minimum(t0 + NPOS, T), BN):
-        dq = dq_step(q, do, lse2, delta, t, dq, K, V, kdesc, vdesc, b, j, n0, T, Hk, qk_scale, BN, D,
-                     True, USE_DESC, PREC, DP_FIRST, POLY)
-    return dq
-
-
-@triton.jit
-def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
-               qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
-                BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
-                DEPTH_GRAD: tl.constexpr):
-    """dq += the depth share of one row block; with DEPTH_GRAD, dk_depth and dv_depth of its P
-    positions are stored (nothing is written to DKD, DVD without it)."""
-    P: tl.constexpr = BM // GP
-    NB: tl.constexpr = P // S
-    R: tl.constexpr = S * GP
-    C: tl.constexpr = S * BL
-    q3 = tl.reshape(q, (NB, R, D))
-    do3 = tl.reshape(do, (NB, R, D))
-    lse3 = tl.reshape(lse2, (NB, R, 1))
-    delta3 = tl.reshape(delta, (NB, R, 1))
-    cc = tl.arange(0, C)[None, None, :]
-    same_pos = (tl.arange(0, R)[None, :, None] // GP) == (cc // BL)
-    pos = t0 + tl.arange(0, P)
-    for l0 in tl.range(0, L, BL, num_stages=DEPTH_STAGES):
-        ll = l0 + tl.arange(0, BL)
-        ptr = ((((b * T + pos).to(tl.int64) * L)[:, None, None] + ll[None, :, None]) * Hk + j) * D \
-            + tl.arange(0, D)[None, None, :]
-        ok = (pos < T)[:, None, None] & (ll < L)[None, :, None]
-        if USE_DESC:
-            kd = tl.reshape(kddesc.load([b, t0, l0, j * D]), (NB, C, D))
-            vd = tl.reshape(vddesc.load([b, t0, l0, j * D]), (NB, C, D))
-        else:
-            kd = tl.reshape(tl.load(KD + ptr, mask=ok, other=0.0), (NB, C, D))
-            vd = tl.reshape(tl.load(VD + ptr, mask=ok, other=0.0), (NB, C, D))
-        own = same_pos & ((l0 + cc % BL) < L)
-        p3 = tl.where(own, tl.math.exp2(mm(q3, tl.trans(kd, 0, 2, 1), PREC) * qk_scale - lse3), 0.0)
-        ds3 = p3 * (mm(do3, tl.trans(vd, 0, 2, 1), PREC) - delta3)
-        dq += tl.reshape(mm(ds3.to(kd.dtype), kd, PREC), (BM, D))
-        if DEPTH_GRAD:  # batched (mma.sync) products: these operand transposes are GPU-tested
-            dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC).to(kd.dtype)
-            dkd = (mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale).to(kd.dtype)
-            if USE_DESC:
-                dkddesc.store([b, t0, l0, j * D], tl.reshape(dkd, (1, P, BL, D)))
-                dvddesc.store([b, t0, l0, j * D], tl.reshape(dvd, (1, P, BL, D)))
-            else:
-                tl.store(DKD + ptr, tl.reshape(dkd, (P, BL, D)), mask=ok)
-                tl.store(DVD + ptr, tl.reshape(dvd, (P, BL, D)), mask=ok)
-    return dq
-
-
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m"])
 def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
                n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
                USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
                DP_FIRST: tl.constexpr, POLY: tl.constexpr, HOST_DESC: tl.constexpr):
-    """Query-major pass: the rows' lse2 and delta (stored for the key-major pass), dq from the
-    sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Grid (B*Hk,
-    n_m), the last row block first, or (MIX) the last, the first, the last but one, ... HOST_DESC: Q,
-    DO, K, V (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side descriptors."""
+    """Query-major pass, grid (B*Hk, n_m): a row block a program (`dq_block`), its rows' lse2 and
+    delta stored for the key-major pass."""
+    dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP, n_m,
+             tl.program_id(0), tl.program_id(1), GP, BM, BN, TAIL, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC,
+             DEPTH_STAGES, MIX, DP_FIRST, POLY, HOST_DESC, True)
+
+
+@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m", "NCH", "N_ITEMS", "N_TILES"])
+def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, DQ, DK, DV, WS, CNT, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk,
+                n_m, NCH, N_ITEMS, N_TILES, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
+                USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
+                DP_FIRST: tl.constexpr, POLY: tl.constexpr, CHUNK: tl.constexpr, KV_DP_FIRST: tl.constexpr,
+                KV_POLY: tl.constexpr, HOST_DESC: tl.constexpr):
+    """Both passes in one launch, grid (B*Hk, N_ITEMS + n_m): items u < N_ITEMS are the key-major
+    pass's (`kv_item`, CHUNK as `_kv_kernel`'s), each computing its rows' lse2 and delta itself
+    (`row_stats`, o through OD), the rest the dq pass's row blocks (`dq_block`, o by pointers),
+    which store no statistics. The passes share their tiles (BM rows, BN keys), warps and stages.
+    HOST_DESC: Q, DO, K, V, OD (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side
+    descriptors; O is the tensor."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
-    i = tl.program_id(1)
-    if MIX:  # heavy and light blocks alternate: co-resident programs mix sequence math and depth bytes
-        t0 = tl.where(i % 2 == 0, n_m - 1 - i // 2, i // 2) * P
+    u = tl.program_id(1)
+    if u < N_ITEMS:
+        qdesc = None
+        dodesc = None
+        odesc = None
+        if HOST_DESC:
+            qdesc, dodesc, odesc = Q, DO, OD
+        elif USE_DESC:
+            qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
+            dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
+            odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
+        kv_item(Q, K, V, DO, O, LSE, LSE, LSE, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G,
+                Hk, 0, NCH, N_ITEMS, N_TILES, bh, bh // Hk, bh % Hk, u, 0, GP, 1, BM, BN, D, USE_DESC, PREC, True,
+                CHUNK, KV_DP_FIRST, KV_POLY, HOST_DESC)
     else:
-        t0 = (n_m - 1 - i) * P
-    b = bh // Hk
-    j = bh % Hk
-    qdesc, dodesc, kdesc, vdesc = None, None, None, None
-    kddesc, vddesc, dkddesc, dvddesc = None, None, None, None
-    if HOST_DESC:
-        qdesc, dodesc, kdesc, vdesc = Q, DO, K, V
-        if DEPTH:
-            kddesc, vddesc = KD, VD
-            if DEPTH_GRAD:
-                dkddesc, dvddesc = DKD, DVD
-    elif USE_DESC:
-        qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
-        dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
-        kdesc = keys_desc(K, B, T, Hk, BN, D)
-        vdesc = keys_desc(V, B, T, Hk, BN, D)
-        if DEPTH:
-            kddesc = depth_desc(KD, B, T, LD, Hk, P, BL, D)
-            vddesc = depth_desc(VD, B, T, LD, Hk, P, BL, D)
-            if DEPTH_GRAD:
-                dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
-                dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
-    q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
-    r = t0 * GP + tl.arange(0, BM)
-    t = r // GP
-    optr, ok = rows_ptr(b, j, 0, r, T, G, G * Hk, GP, D)
-    lse2, delta = row_stats(do, O, None, LSE, b, j, t0, T, G, Hk, GP, BM, D, False)  # o by pointers, as dq's store
-    tl.store(LSE2 + bh * RP + r, lse2)
-    tl.store(DELTA + bh * RP + r, delta)
-    if tl.program_id(1) == 0:  # the last block: the TAIL rows after it, read by the key-major pass's last steps
-        rt = n_m * BM + tl.arange(0, TAIL)
-        tl.store(LSE2 + bh * RP + rt, tl.full([TAIL], float("inf"), tl.float32))
-        tl.store(DELTA + bh * RP + rt, tl.zeros([TAIL], tl.float32))
-    dq = dq_rows(q, do, lse2, delta, t, t0, K, V, kdesc, vdesc, b, j, T, Hk, qk_scale, P, BM, BN, D, USE_DESC,
-                 PREC, DP_FIRST, POLY)
-    if DEPTH:
-        dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
-                        Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
-    tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
+        dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE, LSE, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, 0, n_m,
+                 bh, u - N_ITEMS, GP, BM, BN, 16, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC, DEPTH_STAGES, MIX,
+                 DP_FIRST, POLY, HOST_DESC, False)
 
 
 @triton.jit(do_not_specialize=["B", "T", "G", "Hk", "RP"])
@@ -503,8 +234,9 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
-                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, heads: bool = False):
-    """The folded backward's two launches: returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
+                 depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, heads: bool = False,
+                 one: bool = False):
+    """The folded backward's two launches (or one): returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
 
@@ -528,18 +260,21 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
     and delta itself (`row_stats`), main() the dq pass. Where the key-major grid leaves most of
     the GPU's program slots empty (short T), its long programs then share the SMs with the dq
-    pass instead of running after it. Everything but the tensors is planned once per set of
-    sizes and arguments (`kernel_bwd_rules.bwd_plan`, memoised): a call allocates, checks lse's alignment and
-    launches."""
+    pass instead of running after it. one (not with beside): both passes in one launch
+    (`_one_kernel`; `kernel_bwd_rules.kv_one_fits` says what it needs). Everything but the tensors
+    is planned once per set of sizes and arguments (`kernel_bwd_rules.bwd_plan`, memoised): a call
+    allocates, checks lse's alignment and launches."""
     B, T, Hq, d = q.shape
     Hk, L = k.shape[2], 0 if kd is None else kd.shape[2]
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
            q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
            depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
-           beside is not None, interpreting(), poly, bool(heads), bool(use_desc) and host_desc_bwd(T))
+           2 if one else int(beside is not None), interpreting(), poly, bool(heads),
+           bool(use_desc) and host_desc_bwd(T))
     p = bwd_plan(key)
-    lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
-    delta = torch.empty_like(lse2)
+    if not one:  # the rows' statistics the dq pass stores for the key-major pass
+        lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
+        delta = torch.empty_like(lse2)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if p.depth_grad else (None, None)
     kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
@@ -549,7 +284,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     if p.boxes:  # the views and boxes of the kernels' device-side builders (`descriptors`)
         gp, P, bl, kvP, kvGS, qBM = p.boxes
         kv_in = (rows_hdesc(q, kvP, kvGS), keys_hdesc(k, kv_block_n), keys_hdesc(v, kv_block_n),
-                 rows_hdesc(do, kvP, kvGS), rows_hdesc(o, kvP, gp) if beside is not None else o)
+                 rows_hdesc(do, kvP, kvGS), rows_hdesc(o, kvP, gp) if beside is not None or one else o)
         qP, qG = (qBM, 1) if heads else (P, gp)
         dq_in = (rows_hdesc(q, qP, qG), keys_hdesc(k, q_block_n), keys_hdesc(v, q_block_n), rows_hdesc(do, qP, qG),
                  *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl) if L and not heads else x) for x in (kd_, vd_)),
@@ -578,7 +313,16 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                    (*kv_in, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
                     max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth), p.kv_meta[stats])
 
-    if beside is None:
+    if one:  # the key-major items (row statistics their own, o through kv_in's) and the dq blocks
+        q_, k_, v_, do_, kd_x, vd_x, dkd_x, dvd_x = dq_in
+        ws, cnt = lse, lse  # never read without chunks
+        if p.ws_n:
+            ws = scratch(_KV_COUNTERS, q.device, p.ws_n)
+            cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
+        _ONE_LAUNCH(p.one_key if cached else None, p.one_grid,
+                    (q_, k_, v_, kd_x, vd_x, o, kv_in[4], do_, lse, dq, dk, dv, ws, cnt, dkd_x, dvd_x, scale * LOG2E,
+                     scale, B, T, L, max(L, 1), G, Hk, p.n_m, p.nch, p.n_items, p.n_tiles), p.one_meta)
+    elif beside is None:
         dq_pass()
         kv_pass(False)
     else:
@@ -587,3 +331,4 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
 
 
 _DQ_LAUNCH, _DQH_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_dq_head_kernel), CachedLaunch(_kv_kernel)
+_ONE_LAUNCH = CachedLaunch(_one_kernel)
