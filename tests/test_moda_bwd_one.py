@@ -123,3 +123,15 @@ def test_gpu_one_launch_matches_two_at_t1024():
     graph_replayed(lambda: moda_attention(*leaves, config=cfg).backward(do), leaves)
     for a, x in zip(one, leaves):
         assert torch.equal(a, x.grad)
+
+
+def test_bwd_one_launch_dq_blocks_first(monkeypatch):
+    """The one launch's grid with the dq row blocks before the key-major items (`ONE_DQ_FIRST`, an
+    A/B switch): the same gradients."""
+    q, k, v, kd, vd, do = random_inputs(1, 37, 8, 2, 32, 5, torch.float32, seed=2)
+    first = _grads(_one(), (q, k, v, kd, vd), do)[1]
+    monkeypatch.setattr(rules, "ONE_DQ_FIRST", True)
+    monkeypatch.setattr(rules, "_PLANS", {})
+    second = _grads(_one(), (q, k, v, kd, vd), do)[1]
+    for a, b in zip(first, second):
+        assert rel_err(a, b) < 1e-6

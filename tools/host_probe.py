@@ -8,6 +8,7 @@ moda calls: the functions with the most own time and the most cumulative time.
     python3 tools/host_probe.py --phases      # host us of each step of a call, no profiler
     python3 tools/host_probe.py --kernels     # GPU us of each kernel of a fwd+bwd (torch.profiler)
     python3 tools/host_probe.py --variants 'kv_n=32;q_m=32'   # configs against the default, interleaved
+    python3 tools/host_probe.py --variants 'beside=2' --with-fa2   # ... and FA2 in the rounds, ratios against it
     python3 tools/host_probe.py --engine      # autograd's own host cost: a Python node against a C++ one
     python3 tools/host_probe.py --cpu-trace   # torch.profiler's CPU events of the moda calls
     python3 tools/host_probe.py --api         # CUDA API calls and torch ops a call, moda and FA2 (counts, host us)
@@ -280,7 +281,9 @@ def interleaved(fns: dict, leaves, baseline: str, timers, max_time: float, width
             print(f"  {timer:5s} {name:{width}s} {1e3 * m.median_ms:8.1f} us  x {baseline} {r:.3f} [{lo:.3f}-{hi:.3f}]")
 
 
-def variants(x, leaves, spec: str, max_time: float = 3.0, pass_: str = "fwdbwd") -> None:
+def variants(x, leaves, spec: str, max_time: float = 3.0, pass_: str = "fwdbwd", peer=None) -> None:
+    """The default config and each of spec's, interleaved; with peer (a fwd+bwd callable: --with-fa2)
+    that too, every ratio then against it."""
     q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))
     shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
     base = resolve_config(shape, q.dtype)
@@ -308,8 +311,11 @@ def variants(x, leaves, spec: str, max_time: float = 3.0, pass_: str = "fwdbwd")
     for name, fn in fns.items():  # host time: one call on an idle GPU (median), and calls back to back (mean)
         print(f"  host  {name:40s} {drained_call_us(fn, 100):8.1f} us a call alone, "
               f"{per_call_us(fn, 150):8.1f} back to back")
+    if peer is not None and pass_ == "fwdbwd":
+        fns["fa2"] = peer
     # the backward alone of a forward made outside a capture cannot be captured (autograd's stream)
-    interleaved(fns, leaves, "default", ("eager",) if pass_ == "bwd" else ("graph", "eager"), max_time, width=40)
+    interleaved(fns, leaves, "fa2" if "fa2" in fns else "default", ("eager",) if pass_ == "bwd" else ("graph", "eager"),
+                max_time, width=40)
 
 
 def launch_ab(x, leaves, max_time: float = 3.0) -> None:
@@ -369,6 +375,7 @@ def main() -> None:
     p.add_argument("--api", action="store_true", help="CUDA API calls and torch ops a fwd+bwd, moda and FA2")
     p.add_argument("--max-time", type=float, default=3.0, help="seconds of interleaved rounds a timer (--variants)")
     p.add_argument("--variants", default=None, help="';'-separated configs against the default, interleaved")
+    p.add_argument("--with-fa2", action="store_true", help="--variants: FA2 in the rounds too, the ratios against it")
     p.add_argument("--pass", dest="pass_", choices=("fwdbwd", "fwd", "bwd"), default="fwdbwd",
                    help="what --variants times: fwd+bwd, the forward alone or the backward alone")
     p.add_argument("--launch", action="store_true", help="cached launches against Triton's path, interleaved")
@@ -402,7 +409,7 @@ def main() -> None:
     if a.api:
         api_calls({"moda": moda, "fa2": fa2}, top=a.top)
     if a.variants is not None:
-        variants(x, leaves, a.variants, a.max_time, a.pass_)
+        variants(x, leaves, a.variants, a.max_time, a.pass_, fa2 if a.with_fa2 else None)
     if a.launch:
         launch_ab(x, leaves, a.max_time)
     if a.desc:

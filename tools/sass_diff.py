@@ -41,21 +41,26 @@ import sys
 import tempfile
 
 FILES = {"kv": "moda_bench/ops/moda/kernel_bwd_tma.py", "kvc": "moda_bench/ops/moda/kernel_bwd_tma.py",
-         "dq": "moda_bench/ops/moda/kernel_bwd_tma.py", "fwd": "moda_bench/ops/moda/kernel_fwd_tma.py"}
-KERNELS = {"kv": "_kv_kernel", "kvc": "_kv_kernel", "dq": "_dq_kernel", "fwd": "moda_fwd_tma_kernel"}
+         "dq": "moda_bench/ops/moda/kernel_bwd_tma.py", "fwd": "moda_bench/ops/moda/kernel_fwd_tma.py",
+         "one": "moda_bench/ops/moda/kernel_bwd_tma.py"}
+KERNELS = {"kv": "_kv_kernel", "kvc": "_kv_kernel", "dq": "_dq_kernel", "fwd": "moda_fwd_tma_kernel",
+           "one": "_one_kernel"}
 _BWD = dict(GP=8, BM=64, BN=64, D=64, USE_DESC=True, PREC="ieee", S=2, BL=16, DEPTH_STAGES=2, DEPTH_GRAD=True, POLY=0,
             DP_FIRST=False)
 CONSTEXPRS = {
     "kv": dict(_BWD, STATS=False, CHUNK=0, DEPTH_ITEMS=False, NSUB=1),
     "kvc": dict(_BWD, STATS=False, CHUNK=128, DEPTH_ITEMS=False, NSUB=1, DP_FIRST=True),
     "dq": dict(_BWD, TAIL=64, DEPTH=True, MIX=False),
+    "one": dict(_BWD, DEPTH=True, MIX=True, CHUNK=128, KV_DP_FIRST=True, KV_POLY=0, HOST_DESC=False,
+                DQ_FIRST=False),
     "fwd": dict(GP=8, BLOCK_M=128, BLOCK_N=64, HEAD_DIM=64, S=2, BL=16, USE_DESC=True, WS=False, DEPTH_FIRST=False,
                 PERSISTENT=False, PREC="ieee", DEPTH_STAGES=2, POLY=0),
 }
 OPTIONS = {"kv": dict(num_warps=4, num_stages=3, maxnreg=168), "kvc": dict(num_warps=4, num_stages=3),
-           "dq": dict(num_warps=4, num_stages=3, maxnreg=168), "fwd": dict(num_warps=8, num_stages=3)}
+           "dq": dict(num_warps=4, num_stages=3, maxnreg=168), "fwd": dict(num_warps=8, num_stages=3),
+           "one": dict(num_warps=4, num_stages=3)}
 # pointer arguments by name (everything else: fp32 scales, i32 sizes)
-BF16_PTRS = {"Q", "K", "V", "DO", "O", "DK", "DV", "KD", "VD", "DQ", "DKD", "DVD"}
+BF16_PTRS = {"Q", "K", "V", "DO", "O", "OD", "DK", "DV", "KD", "VD", "DQ", "DKD", "DVD"}
 FP32_PTRS = {"LSE", "LSE2", "DELTA", "WS"}
 I32_PTRS = {"CNT"}
 FLOATS = {"qk_scale", "sm_scale"}

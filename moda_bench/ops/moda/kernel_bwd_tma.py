@@ -163,17 +163,25 @@ def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, DQ, DK, DV, WS, CNT, DKD, DVD, 
                 S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
                 USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
                 DP_FIRST: tl.constexpr, POLY: tl.constexpr, CHUNK: tl.constexpr, KV_DP_FIRST: tl.constexpr,
-                KV_POLY: tl.constexpr, HOST_DESC: tl.constexpr):
-    """Both passes in one launch, grid (B*Hk, N_ITEMS + n_m): items u < N_ITEMS are the key-major
-    pass's (`kv_item`, CHUNK as `_kv_kernel`'s), each computing its rows' lse2 and delta itself
-    (`row_stats`, o through OD), the rest the dq pass's row blocks (`dq_block`, o by pointers),
-    which store no statistics. The passes share their tiles (BM rows, BN keys), warps and stages.
-    HOST_DESC: Q, DO, K, V, OD (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side
-    descriptors; O is the tensor."""
+                KV_POLY: tl.constexpr, HOST_DESC: tl.constexpr, DQ_FIRST: tl.constexpr):
+    """Both passes in one launch, grid (B*Hk, N_ITEMS + n_m): the key-major pass's items (`kv_item`,
+    CHUNK as `_kv_kernel`'s), each computing its rows' lse2 and delta itself (`row_stats`, o through
+    OD), then the dq pass's row blocks (`dq_block`, o by pointers), which store no statistics; or
+    (DQ_FIRST) the row blocks first. The passes share their tiles (BM rows, BN keys), warps and
+    stages. HOST_DESC: Q, DO, K, V, OD (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are
+    host-side descriptors; O is the tensor."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
     u = tl.program_id(1)
-    if u < N_ITEMS:
+    if DQ_FIRST:
+        is_kv = u >= n_m
+        kv_u = u - n_m
+        dq_i = u
+    else:
+        is_kv = u < N_ITEMS
+        kv_u = u
+        dq_i = u - N_ITEMS
+    if is_kv:
         qdesc = None
         dodesc = None
         odesc = None
@@ -184,11 +192,11 @@ def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, DQ, DK, DV, WS, CNT, DKD, DVD, 
             dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
             odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
         kv_item(Q, K, V, DO, O, LSE, LSE, LSE, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G,
-                Hk, 0, NCH, N_ITEMS, N_TILES, bh, bh // Hk, bh % Hk, u, 0, GP, 1, BM, BN, D, USE_DESC, PREC, True,
+                Hk, 0, NCH, N_ITEMS, N_TILES, bh, bh // Hk, bh % Hk, kv_u, 0, GP, 1, BM, BN, D, USE_DESC, PREC, True,
                 CHUNK, KV_DP_FIRST, KV_POLY, HOST_DESC)
     else:
         dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE, LSE, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, 0, n_m,
-                 bh, u - N_ITEMS, GP, BM, BN, 16, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC, DEPTH_STAGES, MIX,
+                 bh, dq_i, GP, BM, BN, 16, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC, DEPTH_STAGES, MIX,
                  DP_FIRST, POLY, HOST_DESC, False)
 
 
@@ -289,7 +297,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
         dq_in = (rows_hdesc(q, qP, qG), keys_hdesc(k, q_block_n), keys_hdesc(v, q_block_n), rows_hdesc(do, qP, qG),
                  *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl) if L and not heads else x) for x in (kd_, vd_)),
                  *((depth_hdesc(x, B, T, L, Hk, d, P, bl) if p.depth_grad else x) for x in (dkd_, dvd_)))
-    elif use_desc:
+    if use_desc and (not p.boxes or p.n_depth):  # device-side builds (depth items build theirs with host ones too)
         ensure_allocator()
     # `CachedLaunch` keys: the plan's, where lse (the one tensor not checked by the caller nor
     # allocated here) is 16-byte aligned; else Triton's own path
