@@ -125,13 +125,19 @@ def test_gpu_one_launch_matches_two_at_t1024():
         assert torch.equal(a, x.grad)
 
 
-def test_bwd_one_launch_dq_blocks_first(monkeypatch):
-    """The one launch's grid with the dq row blocks before the key-major items (`ONE_DQ_FIRST`, an
-    A/B switch): the same gradients."""
+def test_bwd_one_launch_orders_agree(monkeypatch):
+    """The one launch's two orders (`ONE_WAIT`): dq row blocks first with the key-major items waiting
+    for their stored row statistics, and key-major items first computing them: the same gradients,
+    with chunked items too; the counters are back at 0 after each call (a second call agrees)."""
     q, k, v, kd, vd, do = random_inputs(1, 37, 8, 2, 32, 5, torch.float32, seed=2)
-    first = _grads(_one(), (q, k, v, kd, vd), do)[1]
-    monkeypatch.setattr(rules, "ONE_DQ_FIRST", True)
-    monkeypatch.setattr(rules, "_PLANS", {})
-    second = _grads(_one(), (q, k, v, kd, vd), do)[1]
-    for a, b in zip(first, second):
-        assert rel_err(a, b) < 1e-6
+    for chunk in (-1, 1):
+        monkeypatch.setattr(rules, "ONE_WAIT", True)
+        waited = _grads(_one(bwd_kv_chunk=chunk), (q, k, v, kd, vd), do)[1]
+        again = _grads(_one(bwd_kv_chunk=chunk), (q, k, v, kd, vd), do)[1]
+        assert all(int(c.abs().sum()) == 0 for c in bwd_mod._ONE_COUNTERS.values())
+        monkeypatch.setattr(rules, "ONE_WAIT", False)
+        monkeypatch.setattr(rules, "_PLANS", {})
+        computed = _grads(_one(bwd_kv_chunk=chunk), (q, k, v, kd, vd), do)[1]
+        monkeypatch.setattr(rules, "_PLANS", {})
+        for a, b, c in zip(waited, again, computed):
+            assert torch.equal(a, b) and rel_err(a, c) < 1e-6

@@ -51,8 +51,8 @@ CONSTEXPRS = {
     "kv": dict(_BWD, STATS=False, CHUNK=0, DEPTH_ITEMS=False, NSUB=1),
     "kvc": dict(_BWD, STATS=False, CHUNK=128, DEPTH_ITEMS=False, NSUB=1, DP_FIRST=True),
     "dq": dict(_BWD, TAIL=64, DEPTH=True, MIX=False),
-    "one": dict(_BWD, DEPTH=True, MIX=True, CHUNK=128, KV_DP_FIRST=True, KV_POLY=0, HOST_DESC=False,
-                DQ_FIRST=False),
+    "one": dict(_BWD, DEPTH=True, MIX=True, CHUNK=128, KV_DP_FIRST=True, KV_POLY=0, HOST_DESC=False, TAIL=64,
+                WAIT=True),
     "fwd": dict(GP=8, BLOCK_M=128, BLOCK_N=64, HEAD_DIM=64, S=2, BL=16, USE_DESC=True, WS=False, DEPTH_FIRST=False,
                 PERSISTENT=False, PREC="ieee", DEPTH_STAGES=2, POLY=0),
 }
@@ -62,7 +62,7 @@ OPTIONS = {"kv": dict(num_warps=4, num_stages=3, maxnreg=168), "kvc": dict(num_w
 # pointer arguments by name (everything else: fp32 scales, i32 sizes)
 BF16_PTRS = {"Q", "K", "V", "DO", "O", "OD", "DK", "DV", "KD", "VD", "DQ", "DKD", "DVD"}
 FP32_PTRS = {"LSE", "LSE2", "DELTA", "WS"}
-I32_PTRS = {"CNT"}
+I32_PTRS = {"CNT", "SYNC"}
 FLOATS = {"qk_scale", "sm_scale"}
 ALIGNED_INTS = {"RP"}  # sizes the launches pass as multiples of 16
 

@@ -285,10 +285,13 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
              bh, i, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
              S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr,
              PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr, DP_FIRST: tl.constexpr,
-             POLY: tl.constexpr, HOST_DESC: tl.constexpr, STATS_OUT: tl.constexpr):
+             POLY: tl.constexpr, HOST_DESC: tl.constexpr, STATS_OUT: tl.constexpr, READY=None,
+             RELEASE: tl.constexpr = False):
     """Row block i of (batch, KV head) bh of the query-major pass (`kernel_bwd_tma._dq_kernel`, and
     the dq items of `_one_kernel`): with STATS_OUT the rows' lse2 and delta stored in the flat
-    buffers for the key-major pass (block 0 also the TAIL rows after the last block); dq from the
+    buffers for the key-major pass (block 0 also the TAIL rows after the last block), and with
+    RELEASE then adds 1 to READY[bh] (release: the stores before it are seen by whoever reads the
+    count with acquire, `_one_kernel`'s key-major items); dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Block i is the
     last but i, or (MIX) the last, the first, the last but one, ... HOST_DESC: Q, DO, K, V (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are
     host-side descriptors."""
@@ -331,6 +334,9 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
             rt = n_m * BM + tl.arange(0, TAIL)
             tl.store(LSE2 + bh * RP + rt, tl.full([TAIL], float("inf"), tl.float32))
             tl.store(DELTA + bh * RP + rt, tl.zeros([TAIL], tl.float32))
+        if RELEASE:  # every thread's stores before the barrier, the barrier before the release
+            tl.debug_barrier()
+            tl.atomic_add(READY + bh, 1, sem="release", scope="gpu")
     dq = dq_rows(q, do, lse2, delta, t, t0, K, V, kdesc, vdesc, b, j, T, Hk, qk_scale, P, BM, BN, D, USE_DESC,
                  PREC, DP_FIRST, POLY)
     if DEPTH:

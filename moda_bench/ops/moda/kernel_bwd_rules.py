@@ -111,7 +111,7 @@ def _kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> i
 # then the dq pass's row blocks. Where an eager call is host-bound (T=1024) it saves a launch and
 # two allocations; not measured yet, so off by the rule (0).
 KV_ONE_MAX_T = 0
-ONE_DQ_FIRST = False  # the one launch's grid: the dq row blocks before the key-major items (an A/B switch)
+ONE_WAIT = True  # the one launch's order: dq blocks first, key-major items wait for their rows' statistics
 
 
 ONE_OPTS = ("block_m", "block_n", "warps", "stages", "maxnreg")  # what both passes of one launch share
@@ -255,6 +255,7 @@ class BwdPlan(NamedTuple):
     one_key: tuple = None  # both passes in one launch (`_one_kernel`): its key, grid and constexprs, else None
     one_grid: tuple = ()
     one_meta: Callable = None
+    one_wait: bool = False  # its key-major items wait for the dq blocks' row statistics (`ONE_WAIT`)
 
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
@@ -312,9 +313,9 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
         one_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, D=d, S=S, BL=bl, DEPTH=L > 0, DEPTH_GRAD=depth_grad,
                         USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix, DP_FIRST=bool(q_dp_first),
                         POLY=q_poly, CHUNK=chunk, KV_DP_FIRST=bool(kv_dp_first), KV_POLY=kv_poly, HOST_DESC=host,
-                        DQ_FIRST=ONE_DQ_FIRST, **launch_options(q_warps, q_stages, q_maxnreg))
+                        TAIL=tail, WAIT=ONE_WAIT, **launch_options(q_warps, q_stages, q_maxnreg))
         one = ((shape_key, "one", q_block_n, mix, bool(q_dp_first), bool(kv_dp_first), chunk, q_warps, q_stages,
-                q_maxnreg, q_poly, kv_poly, ONE_DQ_FIRST), (B * Hk, n_items + n_m), lambda: dict(one_meta))
+                q_maxnreg, q_poly, kv_poly, ONE_WAIT), (B * Hk, n_items + n_m), lambda: dict(one_meta), ONE_WAIT)
     return BwdPlan(RP, n_m, depth_grad,
                    (shape_key, q_block_n, mix, bool(q_dp_first), depth_items, q_warps, q_stages, q_maxnreg, q_poly,
                     heads),
@@ -325,7 +326,7 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
                    B * Hk * kv_sub * n_items * 2 * kv_block_n * d if split else 0, B * Hk * n_tiles if split else 0,
                    nch, n_items, n_tiles, n_depth,
                    (gp, P, bl, kv_block_m * kv_sub // gp, gp // kv_sub, q_block_m) if host else (),
-                   *(one or (None, (), None)))
+                   *(one or (None, (), None, False)))
 
 
 _PLANS: dict = {}

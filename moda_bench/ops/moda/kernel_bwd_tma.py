@@ -66,6 +66,7 @@ from moda_bench.ops.moda.triton_utils import interpreting
 
 LOG2E = 1.4426950408889634
 _KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
+_ONE_COUNTERS: dict = {}  # the one launch's ready and done counters (`_one_kernel`'s WAIT)
 
 
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "NCH", "N_ITEMS", "N_TILES", "N_DEPTH"])
@@ -157,23 +158,31 @@ def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale,
              DEPTH_STAGES, MIX, DP_FIRST, POLY, HOST_DESC, True)
 
 
-@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m", "NCH", "N_ITEMS", "N_TILES"])
-def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, DQ, DK, DV, WS, CNT, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk,
-                n_m, NCH, N_ITEMS, N_TILES, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-                S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
-                USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
-                DP_FIRST: tl.constexpr, POLY: tl.constexpr, CHUNK: tl.constexpr, KV_DP_FIRST: tl.constexpr,
-                KV_POLY: tl.constexpr, HOST_DESC: tl.constexpr, DQ_FIRST: tl.constexpr):
-    """Both passes in one launch, grid (B*Hk, N_ITEMS + n_m): the key-major pass's items (`kv_item`,
-    CHUNK as `_kv_kernel`'s), each computing its rows' lse2 and delta itself (`row_stats`, o through
-    OD), then the dq pass's row blocks (`dq_block`, o by pointers), which store no statistics; or
-    (DQ_FIRST) the row blocks first. The passes share their tiles (BM rows, BN keys), warps and
-    stages. HOST_DESC: Q, DO, K, V, OD (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are
-    host-side descriptors; O is the tensor."""
+@triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "RP", "n_m", "NCH", "N_ITEMS", "N_TILES"])
+def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, LSE2, DELTA, DQ, DK, DV, WS, CNT, SYNC, DKD, DVD, qk_scale, sm_scale,
+                B, T, L, LD, G, Hk, RP, n_m, NCH, N_ITEMS, N_TILES, GP: tl.constexpr, BM: tl.constexpr,
+                BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
+                DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
+                DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr,
+                CHUNK: tl.constexpr, KV_DP_FIRST: tl.constexpr, KV_POLY: tl.constexpr, HOST_DESC: tl.constexpr,
+                WAIT: tl.constexpr):
+    """Both passes in one launch, grid (B*Hk, N_ITEMS + n_m), sharing their tiles (BM rows, BN keys),
+    warps and stages; the key-major items are `kv_item`s (CHUNK as `_kv_kernel`'s), the rest the dq
+    pass's row blocks (`dq_block`, o by pointers). Two orders:
+    * WAIT: the row blocks first; each stores its rows' lse2 and delta as the dq pass does and then
+      counts itself ready in SYNC[bh] (release); a key-major item waits until all n_m blocks of its
+      (batch, KV head) have (acquire) and reads them. Blocks run in grid order on the GPU (a wave's
+      programs start before the next wave's), so every block an item waits for has started: no
+      item waits for a block that cannot run. Every program then counts itself done in
+      SYNC[B*Hk]; the last puts all B*Hk + 1 counters back to 0 (`counters.arrival_counters`).
+    * else: the key-major items first, each computing its rows' lse2 and delta itself (`row_stats`,
+      o through OD), the row blocks after, storing none.
+    HOST_DESC: Q, DO, K, V, OD (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side
+    descriptors; O is the tensor."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
     u = tl.program_id(1)
-    if DQ_FIRST:
+    if WAIT:
         is_kv = u >= n_m
         kv_u = u - n_m
         dq_i = u
@@ -191,13 +200,26 @@ def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, DQ, DK, DV, WS, CNT, DKD, DVD, 
             qdesc = rows_desc(Q, B, T, G * Hk, P, GP, D)
             dodesc = rows_desc(DO, B, T, G * Hk, P, GP, D)
             odesc = rows_desc(O, B, T, G * Hk, P, GP, D)
-        kv_item(Q, K, V, DO, O, LSE, LSE, LSE, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G,
-                Hk, 0, NCH, N_ITEMS, N_TILES, bh, bh // Hk, bh % Hk, kv_u, 0, GP, 1, BM, BN, D, USE_DESC, PREC, True,
-                CHUNK, KV_DP_FIRST, KV_POLY, HOST_DESC)
+        if WAIT:
+            ready = tl.atomic_add(SYNC + bh, 0, sem="acquire", scope="gpu")
+            while ready < n_m:
+                ready = tl.atomic_add(SYNC + bh, 0, sem="acquire", scope="gpu")
+        kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B, T, G,
+                Hk, RP, NCH, N_ITEMS, N_TILES, bh, bh // Hk, bh % Hk, kv_u, 0, GP, 1, BM, BN, D, USE_DESC, PREC,
+                not WAIT, CHUNK, KV_DP_FIRST, KV_POLY, HOST_DESC)
     else:
-        dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE, LSE, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, 0, n_m,
-                 bh, dq_i, GP, BM, BN, 16, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC, DEPTH_STAGES, MIX,
-                 DP_FIRST, POLY, HOST_DESC, False)
+        dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
+                 n_m, bh, dq_i, GP, BM, BN, TAIL, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC, DEPTH_STAGES, MIX,
+                 DP_FIRST, POLY, HOST_DESC, WAIT, SYNC, WAIT)
+    if WAIT:  # the last program done puts the counters back
+        tl.debug_barrier()
+        n_bh = tl.num_programs(0)
+        done = tl.atomic_add(SYNC + n_bh, 1, sem="acq_rel", scope="gpu")
+        if done == n_bh * tl.num_programs(1) - 1:
+            for c0 in range(0, n_bh, 128):
+                c = c0 + tl.arange(0, 128)
+                tl.store(SYNC + c, tl.zeros([128], tl.int32), mask=c < n_bh)
+            tl.atomic_xchg(SYNC + n_bh, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["B", "T", "G", "Hk", "RP"])
@@ -280,7 +302,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
            2 if one else int(beside is not None), interpreting(), poly, bool(heads),
            bool(use_desc) and host_desc_bwd(T))
     p = bwd_plan(key)
-    if not one:  # the rows' statistics the dq pass stores for the key-major pass
+    lse2 = delta = lse  # the rows' statistics the dq blocks store for the key-major pass, where it reads them
+    if not one or p.one_wait:
         lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
         delta = torch.empty_like(lse2)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -323,13 +346,15 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
 
     if one:  # the key-major items (row statistics their own, o through kv_in's) and the dq blocks
         q_, k_, v_, do_, kd_x, vd_x, dkd_x, dvd_x = dq_in
-        ws, cnt = lse, lse  # never read without chunks
+        ws, cnt = lse, lse2  # never read without chunks
         if p.ws_n:
             ws = scratch(_KV_COUNTERS, q.device, p.ws_n)
             cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
+        sync = arrival_counters(_ONE_COUNTERS, q.device, B * Hk + 1) if p.one_wait else cnt
         _ONE_LAUNCH(p.one_key if cached else None, p.one_grid,
-                    (q_, k_, v_, kd_x, vd_x, o, kv_in[4], do_, lse, dq, dk, dv, ws, cnt, dkd_x, dvd_x, scale * LOG2E,
-                     scale, B, T, L, max(L, 1), G, Hk, p.n_m, p.nch, p.n_items, p.n_tiles), p.one_meta)
+                    (q_, k_, v_, kd_x, vd_x, o, kv_in[4], do_, lse, lse2, delta, dq, dk, dv, ws, cnt, sync, dkd_x, dvd_x,
+                     scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.n_m, p.nch, p.n_items, p.n_tiles),
+                    p.one_meta)
     elif beside is None:
         dq_pass()
         kv_pass(False)
