@@ -25,7 +25,7 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 def _bt(**kw):
     base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
-                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2)
+                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2, bwd_kv_beside=0)  # 2 launches: see test_moda_bwd_one
     return MoDAConfig(**dict(base, **kw))
 
 

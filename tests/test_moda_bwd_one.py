@@ -97,9 +97,12 @@ def test_bwd_one_launch_needs_shared_options(monkeypatch):
     assert "warps" in rules.kv_one_fits(*rules.pass_options(cfg.replace(bwd_kv_warps=8)))
     assert rules.kv_one_fits(*rules.pass_options(cfg), heads=True) == "a dq pass a query head a program"
     monkeypatch.setattr(rules, "KV_ONE_MAX_T", 1024)
-    assert rules.kv_one(cfg, 1024) and not rules.kv_one(cfg, 1025)
-    assert not rules.kv_one(cfg.replace(bwd_kv_warps=8), 1)
-    assert rules.kv_one(cfg.replace(bwd_kv_beside=2), 1 << 20) and not rules.kv_one(cfg.replace(bwd_kv_beside=1), 1)
+    assert rules.kv_one(cfg, 1024, 64, capturing=False) and not rules.kv_one(cfg, 1025, 64, capturing=False)
+    assert not rules.kv_one(cfg, 1024, 64, capturing=True)   # under a graph the two launches stay
+    assert not rules.kv_one(cfg, 1024, 0, capturing=False)   # L = 0: not measured faster
+    assert not rules.kv_one(cfg.replace(bwd_kv_warps=8), 1, 64, capturing=False)
+    assert rules.kv_one(cfg.replace(bwd_kv_beside=2), 1 << 20, 0)
+    assert not rules.kv_one(cfg.replace(bwd_kv_beside=1), 1, 64)
     assert not rules.kv_beside(cfg.replace(bwd_kv_beside=2), 1, 64, 1, 8, 64, 132, capturing=True)
 
 

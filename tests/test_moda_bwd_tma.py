@@ -27,7 +27,7 @@ def _moda_lse(*args, **kw):
 def _bt(**kw):
     """A "tma" backward with small tiles: several row blocks, key tiles, diagonal and depth steps."""
     base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
-                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2)
+                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2, bwd_kv_beside=0)  # 2 launches: see test_moda_bwd_one
     return MoDAConfig(**dict(base, **kw))
 
 

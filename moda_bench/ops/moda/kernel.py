@@ -303,7 +303,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
         n_sms = num_sms(q.device)
         chunk, items = kv_chunk(cfg, B, T, Hk, G, n_sms), kv_depth_items(cfg, T, L, G)
         heads = dq_heads(cfg, T, L, G) and cfg.bwd_kv_beside != 2
-        one = kv_one(cfg, T, heads, items)
+        one = kv_one(cfg, T, L, heads, items)
         return moda_bwd_tma(do, q, k, v, kd if L > 0 else None, vd if L > 0 else None, o, lse.contiguous(), scale, G,
                             q_block_m=cfg.bwd_q_block_m, q_block_n=cfg.bwd_q_block_n, q_warps=cfg.bwd_q_warps,
                             q_stages=cfg.bwd_q_stages, q_maxnreg=cfg.bwd_q_maxnreg, kv_block_m=cfg.bwd_kv_block_m,

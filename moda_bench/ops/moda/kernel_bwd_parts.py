@@ -293,8 +293,8 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
     RELEASE then adds 1 to READY[bh] (release: the stores before it are seen by whoever reads the
     count with acquire, `_one_kernel`'s key-major items); dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Block i is the
-    last but i, or (MIX) the last, the first, the last but one, ... HOST_DESC: Q, DO, K, V (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are
-    host-side descriptors."""
+    last but i, or (MIX) the last, the first, the last but one, ... HOST_DESC: Q, DO, K, V (and KD,
+    VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side descriptors."""
     P: tl.constexpr = BM // GP
     if MIX:  # heavy and light blocks alternate: co-resident programs mix sequence math and depth bytes
         t0 = tl.where(i % 2 == 0, n_m - 1 - i // 2, i // 2) * P

@@ -106,11 +106,17 @@ def _kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> i
     return chunk if 0 < chunk < T else 0
 
 
-# Both passes in one launch (bwd_kv_beside = 2, `kernel_bwd_tma._one_kernel`; -1: where T <=
-# KV_ONE_MAX_T and `kv_one_fits`): the key-major items computing their rows' statistics themselves,
-# then the dq pass's row blocks. Where an eager call is host-bound (T=1024) it saves a launch and
-# two allocations; not measured yet, so off by the rule (0).
-KV_ONE_MAX_T = 0
+# Both passes in one launch (bwd_kv_beside = 2, `kernel_bwd_tma._one_kernel`; -1: in eager calls,
+# not in a CUDA graph capture, where L > 0, T <= KV_ONE_MAX_T and `kv_one_fits`): a launch and its
+# host work fewer a call. H100, fwd+bwd, one process, interleaved with the two launches and FA2
+# (results/h100/one-launch-s28, `ONE_WAIT` order), one / two launches, eager then graph: T=1024 G=8
+# L=64 0.923 [0.893-0.954] / 1.025, G=1 0.954 / 0.973, G=16 0.937 / 1.025, L=256 0.963 / 0.986, L=0
+# 0.957 / 1.088 (there the dq pass a head a program is the default: not taken), T=2048 0.958 / 1.040,
+# T=4096 1.049 / 1.051. Eager moda / FA2 at T=1024, G=8, L=64: 1.502 [1.423-1.584] -> 1.370
+# [1.292-1.453]. Eager calls there are host-bound on the hosts measured; under a graph the GPU time
+# decides and the two launches stay. The key-major items first, computing their rows' statistics
+# themselves (ONE_WAIT = False), cost 1.11 (graph) at T=1024 and 1.31 at T=2048.
+KV_ONE_MAX_T = 1024
 ONE_WAIT = True  # the one launch's order: dq blocks first, key-major items wait for their rows' statistics
 
 
@@ -131,12 +137,17 @@ def kv_one_fits(q_opts: tuple, kv_opts: tuple, heads: bool = False, items: bool 
     return "; ".join(why)
 
 
-def kv_one(cfg: MoDAConfig, T: int, heads: bool = False, items: bool = False) -> bool:
-    """Whether the "tma" backward runs both passes in one launch: cfg.bwd_kv_beside == 2, or -1
-    where T <= KV_ONE_MAX_T and `kv_one_fits`."""
+def kv_one(cfg: MoDAConfig, T: int, L: int, heads: bool = False, items: bool = False, capturing=None) -> bool:
+    """Whether the "tma" backward runs both passes in one launch: cfg.bwd_kv_beside == 2, or -1 where
+    L > 0, T <= KV_ONE_MAX_T, `kv_one_fits` and no CUDA graph is being captured (capturing: None
+    asks torch, only where the rest holds)."""
     if cfg.bwd_kv_beside >= 0:
         return cfg.bwd_kv_beside == 2
-    return T <= KV_ONE_MAX_T and not kv_one_fits(*pass_options(cfg), heads, items)
+    if not (L > 0 and T <= KV_ONE_MAX_T) or kv_one_fits(*pass_options(cfg), heads, items):
+        return False
+    if capturing is None:
+        capturing = current_device_index() >= 0 and torch.cuda.is_current_stream_capturing()
+    return not capturing
 
 
 def kv_items(T: int, block_n: int, chunk: int) -> tuple:

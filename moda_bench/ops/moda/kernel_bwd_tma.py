@@ -39,10 +39,11 @@ Design:
   tensor cores work while the exponential unit does; the dq pass keeps dp after them.
 * Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's choice); 168
   at 4 warps lets three programs share an SM (H100: the dk/dv pass at T=16384, G=8, d=64 9.8 -> 8.7 ms).
-* One launch (`bwd_kv_beside` = 2, `kernel_bwd_rules.kv_one`): `_one_kernel`'s grid holds the
-  key-major items first, computing their rows' statistics themselves as beside the dq pass, then
-  the dq pass's row blocks, which then store no statistics: one launch and two buffers fewer a call,
-  where the host's issue time bounds the call (issue 21's eager T=1024 row).
+* One launch (`bwd_kv_beside` = 2; by default in eager calls at T <= 1024 where L > 0,
+  `kernel_bwd_rules.kv_one`): `_one_kernel`'s grid holds the dq pass's row blocks first, each
+  counting itself ready once its rows' statistics are stored, then the key-major items, which
+  wait for their head's blocks: a launch and its host work fewer a call, where the host's issue
+  time bounds the call (issue 21's eager T=1024 row), at about the two launches' GPU time.
 The tile helpers live in `kernel_bwd_parts` and are re-exported here: tools/bwd_tma_triton.py builds
 its variants (an atomic-dQ key-major pass) from them.
 """
@@ -352,8 +353,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
         sync = arrival_counters(_ONE_COUNTERS, q.device, B * Hk + 1) if p.one_wait else cnt
         _ONE_LAUNCH(p.one_key if cached else None, p.one_grid,
-                    (q_, k_, v_, kd_x, vd_x, o, kv_in[4], do_, lse, lse2, delta, dq, dk, dv, ws, cnt, sync, dkd_x, dvd_x,
-                     scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.n_m, p.nch, p.n_items, p.n_tiles),
+                    (q_, k_, v_, kd_x, vd_x, o, kv_in[4], do_, lse, lse2, delta, dq, dk, dv, ws, cnt, sync, dkd_x,
+                     dvd_x, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.n_m, p.nch, p.n_items, p.n_tiles),
                     p.one_meta)
     elif beside is None:
         dq_pass()
