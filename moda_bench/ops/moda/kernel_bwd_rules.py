@@ -1,5 +1,6 @@
 """Launch rules of the folded-row "tma" backward (`kernel_bwd_tma`), decided per call on the host:
-whether the key-major pass runs beside the dq pass (`kv_beside`), how its key tiles' rows are cut
+whether the key-major pass runs beside the dq pass (`kv_beside`) or in one launch with it (`kv_one`,
+`kv_one_fits`), how its key tiles' rows are cut
 into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of the key-major grid
 (`kv_depth_items`, off unless asked for), the dq pass's block order (`dq_mix`), the order of
 a step's products (`dp_first`) and whether the passes take host-side descriptors (`host_desc_bwd`).
