@@ -38,7 +38,9 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv, next_pow2
-from moda_bench.ops.moda.kernel_bwd_tma import bwd_depth_geometry, depth_desc, depth_part, rows_ptr, rows_tile
+from moda_bench.ops.moda.descriptors import depth_desc, rows_ptr, rows_tile
+from moda_bench.ops.moda.kernel_bwd_parts import depth_part
+from moda_bench.ops.moda.kernel_bwd_rules import bwd_depth_geometry
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry as fwd_depth_geometry
 from moda_bench.ops.moda.kernel_fwd_tma import depth_phase, depth_rows_desc, ensure_allocator, rows_desc
 from moda_bench.ops.moda.triton_utils import dot_precision
@@ -81,7 +83,7 @@ def depth_fwd_kernel(Q, KD, VD, OD, LSED, qk_scale, B, T, L, G, Hk, Hq, n_items,
 def depth_bwd_kernel(Q, DO, O, LSE, KD, VD, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, G, Hk, n_items,
                            GP: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
                            PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr):
-    """The backward over items of BLOCK_M folded rows (`kernel_bwd_tma.depth_part`, the depth
+    """The backward over items of BLOCK_M folded rows (`kernel_bwd_parts.depth_part`, the depth
     part of the folded backward's query-major pass), with each row's lse2 and delta computed here."""
     P: tl.constexpr = BLOCK_M // GP
     Hq = G * Hk
