@@ -31,6 +31,25 @@ def bwd_tma_passes(T, G, L, B=2, seed=0, dtype=torch.float32, d=32, **tiles):
     return lambda **kw: moda_bwd_tma(do, q, k, v, kd, vd, o, lse, d ** -0.5, G, **dict(base, **kw))
 
 
+def small_tma_config(**kw):
+    """A "tma" backward config with small tiles (32-row blocks, 16 keys, 16 depth columns, 2 stages):
+    several row blocks, key tiles, diagonal and depth steps at test sizes; kw sets other fields."""
+    from moda_bench.ops.moda import MoDAConfig
+    base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
+                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2)
+    return MoDAConfig(**dict(base, **kw))
+
+
+def grads_of(cfg, inputs, do, depth_grad=True):
+    """(out, [each input's gradient]) of a `moda_attention` fwd+bwd under cfg on fresh leaf copies of
+    inputs (None where an input gets none: detached depth)."""
+    from moda_bench.ops.moda import moda_attention
+    ins = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = moda_attention(*ins, config=cfg, depth_grad=depth_grad)
+    out.backward(do)
+    return out, [x.grad for x in ins]
+
+
 def random_inputs(B, T, Hq, Hk, d, L, dtype, seed=0, dev=None):
     """Random (never zero) q, k, v, k_depth, v_depth, do; depth tensors None when L == 0."""
     g = torch.Generator().manual_seed(seed)

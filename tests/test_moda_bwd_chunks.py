@@ -15,7 +15,8 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: help
 import pytest
 import torch
 
-from helpers import bwd_tma_passes, check_against_reference, graph_replayed, random_inputs, rel_err
+from helpers import (bwd_tma_passes, check_against_reference, graph_replayed, random_inputs, rel_err,
+                     small_tma_config)
 from moda_bench.ops.launch import cdiv
 from moda_bench.ops.moda import MoDAConfig, moda_attention
 from moda_bench.ops.moda import kernel as kernel_mod
@@ -24,9 +25,7 @@ from moda_bench.ops.moda.validate import MoDAShape
 
 
 def _bt(**kw):
-    base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
-                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2, bwd_kv_beside=0)  # 2 launches: see test_moda_bwd_one
-    return MoDAConfig(**dict(base, **kw))
+    return small_tma_config(**dict(dict(bwd_kv_beside=0), **kw))  # two launches (one: test_moda_bwd_one)
 
 
 def _moda_lse(*args, **kw):

@@ -12,29 +12,21 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: help
 import pytest
 import torch
 
-from helpers import check_against_reference, graph_replayed, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, moda_attention
+from helpers import check_against_reference, graph_replayed, random_inputs, rel_err, small_tma_config
+from helpers import grads_of as _grads
+from moda_bench.ops.moda import moda_attention
 from moda_bench.ops.moda import kernel as kernel_mod
 from moda_bench.ops.moda import kernel_bwd_rules as rules
 from moda_bench.ops.moda import kernel_bwd_tma as bwd_mod
 
 
 def _one(**kw):
-    """Small tiles shared by both passes: several row blocks, key tiles, diagonal and depth steps."""
-    base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
-                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2, bwd_kv_beside=2)
-    return MoDAConfig(**dict(base, **kw))
+    """Small tiles shared by both passes (`helpers.small_tma_config`), in one launch."""
+    return small_tma_config(**dict(dict(bwd_kv_beside=2), **kw))
 
 
 def _moda_lse(*args, **kw):
     return moda_attention(*args, return_lse=True, **kw)
-
-
-def _grads(cfg, inputs, do, depth_grad=True):
-    ins = [x.detach().clone().requires_grad_(True) for x in inputs]
-    out = moda_attention(*ins, config=cfg, depth_grad=depth_grad)
-    out.backward(do)
-    return out, [x.grad for x in ins]
 
 
 # (B, T, G, L, d, config)

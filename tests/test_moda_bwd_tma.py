@@ -12,7 +12,8 @@ Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).
 import pytest
 import torch
 
-from helpers import check_against_reference, graph_replayed, random_inputs, rel_err
+from helpers import check_against_reference, graph_replayed, random_inputs, rel_err, small_tma_config
+from helpers import grads_of as _grads
 from moda_bench.ops.moda import MoDAConfig, moda_attention
 from moda_bench.ops.moda import config as config_mod
 from moda_bench.ops.moda import kernel as kernel_mod
@@ -26,9 +27,7 @@ def _moda_lse(*args, **kw):
 
 def _bt(**kw):
     """A "tma" backward with small tiles: several row blocks, key tiles, diagonal and depth steps."""
-    base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
-                bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2, bwd_kv_beside=0)  # 2 launches: see test_moda_bwd_one
-    return MoDAConfig(**dict(base, **kw))
+    return small_tma_config(**dict(dict(bwd_kv_beside=0), **kw))  # two launches (one: test_moda_bwd_one)
 
 
 # (B, T, G, L, d, config)
@@ -184,13 +183,6 @@ def test_gpu_default_config_wide_groups(T, G, L):
     """The heuristic default at G >= 32 on Hopper (the dq pass at 32 depth columns a step, 168
     registers above T = 4096) against the fp64 reference: out, lse and all five gradients, bf16."""
     check_against_reference(_moda_lse, 1, T, G, 1, 64, L, torch.bfloat16, seed=T + G + L)
-
-
-def _grads(cfg, inputs, do, depth_grad=True):
-    ins = [x.detach().clone().requires_grad_(True) for x in inputs]
-    out = moda_attention(*ins, config=cfg, depth_grad=depth_grad)
-    out.backward(do)
-    return out, [x.grad for x in ins]
 
 
 def test_bwd_tma_descriptors_and_pointers_agree(monkeypatch):

@@ -228,10 +228,16 @@ def config_problems(cfg: MoDAConfig, G: int) -> list[str]:
         check_config(cfg, G)
     except ValueError as exc:
         return [str(exc).removeprefix("config ")]
-    why = kv_one_fits(*pass_options(cfg), cfg.bwd_dq_heads == 1, cfg.bwd_depth_items == 1)
-    if cfg.bwd_kv_beside == 2 and cfg.bwd_depth == "tma" and why:
-        return [f"bwd_kv_beside=2 (both backward passes in one launch) needs: {why}"]
-    return []
+    why = one_launch_problem(cfg)
+    return [f"bwd_kv_beside=2 (both backward passes in one launch) needs: {why}"] if why else []
+
+
+def one_launch_problem(cfg: MoDAConfig) -> str:
+    """Why cfg's bwd_kv_beside=2 cannot run its "tma" backward in one launch ('' where it can, or
+    where it does not ask for one): `kernel_bwd_rules.kv_one_fits` of its passes' options."""
+    if cfg.bwd_kv_beside != 2 or cfg.bwd_depth != "tma":
+        return ""
+    return kv_one_fits(*pass_options(cfg), cfg.bwd_dq_heads == 1, cfg.bwd_depth_items == 1)
 
 
 def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 2,
@@ -396,8 +402,8 @@ def search_space(shape: MoDAShape, kernel: str, base: MoDAConfig) -> list[MoDACo
         for vals in itertools.product(rows if kernel == "bwd_q" else ROW_BLOCKS, COL_BLOCKS, WARPS, STAGES, regs,
                                       *([beside, chunk, items] if kernel == "bwd_kv" else [heads])):
             c = base.replace(**dict(zip(names, vals)))
-            if c.bwd_kv_beside != 2 or not kv_one_fits(*pass_options(c), c.bwd_dq_heads == 1, c.bwd_depth_items == 1):
-                out.append(c)  # one launch only where both passes share their options
+            if not one_launch_problem(c):  # one launch only where both passes share their options
+                out.append(c)
     else:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     return list(dict.fromkeys(out))

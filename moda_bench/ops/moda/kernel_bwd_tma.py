@@ -315,8 +315,10 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     kv_in = (q, k, v, do, o)  # the key-major pass's (o read only beside the dq pass, for its row statistics)
     if p.boxes:  # the views and boxes of the kernels' device-side builders (`descriptors`)
         gp, P, bl, kvP, kvGS, qBM = p.boxes
-        kv_in = (rows_hdesc(q, kvP, kvGS), keys_hdesc(k, kv_block_n), keys_hdesc(v, kv_block_n),
-                 rows_hdesc(do, kvP, kvGS), rows_hdesc(o, kvP, gp) if beside is not None or one else o)
+        od = rows_hdesc(o, kvP, gp) if beside is not None or one else o
+        # one launch reads q, k, v, do through dq_in's descriptors (the same boxes): only its o is built
+        kv_in = (q, k, v, do, od) if one else (rows_hdesc(q, kvP, kvGS), keys_hdesc(k, kv_block_n),
+                                               keys_hdesc(v, kv_block_n), rows_hdesc(do, kvP, kvGS), od)
         qP, qG = (qBM, 1) if heads else (P, gp)
         dq_in = (rows_hdesc(q, qP, qG), keys_hdesc(k, q_block_n), keys_hdesc(v, q_block_n), rows_hdesc(do, qP, qG),
                  *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl) if L and not heads else x) for x in (kd_, vd_)),
@@ -336,21 +338,21 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                    (q_, k_, v_, kd_x, vd_x, o, do_, lse, lse2, delta, dq, dkd_x, dvd_x, scale * LOG2E, scale, B, T, L,
                     max(L, 1), G, Hk, p.RP, p.n_m), p.dq_meta)
 
+    def chunk_buffers():
+        """(partials, arrival counters) of a chunked or split key-major pass; lse2 twice (never read) else."""
+        if not p.ws_n:
+            return lse2, lse2
+        return scratch(_KV_COUNTERS, q.device, p.ws_n), arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
+
     def kv_pass(stats: bool):
-        ws, cnt = lse2, lse2  # never read without chunks or sub-groups
-        if p.ws_n:
-            ws = scratch(_KV_COUNTERS, q.device, p.ws_n)
-            cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
+        ws, cnt = chunk_buffers()
         _KV_LAUNCH(p.kv_keys[stats] if cached else None, p.kv_grid,
                    (*kv_in, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
                     max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth), p.kv_meta[stats])
 
-    if one:  # the key-major items (row statistics their own, o through kv_in's) and the dq blocks
+    if one:  # the dq blocks and the key-major items (`_one_kernel`; o through kv_in's where they compute statistics)
         q_, k_, v_, do_, kd_x, vd_x, dkd_x, dvd_x = dq_in
-        ws, cnt = lse, lse2  # never read without chunks
-        if p.ws_n:
-            ws = scratch(_KV_COUNTERS, q.device, p.ws_n)
-            cnt = arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
+        ws, cnt = chunk_buffers()
         sync = arrival_counters(_ONE_COUNTERS, q.device, B * Hk + 1) if p.one_wait else cnt
         _ONE_LAUNCH(p.one_key if cached else None, p.one_grid,
                     (q_, k_, v_, kd_x, vd_x, o, kv_in[4], do_, lse, lse2, delta, dq, dk, dv, ws, cnt, sync, dkd_x,
