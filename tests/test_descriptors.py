@@ -222,3 +222,69 @@ def test_tensor_maps_encode_once_and_expand_in_place(monkeypatch):
     assert launch_mod.TensorMaps.of(Ck3(), args) is None
     monkeypatch.setattr(drv, "make_tensordesc_arg", lambda arg, metadata, extra: [])
     assert launch_mod.TensorMaps.of(Ck(), args) is None  # another launcher layout: Triton's own path
+
+
+def test_tensor_maps_by_pointers_match_descriptor_launches(monkeypatch):
+    """`TensorMaps.launch_by_pointers` (`CachedLaunch`'s descs callers): the arguments hold tensors
+    where the kernel takes descriptors; the launcher gets what `launch` gives it for the descriptors
+    descs() builds, descs() is called only for pointers not seen before, and one encoding a
+    descriptor is kept per pointer set."""
+    import triton.backends.nvidia.driver as drv
+    encoded, seen = [], []
+
+    def fake_encode(arg, metadata):
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), metadata["box"]), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(drv, "make_tensordesc_arg", fake_encode)
+
+    def make_inner(launcher):
+        def inner(*a):
+            return launcher(*a)
+        return inner
+
+    class Run:
+        launch = make_inner(lambda *a: seen.append(a))
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, False
+
+    class Ck:
+        run, function, packed_metadata = Run(), "fn", "packed"
+        metadata = type("M", (), {"tensordesc_meta": [{"box": 1}, {"box": 2}]})()
+
+    x, y, z = torch.zeros(1, 4, 2, 16), torch.zeros(1, 8, 2, 16), torch.zeros(1, 8, 2, 16)
+    built = []
+
+    def descs_of(a, b):
+        def descs():
+            built.append(1)
+            return (D.rows_hdesc(a, 4, 2), 7, D.keys_hdesc(b, 16), 9)
+        return descs
+
+    maps = launch_mod.TensorMaps.of(Ck(), descs_of(x, y)())
+    launch_mod.TensorMaps._MAPS.clear()
+    maps.launch(3, 1, 1, 5, Ck(), descs_of(x, y)(), ("tail",))
+    want = seen[-1]
+    built.clear()
+    for _ in range(3):
+        maps.launch_by_pointers(3, 1, 1, 5, Ck(), (x, 7, y, 9), ("tail",), descs_of(x, y))
+        assert seen[-1] == want
+    assert built == [1] and len(maps.by_ptrs) == 1
+    maps.launch_by_pointers(3, 1, 1, 5, Ck(), (x, 7, z, 9), ("tail",), descs_of(x, z))  # a new pointer
+    assert built == [1, 1] and seen[-1][13:] == want[13:23] + (("map", z.data_ptr(), 2), *want[24:])
+
+
+def test_cached_launch_with_descs_on_triton_path():
+    """With descs, Triton's own path (here: CPU tensors, the interpreter's) gets the descriptors
+    descs() builds, not the tensors, at every call."""
+    calls = []
+
+    class Fn:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append(args)
+
+    cl = launch_mod.CachedLaunch(Fn())
+    x = torch.zeros(1, 4, 2, 16)
+    for _ in range(2):
+        cl(("key",), (1,), (x, 3), lambda: dict(N=1), lambda: (D.rows_hdesc(x, 4, 2), 3))
+    assert len(calls) == 2 and all(hasattr(c[0], "block_shape") and c[0].base is x for c in calls)

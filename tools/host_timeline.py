@@ -7,16 +7,18 @@ default) and, with --threads-off, without (`set_multithreading_enabled(False)`: 
 calling thread), each one call at a time on an idle GPU (synchronized before the call, outside the
 stamps) and back to back.
 
-    PYTHONPATH=$PWD python3 tools/host_timeline.py [--T 1024] [--calls 300]
+    PYTHONPATH=$PWD python3 tools/host_timeline.py [--T 1024] [--calls 300] [--threads-off] [--gc-off]
 
 Summed as their own rows: each kernel's launch (`ops.launch.CachedLaunch.__call__`, by kernel), of
-which the descriptor launches' `TensorMaps.launch`, the allocations (`torch.empty`,
+which the descriptor launches' `TensorMaps.launch` (and of that Triton's C launcher), the stream and
+hook questions (`_current_stream`, `_hooks_idle`), the allocations (`torch.empty`,
 `torch.empty_like`), the forward's and backward's launch functions (`moda_fwd_tma`, `moda_bwd_tma`),
 the descriptor check `tma_usable` and the side stream's `_run_beside`.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -68,7 +70,16 @@ def install() -> None:
         SUMS[name] = SUMS.get(name, 0.0) + CLOCK() - t0
         return out
     launch.CachedLaunch.__call__ = by_kernel
-    launch.TensorMaps.launch = _summed("TensorMaps.launch (in the launches)", launch.TensorMaps.launch)
+    tm_launch = launch.TensorMaps.launch
+
+    def maps_launch(self, *a, **k):  # its C launcher summed apart (a slot of each kept launch, wrapped once)
+        if not getattr(self.raw, "stamped", False):
+            self.raw = _summed("C launcher (in TensorMaps.launch)", self.raw)
+            self.raw.stamped = True
+        return tm_launch(self, *a, **k)
+    launch.TensorMaps.launch = _summed("TensorMaps.launch (in the launches)", maps_launch)
+    launch._current_stream = _summed("launch._current_stream", launch._current_stream)
+    launch._hooks_idle = _summed("launch._hooks_idle", launch._hooks_idle)
     torch.empty = _summed("torch.empty / empty_like", torch.empty)
     torch.empty_like = _summed("torch.empty / empty_like", torch.empty_like)
     for name in ("moda_fwd_tma", "moda_bwd_tma", "tma_usable", "_run_beside"):
@@ -123,10 +134,13 @@ def main() -> None:
     p = shape_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--threads-off", action="store_true", help="also without autograd's device threads")
+    p.add_argument("--gc-off", action="store_true", help="Python's cyclic garbage collector off (gc.disable)")
     a = p.parse_args()
     x = probe_inputs(a)
     leaves = [t for n, t in x.items() if n != "do" and t is not None]
     install()
+    if a.gc_off:
+        gc.disable()
     cols = {}
     for threads in ((True, False) if a.threads_off else (True,)):
         with torch.autograd.set_multithreading_enabled(threads):

@@ -1,6 +1,7 @@
 """Arrival counters of one-launch reductions: int32 buffers that are 0 between calls.
 
-Owns `arrival_counters` (and `scratch`, the partials' buffer, one a stream grown to fit), shared
+Owns `arrival_counters` (and `scratch`, the partials' buffer, one a stream grown to fit, and
+`scratch_views`, views of one such buffer kept for repeat calls: the MoDA backward's row statistics), shared
 by the kernels whose programs write partial results and whose last-arriving program of a group
 sums them (decode's fused combine, the MoDA backward's split key-major pass): every program adds
 1 to its group's counter after its partial is stored, the one that sees the count reach the
@@ -9,21 +10,23 @@ memset, and a call allocates nothing once its buffer exists.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from moda_bench.ops.launch import raw_stream
+from moda_bench.ops.launch import cuda_calls
 
 
 def stream_state(device) -> tuple:
     """(the current stream's id on device, whether it is capturing a CUDA graph); (0, False) off CUDA.
-    The stream's id is its raw handle (`launch.raw_stream`)."""
+    The stream's id is its raw handle, read through `launch.cuda_calls`."""
     if device.type != "cuda":
         return 0, False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return raw_stream(idx), torch.cuda.is_current_stream_capturing()
+    current, raw, capturing = cuda_calls()
+    return raw(device.index if device.index is not None else current()), capturing()
 
 
-def scratch(cache: dict, device, n: int, dtype=torch.float32):
+def scratch(cache: dict, device, n: int, dtype=torch.float32, state=None):
     """n elements of `dtype`, contents undefined: for partial results that the same launch writes
     before it reads them. Eager calls: one buffer per (device, current stream, dtype) in `cache`,
     grown to the largest n asked for (a smaller call takes its first n elements), so a run of
@@ -31,8 +34,8 @@ def scratch(cache: dict, device, n: int, dtype=torch.float32):
     fits. A buffer outgrown is dropped, which is safe for eager work: calls on one stream run in
     order, so the caching allocator reuses its memory only after the queued kernels that read it.
     A CUDA graph capture takes a fresh buffer from the graph's own memory pool (never cached,
-    nothing to zero), which its replays keep."""
-    stream, capturing = stream_state(device)
+    nothing to zero), which its replays keep. state: `stream_state(device)` where the caller has it."""
+    stream, capturing = state or stream_state(device)
     if capturing:
         return torch.empty(n, device=device, dtype=dtype)
     key = (str(device), stream, "scratch", dtype)
@@ -45,7 +48,7 @@ def scratch(cache: dict, device, n: int, dtype=torch.float32):
     return held[1]
 
 
-def arrival_counters(cache: dict, device, n: int):
+def arrival_counters(cache: dict, device, n: int, state=None):
     """n int32 counters, all 0 on entry, from `cache` (the caller's dict: one per kernel family).
 
     Eager calls: a buffer per (device, current stream, n), made zeroed by the first call. Two
@@ -58,8 +61,9 @@ def arrival_counters(cache: dict, device, n: int):
     share it: replay them one after another (one stream), not concurrently; they never share it
     with an eager call. A capture with no eager call of its n before gets a fresh buffer zeroed
     inside the graph (a fill node before the kernel, correct at every replay), not cached:
-    a buffer whose zeroing was only captured is 0 only after its graph's first replay."""
-    stream, capturing = stream_state(device)
+    a buffer whose zeroing was only captured is 0 only after its graph's first replay.
+    state: `stream_state(device)` where the caller has it."""
+    stream, capturing = state or stream_state(device)
     dev = str(device)
     if capturing:
         buf = cache.get((dev, "graph", n))
@@ -70,3 +74,30 @@ def arrival_counters(cache: dict, device, n: int):
         if (dev, "graph", n) not in cache:
             cache[(dev, "graph", n)] = torch.zeros(n, device=device, dtype=torch.int32)
     return buf
+
+
+def scratch_views(cache: dict, device, shapes: tuple, dtype=torch.float32, state=None) -> tuple:
+    """Views of the given shapes laid end to end in one buffer, contents undefined, under `scratch`'s
+    rules (per device and current stream, grown to fit; a capture takes fresh memory): for values a
+    call writes and reads itself, such as a backward's row statistics. The views of the last shapes
+    asked for are kept, so a repeat call allocates nothing and makes no view."""
+    stream, capturing = state or stream_state(device)
+    sizes = [math.prod(s) for s in shapes]
+    if capturing:
+        return _views(torch.empty(sum(sizes), device=device, dtype=dtype), shapes, sizes)
+    key = (device, stream, dtype)
+    held = cache.get(key)  # (buffer, shapes, views)
+    if held is not None and held[1] == shapes:
+        return held[2]
+    buf = held[0] if held is not None and held[0].numel() >= sum(sizes) else \
+        torch.empty(sum(sizes), device=device, dtype=dtype)
+    cache[key] = (buf, shapes, _views(buf, shapes, sizes))
+    return cache[key][2]
+
+
+def _views(buf, shapes: tuple, sizes: list) -> tuple:
+    out, at = [], 0
+    for shape, n in zip(shapes, sizes):
+        out.append(buf[at:at + n].view(shape))
+        at += n
+    return tuple(out)

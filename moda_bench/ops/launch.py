@@ -26,7 +26,10 @@ moda-fa4's merge and the streaming depth kernels of moda-fa4 and moda-overlap (`
 mix forward and backward (`ops.dattn.mix_kernel`); those without strides among their arguments
 are keyed by every integer argument's value and every tensor's dtype.
 Host-side tensor descriptors among the arguments (MoDA's descriptor kernels, decode's cache tiles)
-keep their encoded tensor maps (`TensorMaps`).
+keep their encoded tensor maps (`TensorMaps`); MoDA's descriptor kernels pass the tensors and a
+callable that builds the descriptors (`descs`), so a kept launch finds its maps by the tensors'
+pointers and builds no descriptor objects. The stream and device questions of every kept launch
+go to torch's C functions directly (`cuda_calls`).
 """
 from __future__ import annotations
 
@@ -80,23 +83,35 @@ def _hooks_idle() -> bool:
     rt = _RUNTIME[0]
     if rt is None:  # pragma: no cover
         return False
-    return all(h is None or (hasattr(h, "calls") and not h.calls)
-               for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook  # no generator: asked at every kept launch
+    return (enter is None or not getattr(enter, "calls", True)) and (leave is None or not getattr(leave, "calls", True))
 
 
-def raw_stream(index: int) -> int:
-    """The raw handle of CUDA device `index`'s current stream, read as Triton's launcher reads it
-    (a few us less than a Stream object)."""
-    import torch
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+_CUDA_CALLS: list = []  # torch's C entry points: (current device index, raw stream of an index, capturing?)
+
+
+def cuda_calls() -> tuple:
+    """(current device's index, an index's current raw stream, whether the current stream is capturing a
+    CUDA graph): torch's own C functions, looked up once CUDA is initialised, for the per-call paths
+    (their Python wrappers ask `_lazy_init` at every call, a few us each of an eager call's host time).
+    Only for callers that hold CUDA tensors."""
+    if not _CUDA_CALLS:
+        import torch
+        torch.cuda.current_device()  # initialises CUDA here if nothing has yet
+        C = torch._C
+        _CUDA_CALLS.append((getattr(C, "_cuda_getDevice", None) or torch.cuda.current_device,
+                            getattr(C, "_cuda_getCurrentRawStream", None)
+                            or (lambda i: torch.cuda.current_stream(i).cuda_stream),
+                            getattr(C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing))
+    return _CUDA_CALLS[0]
 
 
 def _current_stream() -> tuple:
-    """(device index, raw handle of its current stream): what Triton's launcher launches on."""
-    import torch
-    dev = torch.cuda.current_device()
-    return dev, raw_stream(dev)
+    """(device index, raw handle of its current stream, read as Triton's launcher reads it): what it
+    launches on."""
+    device, raw, _ = _CUDA_CALLS[0] if _CUDA_CALLS else cuda_calls()
+    dev = device()
+    return dev, raw(dev)
 
 
 class CachedLaunch:
@@ -110,7 +125,14 @@ class CachedLaunch:
     one (the interpreter's CPU tensors) takes Triton's path. args: the runtime arguments,
     positionally, in signature order (host-side descriptors among them: `TensorMaps`); meta: a
     callable returning the constexprs and launch options (num_warps, ...) by
-    name, called only where Triton's own path runs. `entries` counts the kept kernels."""
+    name, called only where Triton's own path runs. `entries` counts the kept kernels.
+
+    descs: a callable returning args with host-side descriptors in place of some of its tensors, for
+    callers whose key also fixes those descriptors' shapes, strides and boxes (MoDA's descriptor
+    kernels: contiguous tensors, views and boxes from the key's sizes and tiles). args then holds
+    the tensors themselves there; a kept launch finds their tensor maps by the tensors' pointers
+    alone (`TensorMaps.launch_by_pointers`) and descs() is called only on Triton's path or for
+    pointers not seen before, so an eager call builds no descriptor objects."""
 
     __slots__ = ("fn", "kernels")
 
@@ -122,22 +144,27 @@ class CachedLaunch:
     def entries(self) -> int:
         return len(self.kernels)
 
-    def __call__(self, key, grid: tuple, args: tuple, meta) -> None:
+    def __call__(self, key, grid: tuple, args: tuple, meta, descs=None) -> None:
         first = getattr(args[0], "base", args[0])  # a host-side tensor descriptor: its tensor
         if key is None or not _FAST or not getattr(first, "is_cuda", False):
-            self.fn[grid](*args, **meta())
+            self.fn[grid](*(descs() if descs is not None else args), **meta())
             return
         dev, stream = _current_stream()
         hit = self.kernels.get((dev, key))
         if hit is not None and _hooks_idle():
             ck, tail, maps = hit
-            gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+            gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
             if maps is None:
-                ck.run(gx, gy, gz, stream, ck.function, ck.packed_metadata, None, None, None, *args, *tail)
+                ck.run(gx, gy, gz, stream, ck.function, ck.packed_metadata, None, None, None,
+                       *(descs() if descs is not None else args), *tail)
+            elif descs is not None:
+                maps.launch_by_pointers(gx, gy, gz, stream, ck, args, tail, descs)
             else:
                 maps.launch(gx, gy, gz, stream, ck, args, tail)
             return
         kw = meta()
+        if descs is not None:
+            args = descs()
         ck = self.fn[grid](*args, **kw)
         if hit is None:
             entry = self._entry(ck, args, kw)
@@ -171,12 +198,14 @@ class TensorMaps:
     `make_tensordesc_arg(arg, metadata)`, metadata for every descriptor, no global or profile
     scratch): a map kept without metadata would hold the tensor itself."""
 
-    __slots__ = ("raw", "encode", "pos", "metas", "mkeys", "coop", "pdl")
+    __slots__ = ("raw", "encode", "pos", "rpos", "metas", "mkeys", "coop", "pdl", "by_ptrs")
     _MAPS: dict = {}  # (metadata's items, pointer, shape..., strides...) -> expanded arguments
 
     def __init__(self, raw, encode, pos, metas, coop, pdl):
         self.raw, self.encode, self.pos, self.metas, self.coop, self.pdl = raw, encode, pos, metas, coop, pdl
-        self.mkeys = tuple(_frozen(m) for m in metas)
+        self.mkeys = tuple(_META_IDS.setdefault(_frozen(m), len(_META_IDS)) for m in metas)  # small ints: cheap keys
+        self.rpos = tuple(reversed(pos))
+        self.by_ptrs: dict = {}  # the descriptors' tensors' pointers -> their expanded arguments, last first
 
     @classmethod
     def of(cls, ck, args: tuple):
@@ -209,6 +238,27 @@ class TensorMaps:
             out[i:i + 1] = enc
         self.raw(gx, gy, gz, stream, ck.function, self.coop, self.pdl, None, None, ck.packed_metadata, None, None,
                  None, *out, *tail)
+
+    def launch_by_pointers(self, gx, gy, gz, stream, ck, args: tuple, tail: tuple, descs) -> None:
+        """`launch` for `CachedLaunch`'s descs callers: args holds tensors where the kernel takes
+        descriptors, whose shapes, strides and boxes the launch's key fixes, so their pointers name
+        the maps (one look-up a launch); descs() builds the descriptors for pointers not seen."""
+        ptrs = tuple([args[i].data_ptr() for i in self.pos])
+        encs = self.by_ptrs.get(ptrs)
+        if encs is None:
+            full = descs()
+            encs = tuple(self.encode(full[i], meta) for i, meta in zip(self.rpos, reversed(self.metas)))
+            if len(self.by_ptrs) >= 64:
+                self.by_ptrs.clear()
+            self.by_ptrs[ptrs] = encs
+        out = list(args)
+        for i, enc in zip(self.rpos, encs):
+            out[i:i + 1] = enc
+        self.raw(gx, gy, gz, stream, ck.function, self.coop, self.pdl, None, None, ck.packed_metadata, None, None,
+                 None, *out, *tail)
+
+
+_META_IDS: dict = {}  # a descriptor's frozen metadata -> its number in this process (`TensorMaps` keys)
 
 
 def _frozen(meta):

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 import triton
 
-from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.ops.launch import cdiv, cuda_calls, next_pow2
 from moda_bench.ops.moda.validate import MoDAShape
 
 
@@ -368,7 +368,7 @@ def current_device_index() -> int:
     try:
         if _cuda_ok is None:
             _cuda_ok = bool(torch.cuda.is_available())
-        return torch.cuda.current_device() if _cuda_ok else -1
+        return cuda_calls()[0]() if _cuda_ok else -1
     except Exception:  # pragma: no cover - a broken driver means no GPU to key on
         return -1
 

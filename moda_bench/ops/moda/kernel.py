@@ -54,6 +54,7 @@ import math
 
 import torch
 
+from moda_bench.ops.counters import stream_state
 from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv
 from moda_bench.ops.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
                                         pointer_block_l, pointer_bwd_depth, resolve_config)
@@ -171,15 +172,16 @@ def tma_usable(q, k, v, kd, vd, L: int) -> bool:
     return descriptors_available() and aligned(q, k, v, *((kd, vd) if L > 0 else ()), contiguous=True)
 
 
-def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False):
+def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False, usable=None):
     """The forward's launches for `cfg`: returns (o, lse). depth_only (fwd_depth "split" only, for
     timing the depth kernel alone, tools/depth_probe.py) stops after the depth-only launch and
-    returns its partial (o_d, lse_d)."""
+    returns its partial (o_d, lse_d). usable: `tma_usable` of these tensors where the caller has it
+    (None: asked here)."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
     if cfg.fwd_depth == "tma" and not depth_only:
-        if tma_usable(q, k, v, kd, vd, L):
+        if tma_usable(q, k, v, kd, vd, L) if usable is None else usable:
             return moda_fwd_tma(q, k, v, kd if L > 0 else None, vd if L > 0 else None, scale, G,
                                 block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
                                 num_stages=cfg.num_stages, depth_sub=cfg.depth_sub, block_l=cfg.block_l,
@@ -286,35 +288,55 @@ def pointer_bwd_config(cfg: MoDAConfig, T: int, L: int) -> MoDAConfig:
                        bwd_depth_stages=POINTER_DEPTH_STAGES)
 
 
+_ROUTES: dict = {}  # (id(cfg), sizes, device, capturing) -> (cfg, route): `tma_route`'s memo
+
+
+def tma_route(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, device, capturing: bool) -> tuple:
+    """The "tma" backward's shape for these sizes: (kv_chunk, depth items, a dq pass a head a program,
+    one launch, key-major pass beside the dq pass), by `kernel_bwd_rules`. Memoised by the config's
+    identity (the entry keeps the config, so its id is not reused while kept): an eager call hashes
+    no 40-field config and asks none of the rules again."""
+    key = (id(cfg), B, T, Hk, G, L, device, capturing)
+    hit = _ROUTES.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    n_sms = num_sms(device)
+    chunk, items = kv_chunk(cfg, B, T, Hk, G, n_sms), kv_depth_items(cfg, T, L, G)
+    heads = dq_heads(cfg, T, L, G) and cfg.bwd_kv_beside != 2
+    one = kv_one(cfg, T, L, heads, items, capturing)
+    beside = not (items or one) and kv_beside(cfg, B, T, Hk, G, L, n_sms, capturing, chunk=chunk)
+    if len(_ROUTES) >= 256:
+        _ROUTES.clear()
+    _ROUTES[key] = (cfg, (chunk, items, heads, one, beside))
+    return _ROUTES[key][1]
+
+
 def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False,
-             delta=None, depth_grad: bool = True):
+             delta=None, depth_grad: bool = True, usable=None):
     """The backward's launches for `cfg`: returns (dq, dk, dv, dkd, dvd). delta: rowsum(o * do),
     (B, T, Hq) float32, where the caller has it (else computed here). depth_only (bwd_depth
     "split" only) runs the depth-only launch alone and returns (dq partial, None, None, dkd, dvd);
     without a delta it is left uninitialised then, which only timing may do. depth_grad=False
     treats kd, vd as constants: dkd = dvd = None, never allocated nor computed (the depth part
-    still adds its share of dq)."""
+    still adds its share of dq). usable: the forward's `tma_usable` of q, k, v, kd, vd (None: asked here)."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
     do = do.contiguous()
     if cfg.bwd_depth == "tma" and not depth_only and delta is None:
         o = o.contiguous()
-        n_sms = num_sms(q.device)
-        chunk, items = kv_chunk(cfg, B, T, Hk, G, n_sms), kv_depth_items(cfg, T, L, G)
-        heads = dq_heads(cfg, T, L, G) and cfg.bwd_kv_beside != 2
-        one = kv_one(cfg, T, L, heads, items)
+        state = stream_state(q.device)
+        chunk, items, heads, one, beside = tma_route(cfg, B, T, Hk, G, L, q.device, state[1])
+        use_desc = (tma_usable(q, k, v, kd, vd, L) if usable is None else usable) and aligned(o, do)
         return moda_bwd_tma(do, q, k, v, kd if L > 0 else None, vd if L > 0 else None, o, lse.contiguous(), scale, G,
                             q_block_m=cfg.bwd_q_block_m, q_block_n=cfg.bwd_q_block_n, q_warps=cfg.bwd_q_warps,
                             q_stages=cfg.bwd_q_stages, q_maxnreg=cfg.bwd_q_maxnreg, kv_block_m=cfg.bwd_kv_block_m,
                             kv_block_n=cfg.bwd_kv_block_n, kv_warps=cfg.bwd_kv_warps, kv_stages=cfg.bwd_kv_stages,
                             kv_maxnreg=cfg.bwd_kv_maxnreg, block_l=cfg.bwd_block_l,
-                            depth_stages=cfg.bwd_depth_stages, use_desc=tma_usable(q, k, v, kd, vd, L)
-                            and aligned(o, do), depth_grad=depth_grad,
+                            depth_stages=cfg.bwd_depth_stages, use_desc=use_desc, depth_grad=depth_grad,
                             beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
-                            if not (items or one) and kv_beside(cfg, B, T, Hk, G, L, n_sms, chunk=chunk) else None,
-                            mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items, poly=cfg.exp_poly, heads=heads,
-                            one=one)
+                            if beside else None, mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items,
+                            poly=cfg.exp_poly, heads=heads, one=one, state=state)
     cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
     mode = cfg.bwd_depth if L > 0 else "none"
     # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)
@@ -408,23 +430,38 @@ def wants_depth_grad(ctx, depth_grad: bool, kd_index: int = 3) -> bool:
 
 
 class _MoDAFunction(torch.autograd.Function):
+    """One autograd node for `moda_attention`. `call` = (scale, shape, cfg, depth_grad, with_lse): lse
+    is an output (non-differentiable) only where the caller asked for it, so a plain call returns
+    one tensor (an output fewer for autograd to wrap, mark and hand a gradient slot). The forward's
+    descriptor check (`tma_usable` of q, k, v and the depth K/V) is kept for the backward, which
+    reads the same saved tensors."""
+
     @staticmethod
-    def forward(ctx, q, k, v, kd, vd, scale, shape, cfg, depth_grad=True):
-        o, lse = moda_fwd(q, k, v, kd, vd, scale, shape, cfg)
+    def forward(ctx, q, k, v, kd, vd, call):
+        scale, shape, cfg, _, with_lse = call
+        usable = cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma"
+        usable = usable and tma_usable(q, k, v, kd, vd, shape.L)
+        o, lse = moda_fwd(q, k, v, kd, vd, scale, shape, cfg, usable=usable)
         ctx.save_for_backward(q, k, v, kd, vd, o, lse)
-        ctx.scale, ctx.shape, ctx.cfg, ctx.depth_grad = scale, shape, cfg, depth_grad
+        ctx.call, ctx.usable = call, usable
+        if not with_lse:
+            return o
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # no zero-filled tensor for lse's gradient at every backward
         return o, lse
 
     @staticmethod
-    def backward(ctx, do, _dlse):
+    def backward(ctx, do, *_dlse):
         if do is None:  # only lse (not differentiable) reached the loss
-            return (None,) * 9
+            return (None,) * 6
         q, k, v, kd, vd, o, lse = ctx.saved_tensors
-        dq, dk, dv, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, ctx.scale, ctx.shape, ctx.cfg,
-                                        depth_grad=wants_depth_grad(ctx, ctx.depth_grad))
-        return dq, dk, dv, dkd, dvd, None, None, None, None
+        scale, shape, cfg, depth_grad, _ = ctx.call
+        dq, dk, dv, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg,
+                                        depth_grad=wants_depth_grad(ctx, depth_grad), usable=ctx.usable)
+        return dq, dk, dv, dkd, dvd, None
+
+
+_CHECKED: dict = {}  # (id(cfg), G) -> cfg: configs `check_config` accepted, by identity
 
 
 def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, return_lse: bool = False,
@@ -451,7 +488,11 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     """
     shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
     cfg = resolve_config(shape, q.dtype, config)
-    check_config(cfg, shape.G)
+    if _CHECKED.get((id(cfg), shape.G)) is not cfg:  # the same config object again: no 40-field hash
+        check_config(cfg, shape.G)
+        if len(_CHECKED) >= 256:
+            _CHECKED.clear()
+        _CHECKED[(id(cfg), shape.G)] = cfg
     if "persist" in (cfg.fwd_depth, cfg.bwd_depth):
         raise ValueError("config placement 'persist' is moda_fa4's (a sequence kernel beside the streaming depth "
                          "kernels); moda_attention takes split, stream, fused, overlap or tma")
@@ -462,6 +503,5 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
         k_depth, v_depth = k_depth.contiguous(), v_depth.contiguous()
         if not depth_grad:  # constants: no graph edge back to their producers
             k_depth, v_depth = k_depth.detach(), v_depth.detach()
-    o, lse = _MoDAFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale, shape, cfg,
-                                 bool(depth_grad))
-    return (o, lse) if return_lse else o
+    return _MoDAFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth,
+                               (scale, shape, cfg, bool(depth_grad), bool(return_lse)))

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moda_bench.ops.counters import arrival_counters, scratch
+from moda_bench.ops.counters import arrival_counters, scratch, scratch_views, stream_state
 from moda_bench.ops.launch import CachedLaunch, aligned16
 from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
@@ -68,6 +68,7 @@ from moda_bench.ops.moda.triton_utils import interpreting
 LOG2E = 1.4426950408889634
 _KV_COUNTERS: dict = {}  # arrival counters and partials' buffers of the chunked key-major pass (`counters`)
 _ONE_COUNTERS: dict = {}  # the one launch's ready and done counters (`_one_kernel`'s WAIT)
+_STATS: dict = {}  # the rows' lse2 and delta, a buffer a stream (`counters.scratch_views`)
 
 
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "NCH", "N_ITEMS", "N_TILES", "N_DEPTH"])
@@ -266,7 +267,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
                  depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, heads: bool = False,
-                 one: bool = False):
+                 one: bool = False, state=None):
     """The folded backward's two launches (or one): returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -294,7 +295,9 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     pass instead of running after it. one (not with beside): both passes in one launch
     (`_one_kernel`; `kernel_bwd_rules.kv_one_fits` says what it needs). Everything but the tensors
     is planned once per set of sizes and arguments (`kernel_bwd_rules.bwd_plan`, memoised): a call
-    allocates, checks lse's alignment and launches."""
+    allocates the gradients, checks lse's alignment and launches. The rows' statistics (lse2, delta)
+    live in a per-stream scratch buffer (`counters.scratch_views`): written and read inside the call.
+    state: `counters.stream_state` of q's device where the caller has it (None: asked here)."""
     B, T, Hq, d = q.shape
     Hk, L = k.shape[2], 0 if kd is None else kd.shape[2]
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
@@ -304,60 +307,78 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
            bool(use_desc) and host_desc_bwd(T))
     p = bwd_plan(key)
     lse2 = delta = lse  # the rows' statistics the dq blocks store for the key-major pass, where it reads them
+    if state is None:
+        state = stream_state(q.device)
     if not one or p.one_wait:
-        lse2 = torch.empty((B * Hk, p.RP), device=q.device, dtype=torch.float32)
-        delta = torch.empty_like(lse2)
+        lse2, delta = scratch_views(_STATS, q.device, ((B * Hk, p.RP), (B * Hk, p.RP)), state=state)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if p.depth_grad else (None, None)
     kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
     dkd_, dvd_ = (dkd, dvd) if p.depth_grad else (kd_, vd_)  # never written without depth_grad
-    dq_in = (q, k, v, do, kd_, vd_, dkd_, dvd_)  # the dq pass's tensors, or their host-side descriptors
+    dq_in = (q, k, v, do, kd_, vd_, dkd_, dvd_)  # the dq pass's tensors (descriptors of them: `host_ins`)
     kv_in = (q, k, v, do, o)  # the key-major pass's (o read only beside the dq pass, for its row statistics)
-    if p.boxes:  # the views and boxes of the kernels' device-side builders (`descriptors`)
+
+    made: list = []  # host_ins' answer, built at most once a call
+
+    def host_ins():
+        """(dq_in, kv_in) with host-side descriptors where the kernels take them: the views and boxes of
+        their device-side builders (`descriptors`); built only where a kept launch has not seen these
+        tensors' pointers (`CachedLaunch`'s descs), once for both passes."""
+        if made:
+            return made[0]
         gp, P, bl, kvP, kvGS, qBM = p.boxes
         od = rows_hdesc(o, kvP, gp) if beside is not None or one else o
         # one launch reads q, k, v, do through dq_in's descriptors (the same boxes): only its o is built
-        kv_in = (q, k, v, do, od) if one else (rows_hdesc(q, kvP, kvGS), keys_hdesc(k, kv_block_n),
-                                               keys_hdesc(v, kv_block_n), rows_hdesc(do, kvP, kvGS), od)
+        kv_d = (q, k, v, do, od) if one else (rows_hdesc(q, kvP, kvGS), keys_hdesc(k, kv_block_n),
+                                              keys_hdesc(v, kv_block_n), rows_hdesc(do, kvP, kvGS), od)
         qP, qG = (qBM, 1) if heads else (P, gp)
-        dq_in = (rows_hdesc(q, qP, qG), keys_hdesc(k, q_block_n), keys_hdesc(v, q_block_n), rows_hdesc(do, qP, qG),
-                 *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl) if L and not heads else x) for x in (kd_, vd_)),
-                 *((depth_hdesc(x, B, T, L, Hk, d, P, bl) if p.depth_grad else x) for x in (dkd_, dvd_)))
+        dq_d = (rows_hdesc(q, qP, qG), keys_hdesc(k, q_block_n), keys_hdesc(v, q_block_n), rows_hdesc(do, qP, qG),
+                *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl) if L and not heads else x) for x in (kd_, vd_)),
+                *((depth_hdesc(x, B, T, L, Hk, d, P, bl) if p.depth_grad else x) for x in (dkd_, dvd_)))
+        made.append((dq_d, kv_d))
+        return made[0]
+
     if use_desc and (not p.boxes or p.n_depth):  # device-side builds (depth items build theirs with host ones too)
         ensure_allocator()
     # `CachedLaunch` keys: the plan's, where lse (the one tensor not checked by the caller nor
     # allocated here) is 16-byte aligned; else Triton's own path
     cached = use_desc and aligned16(lse)
 
+    def with_descs(args_of):
+        """(the launch's arguments with tensors, the callable giving them with descriptors or None)."""
+        return args_of(dq_in, kv_in), (lambda: args_of(*host_ins())) if p.boxes else None
+
     def dq_pass():
-        q_, k_, v_, do_, kd_x, vd_x, dkd_x, dvd_x = dq_in
         if heads:
-            return _DQH_LAUNCH(p.dq_key if cached else None, p.dq_grid, (q_, k_, v_, o, do_, lse, lse2, delta, dq,
-                               scale * LOG2E, scale, B, T, G, Hk, p.RP), p.dq_meta)
-        _DQ_LAUNCH(p.dq_key if cached else None, p.dq_grid,
-                   (q_, k_, v_, kd_x, vd_x, o, do_, lse, lse2, delta, dq, dkd_x, dvd_x, scale * LOG2E, scale, B, T, L,
-                    max(L, 1), G, Hk, p.RP, p.n_m), p.dq_meta)
+            args, descs = with_descs(lambda di, ki: (di[0], di[1], di[2], o, di[3], lse, lse2, delta, dq,
+                                                     scale * LOG2E, scale, B, T, G, Hk, p.RP))
+            return _DQH_LAUNCH(p.dq_key if cached else None, p.dq_grid, args, p.dq_meta, descs)
+        args, descs = with_descs(lambda di, ki: (di[0], di[1], di[2], di[4], di[5], o, di[3], lse, lse2, delta, dq,
+                                                 di[6], di[7], scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP,
+                                                 p.n_m))
+        _DQ_LAUNCH(p.dq_key if cached else None, p.dq_grid, args, p.dq_meta, descs)
 
     def chunk_buffers():
         """(partials, arrival counters) of a chunked or split key-major pass; lse2 twice (never read) else."""
         if not p.ws_n:
             return lse2, lse2
-        return scratch(_KV_COUNTERS, q.device, p.ws_n), arrival_counters(_KV_COUNTERS, q.device, p.cnt_n)
+        return (scratch(_KV_COUNTERS, q.device, p.ws_n, state=state),
+                arrival_counters(_KV_COUNTERS, q.device, p.cnt_n, state=state))
 
     def kv_pass(stats: bool):
         ws, cnt = chunk_buffers()
-        _KV_LAUNCH(p.kv_keys[stats] if cached else None, p.kv_grid,
-                   (*kv_in, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_, scale * LOG2E, scale, B, T, L,
-                    max(L, 1), G, Hk, p.RP, p.nch, p.n_items, p.n_tiles, p.n_depth), p.kv_meta[stats])
+        args, descs = with_descs(lambda di, ki: (*ki, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_,
+                                                 scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.nch,
+                                                 p.n_items, p.n_tiles, p.n_depth))
+        _KV_LAUNCH(p.kv_keys[stats] if cached else None, p.kv_grid, args, p.kv_meta[stats], descs)
 
     if one:  # the dq blocks and the key-major items (`_one_kernel`; o through kv_in's where they compute statistics)
-        q_, k_, v_, do_, kd_x, vd_x, dkd_x, dvd_x = dq_in
         ws, cnt = chunk_buffers()
-        sync = arrival_counters(_ONE_COUNTERS, q.device, B * Hk + 1) if p.one_wait else cnt
-        _ONE_LAUNCH(p.one_key if cached else None, p.one_grid,
-                    (q_, k_, v_, kd_x, vd_x, o, kv_in[4], do_, lse, lse2, delta, dq, dk, dv, ws, cnt, sync, dkd_x,
-                     dvd_x, scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.n_m, p.nch, p.n_items, p.n_tiles),
-                    p.one_meta)
+        sync = arrival_counters(_ONE_COUNTERS, q.device, B * Hk + 1, state=state) if p.one_wait else cnt
+        args, descs = with_descs(lambda di, ki: (di[0], di[1], di[2], di[4], di[5], o, ki[4], di[3], lse, lse2, delta,
+                                                 dq, dk, dv, ws, cnt, sync, di[6], di[7], scale * LOG2E, scale, B, T,
+                                                 L, max(L, 1), G, Hk, p.RP, p.n_m, p.nch, p.n_items, p.n_tiles))
+        _ONE_LAUNCH(p.one_key if cached else None, p.one_grid, args, p.one_meta, descs)
     elif beside is None:
         dq_pass()
         kv_pass(False)

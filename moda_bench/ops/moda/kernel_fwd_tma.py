@@ -268,30 +268,52 @@ def moda_fwd_tma(q, k, v, kd, vd, scale: float, G: int, *, block_m: int = 128, b
     L = 0 if kd is None else kd.shape[2]
     if kd is None:
         kd, vd = k, v  # never read: the depth loop runs no step
-    gp, P, S, bl = depth_geometry(G, block_m, depth_sub, block_l)
-    o = torch.empty_like(q)
-    lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
-    n_m = cdiv(T, P)
-    n_tiles = n_m * B * Hk
     host = bool(use_desc) and host_descriptors()
-    ins = (q, k, v, kd, vd)
-    if host:  # the same views and boxes as the kernel's device-side builders
-        LD = max(L, 1)
-        ins = (rows_hdesc(q, P, gp), keys_hdesc(k, block_n), keys_hdesc(v, block_n),
-               depth_rows_hdesc(kd, B, T, LD, Hk, d, P, bl), depth_rows_hdesc(vd, B, T, LD, Hk, d, P, bl))
-    elif use_desc:
-        ensure_allocator()
-    grid = (min(n_tiles, num_sms(q.device)),) if persistent else (n_m, B * Hk)
     # descriptor loads: every pointer 16-byte aligned (the caller's `aligned`), so the shape and
     # the tile configuration fix the launch's specialisation (`CachedLaunch`)
-    key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, bool(ws),
-           bool(depth_first), bool(persistent), depth_stages, maxnreg, poly, host) if use_desc else None
-    _FWD_LAUNCH(key, grid, (*ins, o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles),
-                lambda: dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=bool(use_desc),
-                             WS=bool(ws), DEPTH_FIRST=bool(depth_first), PERSISTENT=bool(persistent),
-                             PREC=dot_precision(q.dtype), DEPTH_STAGES=depth_stages, POLY=poly, HOST_DESC=host,
-                             **launch_options(num_warps, num_stages, maxnreg)))
+    key = (q.dtype, kd.dtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, depth_sub, block_l,
+           bool(ws), bool(depth_first), bool(persistent), depth_stages, maxnreg, poly, host, bool(use_desc), q.device)
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        plan = _fwd_plan(key)
+    gp, P, bl, n_m, n_tiles, grid, launch_key, meta = plan
+    o = torch.empty_like(q)
+    lse = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
+    rest = (o, lse, scale * LOG2E, B, T, L, max(L, 1), G, Hk, Hq, n_m, n_tiles)
+    descs = None
+    if host:  # the same views and boxes as the kernel's device-side builders, built where a kept launch needs them
+        LD = max(L, 1)
+        descs = lambda: (rows_hdesc(q, P, gp), keys_hdesc(k, block_n), keys_hdesc(v, block_n),  # noqa: E731
+                         depth_rows_hdesc(kd, B, T, LD, Hk, d, P, bl), depth_rows_hdesc(vd, B, T, LD, Hk, d, P, bl),
+                         *rest)
+    elif use_desc:
+        ensure_allocator()
+    _FWD_LAUNCH(launch_key, grid, (q, k, v, kd, vd, *rest), meta, descs)
     return o, lse
+
+
+_FWD_PLANS: dict = {}  # `moda_fwd_tma`'s arguments but the tensors -> its launch's plan
+
+
+def _fwd_plan(key: tuple) -> tuple:
+    """(GP, P, BL, row blocks, tiles, grid, `CachedLaunch` key, meta) of a descriptor forward (memoised
+    in _FWD_PLANS: an eager call builds no geometry, grid or constexpr dict)."""
+    (dtype, _, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, depth_sub, block_l, ws, depth_first,
+     persistent, depth_stages, maxnreg, poly, host, use_desc, device) = key
+    gp, P, S, bl = depth_geometry(G, block_m, depth_sub, block_l)
+    n_m = cdiv(T, P)
+    n_tiles = n_m * B * Hk
+    grid = (min(n_tiles, num_sms(device)),) if persistent else (n_m, B * Hk)
+    kw = dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=use_desc, WS=ws,
+              DEPTH_FIRST=depth_first, PERSISTENT=persistent, PREC=dot_precision(dtype), DEPTH_STAGES=depth_stages,
+              POLY=poly, HOST_DESC=host)
+    launch_key = key[:13] + (S, bl) + key[15:22] if use_desc else None
+    if len(_FWD_PLANS) >= 256:
+        _FWD_PLANS.clear()
+    # the launch options asked at Triton's launch: maxnreg depends on whether the interpreter runs
+    plan = _FWD_PLANS[key] = (gp, P, bl, n_m, n_tiles, grid, launch_key,
+                              lambda: dict(kw, **launch_options(num_warps, num_stages, maxnreg)))
+    return plan
 
 
 _FWD_LAUNCH = CachedLaunch(moda_fwd_tma_kernel)
