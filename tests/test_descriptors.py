@@ -162,6 +162,27 @@ def test_cached_launch_reads_a_descriptors_tensor(monkeypatch):
     assert len(calls) == 2 and cl.entries == 0 and calls[0][1][0] is desc
 
 
+def _fake_compiled(seen: list, pdl: bool = False):
+    """A compiled kernel's class laid out as Triton 3.6's (its run's launch closes over `launcher`),
+    whose launcher records its arguments in `seen`; two descriptor parameters (boxes 1 and 2)."""
+    def make_inner(launcher):
+        def inner(*a):
+            return launcher(*a)
+        return inner
+
+    class Run:
+        launch = make_inner(lambda *a: seen.append(a))
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, pdl
+
+    class Meta:
+        tensordesc_meta = [{"box": 1}, {"box": 2}]
+
+    class Ck:
+        run, metadata, function, packed_metadata = Run(), Meta(), "fn", "packed"
+    return Ck
+
+
 def test_tensor_maps_encode_once_and_expand_in_place(monkeypatch):
     """`TensorMaps` (Triton 3.6's launcher layout, faked here): a descriptor argument is replaced by
     its encoded map, shape and strides in place, encoded once per (metadata, pointer, shape,
@@ -177,22 +198,7 @@ def test_tensor_maps_encode_once_and_expand_in_place(monkeypatch):
 
     monkeypatch.setattr(drv, "make_tensordesc_arg", fake_encode)
     seen = []
-
-    def make_inner(launcher):
-        def inner(*a):
-            return launcher(*a)
-        return inner
-
-    class Run:
-        launch = make_inner(lambda *a: seen.append(a))
-        global_scratch_size = profile_scratch_size = 0
-        launch_cooperative_grid, launch_pdl = False, True
-
-    class Meta:
-        tensordesc_meta = [{"box": 1}, {"box": 2}]
-
-    class Ck:
-        run, metadata, function, packed_metadata = Run(), Meta(), "fn", "packed"
+    Ck = _fake_compiled(seen, pdl=True)
 
     x, y = torch.zeros(1, 4, 2, 16), torch.zeros(1, 8, 2, 16)
     args = (D.rows_hdesc(x, 4, 2), 7, D.keys_hdesc(y, 16), 9)
@@ -237,20 +243,7 @@ def test_tensor_maps_by_pointers_match_descriptor_launches(monkeypatch):
         return [("map", arg.base.data_ptr(), metadata["box"]), *arg.shape, *arg.strides]
 
     monkeypatch.setattr(drv, "make_tensordesc_arg", fake_encode)
-
-    def make_inner(launcher):
-        def inner(*a):
-            return launcher(*a)
-        return inner
-
-    class Run:
-        launch = make_inner(lambda *a: seen.append(a))
-        global_scratch_size = profile_scratch_size = 0
-        launch_cooperative_grid, launch_pdl = False, False
-
-    class Ck:
-        run, function, packed_metadata = Run(), "fn", "packed"
-        metadata = type("M", (), {"tensordesc_meta": [{"box": 1}, {"box": 2}]})()
+    Ck = _fake_compiled(seen)
 
     x, y, z = torch.zeros(1, 4, 2, 16), torch.zeros(1, 8, 2, 16), torch.zeros(1, 8, 2, 16)
     built = []
