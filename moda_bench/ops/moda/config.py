@@ -1,9 +1,7 @@
-"""Launch configuration of the fused MoDA kernel: `MoDAConfig`, its validity rules, and how
-one is chosen for a call.
+"""Launch configuration of the fused MoDA kernel: `MoDAConfig`, its validity rules, how one is chosen for a call.
 
-A `MoDAConfig` fixes the tile shapes of the three Triton kernels (forward, backward dq/depth
-pass, backward dk/dv pass) and where the depth part runs. `resolve_config` picks one for a
-call, in this order:
+A `MoDAConfig` fixes the tile shapes of the three Triton kernels (forward, backward dq/depth pass,
+backward dk/dv pass) and where the depth part runs. `resolve_config` picks one for a call, in this order:
   1. an explicit `config=`;
   2. the installed config source (a function (shape, dtype) -> MoDAConfig | None;
      `moda_bench.tuning.use()` installs the user's tuning cache as one);
@@ -16,7 +14,8 @@ Nothing installs a source at import. `set_shipped(False)` (what `tuning.using(Fa
 
 The answer for a (shape, dtype, device) is memoised, dropped when the source is replaced, when
 its `stamp()` (the tuning cache has one) changes, or on `reset_shipped()` (a source without
-`stamp` is asked every call). `check_config`: the kernel's rule for a valid config (memoised).
+`stamp` is asked every call). `check_config`: the kernel's rule for a valid config (memoised; the
+same config object again by its identity).
 """
 from __future__ import annotations
 
@@ -144,8 +143,7 @@ class MoDAConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MoDAConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
+        unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown MoDAConfig fields: {sorted(unknown)}")
         return cls(**d)
@@ -292,21 +290,23 @@ def depth_only_sub(cfg: MoDAConfig, G: int, block_m: int) -> int:
     return auto_depth_sub(G, block_m)
 
 
-_VALID: set = set()  # (cfg, G) pairs check_config accepted
+_VALID: dict = {}  # (cfg, G) and (id(cfg), G) of pairs check_config accepted -> cfg
 
 
 def check_config(cfg: MoDAConfig, G: int) -> None:
-    """Raise ValueError if cfg cannot run for group size G (accepted pairs are memoised)."""
+    """Raise ValueError if cfg cannot run for group size G (memoised; the same object again by its id, no hash)."""
+    if _VALID.get((id(cfg), G)) is cfg:
+        return
     try:
-        if (cfg, G) in _VALID:
-            return
+        known = (cfg, G) in _VALID
     except TypeError:  # an unhashable field value: not a config the kernel can take
         _check(cfg, G)
         raise ValueError(f"config has an unhashable field value: {cfg!r}") from None
-    _check(cfg, G)
+    if not known:
+        _check(cfg, G)
     if len(_VALID) >= _MEMO_MAX:
         _VALID.clear()
-    _VALID.add((cfg, G))
+    _VALID[(cfg, G)] = _VALID[(id(cfg), G)] = cfg  # the entry keeps cfg, so its id is not reused meanwhile
 
 
 def _check(cfg: MoDAConfig, G: int) -> None:
