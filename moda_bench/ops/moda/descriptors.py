@@ -59,6 +59,13 @@ def depth_desc(X, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constex
 
 
 @triton.jit
+def depth_descs(X, Y, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
+    """`depth_desc`s of two depth tensors of one shape: the depth keys and values, or their
+    gradients (the backward's depth parts: dq pass, depth items, depth kernel)."""
+    return depth_desc(X, B, T, LD, Hk, P, BL, D), depth_desc(Y, B, T, LD, Hk, P, BL, D)
+
+
+@triton.jit
 def rows_ptr(b, j, g0, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
     """Offsets [BM, D] of folded rows r (GP heads a position from head g0 of KV head j's group)
     into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moda_bench.ops.moda.descriptors import depth_desc, keys_desc, keys_tile, rows_desc, rows_ptr, rows_tile
+from moda_bench.ops.moda.descriptors import depth_descs, keys_desc, keys_tile, rows_desc, rows_ptr, rows_tile
 from moda_bench.ops.moda.triton_utils import exp2_mix, mm, mm_acc
 
 
@@ -316,11 +316,9 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
         kdesc = keys_desc(K, B, T, Hk, BN, D)
         vdesc = keys_desc(V, B, T, Hk, BN, D)
         if DEPTH:
-            kddesc = depth_desc(KD, B, T, LD, Hk, P, BL, D)
-            vddesc = depth_desc(VD, B, T, LD, Hk, P, BL, D)
+            kddesc, vddesc = depth_descs(KD, VD, B, T, LD, Hk, P, BL, D)
             if DEPTH_GRAD:
-                dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
-                dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
+                dkddesc, dvddesc = depth_descs(DKD, DVD, B, T, LD, Hk, P, BL, D)
     q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)

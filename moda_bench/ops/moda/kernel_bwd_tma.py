@@ -59,8 +59,9 @@ from moda_bench.ops.moda.kernel_bwd_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G,
                                                   KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
                                                   bwd_plan, dq_mix, host_desc_bwd, kv_beside, kv_chunk, kv_depth_items,
                                                   kv_items)
-from moda_bench.ops.moda.descriptors import (depth_desc, depth_hdesc, ensure_allocator, keys_desc,  # noqa: F401
-                                             keys_hdesc, keys_tile, rows_desc, rows_hdesc, rows_ptr, rows_tile)
+from moda_bench.ops.moda.descriptors import (depth_desc, depth_descs, depth_hdesc, ensure_allocator,  # noqa: F401
+                                             keys_desc, keys_hdesc, keys_tile, rows_desc, rows_hdesc, rows_ptr,
+                                             rows_tile)
 from moda_bench.ops.moda.kernel_bwd_parts import (chunk_item, depth_item, depth_part, dq_block, dq_rows,  # noqa: F401
                                                   dq_step, kv_item, row_stats, store_kv)
 from moda_bench.ops.moda.triton_utils import interpreting
@@ -124,16 +125,11 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
         is_depth = (i >= N_ITEMS) | ((i * total) // N_ITEMS != u)
         idx = tl.where(is_depth, u - tl.cdiv((u + 1) * N_ITEMS, total), i)
         if is_depth:
-            kddesc = None
-            vddesc = None
-            dkddesc = None
-            dvddesc = None
+            kddesc, vddesc, dkddesc, dvddesc = None, None, None, None
             if USE_DESC:
-                kddesc = depth_desc(KD, B, T, LD, Hk, P, BL, D)
-                vddesc = depth_desc(VD, B, T, LD, Hk, P, BL, D)
+                kddesc, vddesc = depth_descs(KD, VD, B, T, LD, Hk, P, BL, D)
                 if DEPTH_GRAD:
-                    dkddesc = depth_desc(DKD, B, T, LD, Hk, P, BL, D)
-                    dvddesc = depth_desc(DVD, B, T, LD, Hk, P, BL, D)
+                    dkddesc, dvddesc = depth_descs(DKD, DVD, B, T, LD, Hk, P, BL, D)
             depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, vddesc, dkddesc, dvddesc, b,
                        j, bh, idx * P, T, L, G, Hk, RP, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC,
                        DEPTH_STAGES, DEPTH_GRAD)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from moda_bench.ops.launch import CachedLaunch, aligned16, cdiv, next_pow2
-from moda_bench.ops.moda.descriptors import depth_desc, rows_ptr, rows_tile
+from moda_bench.ops.moda.descriptors import depth_descs, rows_ptr, rows_tile
 from moda_bench.ops.moda.kernel_bwd_parts import depth_part
 from moda_bench.ops.moda.kernel_bwd_rules import bwd_depth_geometry
 from moda_bench.ops.moda.kernel_fwd_tma import depth_geometry as fwd_depth_geometry
@@ -89,13 +89,10 @@ def depth_bwd_kernel(Q, DO, O, LSE, KD, VD, DQ, DKD, DVD, qk_scale, sm_scale, B,
     Hq = G * Hk
     qdesc = rows_desc(Q, B, T, Hq, P, GP, D)
     dodesc = rows_desc(DO, B, T, Hq, P, GP, D)
-    kddesc = depth_desc(KD, B, T, L, Hk, P, BL, D)
-    vddesc = depth_desc(VD, B, T, L, Hk, P, BL, D)
-    dkddesc = None
-    dvddesc = None
+    kddesc, vddesc = depth_descs(KD, VD, B, T, L, Hk, P, BL, D)
+    dkddesc, dvddesc = None, None
     if DEPTH_GRAD:
-        dkddesc = depth_desc(DKD, B, T, L, Hk, P, BL, D)
-        dvddesc = depth_desc(DVD, B, T, L, Hk, P, BL, D)
+        dkddesc, dvddesc = depth_descs(DKD, DVD, B, T, L, Hk, P, BL, D)
     for it in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         bh = it % (B * Hk)
         b = bh // Hk
