@@ -94,6 +94,20 @@ def test_scratch_one_buffer_a_stream_grown_to_fit():
     assert scratch(cache, dev, 7, torch.int32).dtype == torch.int32 and len(cache) == 2
 
 
+def test_scratch_views_share_scratch_buffer_and_are_kept():
+    """`counters.scratch_views`: views of the asked shapes end to end in the `scratch` buffer of the
+    same cache (grown by its rule); a repeat call returns the same view objects."""
+    from moda_bench.ops.counters import scratch, scratch_views
+    cache, dev = {}, torch.device("cpu")
+    a, b = scratch_views(cache, dev, ((2, 3), (2, 3)))
+    assert a.shape == b.shape == (2, 3) and b.data_ptr() == a.data_ptr() + 6 * 4
+    again = scratch_views(cache, dev, ((2, 3), (2, 3)))
+    assert again[0] is a and again[1] is b
+    assert scratch(cache, dev, 12).data_ptr() == a.data_ptr()  # the one buffer of (device, stream, dtype)
+    c, = scratch_views(cache, dev, ((5, 4),))
+    assert c.shape == (5, 4) and scratch(cache, dev, 20).data_ptr() == c.data_ptr()
+
+
 def test_kv_items_enumerate_every_tile_chunk_pair():
     """kv_items: one program per (key tile, chunk holding some of its rows), chunks of the rows of
     positions [c*chunk, (c+1)*chunk) from the tile's own chunk on."""

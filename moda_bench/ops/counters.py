@@ -1,7 +1,7 @@
 """Arrival counters of one-launch reductions: int32 buffers that are 0 between calls.
 
 Owns `arrival_counters` (and `scratch`, the partials' buffer, one a stream grown to fit, and
-`scratch_views`, views of one such buffer kept for repeat calls: the MoDA backward's row statistics), shared
+`scratch_views`, views of that buffer kept for repeat calls: the MoDA backward's row statistics), shared
 by the kernels whose programs write partial results and whose last-arriving program of a group
 sums them (decode's fused combine, the MoDA backward's split key-major pass): every program adds
 1 to its group's counter after its partial is stored, the one that sees the count reach the
@@ -77,22 +77,19 @@ def arrival_counters(cache: dict, device, n: int, state=None):
 
 
 def scratch_views(cache: dict, device, shapes: tuple, dtype=torch.float32, state=None) -> tuple:
-    """Views of the given shapes laid end to end in one buffer, contents undefined, under `scratch`'s
-    rules (per device and current stream, grown to fit; a capture takes fresh memory): for values a
+    """Views of the given shapes laid end to end in one `scratch` buffer (its rules: per device and
+    current stream, grown to fit; a capture takes fresh memory), contents undefined: for values a
     call writes and reads itself, such as a backward's row statistics. The views of the last shapes
     asked for are kept, so a repeat call allocates nothing and makes no view."""
-    stream, capturing = state or stream_state(device)
+    state = state or stream_state(device)
     sizes = [math.prod(s) for s in shapes]
-    if capturing:
-        return _views(torch.empty(sum(sizes), device=device, dtype=dtype), shapes, sizes)
-    key = (device, stream, dtype)
-    held = cache.get(key)  # (buffer, shapes, views)
-    if held is not None and held[1] == shapes:
-        return held[2]
-    buf = held[0] if held is not None and held[0].numel() >= sum(sizes) else \
-        torch.empty(sum(sizes), device=device, dtype=dtype)
-    cache[key] = (buf, shapes, _views(buf, shapes, sizes))
-    return cache[key][2]
+    if state[1]:
+        return _views(scratch(cache, device, sum(sizes), dtype, state), shapes, sizes)
+    key = (str(device), state[0], "views", dtype)
+    held = cache.get(key)  # (shapes, their views)
+    if held is None or held[0] != shapes:
+        held = cache[key] = (shapes, _views(scratch(cache, device, sum(sizes), dtype, state), shapes, sizes))
+    return held[1]
 
 
 def _views(buf, shapes: tuple, sizes: list) -> tuple:

@@ -102,14 +102,15 @@ def cuda_calls() -> tuple:
         _CUDA_CALLS.append((getattr(C, "_cuda_getDevice", None) or torch.cuda.current_device,
                             getattr(C, "_cuda_getCurrentRawStream", None)
                             or (lambda i: torch.cuda.current_stream(i).cuda_stream),
-                            getattr(C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing))
+                            getattr(C, "_cuda_isCurrentStreamCapturing", None)
+                            or torch.cuda.is_current_stream_capturing))
     return _CUDA_CALLS[0]
 
 
 def _current_stream() -> tuple:
     """(device index, raw handle of its current stream, read as Triton's launcher reads it): what it
     launches on."""
-    device, raw, _ = _CUDA_CALLS[0] if _CUDA_CALLS else cuda_calls()
+    device, raw, _ = cuda_calls()
     dev = device()
     return dev, raw(dev)
 
