@@ -298,8 +298,8 @@ _FWD_PLANS: dict = {}  # `moda_fwd_tma`'s arguments but the tensors -> its launc
 def _fwd_plan(key: tuple) -> tuple:
     """(GP, P, BL, row blocks, tiles, grid, `CachedLaunch` key, meta) of a descriptor forward (memoised
     in _FWD_PLANS: an eager call builds no geometry, grid or constexpr dict)."""
-    (dtype, _, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, depth_sub, block_l, ws, depth_first,
-     persistent, depth_stages, maxnreg, poly, host, use_desc, device) = key
+    (dtype, ddtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, depth_sub, block_l, ws,
+     depth_first, persistent, depth_stages, maxnreg, poly, host, use_desc, device) = key
     gp, P, S, bl = depth_geometry(G, block_m, depth_sub, block_l)
     n_m = cdiv(T, P)
     n_tiles = n_m * B * Hk
@@ -307,7 +307,9 @@ def _fwd_plan(key: tuple) -> tuple:
     kw = dict(GP=gp, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, S=S, BL=bl, USE_DESC=use_desc, WS=ws,
               DEPTH_FIRST=depth_first, PERSISTENT=persistent, PREC=dot_precision(dtype), DEPTH_STAGES=depth_stages,
               POLY=poly, HOST_DESC=host)
-    launch_key = key[:13] + (S, bl) + key[15:22] if use_desc else None
+    # the kept launch's key: the plan's with the depth split as built (S, BL), less use_desc and the device
+    launch_key = (dtype, ddtype, B, T, Hq, Hk, d, L, G, block_m, block_n, num_warps, num_stages, S, bl, ws, depth_first,
+                  persistent, depth_stages, maxnreg, poly, host) if use_desc else None
     if len(_FWD_PLANS) >= 256:
         _FWD_PLANS.clear()
     # the launch options asked at Triton's launch: maxnreg depends on whether the interpreter runs
