@@ -21,5 +21,5 @@ _HOMES = {"moda_attention": "moda", "moda_reference": "moda", "MoDAConfig": "mod
 def __getattr__(name):
     if name in _HOMES:
         import importlib
-        return getattr(importlib.import_module(f"moda_bench.ops.{_HOMES[name]}"), name)
+        return getattr(importlib.import_module(f"moda_bench.kernels.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'moda_bench' has no attribute {name!r}")

@@ -27,7 +27,7 @@ def isolated_tuning(monkeypatch, tmp_path):
     """No test sees the user's tuning cache or the package's shipped configs, or leaves a config
     source installed."""
     from moda_bench import tuning as tu
-    from moda_bench.ops.moda import config as config_mod
+    from moda_bench.kernels.moda import config as config_mod
     monkeypatch.setenv(tu.ENV_CACHE, str(tmp_path / "env-cache.json"))
     monkeypatch.delenv(tu.ENV_NO_TUNING, raising=False)
     monkeypatch.setattr(config_mod, "SHIPPED_DIR", tmp_path / "no-shipped-configs")

@@ -19,10 +19,10 @@ def bwd_tma_passes(T, G, L, B=2, seed=0, dtype=torch.float32, d=32, **tiles):
     """run(**kw) -> `kernel_bwd_tma.moda_bwd_tma(...)` (dq, dk, dv, dkd, dvd) on fixed random inputs
     (2 KV heads, 2*G query heads) and their forward: small tiles (32-row blocks, 16 keys, 16 depth
     columns, 2 stages) unless `tiles` or kw set others; kw (kv_chunk, kv_sub, depth_items, ...) per call."""
-    from moda_bench.ops.moda import MoDAConfig
-    from moda_bench.ops.moda.kernel import moda_fwd
-    from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
-    from moda_bench.ops.moda.validate import MoDAShape
+    from moda_bench.kernels.moda import MoDAConfig
+    from moda_bench.kernels.moda.triton.interface import moda_fwd
+    from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
+    from moda_bench.kernels.moda.validate import MoDAShape
     q, k, v, kd, vd, do = (x.detach() if x is not None else None
                            for x in random_inputs(B, T, 2 * G, 2, d, L, dtype, seed=seed))
     o, lse = moda_fwd(q, k, v, kd, vd, d ** -0.5, MoDAShape(B=B, T=T, Hq=2 * G, Hk=2, d=d, L=L), MoDAConfig())
@@ -34,7 +34,7 @@ def bwd_tma_passes(T, G, L, B=2, seed=0, dtype=torch.float32, d=32, **tiles):
 def small_tma_config(**kw):
     """A "tma" backward config with small tiles (32-row blocks, 16 keys, 16 depth columns, 2 stages):
     several row blocks, key tiles, diagonal and depth steps at test sizes; kw sets other fields."""
-    from moda_bench.ops.moda import MoDAConfig
+    from moda_bench.kernels.moda import MoDAConfig
     base = dict(bwd_depth="tma", bwd_q_block_m=32, bwd_q_block_n=16, bwd_kv_block_m=32, bwd_kv_block_n=16,
                 bwd_block_l=16, bwd_q_stages=2, bwd_kv_stages=2)
     return MoDAConfig(**dict(base, **kw))
@@ -43,7 +43,7 @@ def small_tma_config(**kw):
 def grads_of(cfg, inputs, do, depth_grad=True):
     """(out, [each input's gradient]) of a `moda_attention` fwd+bwd under cfg on fresh leaf copies of
     inputs (None where an input gets none: detached depth)."""
-    from moda_bench.ops.moda import moda_attention
+    from moda_bench.kernels.moda import moda_attention
     ins = [x.detach().clone().requires_grad_(True) for x in inputs]
     out = moda_attention(*ins, config=cfg, depth_grad=depth_grad)
     out.backward(do)
@@ -84,7 +84,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def check_against_reference(fn, B, T, Hq, Hk, d, L, dtype, seed=0, tol=None, ref_dtype=torch.float64, **kw):
     """Run fn (moda_attention-like) fwd+bwd and compare out, lse (if returned) and all five
     gradients with moda_reference. Returns the dict of relative errors (asserted < tol)."""
-    from moda_bench.ops.moda import moda_reference
+    from moda_bench.kernels.moda import moda_reference
 
     tol = tol or TOLERANCE[dtype]
     q, k, v, kd, vd, do = random_inputs(B, T, Hq, Hk, d, L, dtype, seed)
@@ -133,10 +133,7 @@ TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_tool(name: str):
-    """The module tools/<name>.py (a prototype script, not a package module), tools/ on sys.path
-    for its own imports."""
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
+    """The product tool tools/<name>.py, imported as a module (tools/ is not a package)."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -185,7 +182,7 @@ def cached_against_tritons(monkeypatch, step):
     """step() (returning tensors) through Triton's own launch path, then twice with the
     `ops.launch.CachedLaunch` cache on: (launches the second cached call took from the cache,
     whether its results are bitwise the first's). GPU tests only (the interpreter never caches)."""
-    from moda_bench.ops import launch
+    from moda_bench.kernels import launch
     hits = []
     idle = launch._hooks_idle   # asked only when a launch repeats from the cache
     monkeypatch.setattr(launch, "_hooks_idle", lambda: hits.append(1) or idle())

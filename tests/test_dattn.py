@@ -1,4 +1,4 @@
-"""Depth-Attention (moda_bench.ops.dattn) against its fp64 dense reference.
+"""Depth-Attention (moda_bench.kernels.dattn) against its fp64 dense reference.
 
 CPU: the fused Triton mix runs under TRITON_INTERPRET=1 (conftest.py); the sequence attention is
 the plain-torch `torch_causal_attention` passed as `attention=` (FA4 needs CUDA), except one case
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from helpers import TOLERANCE, random_inputs, rel_err
-from moda_bench.ops import dattn
-from moda_bench.ops.dattn import (MAX_SOURCES, depth_attention, depth_attention_reference, depth_mix, depth_mix_torch,
+from moda_bench.kernels import dattn
+from moda_bench.kernels.dattn import (MAX_SOURCES, depth_attention, depth_attention_reference, depth_mix, depth_mix_torch,
                                   mix_bytes, mix_reference, sequence_backend, torch_causal_attention)
-from moda_bench.ops.dattn.attention import backend_for
-from moda_bench.ops.dattn.mix_kernel import mix_bwd, mix_fwd
+from moda_bench.kernels.dattn.attention import backend_for
+from moda_bench.kernels.dattn.mix_triton import mix_bwd, mix_fwd
 
 MIXERS = {"triton": depth_mix, "torch": depth_mix_torch}
 
@@ -76,14 +76,15 @@ def test_d128_and_max_sources():
 
 def test_default_backend_is_our_triton_kernel_on_cpu():
     """attention=None on a CPU: FA4 cannot run, so the Triton kernel at L = 0 (interpreter)."""
-    from moda_bench.ops.moda import moda_attention
+    from moda_bench.kernels.moda import moda_attention
     assert sequence_backend("cpu") == (moda_attention, "moda-triton")
     check_case("triton", 1, 17, 2, 2, 32, 2, torch.float32, seed=9, attention=None)
 
 
 def test_sequence_backend_choice(monkeypatch):
     """FA4 when it can run and the dtype is fp16/bf16; the Triton kernel otherwise."""
-    from moda_bench.ops.moda import fa4, moda_attention
+    from moda_bench.kernels.moda import moda_attention
+    from moda_bench.kernels.moda.fa4 import merge as fa4
     backend_for.cache_clear()
     monkeypatch.setattr(fa4, "fa4_unavailable", lambda device=None: None)
     try:
@@ -333,7 +334,7 @@ def test_gpu_mix_kernel_alone(d, S, dtype):
 
 @pytest.mark.gpu
 def test_gpu_sequence_backend_names_what_runs():
-    from moda_bench.ops.moda.fa4 import fa4_unavailable
+    from moda_bench.kernels.moda.fa4.merge import fa4_unavailable
     fn, name = sequence_backend(None, torch.bfloat16)
     assert name == ("fa4" if fa4_unavailable() is None else "moda-triton")
     assert sequence_backend(None, torch.float32)[1] == "moda-triton"

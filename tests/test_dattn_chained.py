@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from helpers import random_inputs, rel_err
-from moda_bench.ops import dattn
-from moda_bench.ops.dattn import chain_backend, chained_depth_attention, depth_attention, depth_attention_reference
-from moda_bench.ops.dattn.attention import backend_for
-from moda_bench.ops.dattn.mix_kernel import mix_bwd, mix_fwd
-from moda_bench.ops.moda.fa4 import FA4_BACKEND, TORCH_BACKEND
+from moda_bench.kernels import dattn
+from moda_bench.kernels.dattn import chain_backend, chained_depth_attention, depth_attention, depth_attention_reference
+from moda_bench.kernels.dattn.attention import backend_for
+from moda_bench.kernels.dattn.mix_triton import mix_bwd, mix_fwd
+from moda_bench.kernels.moda.fa4.merge import FA4_BACKEND, TORCH_BACKEND
 from test_dattn import check_case
 
 
@@ -121,7 +121,7 @@ def test_chained_argument_errors():
 
 def test_default_path_chains_only_where_fa4_runs(monkeypatch):
     """attention=None: composed on a CPU (no FA4); FA4's pair chained where FA4 can run."""
-    from moda_bench.ops.moda import fa4
+    from moda_bench.kernels.moda.fa4 import merge as fa4
     assert chain_backend("cpu") is None
     q, k, v, ks, vs, _ = random_inputs(1, 7, 4, 2, 16, 1, torch.float32, seed=6)
     out = depth_attention(q, k, v, ks, vs)

@@ -1,5 +1,5 @@
 """Depth-Attention's two launches (`mix_fwd_kernel`, `mix_bwd_kernel`) through `CachedLaunch`
-(moda_bench.ops.dattn.mix_kernel's `_FWD_LAUNCH`, `_BWD_LAUNCH`, keyed by `launch_key`).
+(moda_bench.kernels.dattn.mix_triton's `_FWD_LAUNCH`, `_BWD_LAUNCH`, keyed by `launch_key`).
 
 CPU: the key is None for a misaligned pointer, else stable and hashable, and it changes with
 every stride, dtype, integer argument and constexpr (S = 0's stand-in sources included); the
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from helpers import cached_against_tritons, random_inputs
-from moda_bench.ops import dattn
-from moda_bench.ops.dattn import mix_kernel as mk
+from moda_bench.kernels import dattn
+from moda_bench.kernels.dattn import mix_triton as mk
 
 
 def _fwd_key(q, k, v, ks, vs, shape=None, **kw):
@@ -157,7 +157,7 @@ def test_gpu_cached_mix_launches_give_tritons_results(monkeypatch, dtype):
     autograd (a plain-matmul attention) and chained (TORCH_BACKEND: the accumulating backward),
     and through mix_fwd / mix_bwd at S = 0 (stand-in sources), writing and accumulating. A
     misaligned q takes Triton's path at every call (no cache hit), with the same results."""
-    from moda_bench.ops.moda.fa4 import TORCH_BACKEND
+    from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for B, T, G, Hk, d, S in GPU_CASES:

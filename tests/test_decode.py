@@ -1,4 +1,4 @@
-"""The MoDA decode operator (moda_bench.ops.decode) against its float64 dense reference.
+"""The MoDA decode operator (moda_bench.kernels.decode) against its float64 dense reference.
 
 On a CPU machine the Triton kernels run under TRITON_INTERPRET=1 (conftest.py) at small sizes:
 odd Tk, ragged cache_seqlens, Tq in {1, 2, 4}, L in {0, 1, 64}, G in {1, 4, 8, 16}, num_splits in
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from helpers import TOLERANCE, device, rel_err
-from moda_bench.ops.decode import (DecodeConfig, DecodeShape, choose_num_splits, decode_bytes, decode_reference,
+from moda_bench.kernels.decode import (DecodeConfig, DecodeShape, choose_num_splits, decode_bytes, decode_reference,
                                    fa4_decode, fa4_decode_unavailable, flashinfer_decode, flashinfer_unavailable,
                                    moda_decode, sdpa_decode, sdpa_unavailable)
-from moda_bench.ops.decode.kernel import sm_count
+from moda_bench.kernels.decode.interface import sm_count
 
 SMALL = DecodeConfig(block_n=16, block_l=16)
 
@@ -124,8 +124,8 @@ def test_default_config_per_gpu():
     call has enough (sequence, KV head) pairs (the H100: always 2 warps, 2 stages; the H200 from
     B*Hk = 1024; both launch the combine with PDL), DEFAULT_CONFIG elsewhere and off CUDA; its run
     matches the reference."""
-    from moda_bench.ops.decode import default_config
-    from moda_bench.ops.decode.kernel import DEFAULT_CONFIG, _gpu_config
+    from moda_bench.kernels.decode import default_config
+    from moda_bench.kernels.decode.interface import DEFAULT_CONFIG, _gpu_config
     h100 = _gpu_config("NVIDIA H100 80GB HBM3", 8)
     assert (h100.num_warps, h100.num_stages, h100.pdl) == (2, 2, True) and h100.block_n == DEFAULT_CONFIG.block_n
     assert _gpu_config("NVIDIA H200", 256) == replace(DEFAULT_CONFIG, tma=True, pdl=True)   # B=32, Hk=8
@@ -417,7 +417,7 @@ def test_tma_tiles(monkeypatch, Tq, G, L, d, lens, S):
     """DecodeConfig(tma=True): a dense cache's tiles through tensor descriptors, at odd Tk (45:
     the last tile runs past the cache), ragged lengths whose unused rows hold NaN (the masked tile
     must not let them in), Tq > 1, L = 0/1/3, one and several splits; a paged cache ignores it."""
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.decode.interface as kmod
     made = []
     real = kmod._descriptors
     monkeypatch.setattr(kmod, "_descriptors", lambda *a: made.append(1) or real(*a))
@@ -460,7 +460,7 @@ def test_pdl_is_a_no_op_under_the_interpreter(monkeypatch):
     """The knob takes effect only on CUDA at compute capability >= 9 outside the interpreter, so here
     (TRITON_INTERPRET=1) pdl=True launches exactly what pdl=False does (PDL=False, no launch_pdl) and
     gives bitwise the same output, at an odd shape (Tk=61, ragged, Tq=2, G=4, L=3, 3 splits)."""
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.decode.interface as kmod
     seen, real = [], kmod.decode_combine_kernel
 
     class Recorder:
@@ -488,7 +488,7 @@ def test_gpu_pdl_bitwise():
     """pdl=True on the GPU (PDL on sm_90+, else the same launches) against pdl=False, both on the
     device's default tiles otherwise: bitwise equal at B=1, Tk=4099, n_b=4001, bf16, G=8, L=64, auto and 5
     splits, eager and as CUDA graphs (warmed up on a side stream, captured, replayed 3 times)."""
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.decode.interface as kmod
     kw = make_inputs(1, 1, 64, 8, 64, 64, 4099, torch.bfloat16, seed=60, lens=[4001])
     base = kmod.default_config(kw["q"].device, 8)  # on the H100 and H200 it has pdl=True itself
     cfgs = (replace(base, pdl=False), replace(base, pdl=True))

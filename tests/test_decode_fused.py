@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from helpers import rel_err
-from moda_bench.ops.decode import DecodeConfig, moda_decode
+from moda_bench.kernels.decode import DecodeConfig, moda_decode
 from test_decode import SMALL, check, make_inputs
 
 
@@ -38,7 +38,7 @@ def test_fused_combine(monkeypatch, Tq, G, L, d, lens, S, tma):
     within tolerance of fp64 at odd Tk = 53 and equal to the two-launch path bit for bit (the
     same `merge_row`), the combine kernel never launched, and the counters back at 0 (a second
     call in a row gives the same answer)."""
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.decode.interface as kmod
     kw = make_inputs(2, Tq, G * 2, 2, d, L, 53, seed=Tq + G + L + d + S, lens=lens)
     base = DecodeConfig(block_n=16, block_l=16, tma=tma, max_rows=16)
     two = moda_decode(**kw, num_splits=S, config=base)
@@ -71,7 +71,7 @@ def test_fused_combine_any_arrival_order(monkeypatch, order):
     if not os.environ.get("TRITON_INTERPRET"):
         pytest.skip("reorders the interpreter's programs")
     from triton.runtime import interpreter
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.decode.interface as kmod
     kw = make_inputs(2, 2, 32, 2, 64, 3, 53, seed=5, lens=[53, 9])
     base = DecodeConfig(block_n=16, block_l=16, max_rows=16)
     two = moda_decode(**kw, num_splits=4, config=base)
@@ -110,8 +110,8 @@ def test_fused_combine_counters_and_graphs(monkeypatch):
     buffer per (device, stream, size) for eager calls, reused; the first eager call of a size also
     makes the buffer captures take ("graph"), so a capture allocates nothing (no fill node in the
     graph); a capture with no such buffer gets a fresh zeroed one, not cached."""
-    import moda_bench.ops.counters as cmod
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.counters as cmod
+    import moda_bench.kernels.decode.interface as kmod
     monkeypatch.setattr(kmod, "_COUNTERS", {})
     state = {"stream": 7, "capturing": False}
     monkeypatch.setattr(cmod, "stream_state", lambda device: (state["stream"], state["capturing"]))
@@ -137,7 +137,7 @@ def test_fused_combine_counters_and_graphs(monkeypatch):
 def test_fused_combine_one_split_unchanged(monkeypatch):
     """With S = 1 the split kernel writes the output itself: fused_combine changes nothing (no
     counters, no combine launch)."""
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.decode.interface as kmod
     kw = make_inputs(2, 2, 8, 2, 64, 1, 53, seed=7, lens=[53, 20])
     plain = moda_decode(**kw, num_splits=1, config=SMALL)
     monkeypatch.setattr(kmod, "_COUNTERS", {})
@@ -166,7 +166,7 @@ def test_gpu_fused_combine_graph():
     """fused_combine captured as the graph timer does it (warm-up on a side stream, capture on
     torch's own capture stream): the capture allocates no counters (it takes those the warm-up
     made), replays give the two-launch answer and leave every counter at 0."""
-    import moda_bench.ops.decode.kernel as kmod
+    import moda_bench.kernels.decode.interface as kmod
     kw = make_inputs(1, 1, 64, 8, 64, 64, 32775, torch.bfloat16, seed=4)
     cfg = DecodeConfig(fused_combine=True)
     two = moda_decode(**kw)

@@ -1,4 +1,4 @@
-"""The depth backward as a CuTe DSL kernel of independent warps (`moda_bench.ops.moda.depth_bwd_sm90`,
+"""The depth backward as a CuTe DSL kernel of independent warps (`moda_bench.kernels.moda.cute.bwd_depth_sm90`,
 `MoDAConfig.bwd_depth_kernel="cute"`, moda-overlap's default backward where it takes the shape).
 
 CPU: which shapes it takes (`fa4.cute_bwd_shape_problem`, one reason each), the config field,
@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from helpers import check_against_reference, cute_import_problem, cute_sm90_env
-from moda_bench.ops.moda import MoDAConfig, MoDAShape
-from moda_bench.ops.moda.config import check_config
-from moda_bench.ops.moda.fa4 import TORCH_BACKEND, cute_bwd_unavailable, fa4_unavailable, moda_fa4
-from moda_bench.ops.moda.reference import depth_backward_reference, moda_reference
-from moda_bench.ops.moda.validate import cute_bwd_shape_problem
+from moda_bench.kernels.moda import MoDAConfig, MoDAShape
+from moda_bench.kernels.moda.config import check_config
+from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND, cute_bwd_unavailable, fa4_unavailable, moda_fa4
+from moda_bench.kernels.moda.reference import depth_backward_reference, moda_reference
+from moda_bench.kernels.moda.validate import cute_bwd_shape_problem
 
 FA4_REASON = fa4_unavailable()
 
@@ -66,7 +66,7 @@ def test_config_field_default_round_trip_and_check():
 
 
 def test_heuristic_picks_the_kernel_and_its_program_counts(monkeypatch):
-    from moda_bench.ops.moda import overlap
+    from moda_bench.kernels.moda.fa4 import overlap
     monkeypatch.setattr(overlap, "num_sms", lambda device=None: 132)
     monkeypatch.setattr(overlap, "cute_bwd_unavailable", lambda *a, **k: "not here")
     base = overlap.overlap_heuristic(_shape(T=4096, L=64, Hk=8), torch.bfloat16)
@@ -136,7 +136,7 @@ COMPILE = [(8, 64, 8, 2, 32, True), (1, 3, 8, 2, 32, True), (2, 256, 8, 2, 32, T
 def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, stages, keys, dg):
     from torch._subclasses.fake_tensor import FakeTensorMode
     cute_sm90_env(monkeypatch)
-    from moda_bench.ops.moda import depth_bwd_sm90 as m
+    from moda_bench.kernels.moda.cute import bwd_depth_sm90 as m
     monkeypatch.setattr(m, "_COMPILED", {})
     with FakeTensorMode():
         B, T, Hk, d = 1, 333, 2, 64
@@ -152,10 +152,10 @@ def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, warps, stages, k
 @pytest.mark.skipif(_cute_importable() is not None, reason=f"CuTe DSL / FA4 not importable: {_cute_importable()}")
 def test_compiles_without_held_rows_or_tma_store(monkeypatch):
     """keep_rows=False (q and do re-read from shared memory every step) and tma_store=False (dK / dV
-    by vector stores), the A/Bs of tools/depth_bwd_check.py, still compile, under their own keys."""
+    by vector stores), the A/Bs of experiments/depth_bwd_check.py, still compile, under their own keys."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     cute_sm90_env(monkeypatch)
-    from moda_bench.ops.moda import depth_bwd_sm90 as m
+    from moda_bench.kernels.moda.cute import bwd_depth_sm90 as m
     monkeypatch.setattr(m, "_COMPILED", {})
     with FakeTensorMode():
         q = torch.empty(1, 333, 16, 64, dtype=torch.bfloat16, device="cuda")
@@ -171,7 +171,7 @@ def test_kernel_refuses_more_shared_memory_than_an_sm_has():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
     import cutlass
-    from moda_bench.ops.moda.depth_bwd_sm90 import DepthBwdSm90
+    from moda_bench.kernels.moda.cute.bwd_depth_sm90 import DepthBwdSm90
     DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=8, stages=2)
     DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=4, stages=4)
     with pytest.raises(ValueError, match="8 warps x 3 stages need ~270 KB of shared memory, more than 227 KB"):
@@ -214,7 +214,7 @@ def _rel(a, ref):
 @pytest.mark.parametrize("depth_grad", [True, False], ids=["grad", "detached"])
 @pytest.mark.parametrize("B,T,G,L", GPU_GRID, ids=[f"B{b}-T{t}-G{g}-L{l}" for b, t, g, l in GPU_GRID])
 def test_gpu_against_fp64(B, T, G, L, depth_grad):
-    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    from moda_bench.kernels.moda.cute.bwd_depth_sm90 import depth_bwd_sm90
     ins = _depth_inputs(B, T, G, L, seed=T + G + L)
     ref = depth_backward_reference(*ins)
     q, do, o, lse, kd, vd, scale = ins
@@ -228,7 +228,7 @@ def test_gpu_against_fp64(B, T, G, L, depth_grad):
 @needs_cute
 def test_gpu_bitwise_across_programs_and_warps():
     """A unit is one warp's from start to end: the program count and warps per program change nothing."""
-    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    from moda_bench.kernels.moda.cute.bwd_depth_sm90 import depth_bwd_sm90
     q, do, o, lse, kd, vd, scale = _depth_inputs(2, 3001, 8, 64, Hk=4, seed=5)
     first = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, 8, 132)
     for n, w in ((1, 8), (13, 8), (24, 4)):
@@ -242,7 +242,7 @@ def test_gpu_bitwise_across_programs_and_warps():
 def test_gpu_tma_store_equals_vector_stores(T, G, L):
     """A full step's dK / dV rows by TMA and by vector stores are the same bytes (partial steps,
     T's tail and L not a multiple of the step, take the vector stores either way)."""
-    from moda_bench.ops.moda.depth_bwd_sm90 import depth_bwd_sm90
+    from moda_bench.kernels.moda.cute.bwd_depth_sm90 import depth_bwd_sm90
     q, do, o, lse, kd, vd, scale = _depth_inputs(2, T, G, L, Hk=2, seed=T)
     tma = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 11)
     vec = depth_bwd_sm90(do, q, o, lse, kd, vd, scale, G, 11, tma_store=False)

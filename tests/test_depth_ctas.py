@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, moda_attention, moda_reference
-from moda_bench.ops.moda.config import check_config
-from moda_bench.ops.moda.fa4 import TORCH_BACKEND, fa4_unavailable, moda_fa4
-from moda_bench.ops.moda.kernel import depth_grid
+from moda_bench.kernels.moda import MoDAConfig, moda_attention, moda_reference
+from moda_bench.kernels.moda.config import check_config
+from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND, fa4_unavailable, moda_fa4
+from moda_bench.kernels.moda.triton.interface import depth_grid
 
 SMALL = MoDAConfig(depth_block_m=16, bwd_depth_block_m=16, block_l=16, bwd_block_l=16)
 
@@ -155,7 +155,7 @@ def test_gpu_persist(use_fa4, T, G, L, n):
 @pytest.mark.parametrize("G,L", [(8, 64), (3, 5), (1, 130)])
 def test_persist_item_shapes_agree(G, L):
     """Items of different row blocks (and program counts) give the same partial and gradients."""
-    from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
+    from moda_bench.kernels.moda.triton.depth import depth_bwd, depth_fwd
     q, k, v, kd, vd, do = random_inputs(2, 21, 2 * G, 2, 32, L, torch.float32, seed=G + L)
     with torch.no_grad():
         outs = [depth_fwd(q, kd, vd, 0.3, G, n, block_m=bm, stages=s, num_warps=w)
@@ -184,7 +184,7 @@ def test_gpu_persist_results_do_not_depend_on_the_program_count(T, rows, warps):
     """Each item is computed the same way whichever program takes it: the streaming depth kernels'
     outputs are bitwise equal at 4, 8, 10 and 132 programs on the full tensors (the tuner's check
     at T=32768 once saw them differ by 2-3% relative; the prefix checks cannot see that)."""
-    from moda_bench.ops.moda.kernel_depth import depth_bwd, depth_fwd
+    from moda_bench.kernels.moda.triton.depth import depth_bwd, depth_fwd
     q, k, v, kd, vd, do = random_inputs(1, T, 64, 8, 64, 64, torch.bfloat16, seed=7)
     with torch.no_grad():
         runs = [depth_fwd(q, kd, vd, 0.125, 8, n, block_m=rows, num_warps=warps) for n in (4, 8, 10, 132)]

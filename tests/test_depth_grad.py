@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from helpers import TOLERANCE, check_against_reference, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, moda_attention, moda_reference
-from moda_bench.ops.moda import kernel as kernel_mod
-from moda_bench.ops.moda.config import resolve_config
-from moda_bench.ops.moda.fa4 import FA4_BACKEND, TORCH_BACKEND, fa4_unavailable, moda_fa4
-from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda import MoDAConfig, moda_attention, moda_reference
+from moda_bench.kernels.moda.triton import interface as kernel_mod
+from moda_bench.kernels.moda.config import resolve_config
+from moda_bench.kernels.moda.fa4.merge import FA4_BACKEND, TORCH_BACKEND, fa4_unavailable, moda_fa4
+from moda_bench.kernels.moda.triton.interface import moda_bwd, moda_fwd
+from moda_bench.kernels.moda.validate import MoDAShape
 
 FA4_REASON = fa4_unavailable()
 needs_fa4 = pytest.mark.skipif(FA4_REASON is not None, reason=f"FA4 unavailable: {FA4_REASON}")
@@ -103,7 +103,7 @@ def test_launches_skip_depth_grads(mode):
     for a, b in zip(on[:3], off[:3]):
         assert torch.equal(a, b)
     assert torch.equal(kd, kd0) and torch.equal(vd, vd0)
-    if mode == "split":  # the depth-only timing hook (tools/depth_probe.py, moda_fa4)
+    if mode == "split":  # the depth-only timing hook (experiments/depth_probe.py, moda_fa4)
         delta = (o * do).sum(-1)  # without it the depth-only launch leaves delta uninitialised
         part_on = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_only=True, delta=delta)
         part_off = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_only=True, delta=delta,

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs
-from moda_bench.ops import launch as launch_mod
-from moda_bench.ops.moda import MoDAConfig, moda_attention
-from moda_bench.ops.moda import descriptors as D
-from moda_bench.ops.moda.kernel import moda_fwd
-from moda_bench.ops.moda.kernel_bwd_rules import HOST_DESC_BWD_MAX_T, host_desc_bwd
-from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
-from moda_bench.ops.moda.kernel_fwd_tma import moda_fwd_tma
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels import launch as launch_mod
+from moda_bench.kernels.moda import MoDAConfig, moda_attention
+from moda_bench.kernels.moda.triton import descriptors as D
+from moda_bench.kernels.moda.triton.interface import moda_fwd
+from moda_bench.kernels.moda.triton.bwd_tma_rules import HOST_DESC_BWD_MAX_T, host_desc_bwd
+from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
+from moda_bench.kernels.moda.triton.fwd_tma import moda_fwd_tma
+from moda_bench.kernels.moda.validate import MoDAShape
 
 pytestmark = pytest.mark.skipif(D.TensorDescriptor is None, reason="this Triton has no host-side descriptors")
 
@@ -139,7 +139,7 @@ def test_backward_takes_host_descriptors_by_its_rule(monkeypatch, host_switch):
     moda_bwd_tma(do, q, k, v, kd, vd, o, lse, d ** -0.5, G, q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16,
                  block_l=16, q_stages=2, kv_stages=2)
     assert len(built) == 12  # dq pass: q, do, k, v and four depth tensors; key-major: q, do, k, v
-    monkeypatch.setattr("moda_bench.ops.moda.kernel_bwd_tma.host_desc_bwd", lambda T: False)
+    monkeypatch.setattr("moda_bench.kernels.moda.triton.bwd_tma.host_desc_bwd", lambda T: False)
     built.clear()
     moda_bwd_tma(do, q, k, v, kd, vd, o, lse, d ** -0.5, G, q_block_m=32, q_block_n=16, kv_block_m=32, kv_block_n=16,
                  block_l=16, q_stages=2, kv_stages=2)

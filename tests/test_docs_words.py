@@ -15,7 +15,7 @@ FORBIDDEN: list[tuple[str, re.Pattern[str]]] = [
     ("the word 'lent'", re.compile(r"(?<![A-Za-z])lent(?![A-Za-z])", re.IGNORECASE)),
     ("'$OUT'", re.compile(r"\$OUT|\$\{OUT\b")),
     # nvidia-h(100|200)(-x\d+)?, but not the shipped tuned-config file names that
-    # moda_bench/ops/moda/tuned/README.md documents (nvidia-h200.json, nvidia-h100-80gb-hbm3.json)
+    # moda_bench/kernels/moda/tuned/README.md documents (nvidia-h200.json, nvidia-h100-80gb-hbm3.json)
     ("a machine-kind name",
      re.compile(r"nvidia-h(?:100|200)(?:-x\d+)?(?![\w-]|\.\w)", re.IGNORECASE)),
     ("'device tool'", re.compile(r"device[ _-]tools?\b", re.IGNORECASE)),

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from helpers import check_against_reference, device, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, moda_attention
-from moda_bench.ops.moda.config import check_config
-from moda_bench.ops.moda.triton_utils import exp2_fma, exp2_mix
+from moda_bench.kernels.moda import MoDAConfig, moda_attention
+from moda_bench.kernels.moda.config import check_config
+from moda_bench.kernels.moda.triton.utils import exp2_fma, exp2_mix
 
 
 @triton.jit
@@ -117,7 +117,7 @@ def test_exp_poly_config_check():
 def test_gpu_exp_poly_default_tiles(T, G, L):
     """The Hopper default with every pass mixed (exp_poly=7) against the fp64 reference, bf16:
     out, lse and all five gradients (capped registers above T=4096)."""
-    from moda_bench.ops.moda.config import default_config
-    from moda_bench.ops.moda.validate import MoDAShape
+    from moda_bench.kernels.moda.config import default_config
+    from moda_bench.kernels.moda.validate import MoDAShape
     cfg = default_config(MoDAShape(1, T, G * 2, 2, 64, L), torch.bfloat16).replace(exp_poly=7)
     check_against_reference(_moda_lse, 1, T, G * 2, 2, 64, L, torch.bfloat16, seed=T + G + L, config=cfg)

@@ -1,4 +1,4 @@
-"""MoDA on FlashAttention-4 (moda_bench.ops.moda.fa4) against the fp64 dense reference.
+"""MoDA on FlashAttention-4 (moda_bench.kernels.moda.fa4.merge) against the fp64 dense reference.
 
 CPU (Triton interpreter): `moda_fa4` with the plain-torch sequence backend (`TORCH_BACKEND`,
 FA4's contract: (o, lse (B,Hq,T)) forward, exact gradients given an external merged (o, lse))
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, moda_reference
-from moda_bench.ops.moda.fa4 import (TORCH_BACKEND, SequenceBackend, fa4_attention, fa4_unavailable, fa4_version,
+from moda_bench.kernels.moda import MoDAConfig, moda_reference
+from moda_bench.kernels.moda.fa4.merge import (TORCH_BACKEND, SequenceBackend, fa4_attention, fa4_unavailable, fa4_version,
                                      moda_fa4)
 
 HAS_CUDA = torch.cuda.is_available()
@@ -120,37 +120,6 @@ def test_cpu_tensors_rejected_for_fa4():
         fa4_attention(q, k, v)
 
 
-def _mask_route_tool():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "tools" / "fa4_mask_route.py"
-    spec = importlib.util.spec_from_file_location("fa4_mask_route", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.mark.parametrize("T,L,block", [(1, 1, 4), (37, 5, 8), (70, 3, 16), (130, 16, 16)])
-def test_mask_route_block_lists_cover_the_mask(T, L, block):
-    """tools/fa4_mask_route.py: its block lists hold every block with a kept (query, key) pair,
-    "full" only where all pairs are kept, compared with the element mask block by block."""
-    tool = _mask_route_tool()
-    partial, full = tool.block_masks(T, L, "cpu", block)
-    Tk = T + T * L
-    qi, ki = torch.arange(T)[:, None], torch.arange(Tk)[None, :]
-    keep = (ki <= qi) | ((ki >= T + qi * L) & (ki < T + (qi + 1) * L))
-    assert int(keep.sum()) == T * (T + 1) // 2 + T * L
-    for i, j in itertools.product(range(partial.shape[0]), range(partial.shape[1])):
-        blk = keep[i * block:(i + 1) * block, j * block:(j + 1) * block]
-        assert bool(partial[i, j] or full[i, j]) == bool(blk.any()), (i, j)
-        assert not (partial[i, j] and full[i, j])
-        if full[i, j]:
-            assert bool(blk.all()), (i, j)
-    cnt, idx = tool.block_listing(partial)
-    for i in range(partial.shape[0]):
-        assert idx[0, 0, i, :cnt[0, 0, i]].tolist() == partial[i].nonzero().flatten().tolist()
-
-
 # ------------------------------------------------------------------ GPU: real FA4
 GPU_GRID = list(itertools.product([1000, 2048], [1, 2, 8], [0, 1, 64]))
 
@@ -213,7 +182,7 @@ def test_gpu_fa4_attention_vs_sdpa(T, G):
 def test_merge_route_under_the_tma_default(monkeypatch):
     """moda's Hopper default (fwd_depth="tma", block_l per position) given to moda_fa4: correct, and
     its depth-only launch runs with the pointer kernels' own block_l, not the tma one."""
-    from moda_bench.ops.moda import fa4 as fa4_mod
+    from moda_bench.kernels.moda.fa4 import merge as fa4_mod
     seen = []
     real = fa4_mod.moda_fwd
     monkeypatch.setattr(fa4_mod, "moda_fwd", lambda *a, **k: seen.append(a[7]) or real(*a, **k))
@@ -226,7 +195,7 @@ def test_backward_depth_launch_under_the_tma_default(monkeypatch):
     """moda's "tma" backward default given to moda_fa4 (3 depth stages at T <= 4096, block_l per
     position): correct, and the depth-only backward launch runs with the pointer kernels' own
     stages (2) and block_l (H100: 3 stages took 1.43x the time of 2 at T=4096)."""
-    from moda_bench.ops.moda import fa4 as fa4_mod
+    from moda_bench.kernels.moda.fa4 import merge as fa4_mod
     seen = []
     real = fa4_mod.moda_bwd
     monkeypatch.setattr(fa4_mod, "moda_bwd", lambda *a, **k: seen.append(a[10]) or real(*a, **k))
@@ -240,7 +209,7 @@ def test_fa4_unavailable_is_answered_once_per_device(monkeypatch):
     """moda_fa4 asks on every call (forward and, for the CuTe depth backward, backward): the package
     metadata lookup (~0.3 ms) must not be paid each time."""
     from importlib import metadata
-    from moda_bench.ops.moda import fa4 as fa4_mod
+    from moda_bench.kernels.moda.fa4 import merge as fa4_mod
     calls = []
     real = metadata.version
     monkeypatch.setattr(metadata, "version", lambda name: calls.append(name) or real(name))

@@ -1,5 +1,5 @@
 """Route B of issue 20: the forward as FA4's sm90 kernel with the depth tiles inside
-(`moda_bench.ops.moda.fused_sm90`, `MoDAConfig.fa4_fused_fwd`, provider `moda-fused`).
+(`moda_bench.kernels.moda.cute.fwd_sm90`, `MoDAConfig.fa4_fused_fwd`, provider `moda-fused`).
 
 CPU: which shapes it takes (`fa4.fused_fwd_unavailable`, one reason each), the config field, its
 refusal on a non-FA4 sequence backend, the provider's registration and skips; where the CuTe DSL
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from helpers import check_against_reference, cute_import_problem, cute_sm90_env, random_inputs
-from moda_bench.ops.moda import MoDAConfig, MoDAShape
-from moda_bench.ops.moda.fa4 import TORCH_BACKEND, fa4_unavailable, fused_fwd_unavailable, moda_fa4
+from moda_bench.kernels.moda import MoDAConfig, MoDAShape
+from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND, fa4_unavailable, fused_fwd_unavailable, moda_fa4
 
 FA4_REASON = fa4_unavailable()
 
@@ -96,7 +96,7 @@ COMPILE = [(8, 64, 64, "offset"), (8, 64, 64, "first"), (1, 3, 64, "offset"), (1
 def test_compiles_for_sm90_with_fake_tensors(monkeypatch, G, L, d, placement):
     from torch._subclasses.fake_tensor import FakeTensorMode
     cute_sm90_env(monkeypatch)
-    from moda_bench.ops.moda import fused_sm90
+    from moda_bench.kernels.moda.cute import fwd_sm90 as fused_sm90
     monkeypatch.setattr(fused_sm90, "_COMPILED", {})
     with FakeTensorMode():
         q = torch.empty(1, 333, 2 * G, d, dtype=torch.bfloat16, device="cuda")
@@ -110,7 +110,7 @@ def test_kernel_refuses_what_it_cannot_tile():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
     import cutlass
-    from moda_bench.ops.moda.fused_sm90 import MoDAForwardSm90
+    from moda_bench.kernels.moda.cute.fwd_sm90 import MoDAForwardSm90
     with pytest.raises(ValueError, match="G dividing 64"):
         MoDAForwardSm90(cutlass.BFloat16, 64, 3, 4)
     with pytest.raises(ValueError, match="L >= 1"):
@@ -131,7 +131,7 @@ def test_paired_warp_steps_where_two_positions_share_a_warp():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
     import cutlass
-    from moda_bench.ops.moda.fused_sm90 import MoDAForwardSm90
+    from moda_bench.kernels.moda.cute.fwd_sm90 import MoDAForwardSm90
 
     def kern(G, L, d=64, placement="spread", probe=""):
         return MoDAForwardSm90(cutlass.BFloat16, d, G, L, depth_tile=32 if placement == "spread" else 64,
@@ -151,7 +151,7 @@ def test_paired_warp_steps_where_two_positions_share_a_warp():
 def test_default_placement_tile_and_stages():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
-    from moda_bench.ops.moda import fused_sm90 as f
+    from moda_bench.kernels.moda.cute import fwd_sm90 as f
     assert all(f.default_placement(T, 64) == "spread" for T in (1000, 4096, 16384, 65536, 131072))
     assert f.default_placement(4096, 128) == "offset" and f.default_placement(65536, 128) == "offset"
     assert (f.default_depth_tile(64, "spread"), f.default_depth_stages("spread")) == (32, 1)
@@ -173,7 +173,7 @@ GPU_GRID = [(1000, 8, 64, 64), (2047, 1, 1, 64), (777, 2, 256, 64), (1001, 16, 6
 
 
 def _fused(q, k, v, kd, vd, depth_grad=True, **kw):
-    from moda_bench.ops.moda.overlap import moda_overlap, overlap_config
+    from moda_bench.kernels.moda.fa4.overlap import moda_overlap, overlap_config
     shape = MoDAShape(B=q.shape[0], T=q.shape[1], Hq=q.shape[2], Hk=k.shape[2], d=q.shape[3], L=kd.shape[2])
     cfg = overlap_config(shape, q.dtype, q.device, depth_grad).replace(fa4_fused_fwd=True)
     return moda_overlap(q, k, v, kd, vd, config=cfg, depth_grad=depth_grad, return_lse=True, **kw)
@@ -197,7 +197,7 @@ def test_gpu_fused_forward_and_gradients(T, G, L, d, depth_grad):
 @pytest.mark.gpu
 @needs_fused
 def test_gpu_fused_forward_is_deterministic():
-    from moda_bench.ops.moda.fused_sm90 import moda_fused_sm90_fwd
+    from moda_bench.kernels.moda.cute.fwd_sm90 import moda_fused_sm90_fwd
     q, k, v, kd, vd, _ = random_inputs(2, 3001, 64, 8, 64, 64, torch.bfloat16, seed=7)
     for placement in ("offset", "first", "spread"):
         a, lse_a = moda_fused_sm90_fwd(q, k, v, kd, vd, placement=placement)

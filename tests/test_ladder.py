@@ -16,9 +16,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from moda_bench.ops.moda.ladder.table import RUNGS, rung  # noqa: E402
-from moda_bench.ops.moda.reference import moda_reference  # noqa: E402
-from moda_bench.ops.moda.ladder.ungrouped import moda_ungrouped  # noqa: E402
+from moda_bench.kernels.moda.ladder.table import RUNGS, rung  # noqa: E402
+from moda_bench.kernels.moda.reference import moda_reference  # noqa: E402
+from moda_bench.kernels.moda.ladder.ungrouped import moda_ungrouped  # noqa: E402
 from moda_bench.timing import max_rel_err  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,10 +1,10 @@
-"""The host-side launch arithmetic (moda_bench.ops.launch) agrees with Triton's own helpers, and its
+"""The host-side launch arithmetic (moda_bench.kernels.launch) agrees with Triton's own helpers, and its
 cached launches repeat Triton's (stand-ins on the CPU, MoDA's kernels bitwise on a Hopper GPU)."""
 import pytest
 import triton
 
 from helpers import cached_against_tritons
-from moda_bench.ops.launch import cdiv, next_pow2
+from moda_bench.kernels.launch import cdiv, next_pow2
 
 
 def test_cdiv_and_next_pow2_match_triton():
@@ -53,7 +53,7 @@ def test_cached_launch_repeats_a_key_through_the_launcher(monkeypatch):
     the kept kernel's launcher with the grid padded to 3-D, the current stream, no hooks and the
     arguments then the constexprs in signature order (meta not built). Another key, another
     device or key=None take the kernel's path again; CPU tensors always do."""
-    from moda_bench.ops import launch
+    from moda_bench.kernels import launch
     monkeypatch.setattr(launch, "_current_stream", lambda: (0, 1234))
     monkeypatch.setattr(launch, "_FAST", True)
     k = _Kernel()
@@ -86,7 +86,7 @@ def test_cached_launch_falls_back_where_it_cannot_repeat(monkeypatch):
     """Triton's own path at every launch: with MODA_BENCH_FAST_LAUNCH off (set_fast_launch), with a
     launch hook installed (a profiler), for a kernel whose result has no launcher (the
     interpreter) and for a parameter left to its default (not in args or meta)."""
-    from moda_bench.ops import launch
+    from moda_bench.kernels import launch
     monkeypatch.setattr(launch, "_current_stream", lambda: (0, 1))
     x = _Cuda()
     meta = lambda: dict(BLOCK=64, FLAG=False)  # noqa: E731
@@ -120,7 +120,7 @@ def test_cached_launch_falls_back_where_it_cannot_repeat(monkeypatch):
 def test_hooks_idle_reads_tritons_hook_chains(monkeypatch):
     """No hook installed here; one installed (as a profiler does) is seen, in either form Triton
     keeps its hooks (a chain of callables, or a callable or None)."""
-    from moda_bench.ops import launch
+    from moda_bench.kernels import launch
 
     class Chain:
         def __init__(self, calls):
@@ -141,7 +141,7 @@ def _cached_against_tritons(monkeypatch, ins, do, cfg):
     """One MoDA fwd+bwd (inputs `ins`, gradient `do`, config `cfg`) through Triton's own launch
     path, then twice with the cache on: (launches the second cached call took from the cache,
     whether its out and gradients are bitwise the first's; `helpers.cached_against_tritons`)."""
-    from moda_bench.ops.moda import moda_attention
+    from moda_bench.kernels.moda import moda_attention
 
     def step():
         for x in ins:
@@ -166,8 +166,8 @@ def test_gpu_cached_launches_give_tritons_results(monkeypatch):
     from the cache after their first call, and out and all five gradients are bitwise those of
     Triton's own path, at odd T, G in {1, 2, 8} and L in {0, 5, 64}."""
     import torch
-    from moda_bench.ops.moda.config import resolve_config
-    from moda_bench.ops.moda.validate import MoDAShape
+    from moda_bench.kernels.moda.config import resolve_config
+    from moda_bench.kernels.moda.validate import MoDAShape
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs a Hopper GPU (device-side descriptors)")
     for T, G, L in ((1000, 8, 64), (333, 2, 0), (77, 1, 5)):
@@ -189,7 +189,7 @@ def test_gpu_cached_pointer_launches_give_tritons_results(monkeypatch, place, la
     all five gradients bitwise those of Triton's own path, in every placement (L=64, odd T) and at
     L = 0 (T=77, G=2)."""
     import torch
-    from moda_bench.ops.moda import MoDAConfig
+    from moda_bench.kernels.moda import MoDAConfig
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for T, G, L, n in ((333, 8, 64, launches), (77, 2, 0, 3)):
@@ -206,7 +206,8 @@ def test_gpu_cached_depth_and_merge_launches_give_tritons_results(monkeypatch):
     bitwise Triton's own path (odd T, G=8, L=64; no FA4 needed)."""
     import torch
     from helpers import cached_against_tritons, random_inputs
-    from moda_bench.ops.moda import fa4, kernel_depth
+    from moda_bench.kernels.moda.fa4 import merge as fa4
+    from moda_bench.kernels.moda.triton import depth as kernel_depth
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     q, k, v, kd, vd, do = random_inputs(1, 333, 32, 4, 64, 64, torch.bfloat16, seed=5)
@@ -231,7 +232,7 @@ def test_tma_alignment_rule_and_sm_count():
     tensor's strides read from its shape (torch's arbitrary stride on a length-1 dimension does
     not count), a strided view's from its strides. `num_sms` is 4 off CUDA, asked once a device."""
     import torch
-    from moda_bench.ops.moda import kernel_fwd_tma as ft
+    from moda_bench.kernels.moda.triton import fwd_tma as ft
     x = torch.zeros(2, 5, 3, 8, dtype=torch.bfloat16)          # rows of 16 bytes
     assert ft.aligned(x, None)
     assert not ft.aligned(torch.zeros(2, 5, 3, 4, dtype=torch.bfloat16))   # rows of 8 bytes
@@ -251,9 +252,9 @@ def test_gpu_cached_decode_launches_give_tritons_results(monkeypatch):
     has it), one split (direct), the fused combine, descriptor (TMA) tiles, a paged cache, L = 0."""
     import torch
     from dataclasses import replace
-    from moda_bench.ops import launch
-    from moda_bench.ops.decode import DecodeConfig, moda_decode
-    from moda_bench.ops.decode import kernel as kmod
+    from moda_bench.kernels import launch
+    from moda_bench.kernels.decode import DecodeConfig, moda_decode
+    from moda_bench.kernels.decode import interface as kmod
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from test_decode import make_inputs
@@ -284,7 +285,7 @@ def test_gpu_cached_decode_launches_give_tritons_results(monkeypatch):
 def test_aligned16():
     """`aligned16`: every data pointer 16-byte aligned (the condition for a `CachedLaunch` key)."""
     import torch
-    from moda_bench.ops.launch import aligned16
+    from moda_bench.kernels.launch import aligned16
     x = torch.zeros(64, dtype=torch.float32)
     assert aligned16(x) and aligned16(x, x[4:]) and aligned16()
     assert not aligned16(x, x[1:]) and not aligned16(x[2:])

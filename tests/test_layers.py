@@ -2,7 +2,7 @@
 
 Layers, bottom to top (a module may import its own layer and the ones below):
   0 core     moda_bench.schema, .timing, .results, .health, .floor, .host   (columns, numbers, one reader)
-  1 ops      moda_bench.ops.*                                  (operators and kernels)
+  1 kernels  moda_bench.kernels.*              (operators: references, kernels, launches)
   2 tuning   moda_bench.tuning.*
   3 bench    moda_bench.bench.*                                (providers, runner, pools)
   4 reports  moda_bench.reports.*
@@ -22,7 +22,7 @@ PKG = "moda_bench"
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("core", ["schema", "timing", "results", "health", "floor", "host"]),
-    ("ops", ["ops"]),
+    ("kernels", ["kernels"]),
     ("tuning", ["tuning"]),
     ("bench", ["bench"]),
     ("reports", ["reports"]),
@@ -152,13 +152,13 @@ def _write(root: Path, rel: str, text: str) -> None:
 
 @pytest.fixture
 def toy(tmp_path):
-    """A clean toy package: cli -> bench -> ops, core at the bottom."""
+    """A clean toy package: cli -> bench -> kernels, core at the bottom."""
     _write(tmp_path, "toy/__init__.py", "")
     _write(tmp_path, "toy/schema.py", "X = 1\n")
-    _write(tmp_path, "toy/ops/__init__.py", "")
-    _write(tmp_path, "toy/ops/k.py", "from toy import schema\n")
+    _write(tmp_path, "toy/kernels/__init__.py", "")
+    _write(tmp_path, "toy/kernels/k.py", "from toy import schema\n")
     _write(tmp_path, "toy/bench/__init__.py", "")
-    _write(tmp_path, "toy/bench/run.py", "from ..ops import k\ndef f():\n    from toy.schema import X\n")
+    _write(tmp_path, "toy/bench/run.py", "from ..kernels import k\ndef f():\n    from toy.schema import X\n")
     _write(tmp_path, "toy/cli.py", "import toy.bench.run\n")
     return tmp_path
 
@@ -168,19 +168,19 @@ def test_walker_accepts_a_clean_package(toy):
 
 
 def test_walker_finds_a_function_level_upward_import(toy):
-    _write(toy, "toy/ops/k.py", "from toy import schema\ndef g():\n    from toy.bench import run\n")
+    _write(toy, "toy/kernels/k.py", "from toy import schema\ndef g():\n    from toy.bench import run\n")
     problems = violations(toy, "toy")
-    assert any(p.startswith("upward import: toy.ops.k") for p in problems), problems
+    assert any(p.startswith("upward import: toy.kernels.k") for p in problems), problems
     assert any(p.startswith("import cycle") for p in problems), problems
 
 
 def test_walker_finds_a_relative_upward_import_and_a_private_name(toy):
-    _write(toy, "toy/ops/k.py", "from ..bench.run import f\n")
-    _write(toy, "toy/bench/run.py", "from toy.ops import k\nfrom toy.schema import _hidden\ny = k._secret\n")
+    _write(toy, "toy/kernels/k.py", "from ..bench.run import f\n")
+    _write(toy, "toy/bench/run.py", "from toy.kernels import k\nfrom toy.schema import _hidden\ny = k._secret\n")
     problems = violations(toy, "toy")
-    assert any("upward import: toy.ops.k" in p for p in problems), problems
+    assert any("upward import: toy.kernels.k" in p for p in problems), problems
     assert any("private name: toy.bench.run (line 2) uses toy.schema._hidden" in p for p in problems), problems
-    assert any("private name: toy.bench.run (line 3) uses toy.ops.k._secret" in p for p in problems), problems
+    assert any("private name: toy.bench.run (line 3) uses toy.kernels.k._secret" in p for p in problems), problems
 
 
 def test_walker_rejects_a_module_outside_the_layers(toy):

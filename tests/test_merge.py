@@ -4,7 +4,7 @@ lse in FA4's (B,Hq,T) layout in and both layouts out).
 
 Both write new tensors and leave their inputs as they were: merged in place, the Hopper build of
 the kernel (Triton 3.6) let some threads store rows before others had loaded them, and 8-84 rows
-of a T=32768 merge differed from run to run (tools/overlap_check.py --lse).
+of a T=32768 merge differed from run to run (experiments/overlap_check.py --lse).
 
 CPU (Triton interpreter): against an fp64 merge written here, at row counts that are not a
 multiple of the block (fp32 inputs, 1e-6 relative), inputs unchanged. GPU (`-m gpu`): the full
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from helpers import rel_err
-from moda_bench.ops.moda.fa4 import _merge, fa4_unavailable
-from moda_bench.ops.moda.kernel import merge_partials
+from moda_bench.kernels.moda.fa4.merge import _merge, fa4_unavailable
+from moda_bench.kernels.moda.triton.interface import merge_partials
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -86,8 +86,8 @@ def test_gpu_merges_are_bitwise_repeatable_at_full_size():
 @pytest.mark.skipif(fa4_unavailable() is not None, reason=f"FA4 unavailable: {fa4_unavailable()}")
 @pytest.mark.parametrize("provider", ["moda-fa4", "moda-overlap"])
 def test_gpu_fa4_routes_are_bitwise_repeatable_at_t32768(provider):
-    from moda_bench.ops.moda.fa4 import moda_fa4
-    from moda_bench.ops.moda.overlap import moda_overlap
+    from moda_bench.kernels.moda.fa4.merge import moda_fa4
+    from moda_bench.kernels.moda.fa4.overlap import moda_overlap
     from moda_bench.timing import make_inputs
     fn = moda_fa4 if provider == "moda-fa4" else moda_overlap
     x = make_inputs(1, 32768, 64, 8, 64, 64, device="cuda", requires_grad=False, seed=5)

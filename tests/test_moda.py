@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, depth_utilization, moda_attention, moda_reference
+from moda_bench.kernels.moda import MoDAConfig, depth_utilization, moda_attention, moda_reference
 
 
 def _moda_lse(*args, **kw):
@@ -72,7 +72,7 @@ def test_delta_preprocess_only_where_needed(monkeypatch, bwd_depth, L, launches)
     """Where the q-major pass runs first (L = 0, "fused") it computes delta itself: the
     preprocessing kernel is not launched and the gradients still match the reference; the other
     placements read delta before any q-major pass and keep the launch."""
-    import moda_bench.ops.moda.kernel as kernel_mod
+    import moda_bench.kernels.moda.triton.interface as kernel_mod
     calls = []
     real = kernel_mod._DELTA  # the delta kernel's launch (`kernel.launch_delta`)
 
@@ -117,7 +117,7 @@ def test_lse_gradient_is_not_materialised(monkeypatch):
     """With return_lse the backward gets None for lse's (non-differentiable) gradient, not a
     zero-filled tensor; without it lse is no output of the node (its backward gets do alone). The
     gradients of both calls are equal."""
-    from moda_bench.ops.moda import kernel as kernel_mod
+    from moda_bench.kernels.moda.triton import interface as kernel_mod
     seen = []
     real = kernel_mod._MoDAFunction.backward
     monkeypatch.setattr(kernel_mod._MoDAFunction, "backward",
@@ -189,7 +189,7 @@ def test_bad_input_errors(mutate, exc, words):
 def test_check_inputs_memo_answers_passing_calls_only():
     """A call like one that passed returns its MoDAShape from the memo; any call that differs in a
     shape, dtype or device (or is not tensors) still goes through every check and its error."""
-    from moda_bench.ops.moda.validate import check_inputs
+    from moda_bench.kernels.moda.validate import check_inputs
     good = _good()
     first = check_inputs(*good)
     assert check_inputs(*good) is first and check_inputs(*(t.clone() for t in good)) is first

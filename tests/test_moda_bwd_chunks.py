@@ -17,11 +17,11 @@ import torch
 
 from helpers import (bwd_tma_passes, check_against_reference, graph_replayed, random_inputs, rel_err,
                      small_tma_config)
-from moda_bench.ops.launch import cdiv
-from moda_bench.ops.moda import MoDAConfig, moda_attention
-from moda_bench.ops.moda import kernel as kernel_mod
-from moda_bench.ops.moda import kernel_bwd_tma as bwd_mod
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.launch import cdiv
+from moda_bench.kernels.moda import MoDAConfig, moda_attention
+from moda_bench.kernels.moda.triton import interface as kernel_mod
+from moda_bench.kernels.moda.triton import bwd_tma as bwd_mod
+from moda_bench.kernels.moda.validate import MoDAShape
 
 
 def _bt(**kw):
@@ -84,7 +84,7 @@ def test_kv_chunks_repeatable_and_counters_back_at_zero(monkeypatch, chunk, sub)
 def test_scratch_one_buffer_a_stream_grown_to_fit():
     """`counters.scratch`: one buffer a (device, stream, dtype), grown to the largest size asked
     for; a smaller call gets a view of its first elements; a repeat call the same view."""
-    from moda_bench.ops.counters import scratch
+    from moda_bench.kernels.counters import scratch
     cache, dev = {}, torch.device("cpu")
     a = scratch(cache, dev, 10)
     b = scratch(cache, dev, 100)
@@ -97,7 +97,7 @@ def test_scratch_one_buffer_a_stream_grown_to_fit():
 def test_scratch_views_share_scratch_buffer_and_are_kept():
     """`counters.scratch_views`: views of the asked shapes end to end in the `scratch` buffer of the
     same cache (grown by its rule); a repeat call returns the same view objects."""
-    from moda_bench.ops.counters import scratch, scratch_views
+    from moda_bench.kernels.counters import scratch, scratch_views
     cache, dev = {}, torch.device("cpu")
     a, b = scratch_views(cache, dev, ((2, 3), (2, 3)))
     assert a.shape == b.shape == (2, 3) and b.data_ptr() == a.data_ptr() + 6 * 4

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, moda_attention
-from moda_bench.ops.moda import kernel as kernel_mod
-from moda_bench.ops.moda import kernel_bwd_tma
-from moda_bench.ops.moda.kernel_bwd_rules import DQ_HEADS_MIN_T, DQ_HEADS_MIN_T_G2, dq_heads
+from moda_bench.kernels.moda import MoDAConfig, moda_attention
+from moda_bench.kernels.moda.triton import interface as kernel_mod
+from moda_bench.kernels.moda.triton import bwd_tma as kernel_bwd_tma
+from moda_bench.kernels.moda.triton.bwd_tma_rules import DQ_HEADS_MIN_T, DQ_HEADS_MIN_T_G2, dq_heads
 
 
 def _heads(**kw):

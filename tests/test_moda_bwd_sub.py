@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import bwd_tma_passes, rel_err
-from moda_bench.ops.moda import kernel as kernel_mod
+from moda_bench.kernels.moda.triton import interface as kernel_mod
 
 
 def _same(ref, got, tol=1e-6):

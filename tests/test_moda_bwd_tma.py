@@ -14,11 +14,11 @@ import torch
 
 from helpers import check_against_reference, graph_replayed, random_inputs, rel_err, small_tma_config
 from helpers import grads_of as _grads
-from moda_bench.ops.moda import MoDAConfig, moda_attention
-from moda_bench.ops.moda import config as config_mod
-from moda_bench.ops.moda import kernel as kernel_mod
-from moda_bench.ops.moda.kernel import moda_bwd, moda_fwd
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda import MoDAConfig, moda_attention
+from moda_bench.kernels.moda import config as config_mod
+from moda_bench.kernels.moda.triton import interface as kernel_mod
+from moda_bench.kernels.moda.triton.interface import moda_bwd, moda_fwd
+from moda_bench.kernels.moda.validate import MoDAShape
 
 
 def _moda_lse(*args, **kw):
@@ -81,7 +81,7 @@ def test_bwd_tma_dq_blocks_mixed_same_gradients(T, G, L):
     """The dq pass's row blocks visited heavy and light alternately (MIX, odd and even block
     counts) give bitwise the gradients of the heaviest-first order; `dq_mix` picks it at L > 0
     and T <= DQ_MIX_MAX_T."""
-    from moda_bench.ops.moda.kernel_bwd_tma import DQ_MIX_MAX_T, dq_mix, moda_bwd_tma
+    from moda_bench.kernels.moda.triton.bwd_tma import DQ_MIX_MAX_T, dq_mix, moda_bwd_tma
     q, k, v, kd, vd, do = (x.detach() if x is not None else None for x in random_inputs(2, T, 2 * G, 2, 32, L,
                                                                                          torch.float32, seed=T))
     shape = MoDAShape(B=2, T=T, Hq=2 * G, Hk=2, d=32, L=L)
@@ -99,8 +99,8 @@ def test_bwd_tma_dp_first_same_gradients(T, G, L):
     """Each pass's dp product issued before or after the exponentials (DP_FIRST, forced both ways
     in either pass) gives bitwise the same gradients; `dp_first` issues it first in the key-major
     pass where its registers are not capped."""
-    from moda_bench.ops.moda.kernel_bwd_rules import dp_first
-    from moda_bench.ops.moda.kernel_bwd_tma import moda_bwd_tma
+    from moda_bench.kernels.moda.triton.bwd_tma_rules import dp_first
+    from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
     q, k, v, kd, vd, do = (x.detach() if x is not None else None for x in random_inputs(2, T, 2 * G, 2, 32, L,
                                                                                          torch.float32, seed=T + 1))
     shape = MoDAShape(B=2, T=T, Hq=2 * G, Hk=2, d=32, L=L)
@@ -119,7 +119,7 @@ def test_kv_beside_rule():
     L > 0 and G <= KV_BESIDE_MAX_G, where its grid has at most KV_BESIDE_MAX_WAVES programs a
     multiprocessor, chunks counted (a chunked pass fills the SMs itself: at T=1024 the rule's
     chunks turn it off); 0 and 1 decide alone; other values are refused."""
-    from moda_bench.ops.moda.kernel_bwd_tma import KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES, kv_beside
+    from moda_bench.kernels.moda.triton.bwd_tma import KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES, kv_beside
     cfg = MoDAConfig(bwd_kv_block_n=64, bwd_kv_chunk=0)
     n = int(KV_BESIDE_MAX_WAVES * 132)
     T = 64 * (n // 8)
@@ -276,7 +276,7 @@ def test_pointer_bwd_config_of_a_tma_config():
     """A "tma" backward config for the pointer kernels: the pointer default's placement, block_l
     and 2 depth stages (the tma dq pass's 3 at T <= 4096 slowed the pointer depth-only launch
     1.43x); any other config unchanged."""
-    from moda_bench.ops.moda.kernel import pointer_bwd_config
+    from moda_bench.kernels.moda.triton.interface import pointer_bwd_config
     tma = _bt(bwd_depth_stages=3, bwd_block_l=32)
     for T in (2048, 4096, 16384):
         got = pointer_bwd_config(tma, T, 64)
@@ -291,7 +291,7 @@ def test_pointer_bwd_config_of_a_tma_config():
 def test_moda_fa4_depth_launch_under_the_tma_backward(monkeypatch, T, side):
     """moda-fa4 under a "tma" backward: its depth-only launch keeps the pointer kernels' block_l
     and the placement the pointer default had (a side stream above FUSED_DEPTH_MAX_T)."""
-    from moda_bench.ops.moda import fa4 as fa4_mod
+    from moda_bench.kernels.moda.fa4 import merge as fa4_mod
     q, k, v, kd, vd, do = random_inputs(1, 8, 4, 2, 32, 3, torch.float32)
     seen = {}
 

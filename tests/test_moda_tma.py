@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from helpers import check_against_reference, random_inputs, rel_err
-from moda_bench.ops.moda import MoDAConfig, depth_utilization, moda_attention
-from moda_bench.ops.moda import config as config_mod
-from moda_bench.ops.moda import kernel as kernel_mod
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda import MoDAConfig, depth_utilization, moda_attention
+from moda_bench.kernels.moda import config as config_mod
+from moda_bench.kernels.moda.triton import interface as kernel_mod
+from moda_bench.kernels.moda.validate import MoDAShape
 
 
 def _moda_lse(*args, **kw):

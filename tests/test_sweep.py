@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from moda_bench.ops.moda.reference import moda_reference
+from moda_bench.kernels.moda.reference import moda_reference
 from moda_bench.bench import providers
 from moda_bench import schema
 from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
@@ -463,7 +463,7 @@ def test_cli_end_to_end_with_fake_gpu(tmp_path, monkeypatch, fakes):
 @pytest.mark.parametrize("T, L, block", [(40, 3, 8), (33, 1, 8), (17, 7, 4), (16, 0, 8), (5, 2, 8)])
 def test_flex_block_mask_matches_dense_construction(T, L, block):
     from torch.nn.attention.flex_attention import create_block_mask
-    from moda_bench.ops.moda.flex import moda_block_mask, moda_mask_mod
+    from moda_bench.kernels.moda.flex import moda_block_mask, moda_mask_mod
     mine = moda_block_mask(T, L, device="cpu", block_size=block)
     ref = create_block_mask(moda_mask_mod(T, L), None, None, T, T + T * L, device="cpu", BLOCK_SIZE=block)
     assert torch.equal(mine.to_dense(), ref.to_dense())
@@ -473,7 +473,7 @@ def test_flex_block_mask_matches_dense_construction(T, L, block):
 
 @pytest.mark.parametrize("T, L, block", [(40, 3, 8), (33, 1, 8), (17, 7, 4), (64, 5, 16), (1, 2, 4)])
 def test_flex_depth_utilization_counts_visited_tiles(T, L, block):
-    from moda_bench.ops.moda.flex import block_mask_depth_utilization, moda_mask_mod
+    from moda_bench.kernels.moda.flex import block_mask_depth_utilization, moda_mask_mod
     q = torch.arange(T)[:, None]
     kv = torch.arange(T + T * L)[None, :]
     allowed = moda_mask_mod(T, L)(0, 0, q, kv)
@@ -488,7 +488,7 @@ def test_flex_depth_utilization_counts_visited_tiles(T, L, block):
 
 
 def test_flex_eager_forward_matches_reference():
-    from moda_bench.ops.moda.flex import make_moda_flex
+    from moda_bench.kernels.moda.flex import make_moda_flex
     g = torch.Generator().manual_seed(0)
     B, T, Hk, G, d, L = 2, 37, 2, 3, 16, 5
     q = torch.randn(B, T, Hk * G, d, generator=g)
@@ -509,7 +509,7 @@ def test_flex_eager_forward_matches_reference():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_flex_compiled_gradients_reach_all_inputs():
-    from moda_bench.ops.moda.flex import make_moda_flex
+    from moda_bench.kernels.moda.flex import make_moda_flex
     from moda_bench.timing import make_inputs
     inp = make_inputs(1, 300, 16, 4, 64, 6, dtype=torch.bfloat16, device="cuda", seed=0)
     names = ("q", "k", "v", "k_depth", "v_depth")

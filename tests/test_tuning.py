@@ -14,12 +14,12 @@ import warnings
 import pytest
 import torch
 
-from moda_bench.ops.moda import config as config_mod
-from moda_bench.ops.moda import kernel_bwd_rules as rules
+from moda_bench.kernels.moda import config as config_mod
+from moda_bench.kernels.moda.triton import bwd_tma_rules as rules
 from moda_bench import tuning as tu
 from moda_bench.tuning import cache as cache_mod
-from moda_bench.ops.moda.config import MoDAConfig, default_config, group_pad, resolve_config
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda.config import MoDAConfig, default_config, group_pad, resolve_config
+from moda_bench.kernels.moda.validate import MoDAShape
 from helpers import H100_SMEM, fake_tuning_device
 
 
@@ -111,7 +111,7 @@ def test_tiles_larger_than_the_problem_are_pruned():
 
 @pytest.mark.parametrize("T,G,L,d", [(1024, 8, 64, 64), (4096, 1, 64, 128), (300, 32, 7, 64), (2048, 4, 0, 64)])
 def test_every_candidate_is_accepted_by_the_kernel(T, G, L, d):
-    from moda_bench.ops.moda import check_config
+    from moda_bench.kernels.moda import check_config
     sh = shape(T=T, G=G, L=L, d=d)
     base = default_config(sh)
     for kernel in tu.KERNELS:
@@ -144,7 +144,7 @@ def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
 
 
 def test_depth_groups_cover_every_placement_and_keep_unused_fields():
-    from moda_bench.ops.moda.config import BWD_DEPTH_MODES, FWD_DEPTH_MODES
+    from moda_bench.kernels.moda.config import BWD_DEPTH_MODES, FWD_DEPTH_MODES
     sh = shape(T=4096, G=2, L=64)
     base = default_config(sh)
     for kernel, unused in (("fwd_depth", tu.UNUSED_BY_PLACEMENT["fwd_depth"]),
@@ -324,7 +324,7 @@ def test_tune_shape_keeps_default_when_tuned_is_not_faster_end_to_end():
 
 def _buggy_attention(q, k, v, k_depth=None, v_depth=None, *, config=None, **kw):
     """Exact reference in fp32, wrong (scaled output) whenever block_n == 32."""
-    from moda_bench.ops.moda.reference import moda_reference
+    from moda_bench.kernels.moda.reference import moda_reference
     out = moda_reference(q, k, v, k_depth, v_depth, compute_dtype=torch.float32, **kw)
     return out * 1.5 if config is not None and config.block_n == 32 else out
 
@@ -545,9 +545,9 @@ def test_nothing_consults_the_cache_until_use(tmp_path):
     path = tmp_path / "c.json"
     tu.save_result(_result(sh, default_config(sh).replace(num_warps=8)), path)
     code = ("import torch, moda_bench, moda_bench.tuning\n"
-            "from moda_bench.ops.moda import resolve_config, default_config, MoDAShape\n"
-            "from moda_bench.ops.moda import config as c\n"
-            "from moda_bench.ops.moda.config import config_source\n"
+            "from moda_bench.kernels.moda import resolve_config, default_config, MoDAShape\n"
+            "from moda_bench.kernels.moda import config as c\n"
+            "from moda_bench.kernels.moda.config import config_source\n"
             f"c.SHIPPED_DIR = c.Path({str(tmp_path / 'no-shipped')!r})  # this GPU's shipped configs aside\n"
             f"sh = MoDAShape(B={sh.B}, T={sh.T}, Hq={sh.Hq}, Hk={sh.Hk}, d={sh.d}, L={sh.L})\n"
             "assert config_source() is None\n"
@@ -676,7 +676,7 @@ def test_tune_command_flow_with_a_fake_device(tmp_path, monkeypatch):
 
 
 def test_default_placement_is_fused_for_short_sequences_only():
-    from moda_bench.ops.moda.config import FUSED_DEPTH_MAX_T
+    from moda_bench.kernels.moda.config import FUSED_DEPTH_MAX_T
     short, long_ = default_config(shape(T=FUSED_DEPTH_MAX_T)), default_config(shape(T=FUSED_DEPTH_MAX_T + 1))
     assert (short.fwd_depth, short.bwd_depth) == ("fused", "fused")
     assert (long_.fwd_depth, long_.bwd_depth) == ("split", "stream")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from moda_bench import tuning as tu
-from moda_bench.ops.moda.config import default_config, resolve_config
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda.config import default_config, resolve_config
+from moda_bench.kernels.moda.validate import MoDAShape
 from helpers import H100_SMEM, fake_tuning_device
 from moda_bench.timing import RoundRule
 

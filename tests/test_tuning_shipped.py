@@ -1,7 +1,7 @@
 """Shipped configs and the memoised config resolution (CPU).
 
 Resolution order: explicit config > installed user tuning cache > this GPU's shipped configs
-(package data, moda_bench/ops/moda/tuned/<gpu-slug>.json; here a temporary directory) >
+(package data, moda_bench/kernels/moda/tuned/<gpu-slug>.json; here a temporary directory) >
 heuristic default. `resolve_config` memoises its answers per (shape, dtype, device); an
 installed cache's file is looked at no more than every `recheck_s` seconds.
 """
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from moda_bench import tuning as tu
-from moda_bench.ops.moda import config as config_mod
-from moda_bench.ops.moda.config import MoDAConfig, check_config, default_config, resolve_config
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda import config as config_mod
+from moda_bench.kernels.moda.config import MoDAConfig, check_config, default_config, resolve_config
+from moda_bench.kernels.moda.validate import MoDAShape
 from moda_bench.tuning import cache as cache_mod
 
 GPU = "NVIDIA Fake H900 80GB"
@@ -215,7 +215,7 @@ def test_package_data_ships_the_json_files():
     import tomllib
     root = Path(__file__).resolve().parents[1]
     data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "tuned/*.json" in data["moda_bench.ops.moda"]
+    assert "tuned/*.json" in data["moda_bench.kernels.moda"]
     assert config_mod.SHIPPED_DIR.name == "tuned"
     assert Path(config_mod.__file__).with_name("tuned").is_dir()
 
@@ -374,7 +374,7 @@ def test_tune_command_op_errors(_isolated):
 # ----------------------------------------------------------------------------- moda-overlap's program counts
 
 def test_overlap_groups_search_program_counts_around_the_heuristic():
-    from moda_bench.ops.moda.overlap import overlap_heuristic
+    from moda_bench.kernels.moda.fa4.overlap import overlap_heuristic
     sh = shape()
     base = overlap_heuristic(sh, "bfloat16", "cpu")
     assert base.fwd_depth == "persist" and base.depth_ctas > 0 and base.bwd_depth_ctas > 0
@@ -401,7 +401,7 @@ class CtasFakeTimer(tu.Timer):
 def test_tune_shape_moves_overlap_program_counts_from_its_default(_isolated, tmp_path):
     """op moda-overlap: starts from and compares against the given default (the heuristic), tunes
     only the counts, and its stored entry is what overlap_config answers (scaled when detached)."""
-    from moda_bench.ops.moda.overlap import overlap_config, overlap_heuristic
+    from moda_bench.kernels.moda.fa4.overlap import overlap_config, overlap_heuristic
     sh = shape()
     base = overlap_heuristic(sh, "bfloat16", "cpu").replace(depth_ctas=10, bwd_depth_ctas=20)
     res = tu.tune_shape(sh, "bfloat16", CtasFakeTimer(), kernels=tu.OVERLAP_GROUPS, budget=12, op="moda-overlap",
@@ -440,7 +440,7 @@ def test_tune_command_overlap_errors(_isolated):
 def test_overlap_item_groups_search_the_streaming_items():
     """fwd_items / bwd_items: rows per item (at least GP), depth steps in flight and warps of the
     persist kernels, base first, nothing else moves; they refuse a base that is not moda-overlap's."""
-    from moda_bench.ops.moda.overlap import overlap_heuristic
+    from moda_bench.kernels.moda.fa4.overlap import overlap_heuristic
     for G in (2, 8, 32):
         sh = shape(G=G)
         base = overlap_heuristic(sh, "bfloat16", "cpu")
@@ -471,7 +471,7 @@ class ItemsFakeTimer(CtasFakeTimer):
 
 
 def test_tune_shape_overlap_tunes_items_then_counts(_isolated):
-    from moda_bench.ops.moda.overlap import overlap_heuristic
+    from moda_bench.kernels.moda.fa4.overlap import overlap_heuristic
     sh = shape()
     base = overlap_heuristic(sh, "bfloat16", "cpu").replace(depth_ctas=10, bwd_depth_ctas=20)
     assert base.depth_block_m != 64 and (base.bwd_depth_stages, base.bwd_depth_warps) != (4, 8)
@@ -488,7 +488,7 @@ def test_bwd_kernel_group_offers_the_other_kernel_at_the_same_share():
     """bwd_kernel: the base's backward depth kernel first, then the other at the count that takes the
     same share of the SMs (Triton's 96 <-> CuTe's 32); CuTe only where it takes the shape; Triton's
     item group has nothing to move under CuTe."""
-    from moda_bench.ops.moda.overlap import overlap_heuristic, same_share_bwd_programs
+    from moda_bench.kernels.moda.fa4.overlap import overlap_heuristic, same_share_bwd_programs
     sh = shape()
     base = overlap_heuristic(sh, "bfloat16", "cpu").replace(bwd_depth_ctas=96)
     assert base.bwd_depth_kernel == "triton"   # no FA4 here: the heuristic keeps Triton's kernel
@@ -516,7 +516,7 @@ class KernelFakeTimer(CtasFakeTimer):
 
 
 def test_tune_shape_overlap_picks_the_backward_kernel_then_its_count(_isolated):
-    from moda_bench.ops.moda.overlap import overlap_heuristic
+    from moda_bench.kernels.moda.fa4.overlap import overlap_heuristic
     sh = shape()
     base = overlap_heuristic(sh, "bfloat16", "cpu").replace(depth_ctas=20, bwd_depth_ctas=40)
     res = tu.tune_shape(sh, "bfloat16", KernelFakeTimer(), kernels=tu.OVERLAP_DEFAULT, budget=12, op="moda-overlap",

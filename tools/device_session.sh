@@ -23,21 +23,21 @@
 #   dattn-ab    dattn (mix and FA4 as one autograd node) against dattn-composed, 1.5B heads, T = 16K
 #   dattn-tests GPU-marked Depth-Attention tests (FA4 as the sequence attention when installed)
 #   moda-tests  GPU-marked tests of the MoDA kernel (forward, gradients, detached depth) after a kernel edit
-#   tma-tests   GPU-marked tests of the descriptor forward and moda_attention, then tools/bwd_tma_check.py
+#   tma-tests   GPU-marked tests of the descriptor forward and moda_attention, then experiments/bwd_tma_check.py
 #   paper-moda  the paper preset, moda against fa2 only (issue 21's rows)
 #   tune-rows   retune the rows issue 21 names (G=2, L=256, T=4096) into $RESULTS/$GPU/tuning-tma, then export
 #   launch-tax  issue 21's rows: T = 1024 and 4096 under eager and graph timers (moda, fa2, fa2-triton),
 #               the L = 0 path's forward and backward at T = 16384 (TFLOP/s), the paper preset moda vs fa2
 #   tune        the RUNBOOK's retuning for this GPU (results in $RESULTS/$GPU/tuning), then the export
-#               into moda_bench/ops/moda/tuned (copied beside the cache)
+#               into moda_bench/kernels/moda/tuned (copied beside the cache)
 #   decode-tma  the decode kernel's tensor-descriptor (TMA) loads: GPU tests, then a tile grid with
-#               and without them at B=1/T=32K, 8x2K, 32x8K, 128x2K (tools/decode_probe.py)
+#               and without them at B=1/T=32K, 8x2K, 32x8K, 128x2K (experiments/decode_probe.py)
 #   decode-pdl  the decode combine launched with Programmatic Dependent Launch (DecodeConfig.pdl): GPU tests
-#               of it and of the TMA tiles, then tools/decode_probe.py with pdl off and on (TMA loads) at
+#               of it and of the TMA tiles, then experiments/decode_probe.py with pdl off and on (TMA loads) at
 #               B=1/T=32K, 1x8K, 8x2K, 8x8K (each part capped at 200 s; -k "tma_", since a bare "tma"
 #               also matches the keyword "pytestmark" that every marked test carries)
 #   tune-fa4    moda-fa4's depth launches (needs FA4): T = 4096 and 16384, G = 2, L = 256, same cache
-#   bwd-tma     the folded "tma" backward: GPU tests of the MoDA kernel, then tools/kernel_probe.py
+#   bwd-tma     the folded "tma" backward: GPU tests of the MoDA kernel, then experiments/kernel_probe.py
 #               (fwd+bwd, the default against the pointer backward it replaced and its knobs)
 #   overlap-tests  GPU tests of the capped/persistent depth launches and moda-fa4 (FA4 where installed)
 #   overlap-probe  the persistent depth backward's item shapes alone at 16 and 24 programs (no FA4 needed)
@@ -51,37 +51,37 @@
 #   tune-overlap-items  moda-overlap's four groups (items and program counts) at G = 2, L = 256, T = 4096, from this
 #               GPU's committed tuning cache (--force), the export, then those rows with the shipped file
 #   depth-steps the streaming depth kernels alone with more depth steps an item (dbl: their block_l) at
-#               G=8, L=64, where an item has 4 steps (tools/overlap_probe.py; no FA4 needed)
+#               G=8, L=64, where an item has 4 steps (experiments/overlap_probe.py; no FA4 needed)
 #   depth-flat  the flat (item, step) streaming depth forward prototype against kernel_depth's, GB/s a program
-#               (tools/depth_flat_proto.py; no FA4 needed)
+#               (experiments/depth_flat_proto.py; no FA4 needed)
 #   overlap-check  moda-overlap's results on full tensors at T = 32768 (and 4099, 65536 for the depth kernels):
-#               tools/overlap_check.py against an fp32 depth reference and against moda-fa4
-#   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (tools/overlap_check.py --determinism)
-#   depth-rates the streaming depth kernels alone (tools/depth_ncu.py): GB/s a program over program counts and item
+#               experiments/overlap_check.py against an fp32 depth reference and against moda-fa4
+#   overlap-det  which part of moda-fa4 / moda-overlap varies from run to run (experiments/overlap_check.py --determinism)
+#   depth-rates the streaming depth kernels alone (experiments/depth_ncu.py): GB/s a program over program counts and item
 #               variants at G=8/L=64, G=2, L=256, T=16384 (no FA4 needed)
 #   depth-rates-b  the backward's items (rows, warps, stages) and the forward's 256-row 8-warp items at G=2/16, L=256, T=4096
 #   overlap-items2 moda-overlap with the forward's items at 256 rows and 8 warps (and fewer programs) against its heuristic,
-#               beside FA4 at T=16384, 4096 (graph timer), 32768, forward and fwd+bwd (tools/overlap_probe.py)
+#               beside FA4 at T=16384, 4096 (graph timer), 32768, forward and fwd+bwd (experiments/overlap_probe.py)
 #   overlap-ab  moda-overlap's forward items now (256 rows, 8 warps) against before (128 rows, 4 warps) in one
 #               process, beside FA4: T=16384 and 4096 (graph) fwd and fwd+bwd, 32768 fwd, G=2, L=256
 #   decode-floor per decode point, plain kernels moving the same bytes (a copy, a read-only sum) under the same timer:
-#               the share of the copy rate a transfer of that size reaches at all (tools/decode_probe.py --copy-floor)
+#               the share of the copy rate a transfer of that size reaches at all (experiments/decode_probe.py --copy-floor)
 #   depth-ncu   the same kernels under ncu (forward at 12 and 132 programs, backward at 24): speed of light, memory,
 #               warp stalls, into $RESULTS/depth_ncu.csv.gz
 #   overlap-realloc  moda-overlap against FA4 at T=16384/32768 fwd+bwd three times in one process, the inputs
 #               allocated anew behind a growing pad each time (does the depth tensors' placement move the ratio?)
-#   host        where an eager fwd+bwd's host time goes at T=1024 (tools/host_probe.py: issue time per call, cProfile)
+#   host        where an eager fwd+bwd's host time goes at T=1024 (experiments/host_probe.py: issue time per call, cProfile)
 #   host-split  the same split without a profiler: --phases (each piece alone; the backward alone with and without
 #               AccumulateGrad; a five-input Python node) and --engine (a Python and a C++ node, moda and FA2, with
 #               and without autograd's device threads), then the key-major pass after the dq pass (no side stream)
 #               and unchunked against the default (--variants: host time alone and interleaved ratios)
 #   launch-tests GPU tests of the cached launches (tests/test_launch.py, test_dattn_launch.py: bitwise Triton's own
 #               path, launch counts) and of the merges (tests/test_merge.py; its moda-fa4 routes need FA4)
-#   host-timeline  the stamp-by-stamp host timeline of an eager fwd+bwd at T=1024 (tools/host_timeline.py, device threads
-#               on and off), then each kept launch's host cost piece by piece (tools/launch_pieces.py)
+#   host-timeline  the stamp-by-stamp host timeline of an eager fwd+bwd at T=1024 (experiments/host_timeline.py, device threads
+#               on and off), then each kept launch's host cost piece by piece (experiments/launch_pieces.py)
 #   pdl-test    the decode PDL tests alone (tests/test_decode.py -k pdl)
-#   fused-check route B's fused forward (moda_bench/ops/moda/fused_sm90.py) against the fp64 reference at odd shapes
-#               (tools/fused_sm90_check.py --check); needs FA4
+#   fused-check route B's fused forward (moda_bench/kernels/moda/cute/fwd_sm90.py) against the fp64 reference at odd shapes
+#               (experiments/fused_sm90_check.py --check); needs FA4
 #   fused-time  its forward beside FA4, moda-fa4 and moda-overlap at FUSED_T (default 16K, 32K, 64K, 4096) for the
 #               FUSED_VARIANTS depth tile x stages (default 64x2;128x1;32x2)
 #   fused-ncu   ncu of the fused forward's variants FUSED_NCU_VARIANTS (default: spread, spread without its math,
@@ -137,8 +137,8 @@ for s in "$@"; do
     tests) stage tests timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_decode.py tests/test_dattn.py tests/test_depth_grad.py -k "not fa4" ;;
     kernel-tests) stage kernel-tests timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_decode.py tests/test_dattn.py tests/test_dattn_chained.py -k "not fa4" ;;
     fa4-tests) stage fa4-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_depth_grad.py tests/test_dattn.py -k "fa4 or FA4" ;;
-    proto) stage proto-triton timeout 200 python3 tools/fused_fwd_triton.py --quick
-           stage proto-cute timeout 150 python3 tools/fused_fwd_cute.py ;;
+    proto) stage proto-triton timeout 200 python3 experiments/fused_fwd_triton.py --quick
+           stage proto-cute timeout 150 python3 experiments/fused_fwd_cute.py ;;
     paper) stage paper $MB sweep $REQ --preset paper --providers moda,moda-fa4,fa2,fa4,cudnn --max-time "$MAX_TIME" --out "$RESULTS/$GPU/paper-peers" ;;
     limit) R=$RESULTS/$GPU/limit
            stage limit-fwd $MB sweep $REQ --vary T --values 16384,32768,65536 --pass fwd --providers moda-fa4,moda,fa4,cudnn,fa2 --max-time "$MAX_TIME" --out "$R/fwd"
@@ -152,15 +152,15 @@ for s in "$@"; do
     dattn-tests) stage dattn-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/test_dattn.py tests/test_dattn_chained.py ;;
     moda-tests) stage moda-tests timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_moda.py tests/test_moda_tma.py tests/test_depth_grad.py -k "not fa4" ;;
     tma-tests) stage tma-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moda.py tests/test_moda_tma.py
-           stage bwd-tma-check timeout 200 python3 tools/bwd_tma_check.py ;;
+           stage bwd-tma-check timeout 200 python3 experiments/bwd_tma_check.py ;;
     paper-moda) stage paper-moda $MB sweep --preset paper --providers moda,fa2 --max-time 5 --out "$RESULTS/$GPU/paper-moda" ;;
     tune-rows) R=$RESULTS/$GPU/tuning-tma; mkdir -p "$R"
            TUNE="$MB tune --kernels fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv --min-gain 3% --cache $R/tuning.json --budget 6"
            stage tune-rows-g timeout 200 $TUNE --vary G --values 2 --out "$R/tune_G.csv"
            stage tune-rows-l timeout 200 $TUNE --vary L --values 256 --out "$R/tune_L.csv"
            stage tune-rows-t timeout 170 $TUNE --vary T --values 4096 --out "$R/tune_T.csv"
-           stage tune-rows-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
-           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+           stage tune-rows-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/kernels/moda/tuned
+           cp moda_bench/kernels/moda/tuned/*.json "$R/" ;;
     launch-tax) R=$RESULTS/$GPU/launch-tax
            stage short-t $MB sweep --vary T --values 1024,4096 --timer eager,graph --providers moda,fa2,fa2-triton --max-time "$MAX_TIME" --out "$R/short-t"
            stage l0-fwd $MB sweep --vary T --values 16384 --L 0 --pass fwd --providers fa2-triton,fa2,cudnn --max-time "$MAX_TIME" --out "$R/l0-fwd"
@@ -171,31 +171,31 @@ for s in "$@"; do
            stage tune-t timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary T --values 4096,8192,16384,32768 --budget 6 --out "$R/tune_T.csv"
            stage tune-g timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary G --values 2,4,16,32 --budget 5 --out "$R/tune_G.csv"
            stage tune-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 128,256 --budget 5 --out "$R/tune_L.csv"
-           stage tune-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
-           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+           stage tune-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/kernels/moda/tuned
+           cp moda_bench/kernels/moda/tuned/*.json "$R/" ;;
     decode-tma) stage decode-tma-tests timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "tma"
            G="--block-n 64,128 --warps 2,4 --stages 2,3,4 --tma 0,1"
-           stage decode-tma-grid bash -c "python3 tools/decode_probe.py $G --points 1x32768 --splits 16,33,66 --budget-s 110;
-             python3 tools/decode_probe.py $G --points 8x2048,32x8192,128x2048 --budget-s 150" ;;
+           stage decode-tma-grid bash -c "python3 experiments/decode_probe.py $G --points 1x32768 --splits 16,33,66 --budget-s 110;
+             python3 experiments/decode_probe.py $G --points 8x2048,32x8192,128x2048 --budget-s 150" ;;
     decode-pdl) stage decode-pdl-tests timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl or tma_"
-           stage decode-pdl-probe timeout 200 python3 tools/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192 --pdl 0,1 --tma 1 --budget-s 120 ;;
+           stage decode-pdl-probe timeout 200 python3 experiments/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192 --pdl 0,1 --tma 1 --budget-s 120 ;;
     tune-fa4) R=$RESULTS/$GPU/tuning; mkdir -p "$R"
            TUNE="$MB tune --op moda-fa4 --kernels fwd_depth,bwd_depth --budget 8 --min-gain 3% --cache $R/tuning.json"
            stage tune-fa4-t timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary T --values 4096,16384 --out "$R/tune_fa4_T.csv"
            stage tune-fa4-g timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary G --values 2 --out "$R/tune_fa4_G.csv"
            stage tune-fa4-l timeout "${STAGE_TIMEOUT:-580}" $TUNE --vary L --values 256 --out "$R/tune_fa4_L.csv"
-           stage tune-fa4-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
-           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+           stage tune-fa4-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/kernels/moda/tuned
+           cp moda_bench/kernels/moda/tuned/*.json "$R/" ;;
     bwd-tma) stage bwd-tma-tests bash -c 'timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_moda_bwd_tma.py -k "not fa4";
              timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moda.py tests/test_moda_tma.py tests/test_depth_grad.py -k "not fa4"' 
-           R=$RESULTS/$GPU/bwd-tma-probe; mkdir -p "$R"; KP="timeout 150 python3 tools/kernel_probe.py --passes fwdbwd"
+           R=$RESULTS/$GPU/bwd-tma-probe; mkdir -p "$R"; KP="timeout 150 python3 experiments/kernel_probe.py --passes fwdbwd"
            stage bwd-tma-probe bash -c "$KP --T 4096,16384 --G 8 --L 64 --variants default,oldbwd,q0,kv0,qn128,bbl64,bds3 --l0-variants default,oldbwd --out $R/g8.csv;
              $KP --T 4096,16384 --G 2 --L 64 --variants default,oldbwd,q0,qn128,bbl64,g2fwd --l0-variants none --out $R/g2.csv;
              $KP --T 16384 --G 8 --L 256 --variants default,oldbwd,q0,qn128,bbl64 --l0-variants none --out $R/l256.csv;
              $KP --T 1024,2048 --G 8 --L 64 --variants default,oldbwd --l0-variants default,oldbwd --out $R/short.csv;
              $KP --T 16384 --G 32 --L 64 --variants default,oldbwd --l0-variants none --out $R/g32.csv" ;;
     overlap-tests) stage overlap-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_merge.py tests/test_depth_ctas.py tests/test_fa4.py ;;
-    overlap-probe) stage overlap-probe timeout 300 python3 tools/overlap_probe.py --seq cudnn --T 16384 --passes bwd \
+    overlap-probe) stage overlap-probe timeout 300 python3 experiments/overlap_probe.py --seq cudnn --T 16384 --passes bwd \
              --variants "P=1,b=24,p=1,dbm=64,ds=3" --depth-alone --kernels persist --ctas 16,24 \
              --alone-variants "dbm=64,ds=3;dbm=64,ds=4;dbm=128,ds=3;dbm=64,ds=3,dw=8;dbm=32,ds=3;dbm=128,ds=2,dw=8" \
              --max-time 8 --out "$RESULTS/$GPU/overlap_probe_bwd.csv" ;;
@@ -213,8 +213,8 @@ for s in "$@"; do
            stage tune-overlap-T $TUNE --vary T --values 4096,16384,32768,65536 --out "$R/tune_T.csv"
            stage tune-overlap-G $TUNE --vary G --values 2,16,32 --out "$R/tune_G.csv"
            stage tune-overlap-L $TUNE --vary L --values 256 --out "$R/tune_L.csv"
-           stage tune-overlap-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
-           cp moda_bench/ops/moda/tuned/*.json "$R/" ;;
+           stage tune-overlap-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/kernels/moda/tuned
+           cp moda_bench/kernels/moda/tuned/*.json "$R/" ;;
     overlap-tuned) R=$RESULTS/$GPU/overlap-tuned; P=moda-overlap,moda-fa4,fa4; OV="--require fa4,moda-overlap"
            stage overlap-tuned-t $MB sweep $OV --vary T --values 4096,32768,65536 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t"
            stage overlap-tuned-g $MB sweep $OV --vary G --values 2,16,32 --providers $P --max-time "$MAX_TIME" --out "$R/g"
@@ -224,48 +224,48 @@ for s in "$@"; do
            stage tune-items-G $TUNE --vary G --values 2 --out "$R/tune_G.csv"
            stage tune-items-L $TUNE --vary L --values 256 --out "$R/tune_L.csv"
            stage tune-items-T $TUNE --vary T --values 4096 --out "$R/tune_T.csv"
-           stage tune-items-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/ops/moda/tuned
-           cp moda_bench/ops/moda/tuned/*.json "$R/"
+           stage tune-items-export $MB tune --cache "$R/tuning.json" --export-shipped moda_bench/kernels/moda/tuned
+           cp moda_bench/kernels/moda/tuned/*.json "$R/"
            R=$RESULTS/$GPU/overlap-items; P=moda-overlap,moda-fa4,fa4; OV="--require fa4,moda-overlap"
            stage items-rows-t $MB sweep $OV --vary T --values 4096 --timer graph --providers $P --max-time "$MAX_TIME" --out "$R/t4096"
            stage items-rows-g $MB sweep $OV --vary G --values 2 --providers $P --max-time "$MAX_TIME" --out "$R/g2"
            stage items-rows-l $MB sweep $OV --vary L --values 256 --providers $P --max-time "$MAX_TIME" --out "$R/l256" ;;
-    depth-steps) stage depth-steps timeout 300 python3 tools/overlap_probe.py --seq cudnn --T 16384 --G 8 --L 64 --passes fwd,bwd \
+    depth-steps) stage depth-steps timeout 300 python3 experiments/overlap_probe.py --seq cudnn --T 16384 --G 8 --L 64 --passes fwd,bwd \
              --variants default --depth-alone --kernels persist --ctas 8,16 \
              --alone-variants "dbm=128,ds=3;dbm=128,ds=3,dbl=16;dbm=128,ds=4,dbl=16;dbm=256,ds=3,dbl=16" \
              --max-time 3 --out "$RESULTS/$GPU/depth_steps.csv" ;;
-    depth-flat) stage depth-flat bash -c "python3 tools/depth_flat_proto.py --check && timeout 240 python3 tools/depth_flat_proto.py \
+    depth-flat) stage depth-flat bash -c "python3 experiments/depth_flat_proto.py --check && timeout 240 python3 experiments/depth_flat_proto.py \
              --T 16384 --G 8,2 --L 64,256 --programs 8,16,32 --max-time 2 --out $RESULTS/$GPU/depth_flat.csv" ;;
-    overlap-check) stage overlap-check timeout 400 python3 tools/overlap_check.py --T 32768 --programs 132,10,8,4 --reps 2 --full \
+    overlap-check) stage overlap-check timeout 400 python3 experiments/overlap_check.py --T 32768 --programs 132,10,8,4 --reps 2 --full \
              --out "$RESULTS/$GPU/overlap_check_32k.csv"
-           stage overlap-check-odd timeout 200 python3 tools/overlap_check.py --T 4099,65536 --programs 132,10,4 --reps 2 \
+           stage overlap-check-odd timeout 200 python3 experiments/overlap_check.py --T 4099,65536 --programs 132,10,4 --reps 2 \
              --out "$RESULTS/$GPU/overlap_check_odd.csv" ;;
-    overlap-det) stage overlap-det timeout 400 python3 tools/overlap_check.py --determinism --T 32768,16384,4099 \
+    overlap-det) stage overlap-det timeout 400 python3 experiments/overlap_check.py --determinism --T 32768,16384,4099 \
              --out "$RESULTS/$GPU/overlap_determinism.csv" ;;
-    overlap-lse) stage overlap-lse timeout 300 python3 tools/overlap_check.py --lse --T 32768,16384 \
+    overlap-lse) stage overlap-lse timeout 300 python3 experiments/overlap_check.py --lse --T 32768,16384 \
              --out "$RESULTS/$GPU/overlap_lse.csv" ;;
-    depth-rates) DN="timeout 240 python3 tools/depth_ncu.py --T 16384 --max-time 0.4"
+    depth-rates) DN="timeout 240 python3 experiments/depth_ncu.py --T 16384 --max-time 0.4"
            stage depth-rates bash -c "$DN --G 8 --L 64 --programs 1,4,12,24,66,132 \
                --variants 'default;s=4;bl=32;bl=32,w=8;bm=256,w=8;bl=64,w=8';
              $DN --G 2 --L 64 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8';
              $DN --G 8 --L 256 --programs 12,24,48 --variants 'default;s=4;bl=32,w=8'" ;;
-    depth-rates-b) DN="timeout 200 python3 tools/depth_ncu.py --max-time 0.4"
+    depth-rates-b) DN="timeout 200 python3 experiments/depth_ncu.py --max-time 0.4"
            stage depth-rates-b bash -c "$DN --T 16384 --passes bwd --G 8 --L 64 --programs 12,24 \
                --variants 'default;bm=128;bm=128,w=8;bm=64,w=8;bm=32;bm=32,w=2;s=2';
              $DN --T 16384 --passes fwd --G 2,16 --L 64 --programs 12,24 --variants 'default;bm=256,w=8;bm=256,w=8,s=2';
              $DN --T 16384 --passes fwd --G 8 --L 256 --programs 12,24 --variants 'default;bm=256,w=8;bm=256,w=8,s=2';
              $DN --T 4096 --G 8 --L 64 --programs 24,48 --variants 'default;bm=256,w=8'" ;;
-    overlap-items2) OP="timeout 170 python3 tools/overlap_probe.py --seq fa4 --passes fwd,fwdbwd --max-time 3 \
+    overlap-items2) OP="timeout 170 python3 experiments/overlap_probe.py --seq fa4 --passes fwd,fwdbwd --max-time 3 \
              --out $RESULTS/$GPU/overlap_items2.csv"; W="overlap,depth_block_m=256,depth_warps=8"
            stage overlap-items2 bash -c "$OP --T 16384 --variants 'overlap;$W;$W,f=10';
              $OP --T 4096 --timer graph --variants 'overlap;$W;$W,f=40';
              $OP --T 32768 --variants 'overlap;$W'" ;;
-    overlap-ab) OP="timeout 150 python3 tools/overlap_probe.py --seq fa4 --max-time 3 --out $RESULTS/$GPU/overlap_ab.csv"
+    overlap-ab) OP="timeout 150 python3 experiments/overlap_probe.py --seq fa4 --max-time 3 --out $RESULTS/$GPU/overlap_ab.csv"
            V="overlap;overlap,depth_block_m=128,depth_warps=4"
            stage overlap-ab bash -c "$OP --T 16384 --passes fwd,fwdbwd --variants '$V'; $OP --T 4096 --timer graph \
              --passes fwd,fwdbwd --variants '$V'; $OP --T 32768 --passes fwd --variants '$V';
              $OP --T 16384 --G 2 --passes fwdbwd --variants '$V'; $OP --T 16384 --L 256 --passes fwdbwd --variants '$V'" ;;
-    decode-floor) stage decode-floor timeout 150 python3 tools/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192,32x8192 \
+    decode-floor) stage decode-floor timeout 150 python3 experiments/decode_probe.py --points 1x32768,1x8192,8x2048,8x8192,32x8192 \
              --copy-floor --splits 1 --budget-s 100 ;;
     depth-ncu|fused-ncu) NCU="ncu --clock-control none --nvtx --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
              --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
@@ -273,42 +273,42 @@ for s in "$@"; do
            if [ "$s" = fused-ncu ]; then
              FN="${FUSED_NCU_VARIANTS:-32x1:spread;32x1:spread:0:nomath;64x2:offset}"
              INC=$(python3 -c "import sys; print(' '.join(f\"--nvtx-include fused{i}/\" for i in range(len(sys.argv[1].split(';')))))" "$FN")
-             stage fused-ncu bash -c "timeout 300 $NCU $INC python3 tools/fused_sm90_check.py --ncu --T ${FUSED_T:-16384} \
+             stage fused-ncu bash -c "timeout 300 $NCU $INC python3 experiments/fused_sm90_check.py --ncu --T ${FUSED_T:-16384} \
                --variants '$FN' > $RESULTS/fused_ncu.csv; gzip -f $RESULTS/fused_ncu.csv"
            else
              stage depth-ncu bash -c "timeout 240 $NCU --nvtx-include 'fwd-G8-L64-n12-v0/' --nvtx-include 'bwd-G8-L64-n24-v0/' \
-               --nvtx-include 'fwd-G8-L64-n132-v0/' python3 tools/depth_ncu.py --calls 1 --G 8 --L 64 --programs 12,24,132 \
+               --nvtx-include 'fwd-G8-L64-n132-v0/' python3 experiments/depth_ncu.py --calls 1 --G 8 --L 64 --programs 12,24,132 \
                > $RESULTS/depth_ncu.csv; gzip -f $RESULTS/depth_ncu.csv"
            fi ;;
-    overlap-realloc) stage overlap-realloc timeout 400 python3 tools/overlap_probe.py --seq fa4 --T 16384,32768 --passes fwdbwd \
+    overlap-realloc) stage overlap-realloc timeout 400 python3 experiments/overlap_probe.py --seq fa4 --T 16384,32768 --passes fwdbwd \
              --variants overlap --repeat 3 --max-time 4 --out "$RESULTS/$GPU/overlap_realloc.csv" ;;
     fused-sass) FN="${FUSED_NCU_VARIANTS:-32x1:spread;32x1:spread:0:nomath}"
            INC=$(python3 -c "import sys; print(' '.join(f\"--nvtx-include fused{i}/\" for i in range(len(sys.argv[1].split(';')))))" "$FN")
            stage fused-sass bash -c "timeout 300 ncu --clock-control none --nvtx $INC --import-source no --section SourceCounters \
-               --section WarpStateStats --section InstructionStats -f -o $RESULTS/fused_sass python3 tools/fused_sm90_check.py --ncu \
+               --section WarpStateStats --section InstructionStats -f -o $RESULTS/fused_sass python3 experiments/fused_sm90_check.py --ncu \
                --T ${FUSED_T:-16384} --variants '$FN' && ncu -i $RESULTS/fused_sass.ncu-rep --page source --csv --print-source sass \
                > $RESULTS/fused_sass.csv; gzip -f $RESULTS/fused_sass.csv; rm -f $RESULTS/fused_sass.ncu-rep" ;;
     depth-bwd-sass) stage depth-bwd-sass bash -c "timeout 300 ncu --clock-control none --nvtx --nvtx-include dbwd-cute/ \
                --nvtx-include dbwd-triton/ --import-source no --section SpeedOfLight --section WarpStateStats \
                --section SchedulerStats --section Occupancy --section SourceCounters --section InstructionStats \
-               -f -o $RESULTS/depth_bwd_sass python3 tools/depth_bwd_check.py --ncu --programs 24 && \
+               -f -o $RESULTS/depth_bwd_sass python3 experiments/depth_bwd_check.py --ncu --programs 24 && \
                ncu -i $RESULTS/depth_bwd_sass.ncu-rep --page details --csv > $RESULTS/depth_bwd_ncu.csv; \
                ncu -i $RESULTS/depth_bwd_sass.ncu-rep --page source --csv --print-source sass > $RESULTS/depth_bwd_sass.csv; \
                gzip -f $RESULTS/depth_bwd_ncu.csv $RESULTS/depth_bwd_sass.csv; rm -f $RESULTS/depth_bwd_sass.ncu-rep" ;;
     pdl-test) stage pdl-test timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode.py -k "pdl" ;;
-    fused-check) stage fused-check timeout 180 python3 tools/fused_sm90_check.py --check --placements "${FUSED_PLACEMENTS:-offset,first}" \
+    fused-check) stage fused-check timeout 180 python3 experiments/fused_sm90_check.py --check --placements "${FUSED_PLACEMENTS:-offset,first}" \
              --out "$RESULTS/$GPU/fused_sm90_check.csv" ;;
-    fused-time) stage fused-time timeout "${STAGE_TIMEOUT:-400}" python3 tools/fused_sm90_check.py --T "${FUSED_T:-16384,32768,65536,4096}" \
+    fused-time) stage fused-time timeout "${STAGE_TIMEOUT:-400}" python3 experiments/fused_sm90_check.py --T "${FUSED_T:-16384,32768,65536,4096}" \
              --variants "${FUSED_VARIANTS:-64x2;64x2:offset:0;64x2:offset:8;64x2:first}" --timer "${FUSED_TIMER:-graph}" --max-time "$MAX_TIME" --out "$RESULTS/$GPU/fused_sm90_time.csv" ;;
     fused-gl) FV="--variants '${FUSED_VARIANTS:-64x2;64x2:offset:0}' --timer ${FUSED_TIMER:-graph} --max-time $MAX_TIME --out $RESULTS/$GPU/fused_sm90_time.csv"
-           stage fused-gl bash -c "timeout 150 python3 tools/fused_sm90_check.py --T 16384 --G 2 $FV; timeout 150 python3 tools/fused_sm90_check.py --T 16384 --L 256 $FV" ;;
+           stage fused-gl bash -c "timeout 150 python3 experiments/fused_sm90_check.py --T 16384 --G 2 $FV; timeout 150 python3 experiments/fused_sm90_check.py --T 16384 --L 256 $FV" ;;
     fused-tests) stage fused-tests timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_sm90.py ;;
-    depth-bwd-ab) R=$RESULTS/$GPU/${DBWD_RUN:-depth-bwd-split}; mkdir -p "$R"; DB="python3 tools/depth_bwd_check.py"
+    depth-bwd-ab) R=$RESULTS/$GPU/${DBWD_RUN:-depth-bwd-split}; mkdir -p "$R"; DB="python3 experiments/depth_bwd_check.py"
            stage depth-bwd-ab bash -c "timeout 200 $DB --check --configs ${DBWD_CONFIGS:-8x2x32k,8x2x32} --out $R/check.csv; for s in '8 64' '2 64' '16 64' '8 256'; do set -- \$s;
                timeout 100 $DB --rates --G \$1 --L \$2 --programs ${DBWD_PROGRAMS:-24} --configs ${DBWD_CONFIGS:-8x2x32k,8x2x32} --max-time ${MAX_TIME} --out $R/rates.csv; done" ;;
     fused-mask-ab) R=$RESULTS/$GPU/${FUSED_RUN:-fused-rowmask}; mkdir -p "$R"
-           stage fused-mask-ab bash -c "timeout 200 python3 tools/fused_sm90_check.py --check --placements spread,offset --out $R/check.csv; \
-               timeout 300 python3 tools/fused_sm90_check.py --T ${FUSED_T:-16384,4096,32768} --timer graph --max-time ${MAX_TIME} \
+           stage fused-mask-ab bash -c "timeout 200 python3 experiments/fused_sm90_check.py --check --placements spread,offset --out $R/check.csv; \
+               timeout 300 python3 experiments/fused_sm90_check.py --T ${FUSED_T:-16384,4096,32768} --timer graph --max-time ${MAX_TIME} \
                --variants '${FUSED_VARIANTS:-32x1:spread;32x1:spread:0:cellmask;64x2:offset;64x2:offset:0:cellmask}' --out $R/time.csv" ;;
     cute-bwd-tests) stage cute-bwd-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_depth_bwd_sm90.py ;;
     fused-sweep-a) R=$RESULTS/$GPU/${FUSED_RUN:-fused-limit}; P="${FUSED_PROVIDERS:-moda-fused,moda-overlap,moda-fa4,fa4,cudnn}"; Q="--require fa4,moda-fused --max-time $MAX_TIME"
@@ -318,18 +318,18 @@ for s in "$@"; do
            stage fused-fwdbwd $MB sweep $Q --vary T --values 16384,32768 --providers $P --out "$R/fwdbwd"
            stage fused-g2 $MB sweep $Q --vary G --values 2 --providers $P --out "$R/g2"
            stage fused-l256 $MB sweep $Q --vary L --values 256 --providers $P --out "$R/l256" ;;
-    fused-ab) OP="timeout 170 python3 tools/overlap_probe.py --seq fa4 --max-time 3 --out $RESULTS/$GPU/fused_ab.csv"
+    fused-ab) OP="timeout 170 python3 experiments/overlap_probe.py --seq fa4 --max-time 3 --out $RESULTS/$GPU/fused_ab.csv"
            V="overlap;overlap,fa4_fused_fwd=1"
            stage fused-ab bash -c "$OP --T 4096 --timer graph --passes fwd,bwd,fwdbwd --variants '$V'; $OP --T 4096 \
              --passes fwd,fwdbwd --variants '$V'; $OP --T 16384,32768 --passes fwd,bwd,fwdbwd --variants '$V'" ;;
-    host) stage host timeout 200 python3 tools/host_probe.py --T 1024 --calls 300 --top 30 ;;
-    host-split) stage host-split bash -c "timeout 150 python3 tools/host_probe.py --phases --T 1024 --calls 300; \
-               timeout 150 python3 tools/host_probe.py --engine --T 1024 --calls 300; \
-               timeout 150 python3 tools/host_probe.py --T 1024 --variants 'beside=0;chunk=0' --max-time 2" ;;
+    host) stage host timeout 200 python3 experiments/host_probe.py --T 1024 --calls 300 --top 30 ;;
+    host-split) stage host-split bash -c "timeout 150 python3 experiments/host_probe.py --phases --T 1024 --calls 300; \
+               timeout 150 python3 experiments/host_probe.py --engine --T 1024 --calls 300; \
+               timeout 150 python3 experiments/host_probe.py --T 1024 --variants 'beside=0;chunk=0' --max-time 2" ;;
     launch-tests) stage launch-tests timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_launch.py \
                tests/test_dattn_launch.py tests/test_merge.py ;;
-    host-timeline) stage host-timeline bash -c "timeout 90 python3 tools/host_timeline.py --T 1024 --calls 300 --threads-off; \
-               timeout 120 python3 tools/launch_pieces.py --T 1024 --n 2000" ;;
+    host-timeline) stage host-timeline bash -c "timeout 90 python3 experiments/host_timeline.py --T 1024 --calls 300 --threads-off; \
+               timeout 120 python3 experiments/launch_pieces.py --T 1024 --n 2000" ;;
     doctor) stage doctor $MB doctor ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac

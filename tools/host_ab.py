@@ -62,7 +62,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from moda_bench.ops.moda import moda_attention as new_attention
+    from moda_bench.kernels.moda import moda_attention as new_attention
     old_attention = importlib.import_module(OLD + ".ops.moda").moda_attention
     x = probe_inputs(a)
     q, k, v, kd, vd, do = (x[n] for n in ("q", "k", "v", "k_depth", "v_depth", "do"))

@@ -40,9 +40,9 @@ import subprocess
 import sys
 import tempfile
 
-FILES = {"kv": "moda_bench/ops/moda/kernel_bwd_tma.py", "kvc": "moda_bench/ops/moda/kernel_bwd_tma.py",
-         "dq": "moda_bench/ops/moda/kernel_bwd_tma.py", "fwd": "moda_bench/ops/moda/kernel_fwd_tma.py",
-         "one": "moda_bench/ops/moda/kernel_bwd_tma.py"}
+FILES = {"kv": "moda_bench/kernels/moda/triton/bwd_tma.py", "kvc": "moda_bench/kernels/moda/triton/bwd_tma.py",
+         "dq": "moda_bench/kernels/moda/triton/bwd_tma.py", "fwd": "moda_bench/kernels/moda/triton/fwd_tma.py",
+         "one": "moda_bench/kernels/moda/triton/bwd_tma.py"}
 KERNELS = {"kv": "_kv_kernel", "kvc": "_kv_kernel", "dq": "_dq_kernel", "fwd": "moda_fwd_tma_kernel",
            "one": "_one_kernel"}
 _BWD = dict(GP=8, BM=64, BN=64, D=64, USE_DESC=True, PREC="ieee", S=2, BL=16, DEPTH_STAGES=2, DEPTH_GRAD=True, POLY=0,

@@ -1,5 +1,5 @@
 """The kernel ablation ladder (spec section 3) as measurements: every rung of
-`moda_bench.ops.moda.ladder.table.RUNGS` through the sweep machinery (the rungs are registered
+`moda_bench.kernels.moda.ladder.table.RUNGS` through the sweep machinery (the rungs are registered
 providers; `point.run_point` makes the inputs, checks a slice against moda_reference, times it
 with at least 10 L2-flushed repetitions and fills one schema row), and the upsert of those rows
 into `ablation.csv`.
@@ -94,8 +94,8 @@ def run_ladder(point, pass_: str, *, skip_naive: bool = False, naive_reps: int =
     from moda_bench.bench.providers import get_provider
     from moda_bench.bench.point import TimingOptions, run_point
     from moda_bench.bench.runner import base_row
-    from moda_bench.ops.moda import MoDAShape
-    from moda_bench.ops.moda.ladder.table import RUNGS
+    from moda_bench.kernels.moda import MoDAShape
+    from moda_bench.kernels.moda.ladder.table import RUNGS
 
     shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
     rows = []

@@ -74,7 +74,7 @@ def make_decode_inputs(point, L: int, *, device: str, seed: int, dtype) -> dict:
 def check_decode_accuracy(forward: Callable, inputs: dict) -> float:
     """||out - ref|| / ||ref|| of batch 0 against the float64 decode reference."""
     import torch
-    from moda_bench.ops.decode import decode_reference
+    from moda_bench.kernels.decode import decode_reference
     from moda_bench.timing import max_rel_err
     with torch.no_grad():
         out = forward()
@@ -88,21 +88,21 @@ def check_decode_accuracy(forward: Callable, inputs: dict) -> float:
 # providers
 # ---------------------------------------------------------------------------------------------
 
-_needs_decode_kernel = needs_triton_op("moda_bench.ops.decode", "the decode kernel")
+_needs_decode_kernel = needs_triton_op("moda_bench.kernels.decode", "the decode kernel")
 
 
 def auto_splits(point, device) -> int:
     """The split-KV factor `moda_decode(num_splits=None)` chooses at `point` on `device` (the
     device's default tile's block_n, its SM count)."""
-    from moda_bench.ops.decode import choose_num_splits, default_config
-    from moda_bench.ops.decode.kernel import sm_count
+    from moda_bench.kernels.decode import choose_num_splits, default_config
+    from moda_bench.kernels.decode.interface import sm_count
     block_n = default_config(device, point.B * point.Hk).resolved(point.d).block_n
     return choose_num_splits(point.B, point.Hk, point.T, sm_count(device), block_n)
 
 
 def _moda(num_splits: Optional[int]):
     def prepare(inputs, point, chunk):
-        from moda_bench.ops.decode import default_config, moda_decode
+        from moda_bench.kernels.decode import default_config, moda_decode
         q = inputs["q"]
         splits = auto_splits(point, q.device) if num_splits is None else num_splits
         tiles = default_config(q.device, point.B * point.Hk).resolved(point.d)
@@ -118,7 +118,7 @@ def _moda(num_splits: Optional[int]):
 
 def _sdpa(backend: str, label: str):
     def prepare(inputs, point, chunk):
-        from moda_bench.ops.decode import peers
+        from moda_bench.kernels.decode import peers
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         _, detail = peers.sdpa_decode(q, k, v, backend, return_detail=True)   # settles the GQA route once
         return Prepared(lambda: peers.sdpa_decode(q, k, v, backend),
@@ -128,13 +128,13 @@ def _sdpa(backend: str, label: str):
 
 def _sdpa_unavailable(backend: str) -> Callable[[str], Optional[str]]:
     def check(device: str) -> Optional[str]:
-        from moda_bench.ops.decode import peers
+        from moda_bench.kernels.decode import peers
         return peers.sdpa_unavailable(device, backend)
     return check
 
 
 def _fa4(inputs, point, chunk):
-    from moda_bench.ops.decode import peers
+    from moda_bench.kernels.decode import peers
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     want = auto_splits(point, q.device)
     _, detail = peers.fa4_decode(q, k, v, want, return_detail=True)   # a refused split is remembered
@@ -143,18 +143,18 @@ def _fa4(inputs, point, chunk):
 
 
 def _fa4_unavailable(device: str) -> Optional[str]:
-    from moda_bench.ops.decode import peers
+    from moda_bench.kernels.decode import peers
     return peers.fa4_decode_unavailable(device)
 
 
 def _flashinfer(inputs, point, chunk):
-    from moda_bench.ops.decode import peers
+    from moda_bench.kernels.decode import peers
     run, detail = peers.prepare_flashinfer_decode(inputs["q"], inputs["k"], inputs["v"])
     return Prepared(run, impl_detail=f"{detail}; sequence-only (no depth)")
 
 
 def _flashinfer_unavailable(device: str) -> Optional[str]:
-    from moda_bench.ops.decode import peers
+    from moda_bench.kernels.decode import peers
     return peers.flashinfer_unavailable(device)
 
 

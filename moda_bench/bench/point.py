@@ -71,7 +71,7 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
     Costs one extra forward (+ backward) of the provider. Leaves .grad cleared.
     """
     import torch
-    from moda_bench.ops.moda import moda_reference
+    from moda_bench.kernels.moda import moda_reference
     from moda_bench.timing import grad_inputs, max_rel_err
 
     names = [k for k in ("q", "k", "v", "k_depth", "v_depth") if inputs.get(k) is not None]

@@ -80,12 +80,12 @@ def unregister_provider(name: str, op: str = TRAIN) -> None:
 
 
 def _load_optional() -> None:
-    """Register the ablation rungs of moda_bench.ops.moda.ladder.table when that module is importable."""
+    """Register the ablation rungs of moda_bench.kernels.moda.ladder.table when that module is importable."""
     if _optional_state["loaded"]:
         return
     _optional_state["loaded"] = True
     try:
-        from moda_bench.ops.moda.ladder import table as ladder
+        from moda_bench.kernels.moda.ladder import table as ladder
     except ImportError as exc:
         _optional_state["ladder_error"] = f"{type(exc).__name__}: {exc}"
         return
@@ -128,7 +128,7 @@ def resolve_providers(names, op: str = TRAIN) -> list[Provider]:
 # availability checks
 # ---------------------------------------------------------------------------------------------
 
-_needs_moda_kernel = needs_triton_op("moda_bench.ops.moda", "the MoDA kernel")
+_needs_moda_kernel = needs_triton_op("moda_bench.kernels.moda", "the MoDA kernel")
 
 
 def _needs_sdpa_backend(backend: str) -> Callable[[str], Optional[str]]:
@@ -163,7 +163,7 @@ def _moda_config(point, L: int, dtype, chunk: Optional[int], op: str = "moda"):
     """Config for moda_attention (op "moda") or moda_fa4 ("moda-fa4"): tuned/default via
     resolve_config, block_m (and the backward's q-major block, which chunks the depth pass of dq)
     pinned to `chunk` when given."""
-    from moda_bench.ops.moda import MoDAShape, check_config, resolve_config
+    from moda_bench.kernels.moda import MoDAShape, check_config, resolve_config
 
     shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=L)
     cfg = resolve_config(shape, dtype, op=op)
@@ -187,7 +187,7 @@ def _detail_depth(point, L: int) -> str:
 
 
 def _moda_prepared(inputs, point, chunk, with_depth: bool) -> Prepared:
-    from moda_bench.ops.moda import depth_utilization, moda_attention
+    from moda_bench.kernels.moda import depth_utilization, moda_attention
 
     q = inputs["q"]
     L = point.L if with_depth else 0
@@ -265,7 +265,7 @@ def _cudnn(inputs, point, chunk):
 @register_provider("flex", unavailable=_needs_flex,
                    description="MoDA through torch.compile'd flex_attention with a block mask")
 def _flex(inputs, point, chunk):
-    from moda_bench.ops.moda.flex import block_mask_depth_utilization, make_moda_flex
+    from moda_bench.kernels.moda.flex import block_mask_depth_utilization, make_moda_flex
 
     q = inputs["q"]
     block = 128
@@ -284,14 +284,14 @@ def _flex(inputs, point, chunk):
 
 
 def _needs_fa4(device: str) -> Optional[str]:
-    from moda_bench.ops.moda import fa4
+    from moda_bench.kernels.moda.fa4 import merge as fa4
     return fa4.fa4_unavailable(device)
 
 
 @register_provider("fa4", uses_depth=False, unavailable=_needs_fa4,
                    description="FlashAttention-4 (flash-attn-4, CuTe DSL), no depth")
 def _fa4(inputs, point, chunk):
-    from moda_bench.ops.moda import fa4
+    from moda_bench.kernels.moda.fa4 import merge as fa4
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     return Prepared(lambda: fa4.fa4_attention(q, k, v),
                     impl_detail=f"flash_attn.cute.flash_attn_func {fa4.fa4_version()}; sequence-only (no depth)")
@@ -300,7 +300,8 @@ def _fa4(inputs, point, chunk):
 @register_provider("moda-fa4", unavailable=_needs_fa4,
                    description="MoDA on FlashAttention-4: FA4 sequence part + Triton depth part, LSE merge")
 def _moda_fa4(inputs, point, chunk):
-    from moda_bench.ops.moda import fa4, kernel
+    from moda_bench.kernels.moda.fa4 import merge as fa4
+    from moda_bench.kernels.moda.triton import interface as kernel
     q = inputs["q"]
     cfg = _moda_config(point, point.L, q.dtype, chunk, op="moda-fa4")
     eta = kernel.depth_utilization(point.T, point.G, cfg.depth_block_m, point.L, cfg.replace(fwd_depth="split")) \
@@ -314,7 +315,10 @@ def _moda_fa4(inputs, point, chunk):
 
 def _overlap_prepared(inputs, point, chunk, fused: bool) -> Prepared:
     """moda-overlap (fused=False) or moda-fused (its forward as one FA4 sm90 kernel, fused_sm90)."""
-    from moda_bench.ops.moda import MoDAShape, fa4, kernel_depth, overlap
+    from moda_bench.kernels.moda import MoDAShape
+    from moda_bench.kernels.moda.fa4 import merge as fa4
+    from moda_bench.kernels.moda.triton import depth as kernel_depth
+    from moda_bench.kernels.moda.fa4 import overlap
     if chunk is not None:
         raise ProviderSkip("C (block_m) does not apply: the depth items' rows are the overlap heuristic's"
                            + (", the fused forward's rows FA4's tiles" if fused else ""))
@@ -358,22 +362,22 @@ def _moda_fused(inputs, point, chunk):
 # ---------------------------------------------------------------------------------------------
 
 def _dattn_reference(q, k, v, k_src, v_src):
-    from moda_bench.ops.dattn import depth_attention_reference
+    from moda_bench.kernels.dattn import depth_attention_reference
     return depth_attention_reference(q, k, v, k_src, v_src)
 
 
 def _mix_reference(q, k, v, k_src, v_src):
-    from moda_bench.ops.dattn import mix_reference
+    from moda_bench.kernels.dattn import mix_reference
     return mix_reference(q, k, v, k_src, v_src)
 
 
-_needs_dattn = needs_triton_op("moda_bench.ops.dattn", "the Depth-Attention kernels")
+_needs_dattn = needs_triton_op("moda_bench.kernels.dattn", "the Depth-Attention kernels")
 
 
 def _dattn_prepared(inputs, point, mix: str, chain: bool = False) -> Prepared:
     """Depth-Attention with the given mix; chain: the Triton mix and the sequence backward in one
     autograd node where FA4 runs (the operator's default), else composed by autograd."""
-    from moda_bench.ops.dattn import chain_backend, depth_attention, sequence_backend
+    from moda_bench.kernels.dattn import chain_backend, depth_attention, sequence_backend
     q = inputs["q"]
     attention, name = sequence_backend(q.device, q.dtype)
     backend = chain_backend(q.device, q.dtype) if chain and point.S > 0 else None
@@ -411,7 +415,7 @@ def _dattn_torch(inputs, point, chunk):
                    description="the Depth-Attention mix kernel alone (mixed values out), against the copy rate")
 def _dattn_mix(inputs, point, chunk):
     import torch
-    from moda_bench.ops.dattn import depth_mix
+    from moda_bench.kernels.dattn import depth_mix
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     g = torch.Generator(device=q.device)
     g.manual_seed(12345)
@@ -425,7 +429,7 @@ for _p in decode_providers.PROVIDERS:
 
 
 def _register_rung(rung) -> None:
-    """One ablation rung of moda_bench.ops.moda.ladder.table as a provider named rung.name."""
+    """One ablation rung of moda_bench.kernels.moda.ladder.table as a provider named rung.name."""
 
     def prepare(inputs, point, chunk):
         C = point.C if chunk is None else chunk

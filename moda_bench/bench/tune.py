@@ -53,7 +53,7 @@ def group_by_key(points: list, key_fn) -> dict:
 
 def point_shape(p):
     """MoDAShape of a runner.Point."""
-    from moda_bench.ops.moda import MoDAShape
+    from moda_bench.kernels.moda import MoDAShape
     return MoDAShape(B=p.B, T=p.T, Hq=p.Hq, Hk=p.Hk, d=p.d, L=p.L)
 
 

@@ -48,7 +48,7 @@ def ablation_table(frame, *, show_paper: bool = True, title: str = "MoDA kernel 
     from rich.table import Table
 
     from moda_bench import schema
-    from moda_bench.ops.moda.ladder.table import rung as find_rung
+    from moda_bench.kernels.moda.ladder.table import rung as find_rung
 
     table = Table(title=title, title_justify="left")
     for col, just in (("implementation", "left"), ("median ms (p20-p80)", "right"), ("x prev", "right"),
@@ -153,7 +153,7 @@ def ablate_command(
         raise typer.BadParameter(f"--d must be one of 16, 32, 64, 128, got {d}")
     if C < 16 or C > 128 or C & (C - 1):
         raise typer.BadParameter(f"--C must be a power of two in 16..128, got {C}")
-    from moda_bench.ops.moda.config import group_pad
+    from moda_bench.kernels.moda.config import group_pad
     gp = group_pad(G)
     if C % gp:
         raise typer.BadParameter(f"--C={C} must be a multiple of G rounded up to a power of two ({gp})")
@@ -168,7 +168,7 @@ def ablate_command(
 
     from moda_bench.bench.ablate import ablation_frame, is_paper_config, run_ladder
     from moda_bench.bench.runner import Point
-    from moda_bench.ops.moda.ladder.table import RUNGS
+    from moda_bench.kernels.moda.ladder.table import RUNGS
 
     point = Point(T=T, G=G, Hk=Hk, L=L, B=B, d=d, C=C, dtype=dtype_name)
     meta = schema.run_metadata()

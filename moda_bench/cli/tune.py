@@ -11,7 +11,7 @@ default carries that candidate's ratio and interval. Each shape's result is save
 is found and shapes already in the cache are skipped (--force retunes), so a long preset can be
 run in several invocations.
 `--export-shipped DIR` writes the cache's 'tuned' entries as the package's shipped configs
-(DIR/<gpu-slug>.json; the package's own directory is moda_bench/ops/moda/tuned). torch/triton
+(DIR/<gpu-slug>.json; the package's own directory is moda_bench/kernels/moda/tuned). torch/triton
 are imported inside the command.
 """
 from __future__ import annotations
@@ -148,7 +148,7 @@ def tune_command(
         "95% upper bound below 1 - margin), e.g. 2% or 0.02.")] = "2%",
     export_shipped: Annotated[Optional[Path], typer.Option(
         "--export-shipped", help="Write the cache's 'tuned' entries as shipped configs into this directory "
-        "(<gpu-slug>.json; the package's is moda_bench/ops/moda/tuned) and exit.")] = None,
+        "(<gpu-slug>.json; the package's is moda_bench/kernels/moda/tuned) and exit.")] = None,
     force: Annotated[bool, typer.Option(
         "--force/--skip-cached", help="Retune shapes that already have a valid cache entry.")] = False,
     warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="do_bench warm-up per candidate.")] = 10,
@@ -178,7 +178,7 @@ def tune_command(
     if bad or not kernel_list:
         raise typer.BadParameter(f"unknown kernel(s) {bad or kernels!r}; choose from {', '.join(groups)}",
                                  param_hint="--kernels")
-    from moda_bench.ops.moda.config import OPS
+    from moda_bench.kernels.moda.config import OPS
     if op not in OPS:
         raise typer.BadParameter(f"unknown operator {op!r}; choose from {', '.join(OPS)}", param_hint="--op")
     if op == "moda-overlap":  # its knobs are the depth launches' items and program counts
@@ -214,7 +214,7 @@ def tune_command(
         raise typer.BadParameter(f"--vary must be T, G or L{hint}, got {vary!r}", param_hint="--vary")
     if values and not vary:
         raise typer.BadParameter("--values needs --vary", param_hint="--values")
-    from moda_bench.ops.moda.validate import SUPPORTED_HEAD_DIMS
+    from moda_bench.kernels.moda.validate import SUPPORTED_HEAD_DIMS
     if d is not None and d not in SUPPORTED_HEAD_DIMS:
         raise typer.BadParameter(f"head dim {d} is not supported; use one of {SUPPORTED_HEAD_DIMS}", param_hint="--d")
     given = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d).items() if v is not None}
@@ -233,12 +233,13 @@ def tune_command(
                                      param_hint="--device")
         torch.cuda.set_device(device)
     try:
-        from moda_bench.ops.moda import MoDAConfig, default_config, moda_attention
+        from moda_bench.kernels.moda import MoDAConfig, default_config, moda_attention
     except ImportError as exc:
         _fail(f"the MoDA kernel cannot be imported: {exc}")
     attention, default_fn = moda_attention, default_config
     if op in ("moda-fa4", "moda-overlap"):
-        from moda_bench.ops.moda import fa4, overlap
+        from moda_bench.kernels.moda.fa4 import merge as fa4
+        from moda_bench.kernels.moda.fa4 import overlap
         why = fa4.fa4_unavailable(torch.device("cuda", torch.cuda.current_device()))
         if why:
             _fail(f"{op} cannot run here: {why}", 2)

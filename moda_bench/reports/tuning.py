@@ -18,7 +18,7 @@ TUNING_INTRO = (
     "## Tuning decisions\n\n`moda-bench tune` per shape: the search's winner (candidate) and the built-in "
     "default config timed on fwd+bwd in interleaved rounds; `candidate/default` is the ratio of their times "
     "with its 95% interval. A winner is kept (`tuned`) only where the interval's upper end is below "
-    "1 - `min gain`; kept winners ship in `moda_bench/ops/moda/tuned/<gpu>.json` and run with no flag. "
+    "1 - `min gain`; kept winners ship in `moda_bench/kernels/moda/tuned/<gpu>.json` and run with no flag. "
     "Summaries from before the interleaved comparison show the ratio of medians without an interval; "
     "that tuner stored any config with a faster median (`faster median`, no margin), and those are not shipped. "
     "A kept default's candidate is, since 2026-11-27, the search's closest candidate where nothing was faster on "

@@ -7,7 +7,7 @@ when asked to, and the export of a cache into the configs shipped with the packa
            rounds), the device timer
   cache    the JSON cache of winners; `load` reads one, `use` / `using` / `stop_using` switch
            `resolve_config` to it and back (nothing is installed at import)
-  shipped  a cache's 'tuned' entries -> moda_bench/ops/moda/tuned/<gpu-slug>.json (package data)
+  shipped  a cache's 'tuned' entries -> moda_bench/kernels/moda/tuned/<gpu-slug>.json (package data)
 
 This module re-exports the names the layers above use.
 """

@@ -2,7 +2,7 @@
 --export-shipped DIR`).
 
 The shipped configs are package data, one JSON file per GPU model in
-moda_bench/ops/moda/tuned/ (`config.shipped_path`: <gpu-slug>.json), read by `resolve_config`
+moda_bench/kernels/moda/tuned/ (`config.shipped_path`: <gpu-slug>.json), read by `resolve_config`
 when no explicit config is given and the user's tuning cache (if one is installed) has no entry
 for the shape. File: {"schema_version": 1, "gpu": <name>, "entries": {key: entry}}, key =
 `config.shipped_key`: triton major.minor, dtype, d, G, L and the power-of-two bucket of T (the
@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from moda_bench.ops.moda.config import (SHIPPED_SCHEMA_VERSION, MoDAConfig, op_prefix, read_shipped,
+from moda_bench.kernels.moda.config import (SHIPPED_SCHEMA_VERSION, MoDAConfig, op_prefix, read_shipped,
                                         shipped_path, triton_minor)
 from moda_bench.tuning.cache import atomic_write_json, read_entries
 from moda_bench.tuning.space import config_problems

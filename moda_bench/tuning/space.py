@@ -52,11 +52,11 @@ from dataclasses import fields
 from typing import Iterable, Optional
 
 
-from moda_bench.ops.launch import next_pow2
-from moda_bench.ops.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
+from moda_bench.kernels.launch import next_pow2
+from moda_bench.kernels.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
                                         check_config, dtype_name, group_pad)
-from moda_bench.ops.moda.kernel_bwd_rules import dq_heads, dq_heads_possible, kv_one_fits, pass_options
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_heads_possible, kv_one_fits, pass_options
+from moda_bench.kernels.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
 DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
@@ -325,8 +325,8 @@ def _bwd_kernel_space(shape: MoDAShape, base: MoDAConfig) -> list[MoDAConfig]:
     same share of the SMs (`overlap.same_share_bwd_programs`); CuTe's only where it takes the shape."""
     import torch
 
-    from moda_bench.ops.moda.overlap import same_share_bwd_programs
-    from moda_bench.ops.moda.validate import cute_bwd_shape_problem
+    from moda_bench.kernels.moda.fa4.overlap import same_share_bwd_programs
+    from moda_bench.kernels.moda.validate import cute_bwd_shape_problem
     if base.bwd_depth != "persist" or base.bwd_depth_ctas <= 0:
         raise ValueError(f"bwd_kernel tunes moda-overlap's backward depth kernel; the base config has bwd_depth="
                          f"{base.bwd_depth!r}, bwd_depth_ctas={base.bwd_depth_ctas}")

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from moda_bench.ops.moda.config import MoDAConfig, default_config
-from moda_bench.ops.moda.validate import MoDAShape
+from moda_bench.kernels.moda.config import MoDAConfig, default_config
+from moda_bench.kernels.moda.validate import MoDAShape
 from moda_bench.timing import RoundRule, interleave
 from moda_bench.tuning.space import (DEFAULT_BUDGET, DEFAULT_SMEM_BYTES, DEPTH_GROUPS, KERNELS, OVERLAP_GROUPS,
                                      candidate_configs, device_smem_limit, dtype_name, neighbours, prune_candidates)
@@ -217,7 +217,7 @@ class CudaTimer(Timer):
 
         from moda_bench.timing import make_inputs
         if attention is None:
-            from moda_bench.ops.moda import moda_attention as attention
+            from moda_bench.kernels.moda import moda_attention as attention
         if measure_fn is None:
             from moda_bench.timing import measure as measure_fn
         if sampler_fn is None:

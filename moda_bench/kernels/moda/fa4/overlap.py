@@ -1,0 +1,118 @@
+"""MoDA with the depth part streamed beside FlashAttention-4 on a reserved share of the SMs:
+`moda_overlap` (the `moda-overlap` provider), i.e. `moda_fa4` under the "persist" placement;
+`overlap_config`, its config per shape (a tuned entry, `moda-bench tune --op moda-overlap`, else
+`overlap_heuristic`, which sizes that share from the shape).
+
+How it runs (issue 20; measurements in docs/FUSED_PROTOTYPES.md, "The overlap route"): the depth
+part's persistent streaming kernels (`kernel_depth`, items of folded row blocks) are launched
+first on a highest-priority side stream with n programs; FA4's forward/backward, which is not
+persistent, then fills the other SMs, and the two run concurrently; the LSE merge (forward) and
+the dq sum (backward) follow. n is chosen so that the depth kernel on n SMs takes a little less
+than FA4 on the rest: too few programs leave a depth tail after FA4, too many take SMs from it.
+
+The program counts scale with the ratio of depth work to sequence FLOPs (`overlap_programs`; B, d
+and Hk cancel), from the H100 calibration at T=16384, G=8, L=64, d=64, bf16: 12 forward programs
+(1.052x FA4 [1.042-1.061] forward, where 8 gave 1.57x and 24 gave 1.12x) and 24 backward
+programs (fwd+bwd 1.116x [1.100-1.132]; 16 gave 1.158x, 32 1.128x), both as a share of the
+GPU's SMs (results/h100/overlap-probe). With detached depth the backward writes no depth
+gradients and takes 60% of those programs.
+"""
+from __future__ import annotations
+
+import math
+
+from moda_bench.kernels.moda.config import MoDAConfig, group_pad, op_config, resolve_config
+from moda_bench.kernels.moda.fa4.merge import cute_bwd_unavailable
+from moda_bench.kernels.moda.triton.fwd_tma import num_sms
+from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
+
+# The calibration point and its measured best shares of the SMs (H100, 132 SMs)
+BASE_T, BASE_G, BASE_L = 16384, 8, 64
+FWD_SHARE, BWD_SHARE = 12 / 132, 24 / 132
+MIN_PROGRAMS = 8
+DETACHED_BWD = 0.6
+# The streaming kernels' items: folded row blocks of 256 rows on 8 warps (forward) and 64 rows on 4
+# warps (backward), three items' tiles in flight. A depth program issues one instruction every ~4-6
+# cycles with one warp per scheduler (ncu, H200: CPI 4.1 forward, 5.8 backward, long-scoreboard and
+# fixed-latency waits; results/h200/depth-profile), so its rate is flat from 1 to 24 programs and
+# more warps on a larger item raise it: forward 48 -> 59 GB/s a program at G=8, 67 -> 78 at G=2, 35
+# -> 45 at G=16, 68 -> 74 at L=256 (H200, T=16384, alone). Beside FA4, before and after in one
+# process (results/{h100,h200}/overlap-ab): forward at T=16384 1.187x -> 1.122x (H100) / 1.119x
+# (H200) FA4, fwd+bwd at T=4096 (graph timer) 1.443x -> 1.428x / 1.377x -> 1.352x, G=2 and L=256
+# within 1%. The backward's 128-row 8-warp items stream 37 against 32 GB/s alone but cost 7-10%
+# beside FA4 at G=2 and L=256, so the backward keeps 64 rows and 4 warps.
+FWD_BLOCK_M, FWD_WARPS, BWD_BLOCK_M, BWD_WARPS, STAGES = 256, 8, 64, 4, 3
+# The backward's depth part as the CuTe kernel of independent warps (`depth_bwd_sm90`, where it takes
+# the shape): 52 against Triton's 29 GB/s a program at T=16384, G=8, L=64 (59 / 41 at G=2 and at
+# L=256, 45 / 21 at G=16; H100, alone, results/h100/depth-bwd-cute), so it needs fewer SMs beside
+# FA4. Beside FA4, fwd+bwd, H100, graph timer at T=4096: 96 programs 1.50x, 64 1.44x, 40 1.38x,
+# 32 1.34x, 24 1.35x, 16 1.79x (Triton's 96: 1.52x); T=16384 16-24 programs and T=32768 12 level
+# with Triton's within the intervals: a share of 8/132 at the calibration point, at least 12. After the
+# thirteenth session's cuts (54 GB/s a program; results/h100/fused-s13), moda-fused in one process each:
+# T=4096 (graph) 40 1.343x, 32 1.312x, 28 1.288x, 24 1.303x, but G=2 32 1.270x against 28 1.302x and
+# L=256 32 1.294x against 28 1.311x: no single share is best on all three, so 8/132 stays.
+CUTE_BWD_SHARE, CUTE_BWD_MIN = 8 / 132, 12
+
+
+def overlap_programs(shape: MoDAShape, sms: int, share: float, minimum: int = MIN_PROGRAMS) -> int:
+    """Programs of a streaming depth launch: share * sms at the calibration point, scaled by the
+    shape's depth work per sequence FLOP, between MIN_PROGRAMS and all SMs (rounded up: a depth
+    tail after FA4 costs far more than a program too many, 8 programs at T=16384 gave 1.57x FA4's
+    forward where 12 gave 1.05x and 16 1.07x). The depth work is its bytes below G = 8, ~ L / (G*T),
+    and its rows from G = 8 on, ~ L / T: a program's item of G rows is compute-bound there (H100,
+    G=32 at the 1/G count ran 3.65x FA4, G=16 1.24x, G=4 1.12x and G=2 1.31x; paper-overlap)."""
+    scale = (shape.L / BASE_L) * (BASE_T / max(shape.T, 1)) * (BASE_G / min(max(shape.G, 1), BASE_G))
+    return max(minimum, min(sms, math.ceil(share * sms * scale - 1e-9)))
+
+
+def same_share_bwd_programs(n: int, to_kernel: str) -> int:
+    """The backward program count on `to_kernel` ("cute" or "triton") that takes the share of the SMs
+    n programs of the other kernel take under `overlap_heuristic` (the tuner's other-kernel candidate)."""
+    if to_kernel == "cute":
+        return max(CUTE_BWD_MIN, math.ceil(n * CUTE_BWD_SHARE / BWD_SHARE - 1e-9))
+    return max(MIN_PROGRAMS, math.ceil(n * BWD_SHARE / CUTE_BWD_SHARE - 1e-9))
+
+
+def overlap_heuristic(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
+    """moda-fa4's resolved config with the "persist" placement on both passes, the side stream at
+    the highest priority, the CuTe depth backward where it takes the shape (`fa4.cute_bwd_unavailable`;
+    else Triton's) and the program counts of `overlap_programs` for this GPU (what
+    `moda-bench tune --op moda-overlap` starts from and must beat)."""
+    sms = num_sms(device)
+    detached = 1.0 if depth_grad else DETACHED_BWD
+    if cute_bwd_unavailable(shape, dtype, device) is None:
+        kernel, bwd = "cute", overlap_programs(shape, sms, CUTE_BWD_SHARE * detached, CUTE_BWD_MIN)
+    else:
+        kernel, bwd = "triton", overlap_programs(shape, sms, BWD_SHARE * detached)
+    return resolve_config(shape, dtype, op="moda-fa4").replace(
+        fwd_depth="persist", bwd_depth="persist", side_priority=True, bwd_depth_kernel=kernel,
+        depth_ctas=overlap_programs(shape, sms, FWD_SHARE), bwd_depth_ctas=bwd,
+        depth_block_m=max(FWD_BLOCK_M, group_pad(shape.G)), bwd_depth_block_m=max(BWD_BLOCK_M, group_pad(shape.G)),
+        depth_stages=STAGES, bwd_depth_stages=STAGES, depth_warps=FWD_WARPS, bwd_depth_warps=BWD_WARPS)
+
+
+def overlap_config(shape: MoDAShape, dtype=None, device=None, depth_grad: bool = True) -> MoDAConfig:
+    """moda-overlap's config: its own tuned entry for the shape (the tuning cache in use, else
+    this GPU's shipped file; `config.op_config`), its backward programs scaled by DETACHED_BWD
+    with detached depth; else `overlap_heuristic`."""
+    tuned = op_config(shape, dtype, "moda-overlap") if shape.L > 0 else None
+    if tuned is None or tuned.fwd_depth != "persist":
+        return overlap_heuristic(shape, dtype, device, depth_grad)
+    if not depth_grad:
+        tuned = tuned.replace(bwd_depth_ctas=max(MIN_PROGRAMS, math.ceil(tuned.bwd_depth_ctas * DETACHED_BWD)))
+    return tuned
+
+
+def moda_overlap(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
+                 config: MoDAConfig | None = None, return_lse: bool = False, depth_grad: bool = True, backend=None):
+    """MoDA (same contract as `moda_fa4`) with the depth part on a reserved share of the SMs
+    beside FA4's kernels (module docstring). `config` replaces `overlap_config`'s answer; L = 0
+    is FA4 alone."""
+    from moda_bench.kernels.moda.fa4.merge import moda_fa4
+    if config is None:
+        shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
+        if shape.L > 0:
+            config = overlap_config(shape, q.dtype, q.device, depth_grad)
+    return moda_fa4(q, k, v, k_depth, v_depth, scale=scale, config=config, return_lse=return_lse,
+                    depth_grad=depth_grad, backend=backend)
+
