@@ -1,5 +1,5 @@
 """The floor of every row: useful FLOPs, minimum HBM bytes, and the time no implementation of
-that provider's function can beat on this GPU (issue 20).
+that provider's function can beat on this GPU.
 
     floor_ms = max(flops / matmul rate, bytes / copy rate)
 

@@ -2,9 +2,8 @@
 canary), and which CPUs the process runs on (`--pin-cpu`).
 
 Why: an eager row times what a caller sees, and at short sequence lengths that is the host, not
-the GPU. On one H100 (results/h100/s19-probes) one eager forward + backward at T=1024 cost 580 to
-1128 us of host time for MoDA and 268 to 561 us for FA2, depending on the machine's start and on
-the CPU core the process ran on, while the GPU needed 313 and 215 us. So every row carries the
+the GPU, and a short eager call's host time varies by a factor of two with the machine and the
+CPU core the process runs on (docs/PERFORMANCE.md, "Host time"). So every row carries the
 host numbers of the process that timed it (`schema.HOST_COLUMNS`, `host_cpus`):
 
 - `host_canary`: median host microseconds per call, calls issued back to back on the current

@@ -3,7 +3,7 @@
 Owns:
 * MoDA inputs and the callable to time (`make_inputs`, `grad_inputs`, `make_pass_fn`,
   `max_rel_err`) and the legacy do_bench timer `measure` (median / p20 / p80, `QUANTILES`).
-* The measurement core (issue 15), in three layers:
+* The measurement core, in three layers:
   - statistics and stopping rules in pure Python, driven by any sample source and clock so they
     are tested on the CPU: `quantile`, `summarize` -> `Measurement`, `StopRule` + `collect`
     (NVBench-style: sample until min_samples AND min_time AND a stable spread, capped by
@@ -439,8 +439,8 @@ class EagerSampler:
     `batch(n)` queues `lead` untimed repetitions and then n timed ones back to back, with one
     synchronize at the end, as triton's do_bench does: host launch latency counts where the host
     is slower than the GPU, and is hidden by the queue where it is faster (the lead repetitions
-    fill the queue, so the first timed one does not start on an idle GPU: with a sync per
-    repetition MoDA's 1.2 ms of Python per fwd+bwd at T=4096 shows as +0.85 ms). A call returns
+    fill the queue, so the first timed one does not start on an idle GPU; a sync per repetition
+    would add the Python time of a short call to its GPU time). A call returns
     one repetition (ms) from a buffer refilled by batches of about batch_ms of work (at most
     max_batch; 1 for slow calls)."""
 
@@ -496,8 +496,7 @@ class GraphSampler(EagerSampler):
     captured backward writes new gradients into graph memory at every replay, as an eager
     repetition with grads set to None does; grads='accumulate' keeps the warm-up's .grad tensors
     and the captured backward adds into them in place (an extra read + write of every gradient per
-    replay: +0.57 ms, 21%, for MoDA fwd+bwd at T=4096 on an H100, whose depth K/V grads are
-    2 x 268 MB; fa2 +2%). Either way grads are not touched between replays. GraphCaptureError if capture fails."""
+    replay, large for MoDA, whose depth K/V gradients are L times the sequence K/V's). Either way grads are not touched between replays. GraphCaptureError if capture fails."""
 
     timer = "graph"
 

@@ -1,4 +1,4 @@
-"""The decode pass's providers and inputs (issue 22): one inference step of the Tq newest tokens of
+"""The decode pass's providers and inputs: one inference step of the Tq newest tokens of
 B sequences over a KV cache of T tokens each, plus each new token's L depth entries.
 
 Inputs (`make_decode_inputs`, fresh random, never zeros): q (B, Tq, Hq, d), k_cache and v_cache

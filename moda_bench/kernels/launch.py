@@ -4,14 +4,14 @@ Owns plain-Python grid arithmetic (`cdiv`, `next_pow2`) and `CachedLaunch`, a Tr
 whose per-call specialisation is done once per caller key.
 
 `triton.cdiv` and `triton.next_power_of_2` are also callable inside kernels, and recent Triton
-versions route their Python calls through that machinery: about 2 us a call (Triton 3.9 on a
-CPU), where `-(-a // b)` takes 0.03 us. A MoDA fwd+bwd makes about 16 such calls, which is
-host time that an eager training step pays on every call (issue 21's launch tax).
+versions route their Python calls through that machinery, a hundred times slower than
+`-(-a // b)`; a MoDA fwd+bwd makes about 16 such calls, host time that an eager training step
+would pay on every call.
 
 `CachedLaunch`: on every `kernel[grid](*args, **meta)` Triton binds all arguments, specialises
 each one (dtype, 16-byte alignment, value 1, divisibility by 16), hashes the result into its
 cache key, builds a launch-metadata dict for the profiling hooks and only then calls the C
-launcher: 15-30 us a launch on the hosts measured (issue 21; `experiments/host_probe.py --phases`).
+launcher, tens of microseconds a launch (`experiments/host_probe.py --phases` measures it).
 The operators here know what determines the specialisation (their inputs' shapes, dtype and
 tile configuration, all pointers 16-byte aligned), so a caller names that as a key: the first
 launch of a key goes through Triton and keeps the compiled kernel it returns; later launches of
@@ -189,8 +189,7 @@ class CachedLaunch:
 class TensorMaps:
     """The launch of a kernel with host-side tensor descriptor arguments, their encoded tensor maps
     kept. Triton's launcher encodes every descriptor at every launch (`make_tensordesc_arg`:
-    `cuTensorMapEncodeTiled` and the arguments' expansion in Python), measured at ~10 us a
-    descriptor on a GPU host (a forward with five: 71 -> 120 us of host, results/h100/host-desc-s25c);
+    `cuTensorMapEncodeTiled` and the arguments' expansion in Python), microseconds a descriptor;
     a map depends only on the pointer, shape, strides and the kernel's box and swizzle (its
     `tensordesc_meta` entry, which two kernels may choose differently for the same view and box),
     so it is encoded once per (metadata, pointer, shape, strides) and the expanded arguments go

@@ -1,24 +1,19 @@
-"""The depth part of MoDA's backward as a CuTe DSL kernel of independent warps (issue 20, the
-backward of `moda-overlap` / `moda-fused`).
+"""The depth part of MoDA's backward as a CuTe DSL kernel of independent warps (the backward of
+`moda-overlap` / `moda-fused`).
 
 Owns: `DepthBwdSm90` (the kernel) and `depth_bwd_sm90` (compile cache and launch), a drop-in for
-`kernel_depth.depth_bwd`: given the merged out and lse of the whole MoDA softmax, the depth keys'
+`triton.depth.depth_bwd`: given the merged out and lse of the whole MoDA softmax, the depth keys'
 share of dq and, with depth_grad, dk_depth and dv_depth. Imported only where FA4 imports (it
 needs cutlass); moda_fa4 falls back to the Triton kernel where `fa4.cute_bwd_unavailable` says why.
 
 Why a second kernel. The Triton streaming kernel's program is one chain of small dependent
-products on 4 warps (one a scheduler): ~29-32 GB/s a program on the H100 and H200, so the overlap
-route's backward took 96 SMs' worth of programs from FA4 at T=4096 (docs/FUSED_PROTOTYPES.md,
-"What bounds a depth program"). Here every warp is its own program: no CTA barrier, no shared
-pipeline; the 8 warps of a CTA hide each other's latency: 57 GB/s a program (H100, T=16384, G=8,
-L=64; "The backward's depth part as independent warps"). It was bound by the SM's
-shared-memory pipe (~400 wavefronts a step, L1/TEX at 88%; "The thirteenth session"): fewer
-instructions, a deeper pipeline, 16-key steps or more warps did not raise it; fewer wavefronts
-did (`keep_rows`: a unit's q and dO operands held in registers, +4-7%; `tma_store`: a full
-step's dK and dV rows leave by two TMA bulk stores from its buffers instead of vector loads and
-stores, 64 wavefronts fewer, +11-13%: 63 GB/s a program at G=8, 73 at G=2 and L=256; ~315
-wavefronts a step remain, and its warps now wait as much on load latency as on the pipe;
-"The fourteenth session").
+products on 4 warps (one a scheduler), so its bandwidth a program is low and the overlap route's
+backward took many SMs from FA4 at short T. Here every warp is its own program: no CTA barrier,
+no shared pipeline; the 8 warps of a CTA hide each other's latency. The kernel is bound by the
+SM's shared-memory pipe, so the options that cut shared-memory wavefronts are the ones that pay:
+`keep_rows` (a unit's q and dO operands held in registers) and `tma_store` (a full step's dK and
+dV rows leave by two TMA bulk stores from its buffers instead of vector loads and stores).
+docs/DESIGN.md ("CuTe depth backward") has the measurements.
 
 What a warp does. A unit is 16 folded rows r = t*G + g of one KV head (16/G whole positions; G
 must divide 16) and their positions' depth keys, one contiguous row range of k_depth viewed

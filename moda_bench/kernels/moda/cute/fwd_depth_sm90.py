@@ -1,4 +1,4 @@
-"""The depth steps of route B's fused forward (issue 20): how a tile's depth keys join its softmax.
+"""The depth steps of the fused sm90 forward: how a tile's depth keys join its softmax.
 
 Owns: `DepthSteps`, the mixin of `fused_sm90.MoDAForwardSm90` that scores a consumer group's depth
 keys, in two forms:
@@ -423,12 +423,8 @@ def placement_unavailable(placement: str, d: int) -> str | None:
 
 def default_placement(T: int, d: int = 64) -> str:
     """Where a tile's depth steps go by default: "spread" at d <= 64 (at every length), else
-    "offset". Forward / FA4, graph timer, one process (H100, results/h100/fused-s14-addr, with the
-    hand-addressed warp steps): spread / offset 1.355 / 1.415 at T=4096, 1.104 / 1.139 at 16384,
-    1.072 / 1.089 at 32768, 1.048 / 1.063 at 65536. Before those steps "spread" was behind at
-    T=65536 (H200: 1.043 / 1.033, results/h200/fused-spread) and the default stopped at 16384.
-    "offset" was faster than "first" at every length (H100: T=4096 1.470 vs 1.676, 16384 1.135 vs
-    1.202, 65536 1.055 vs 1.062; results/h100/fused-sm90-probes). T is kept for a length rule."""
+    "offset". "spread" was the fastest placement at every measured length with the hand-addressed
+    warp steps, and "offset" beat "first" everywhere (docs/DESIGN.md, "Fused sm90 forward"). T is kept for a length rule."""
     return "spread" if d <= 64 else "offset"
 
 

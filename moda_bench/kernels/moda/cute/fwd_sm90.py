@@ -1,4 +1,4 @@
-"""Route B of issue 20: MoDA's forward with the depth tiles inside FlashAttention-4's Hopper kernel.
+"""The fused route: MoDA's forward with the depth tiles inside FlashAttention-4's Hopper kernel.
 
 Owns: `MoDAForwardSm90` (a subclass of FA4's `FlashAttentionForwardSm90`, CuTe DSL) and
 `moda_fused_sm90_fwd` (compile cache and launch), the kernel behind `moda-fused`'s forward.

@@ -3,19 +3,17 @@
 `overlap_config`, its config per shape (a tuned entry, `moda-bench tune --op moda-overlap`, else
 `overlap_heuristic`, which sizes that share from the shape).
 
-How it runs (issue 20; measurements in docs/FUSED_PROTOTYPES.md, "The overlap route"): the depth
-part's persistent streaming kernels (`kernel_depth`, items of folded row blocks) are launched
+How it runs (measurements in docs/DESIGN.md, "Overlap route"): the depth
+part's persistent streaming kernels (`triton.depth`, items of folded row blocks) are launched
 first on a highest-priority side stream with n programs; FA4's forward/backward, which is not
 persistent, then fills the other SMs, and the two run concurrently; the LSE merge (forward) and
 the dq sum (backward) follow. n is chosen so that the depth kernel on n SMs takes a little less
 than FA4 on the rest: too few programs leave a depth tail after FA4, too many take SMs from it.
 
 The program counts scale with the ratio of depth work to sequence FLOPs (`overlap_programs`; B, d
-and Hk cancel), from the H100 calibration at T=16384, G=8, L=64, d=64, bf16: 12 forward programs
-(1.052x FA4 [1.042-1.061] forward, where 8 gave 1.57x and 24 gave 1.12x) and 24 backward
-programs (fwd+bwd 1.116x [1.100-1.132]; 16 gave 1.158x, 32 1.128x), both as a share of the
-GPU's SMs (results/h100/overlap-probe). With detached depth the backward writes no depth
-gradients and takes 60% of those programs.
+and Hk cancel), from a calibration at T=16384, G=8, L=64, d=64, bf16 on an H100: the forward's and
+the backward's best shares of the GPU's SMs (FWD_SHARE, BWD_SHARE). With detached depth the
+backward writes no depth gradients and takes a smaller share of programs.
 """
 from __future__ import annotations
 
@@ -57,10 +55,9 @@ CUTE_BWD_SHARE, CUTE_BWD_MIN = 8 / 132, 12
 def overlap_programs(shape: MoDAShape, sms: int, share: float, minimum: int = MIN_PROGRAMS) -> int:
     """Programs of a streaming depth launch: share * sms at the calibration point, scaled by the
     shape's depth work per sequence FLOP, between MIN_PROGRAMS and all SMs (rounded up: a depth
-    tail after FA4 costs far more than a program too many, 8 programs at T=16384 gave 1.57x FA4's
-    forward where 12 gave 1.05x and 16 1.07x). The depth work is its bytes below G = 8, ~ L / (G*T),
-    and its rows from G = 8 on, ~ L / T: a program's item of G rows is compute-bound there (H100,
-    G=32 at the 1/G count ran 3.65x FA4, G=16 1.24x, G=4 1.12x and G=2 1.31x; paper-overlap)."""
+    tail after FA4 costs far more than a program too many). The depth work is its bytes below
+    G = 8, ~ L / (G*T), and its rows from G = 8 on, ~ L / T: a program's item of G rows is
+    compute-bound there."""
     scale = (shape.L / BASE_L) * (BASE_T / max(shape.T, 1)) * (BASE_G / min(max(shape.G, 1), BASE_G))
     return max(minimum, min(sms, math.ceil(share * sms * scale - 1e-9)))
 

@@ -6,9 +6,8 @@ rule (`aligned`).
 
 Host-side descriptors are the default where Triton has them (`host_descriptors`). A device-side
 descriptor costs every program its build: the tensor map written to global memory, a proxy fence
-and a barrier, one after another for each descriptor. ncu of the passes at T=1024 (G=8, L=64,
-H100; results/h100/short-t-s25b) put 18% of the forward's warp samples, 29% of the dq pass's (eight
-descriptors) and 11% of the key-major pass's in those prologues; a host-side descriptor is encoded
+and a barrier, one after another for each descriptor; at short T those prologues hold a large
+share of the passes' warp samples (docs/DESIGN.md, "Descriptor loads"). A host-side descriptor is encoded
 once a launch by Triton's launcher and reaches every program as a kernel parameter.
 `set_host_descriptors(False)` (or MODA_BENCH_HOST_DESC=0 in the environment) keeps the device-side
 builds (A/B timing). Each builder below has its host twin (`*_hdesc`) describing the same view with
@@ -119,8 +118,8 @@ def set_host_descriptors(on: bool) -> bool:
 
 
 def _desc(t, shape: list, strides: list, block: list):
-    """A TensorDescriptor without its constructor's checks (2.5 us a descriptor on a GPU host,
-    where a fwd+bwd passes about 18): the builders below pass `aligned` tensors, contiguous views
+    """A TensorDescriptor without its constructor's checks (their host cost adds up: a fwd+bwd
+    passes about 18 descriptors): the builders below pass `aligned` tensors, contiguous views
     and boxes the kernels compiled with; the padding (and any later field) keeps its class default."""
     d = _NEW(TensorDescriptor)
     d.base, d.shape, d.strides, d.block_shape = t, shape, strides, block
