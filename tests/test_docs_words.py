@@ -47,7 +47,8 @@ NARRATIVE: list[tuple[str, re.Pattern[str]]] = [
     # s23, s22b, paper-moda-s30: a run id numbered by sequence (not d128x64w8s3, sm_90, s_max)
     ("a run-sequence id", re.compile(r"(?<![A-Za-z0-9_])s\d{1,2}[a-z]?(?![A-Za-z0-9_])")),
     ("a run date", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")),
-    ("'run N' / 'call N'", re.compile(r"\b(?:runs?|calls?)\s+\d+\b", re.IGNORECASE)),
+    # "run 5", "calls 2, 4" (not "runs 0.69 x FA2", not a `--calls 300` option)
+    ("'run N' / 'call N'", re.compile(r"(?<!--)\b(?:runs?|calls?)\s+\d+\b(?!\.\d)", re.IGNORECASE)),
 ]
 
 MAX_LINES = {"README.md": 250, "docs/RUNBOOK.md": 300, "docs/DESIGN.md": 400}
@@ -153,7 +154,8 @@ def test_narrative_checker_passes_topic_lines(tmp_path):
     good.write_text(
         "The variant d128x64w8s3 on sm_90 (s_max rows) ran 1.05x FA4 in results/h100/paper/.\n"
         "Rows 17-19 of the table; three runs of the same sweep; a run folder per question.\n"
-        "The first run of a new shape compiles its kernels; version 0.1.0, s.t. nothing.\n",
+        "The first run of a new shape compiles its kernels; version 0.1.0, s.t. nothing.\n"
+        "At G=8 moda runs 0.69x FA2; `host_probe.py --calls 300` times 300 calls.\n",
         encoding="utf-8")
     assert find_narrative(good) == []
 
