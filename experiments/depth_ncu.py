@@ -1,6 +1,6 @@
 """The streaming depth kernels of `moda-overlap` (`kernel_depth.depth_fwd` / `depth_bwd`) alone, for a
 profiler and for their rate per program (issue 20: that rate decides how many SMs the overlap takes
-from FA4, docs/FUSED_PROTOTYPES.md "The overlap route").
+from FA4, docs/DESIGN.md "The overlap route").
 
 Two modes:
 * rates (the default, `--calls 0`): each (pass, variant, program count) timed alone (CUDA-graph replays, L2

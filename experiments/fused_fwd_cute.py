@@ -1,7 +1,7 @@
 """Route B prototype (issue 20): MoDA's depth tiles inside FlashAttention-4's sm90 forward
 pipeline (CuTe DSL, flash-attn-4 4.0.0b36 used as a dependency, never copied). Forward only.
 
-Verdict of the study (details and the design in docs/FUSED_PROTOTYPES.md, "Route B"):
+Verdict of the study (details and the design in docs/DESIGN.md, "The fused sm90 forward"):
 a subclass of `flash_attn.cute.flash_fwd_sm90.FlashAttentionForwardSm90` that adds the depth
 tiles cannot be small. The kernel has no hook for a second K/V source:
   * `__call__` builds the TMA atoms/tensors of Q, K, V, O from its arguments and passes them to

@@ -8,7 +8,7 @@ The kernel now lives in the package (`moda_bench/kernels/moda/triton/fwd_tma.py`
 q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0). out (B,T,Hq,d)
 in q's dtype, lse (B,T,Hq) float32, natural log (the layout of `moda_reference(return_lse=True)`).
 
-Design (docs/FUSED_PROTOTYPES.md, route A):
+Design (docs/DESIGN.md, route A):
 * Rows are group-aware: for KV head j the G query heads are folded into the row axis,
   r = t*GP + g (GP = next_pow2(G); rows g >= G are padding, never stored). A program owns
   BLOCK_M rows = P = BLOCK_M/GP positions [t0, t0+P) of one (batch, KV head).

@@ -1,7 +1,14 @@
-"""The docs speak to a user with their own GPU machine, not about the machines this project's runs
-were made on: README.md and docs/*.md (the generated reports under docs/report/ aside) must not
-contain the word "lent", the string "$OUT", a machine-kind name such as ``nvidia-h200-x2``, or
-other words of the place the runs were made in ("device tool", "lease", "budget_left", ...)."""
+"""The docs speak to a user with their own GPU machine, by topic: README.md and docs/*.md (the
+generated reports live in reports/ and are not checked)
+
+- must not name the machines this project's runs were made on: the word "lent", the string
+  "$OUT", a machine-kind name such as ``nvidia-h200-x2``, or other words of the place the runs were
+  made in ("device tool", "lease", "budget_left", ...);
+- must not read as a lab notebook: no run-date or run-sequence narrative ("session N", "the Nth
+  runs", "s23"-style run ids, dates such as 2026-11-26, "run 5" / "call 4");
+- stay short: README.md <= 250 lines, docs/RUNBOOK.md <= 300, docs/DESIGN.md <= 400;
+
+and .ci/run runs the README's install and test command lines verbatim."""
 from __future__ import annotations
 
 import re
@@ -29,18 +36,37 @@ FORBIDDEN: list[tuple[str, re.Pattern[str]]] = [
 ]
 
 
+_ORDINAL = (r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
+            r"thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
+            r"thirtieth|(?:twenty|thirty)-\w+|\d+(?:st|nd|rd|th))")
+
+# (name, pattern): the lab-notebook vocabulary; each pattern is matched against every line.
+NARRATIVE: list[tuple[str, re.Pattern[str]]] = [
+    ("the word 'session'", re.compile(r"\bsessions?\b", re.IGNORECASE)),
+    ("'the Nth runs'", re.compile(rf"\bthe\s+{_ORDINAL}\s+(?:[\d-]+\s+)?runs\b", re.IGNORECASE)),
+    # s23, s22b, paper-moda-s30: a run id numbered by sequence (not d128x64w8s3, sm_90, s_max)
+    ("a run-sequence id", re.compile(r"(?<![A-Za-z0-9_])s\d{1,2}[a-z]?(?![A-Za-z0-9_])")),
+    ("a run date", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")),
+    # "run 5", "calls 2, 4" (not "runs 0.69 x FA2", not a `--calls 300` option)
+    ("'run N' / 'call N'", re.compile(r"(?<!--)\b(?:runs?|calls?)\s+\d+\b(?!\.\d)", re.IGNORECASE)),
+]
+
+MAX_LINES = {"README.md": 250, "docs/RUNBOOK.md": 300, "docs/DESIGN.md": 400}
+
+
 def doc_files(root: Path = ROOT) -> list[Path]:
-    """README.md and the hand-written docs/*.md (docs/report/ is generated and not checked)."""
+    """README.md and the hand-written docs/*.md (the generated reports/ are not checked)."""
     files = [root / "README.md"] + sorted((root / "docs").glob("*.md"))
     return [f for f in files if f.is_file()]
 
 
-def find_forbidden(path: Path, root: Path | None = None) -> list[str]:
-    """One ``file:line: <what> in: <the line>`` entry per forbidden match in ``path``."""
+def find_forbidden(path: Path, root: Path | None = None,
+                   patterns: list[tuple[str, re.Pattern[str]]] = FORBIDDEN) -> list[str]:
+    """One ``file:line: <what> in: <the line>`` entry per match of ``patterns`` in ``path``."""
     shown = path.relative_to(root) if root is not None else path
     hits = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        for what, pat in FORBIDDEN:
+        for what, pat in patterns:
             for m in pat.finditer(line):
                 hits.append(f"{shown}:{n}: {what} ({m.group(0)!r}) in: {line.strip()}")
     return hits
@@ -88,8 +114,66 @@ def test_checker_passes_clean_lines(tmp_path):
     assert find_forbidden(good) == []
 
 
+def find_narrative(path: Path, root: Path | None = None) -> list[str]:
+    """One entry per run-date or run-sequence phrase in ``path`` (``find_forbidden``'s format)."""
+    return find_forbidden(path, root, NARRATIVE)
+
+
 def test_generated_reports_are_not_checked():
     assert not any("report" in f.relative_to(ROOT).parts[:-1] for f in doc_files())
+
+
+def test_docs_have_no_run_narrative():
+    hits = [h for f in doc_files() for h in find_narrative(f, ROOT)]
+    assert not hits, (
+        "the docs read as a run log; say it by topic and cite the results folder instead:\n"
+        + "\n".join(hits))
+
+
+def test_docs_fit_their_length():
+    long = {name: n for name, cap in MAX_LINES.items()
+            if (n := len((ROOT / name).read_text(encoding="utf-8").splitlines())) > cap}
+    assert not long, f"over the line limit {MAX_LINES}: {long}"
+
+
+def test_narrative_checker_flags_planted_lines(tmp_path):
+    lines = ["## The fourteenth session (2026-11-26)", "In session 24 the rows moved.",
+             "See results/h100/paper-moda-s30 and s22b.", "## The thirtieth 2026-11-27 runs",
+             "the twenty-third runs", "measured in run 5, call 4"]
+    bad = tmp_path / "log.md"
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    hits = find_narrative(bad)
+    flagged = {int(h.split(":")[1]) for h in hits}
+    assert flagged == set(range(1, len(lines) + 1)), hits
+    assert any("'session'" in h for h in hits) and any("run date" in h for h in hits)
+    assert any("run-sequence id ('s22b')" in h for h in hits) and any("'the Nth runs'" in h for h in hits)
+
+
+def test_narrative_checker_passes_topic_lines(tmp_path):
+    good = tmp_path / "topic.md"
+    good.write_text(
+        "The variant d128x64w8s3 on sm_90 (s_max rows) ran 1.05x FA4 in results/h100/paper/.\n"
+        "Rows 17-19 of the table; three runs of the same sweep; a run folder per question.\n"
+        "The first run of a new shape compiles its kernels; version 0.1.0, s.t. nothing.\n"
+        "At G=8 moda runs 0.69x FA2; `host_probe.py --calls 300` times 300 calls.\n",
+        encoding="utf-8")
+    assert find_narrative(good) == []
+
+
+def _command_lines(text: str) -> set[str]:
+    return {ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")}
+
+
+def test_ci_runs_the_readme_commands():
+    """The README's install line and test line are lines of .ci/run, so CI tests what users run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
+    install = [ln.strip() for b in blocks for ln in b.splitlines() if ln.strip().endswith('-e ".[test]"')]
+    test = [ln.strip() for b in blocks for ln in b.splitlines() if "pytest -q" in ln and "-m gpu" not in ln]
+    assert install and test, "README has no install or test command block"
+    ci = _command_lines((ROOT / ".ci" / "run").read_text(encoding="utf-8"))
+    missing = [c for c in install[:1] + test[:1] if c not in ci]
+    assert not missing, f".ci/run does not run the README's commands: {missing}"
 
 
 def test_runbook_blocks_write_under_a_folder_the_user_sets():
