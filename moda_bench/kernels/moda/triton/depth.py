@@ -6,7 +6,7 @@ sequence kernel streams the depth bytes on a fixed share of the SMs for the whol
 Why: FA4's forward and backward are not persistent; launched after a capped depth kernel on a
 highest-priority side stream, their programs take the SMs the depth programs leave, and the pass
 costs about max(sequence time * SMs / (SMs - n), depth time on n programs) plus the merge instead
-of their sum (docs/FUSED_PROTOTYPES.md, "The overlap route"). It pays only if one program streams
+of their sum (docs/DESIGN.md, "The overlap route"). It pays only if one program streams
 fast. Measured on the H100 (T=16384, G=8, L=64, forward alone): the row-block depth-only launches
 of `kernel_fwd`, capped, 13.5 GB/s a program; items of one position with loads pipelined several
 items deep, 16 GB/s (bound by the latency of each item's chain of small products, ~1 us, whatever
