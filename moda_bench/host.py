@@ -3,7 +3,7 @@ canary), and which CPUs the process runs on (`--pin-cpu`).
 
 Why: an eager row times what a caller sees, and at short sequence lengths that is the host, not
 the GPU, and a short eager call's host time varies by a factor of two with the machine and the
-CPU core the process runs on (docs/PERFORMANCE.md, "Host time"). So every row carries the
+CPU core the process runs on (docs/PERFORMANCE.md). So every row carries the
 host numbers of the process that timed it (`schema.HOST_COLUMNS`, `host_cpus`):
 
 - `host_canary`: median host microseconds per call, calls issued back to back on the current

@@ -13,7 +13,7 @@ no shared pipeline; the 8 warps of a CTA hide each other's latency. The kernel i
 SM's shared-memory pipe, so the options that cut shared-memory wavefronts are the ones that pay:
 `keep_rows` (a unit's q and dO operands held in registers) and `tma_store` (a full step's dK and
 dV rows leave by two TMA bulk stores from its buffers instead of vector loads and stores).
-docs/DESIGN.md ("CuTe depth backward") has the measurements.
+docs/DESIGN.md ("The depth backward in CuTe") has the measurements.
 
 What a warp does. A unit is 16 folded rows r = t*G + g of one KV head (16/G whole positions; G
 must divide 16) and their positions' depth keys, one contiguous row range of k_depth viewed

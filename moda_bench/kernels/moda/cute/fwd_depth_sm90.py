@@ -424,7 +424,8 @@ def placement_unavailable(placement: str, d: int) -> str | None:
 def default_placement(T: int, d: int = 64) -> str:
     """Where a tile's depth steps go by default: "spread" at d <= 64 (at every length), else
     "offset". "spread" was the fastest placement at every measured length with the hand-addressed
-    warp steps, and "offset" beat "first" everywhere (docs/DESIGN.md, "Fused sm90 forward"). T is kept for a length rule."""
+    warp steps, and "offset" beat "first" everywhere (docs/DESIGN.md, "The fused sm90 forward").
+    T is kept for a length rule."""
     return "spread" if d <= 64 else "offset"
 
 

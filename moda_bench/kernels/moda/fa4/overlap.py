@@ -3,7 +3,7 @@
 `overlap_config`, its config per shape (a tuned entry, `moda-bench tune --op moda-overlap`, else
 `overlap_heuristic`, which sizes that share from the shape).
 
-How it runs (measurements in docs/DESIGN.md, "Overlap route"): the depth
+How it runs (measurements in docs/DESIGN.md, "The overlap route"): the depth
 part's persistent streaming kernels (`triton.depth`, items of folded row blocks) are launched
 first on a highest-priority side stream with n programs; FA4's forward/backward, which is not
 persistent, then fills the other SMs, and the two run concurrently; the LSE merge (forward) and

@@ -7,8 +7,8 @@ rule (`aligned`).
 Host-side descriptors are the default where Triton has them (`host_descriptors`). A device-side
 descriptor costs every program its build: the tensor map written to global memory, a proxy fence
 and a barrier, one after another for each descriptor; at short T those prologues hold a large
-share of the passes' warp samples (docs/DESIGN.md, "Descriptor loads"). A host-side descriptor is encoded
-once a launch by Triton's launcher and reaches every program as a kernel parameter.
+share of the passes' warp samples (docs/DESIGN.md, "The Triton kernel"). A host-side
+descriptor is encoded once a launch by Triton's launcher and reaches every program as a kernel parameter.
 `set_host_descriptors(False)` (or MODA_BENCH_HOST_DESC=0 in the environment) keeps the device-side
 builds (A/B timing). Each builder below has its host twin (`*_hdesc`) describing the same view with
 the same box; a kernel whose HOST_DESC constexpr is set takes the twin in its tensor's argument
