@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _expected() -> dict:
     """What each shipped preset holds: (sweeps, pass, providers, timers); the presets' definitions
     from before they became TOML files, spelled out (decode: issue 22; Depth-Attention: issue 23)."""
-    decode = tuple(SweepSpec("B", None, f"decode-T{t}", (("T", t), ("Tq", 1), ("G", 8), ("Hk", 8), ("d", 64), ("L", 64)))
-                   for t in (2048, 8192, 32768, 131072))
+    heads = (("Tq", 1), ("G", 8), ("Hk", 8), ("d", 64), ("L", 64))
+    decode = tuple(SweepSpec("B", None, f"decode-T{t}", (("T", t),) + heads) for t in (2048, 8192, 32768, 131072))
     dattn = tuple(SweepSpec("S", None, f"dattn-{m}-T{t}", (("T", t), ("G", 4), ("Hk", hk), ("d", 64)))
                   for m, hk in (("3B", 8), ("1.5B", 6)) for t in (16384, 8192, 4096, 2048))
     return {

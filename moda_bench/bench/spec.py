@@ -120,6 +120,12 @@ def rates_from_verdicts(verdicts: Sequence, gpu_name: Optional[str] = None) -> R
 
 # ----------------------------------------------------------------------------- tune
 TUNE_AXES = ("T", "G", "L")
+TUNE_DTYPES = ("bfloat16", "float16", "float32")
+# tune's presets: (axis, values) sweeps; values None = the paper's (schema.AXIS_VALUES)
+TUNE_PRESETS = {
+    "paper": (("T", None), ("G", None), ("L", None)),  # the three sweeps of the paper's efficiency table
+    "full": (("T", (1024, 2048, 4096, 8192, 16384, 32768, 65536)), ("G", None), ("L", None)),
+}
 TUNE_SHAPE_FIELDS = ("T", "G", "L", "B", "Hk", "d")
 DEFAULT_TUNE_KERNELS = ("fwd_depth", "bwd_depth", "fwd", "bwd_q", "bwd_kv")
 
@@ -128,7 +134,7 @@ DEFAULT_TUNE_KERNELS = ("fwd_depth", "bwd_depth", "fwd", "bwd_q", "bwd_kv")
 class TuneSpec:
     """One `moda-bench tune` run. shape: the base point's fields given on the command line, as
     (field, value) pairs of TUNE_SHAPE_FIELDS (the rest: schema.BASE_POINT); what to tune: that
-    point alone, a `vary` sweep over `values` (None: the paper's) or a `preset` of bench.tune.PRESETS.
+    point alone, a `vary` sweep over `values` (None: the paper's) or a `preset` of TUNE_PRESETS.
     op: the operator (kernels.moda.config.OPS); kernels: its field groups, in tuning order, as
     requested (None: the operator's default); after checking, `kernels` holds the groups tuned and
     `dropped` those that do not apply to the operator (moda-fa4 tunes its depth launches only).
@@ -156,7 +162,6 @@ class TuneSpec:
 
     def __post_init__(self):
         from moda_bench import tuning
-        from moda_bench.bench.tune import DTYPES, PRESETS
         from moda_bench.kernels.moda.config import OPS
         from moda_bench.kernels.moda.validate import SUPPORTED_HEAD_DIMS
 
@@ -191,12 +196,12 @@ class TuneSpec:
             raise SpecError(f"{self.op} has no depth launches at L=0: nothing to tune", "--L")
         object.__setattr__(self, "kernels", tuple(kernels))
         object.__setattr__(self, "dropped", dropped)
-        if self.dtype not in DTYPES:
-            raise SpecError(f"{self.dtype!r} is not one of {', '.join(DTYPES)}", "--dtype")
+        if self.dtype not in TUNE_DTYPES:
+            raise SpecError(f"{self.dtype!r} is not one of {', '.join(TUNE_DTYPES)}", "--dtype")
         if self.vary and self.preset:
             raise SpecError("give either --vary or --preset, not both", "--preset")
-        if self.preset and self.preset not in PRESETS:
-            raise SpecError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}", "--preset")
+        if self.preset and self.preset not in TUNE_PRESETS:
+            raise SpecError(f"unknown preset {self.preset!r}; choose from {', '.join(TUNE_PRESETS)}", "--preset")
         if self.vary and self.vary not in TUNE_AXES:
             hint = " (C is the chunk the tuner chooses)" if self.vary == "C" else ""
             raise SpecError(f"--vary must be T, G or L{hint}, got {self.vary!r}", "--vary")

@@ -215,7 +215,8 @@ def sweep_command(
     if depth_grad not in ("on", "off"):
         raise typer.BadParameter(f"--depth-grad must be on or off, got {depth_grad!r}")
     decode = pass_ == schema.DECODE_PASS
-    default_providers = (chosen and chosen.providers) or ",".join(DEFAULT_DECODE_PROVIDERS if decode else DEFAULT_PROVIDERS)
+    default_providers = ((chosen and chosen.providers)
+                         or ",".join(DEFAULT_DECODE_PROVIDERS if decode else DEFAULT_PROVIDERS))
     try:
         provider_names = [p.name for p in resolve_providers(providers or default_providers, op_of_pass(pass_))]
     except UnknownProviderError as err:
