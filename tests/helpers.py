@@ -123,6 +123,10 @@ def fake_tuning_device(monkeypatch, timer_factory):
     monkeypatch.setattr(tu, "current_gpu_name", lambda: "Fake GPU")
     monkeypatch.setattr(cache_mod, "current_gpu_name", lambda: "Fake GPU")
     monkeypatch.setattr(tuner_mod, "device_smem_limit", lambda *a, **k: H100_SMEM)
+    # the kernels' own defaults still see no GPU (else their first look would ask torch for one and
+    # remember the answer for the whole session)
+    from moda_bench.kernels.moda import config as config_mod
+    monkeypatch.setattr(config_mod, "_cuda_ok", False)
     monkeypatch.setattr(schema, "run_metadata", lambda device_index=None: {c: "x" for c in schema.META_COLUMNS})
     made = []
     monkeypatch.setattr(tu, "CudaTimer", lambda shape, dtype, **kw: made.append(shape) or timer_factory(shape))

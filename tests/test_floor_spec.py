@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from moda_bench import floor, results, schema
 from moda_bench.bench.point import TimingOptions
-from moda_bench.bench.presets import PRESET_PASS, preset_sweeps
+from moda_bench.bench.presets import load_preset, preset_sweeps
 from moda_bench.bench.runner import Point, base_row, schema_rows
 from moda_bench.bench.spec import RunSpec, parse_timers, rates_from_verdicts
 from moda_bench.bench.sweep import plan_run
@@ -147,7 +147,7 @@ def test_rows_of_two_gpus_are_both_kept(tmp_path):
 
 def test_decode_preset_plans_B_sweeps_per_context_length(tmp_path):
     specs = preset_sweeps("decode")
-    assert PRESET_PASS["decode"] == "decode"
+    assert load_preset("decode").pass_ == "decode"
     plans = plan_run(specs, Point(), tmp_path, pin_chunk=False)
     assert [s.name for s in plans] == ["decode-T2048", "decode-T8192", "decode-T32768", "decode-T131072"]
     for s, T in zip(plans, (2048, 8192, 32768, 131072)):
@@ -310,7 +310,7 @@ def test_alloc_retries_off_cuda_is_zero(monkeypatch):
 def test_depth_attention_preset_times_graph_and_eager(tmp_path, monkeypatch):
     import torch
     from moda_bench.bench import runner
-    from moda_bench.bench.presets import PRESET_TIMERS
+    from moda_bench.bench.presets import load_preset
     from moda_bench.cli import checks
     seen = []
     monkeypatch.setattr(runner, "run_sweep", lambda points, spec, csv_path, **kw: seen.append(spec))
@@ -318,7 +318,7 @@ def test_depth_attention_preset_times_graph_and_eager(tmp_path, monkeypatch):
     monkeypatch.setattr(checks.RunHealth, "rates", lambda self: floor.Rates())
     res = _invoke("--preset", "depth-attention", "--no-health-check", "--out", str(tmp_path / "a"))
     assert res.exit_code == 0, res.output
-    assert len(seen) == 8 and seen[0].timer_list() == PRESET_TIMERS["depth-attention"] == ("graph", "eager")
+    assert len(seen) == 8 and seen[0].timer_list() == load_preset("depth-attention").timers == ("graph", "eager")
     assert seen[0].providers == ("dattn", "dattn-torch", "dattn-mix", "fa4", "fa2", "moda", "moda-fa4")
     res = _invoke("--preset", "depth-attention", "--timer", "eager", "--no-health-check", "--out", str(tmp_path / "b"))
     assert res.exit_code == 0 and seen[-1].timer_list() == ("eager",)

@@ -16,6 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from moda_bench.bench import gate as gate_run
 from moda_bench.cli.gate import gate_command, parse_threshold
 from moda_bench.reports import gate
 from moda_bench.reports.gate import compare
@@ -416,7 +417,7 @@ def test_run_plan(rng):
     df["timer"] = df["timer"].astype(object)
     df.loc[(df["pass"] == "fwd") & (df["T"] == 4096), "timer"] = "graph"
     df.loc[(df["pass"] == "fwd") & (df["T"] == 16384), "timer"] = "do_bench"   # runner.LEGACY_TIMER
-    plan = gate.run_plan(df)
+    plan = gate_run.run_plan(df)
     groups = {(pass_, timer, tuple(sorted(provs))): [p.T for p in points] for pass_, timer, points, provs in plan}
     everything, no_moda = ("fa2", "moda", "moda-chunk"), ("fa2", "moda-chunk")
     assert groups == {("fwd", "eager", no_moda): [1024], ("fwd", "do_bench", everything): [16384],
@@ -426,7 +427,7 @@ def test_run_plan(rng):
     assert all(p.Hq == 64 and p.L == 64 and p.C == 64 and p.dtype == "bfloat16" for p in points)
     df.loc[0, "timer"] = "custom"
     with pytest.raises(gate.GateInputError, match="custom"):
-        gate.run_plan(df)
+        gate_run.run_plan(df)
 
 
 def healthy_gpu(monkeypatch, verdicts=("healthy",)):

@@ -1,6 +1,6 @@
-"""The work of `moda-bench tune` (the command is `moda_bench.cli.tune`): which shapes to tune,
-one tuning per cache key, the device run of `moda_bench.tuning.tune_shape` for a shape, and
-the rows of the CSV summary.
+"""The work of `moda-bench tune` (the command, which builds the run's `bench.spec.TuneSpec` and
+prints, is `moda_bench.cli.tune`): which shapes to tune, one tuning per cache key, the device run
+of `moda_bench.tuning.tune_shape` for a shape, and the rows of the CSV summary (`run_tuning`).
 
 Shapes that share a cache key (same GPU, triton, dtype, d, G, L and power-of-two bucket of T)
 are tuned once, at the largest T of the group; the entry then serves that bucket only.
@@ -16,16 +16,16 @@ torch/triton are imported inside functions.
 from __future__ import annotations
 
 import json
+import math
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
+from moda_bench.bench.spec import TUNE_PRESETS as PRESETS
+from moda_bench.bench.spec import SpecError
 from moda_bench.schema import CONFIG_COLUMNS, TUNE_COLUMNS
-# (axis, values) sweeps; values None = the paper's (schema.AXIS_VALUES)
-PRESETS = {
-    "paper": (("T", None), ("G", None), ("L", None)),  # the three sweeps of the paper's efficiency table
-    "full": (("T", (1024, 2048, 4096, 8192, 16384, 32768, 65536)), ("G", None), ("L", None)),
-}
-DTYPES = ("bfloat16", "float16", "float32")
 
 
 def plan_tuning_points(base, vary: Optional[str], values: Optional[list[int]], preset: Optional[str]) -> list:
@@ -64,45 +64,59 @@ def config_changes(cfg, default) -> str:
     return " ".join(diff) if diff else "default"
 
 
+NAN = math.nan
+
+
 def _num(x) -> float:
-    return float("nan") if x is None else float(x)
+    return NAN if x is None else float(x)
 
 
-def tune_row(p, dtype, *, default_ms=float("nan"), tuned_ms=float("nan"), wall_s=float("nan"), status="ok",
-             reason="", config=None, key="", meta=None, candidate_ms=float("nan"), ratio=float("nan"),
-             ratio_lo=float("nan"), ratio_hi=float("nan"), min_gain=float("nan"), decision="",
+@dataclass(frozen=True)
+class TuneTimes:
+    """The numbers of one shape's tuning (CSV columns of the same names): default, candidate and
+    stored times (ms), the candidate / default ratio with its 95% interval, the margin it had to
+    clear, the decision ('tuned' | 'default' | '' before decisions were recorded), wall seconds."""
+
+    default_ms: float = NAN
+    candidate_ms: float = NAN
+    tuned_ms: float = NAN
+    ratio: float = NAN
+    ratio_lo: float = NAN
+    ratio_hi: float = NAN
+    min_gain: float = NAN
+    decision: str = ""
+    wall_s: float = NAN
+
+    @classmethod
+    def of_result(cls, result) -> "TuneTimes":
+        """Of a fresh tuning (tuning.TuneResult)."""
+        return cls(*(_num(getattr(result, f)) for f in ("default_ms", "candidate_ms", "tuned_ms", "ratio",
+                                                         "ratio_lo", "ratio_hi", "min_gain")),
+                   decision=result.decision, wall_s=_num(result.wall_s))
+
+    @classmethod
+    def of_entry(cls, entry: dict) -> "TuneTimes":
+        """Of a tuning cache entry (entries from before decisions were recorded: decision '')."""
+        return cls(*(_num(entry.get(f)) for f in ("default_ms", "candidate_ms", "tuned_ms", "ratio", "ratio_lo",
+                                                   "ratio_hi", "min_gain")),
+                   decision=entry.get("decision") or "", wall_s=_num(entry.get("tuning_wall_s", 0.0)))
+
+
+def tune_row(p, dtype, times: TuneTimes = TuneTimes(), *, status="ok", reason="", config=None, key="", meta=None,
              tuned_fields="") -> dict:
-    """One row of the CSV summary (TUNE_COLUMNS) for point p."""
+    """One row of the CSV summary (TUNE_COLUMNS) for point p: its times, its status ('ok',
+    'cached', 'error') and why, the stored config (dict), cache key, run metadata and the fields
+    the stored config changes (`config_changes`)."""
     row = {c: getattr(p, c, None) for c in CONFIG_COLUMNS}
     row.update(Hq=p.Hq, dtype=dtype, C=(config or {}).get("block_m", p.C))
-    default_ms, tuned_ms = _num(default_ms), _num(tuned_ms)
-    speedup = default_ms / tuned_ms if tuned_ms == tuned_ms and tuned_ms > 0 else float("nan")
-    row.update(default_ms=default_ms, candidate_ms=_num(candidate_ms), tuned_ms=tuned_ms, ratio=_num(ratio),
-               ratio_lo=_num(ratio_lo), ratio_hi=_num(ratio_hi), min_gain=_num(min_gain), decision=decision,
-               speedup=speedup, wall_s=wall_s, status=status, reason=reason,
+    t = times
+    speedup = t.default_ms / t.tuned_ms if t.tuned_ms == t.tuned_ms and t.tuned_ms > 0 else NAN
+    row.update(default_ms=t.default_ms, candidate_ms=t.candidate_ms, tuned_ms=t.tuned_ms, ratio=t.ratio,
+               ratio_lo=t.ratio_lo, ratio_hi=t.ratio_hi, min_gain=t.min_gain, decision=t.decision,
+               speedup=speedup, wall_s=t.wall_s, status=status, reason=reason,
                config=json.dumps(config, sort_keys=True) if config else "", cache_key=key, tuned_fields=tuned_fields)
     row.update(meta or {})
     return row
-
-
-def result_row(p, dtype, result, *, key="", meta=None, reason="", tuned_fields="") -> dict:
-    """The CSV row of a freshly tuned point (a tuning.TuneResult); tuned_fields: `config_changes`
-    of the stored config against the shape's default."""
-    return tune_row(p, dtype, default_ms=result.default_ms, tuned_ms=result.tuned_ms, wall_s=result.wall_s,
-                    config=result.config.to_dict(), key=key, meta=meta, reason=reason,
-                    candidate_ms=result.candidate_ms, ratio=result.ratio, ratio_lo=result.ratio_lo,
-                    ratio_hi=result.ratio_hi, min_gain=result.min_gain, decision=result.decision,
-                    tuned_fields=tuned_fields)
-
-
-def entry_row(p, dtype, entry: dict, *, key="", meta=None, tuned_fields="") -> dict:
-    """The CSV row of a point skipped because the cache has an entry for it (status 'cached';
-    entries from before the decision was recorded have an empty decision)."""
-    return tune_row(p, dtype, default_ms=entry.get("default_ms"), tuned_ms=entry.get("tuned_ms"),
-                    wall_s=entry.get("tuning_wall_s", 0.0), status="cached", config=entry["config"], key=key,
-                    meta=meta, candidate_ms=entry.get("candidate_ms"), ratio=entry.get("ratio"),
-                    ratio_lo=entry.get("ratio_lo"), ratio_hi=entry.get("ratio_hi"), min_gain=entry.get("min_gain"),
-                    decision=entry.get("decision") or "", tuned_fields=tuned_fields)
 
 
 def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms: float, rep_ms: float, seed: int,
@@ -127,3 +141,123 @@ def write_summary(rows: list[dict], out: Path) -> None:
     import pandas as pd
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows, columns=TUNE_COLUMNS).to_csv(out, index=False)
+
+
+# ----------------------------------------------------------------------------- the run
+class TuneError(Exception):
+    """A tuning run that cannot start (no GPU, the kernel not importable, ...): its exit code."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+class TuneReporter(Protocol):
+    """What `run_tuning` tells the command as it goes (the command prints it)."""
+
+    def start(self, spec, gpu: str, shapes: int, points: int, cache_path: Path) -> None: ...
+
+    def cached(self, p, changes: str) -> None: ...
+
+    def progress(self, p) -> AbstractContextManager:
+        """A context whose value is (on_plan, on_done), tuning.tune_shape's progress callbacks."""
+
+    def tuned(self, p, result, changes: str, default) -> None: ...
+
+    def failed(self, p, error: str) -> None: ...
+
+
+@dataclass
+class TuneRun:
+    """What a tuning run did: a CSV row per shape, the stored config's changes per row (as shown),
+    the shapes that failed, the cache written and the wall time."""
+
+    rows: list = field(default_factory=list)
+    changes: list = field(default_factory=list)
+    failures: int = 0
+    cache_path: Optional[Path] = None
+    wall_s: float = 0.0
+
+
+def operator(op: str):
+    """(attention function, default-config function (shape, dtype) -> MoDAConfig) of an operator
+    on the current CUDA device; TuneError when it cannot run here."""
+    import torch
+    try:
+        from moda_bench.kernels.moda import default_config, moda_attention
+    except ImportError as exc:
+        raise TuneError(f"the MoDA kernel cannot be imported: {exc}") from None
+    if op not in ("moda-fa4", "moda-overlap"):
+        return moda_attention, default_config
+    from moda_bench.kernels.moda.fa4 import merge as fa4
+    from moda_bench.kernels.moda.fa4 import overlap
+    why = fa4.fa4_unavailable(torch.device("cuda", torch.cuda.current_device()))
+    if why:
+        raise TuneError(f"{op} cannot run here: {why}", 2)
+    if op == "moda-fa4":
+        return fa4.moda_fa4, default_config
+    return overlap.moda_overlap, lambda sh, dt: overlap.overlap_heuristic(sh, dt, torch.device("cuda"))
+
+
+def run_tuning(spec, reporter: TuneReporter) -> TuneRun:
+    """Tune every shape of `spec` (bench.spec.TuneSpec) on this GPU, one per cache key; each
+    result is saved to the cache as soon as found, shapes with a cache entry are skipped unless
+    spec.force; the CSV summary goes to spec.out if set. TuneError when the run cannot start,
+    bench.spec.SpecError for a CUDA device that does not exist."""
+    from moda_bench import schema, tuning
+
+    try:
+        points = plan_tuning_points(spec.base_point(), spec.vary, list(spec.values) if spec.values else None,
+                                    spec.preset)
+    except (ValueError, NotImplementedError) as exc:
+        raise TuneError(f"cannot plan the shapes to tune: {exc}") from None
+    import torch
+    if not torch.cuda.is_available():
+        raise TuneError("moda-bench tune needs a CUDA GPU and none is available", 2)
+    if spec.device is not None:
+        if not 0 <= spec.device < torch.cuda.device_count():
+            raise SpecError(f"no CUDA device {spec.device} (found {torch.cuda.device_count()})", "--device")
+        torch.cuda.set_device(spec.device)
+    attention, default_fn = operator(spec.op)
+    dtype, t_start = spec.dtype, time.perf_counter()
+    run = TuneRun(cache_path=tuning.resolve_cache_path(spec.cache))
+    groups = group_by_key(points, lambda p: tuning.cache_key(point_shape(p), dtype, op=spec.op))
+    reporter.start(spec, tuning.current_gpu_name(), len(groups), len(points), run.cache_path)
+    existing = tuning.load(run.cache_path).entries()
+    meta = schema.run_metadata(spec.device)
+    for key, p in groups.items():
+        shape = point_shape(p)
+        entry = existing.get(key)
+        cfg = tuning.entry_config(entry, shape.G, key) if isinstance(entry, dict) and not spec.force else None
+        if cfg is not None:
+            changes = config_changes(cfg, default_fn(shape, dtype))
+            reporter.cached(p, changes)
+            run.rows.append(tune_row(p, dtype, TuneTimes.of_entry(entry), status="cached", config=entry["config"],
+                                     key=key, meta=meta, tuned_fields=changes))
+            run.changes.append(changes + " (cached)")
+            continue
+        try:
+            default = default_fn(shape, dtype)
+            with reporter.progress(p) as (on_plan, on_done):
+                result = tune_point(shape, dtype, list(spec.kernels), budget=spec.budget, warmup_ms=spec.warmup_ms,
+                                    rep_ms=spec.rep_ms, seed=spec.seed, attention=attention, min_gain=spec.min_gain,
+                                    on_plan=on_plan, on_done=on_done, op=spec.op, default=default)
+        except Exception as exc:  # noqa: BLE001 - OOM on the inputs, the default config failing, ...: a row
+            run.failures += 1
+            error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+            reporter.failed(p, error)
+            run.rows.append(tune_row(p, dtype, status="error", reason=error, key=key, meta=meta))
+            run.changes.append("error")
+            torch.cuda.empty_cache()
+            continue
+        tuning.save_result(result, run.cache_path)
+        changes = config_changes(result.config, default)
+        reporter.tuned(p, result, changes, default)
+        reasons = result.notes + [f"{k}: {len(ks.skipped)} skipped" for k, ks in result.kernels.items() if ks.skipped]
+        run.rows.append(tune_row(p, dtype, TuneTimes.of_result(result), config=result.config.to_dict(), key=key,
+                                 meta=meta, reason="; ".join(reasons)[:500], tuned_fields=changes))
+        run.changes.append(changes)
+    if spec.out:
+        write_summary(run.rows, spec.out)
+    run.wall_s = time.perf_counter() - t_start
+    return run

@@ -1,12 +1,13 @@
-"""`moda-bench gate`: its options (threshold parsing included), its console output, summary
-files, exit codes, and the order of the steps of `--run`; the work (reading, comparing,
-rendering, measuring) is `moda_bench.reports.gate`.
+"""`moda-bench gate`: its options (threshold parsing included) gathered into one
+`bench.spec.GateSpec`, its console output, summary files, exit codes, and the GPU health checks of
+`--run`; the comparison, its table and summary are `moda_bench.reports.gate` / `gate_text`, the
+measurements of `--run` are `moda_bench.bench.gate.measure`.
 
 `--run`: the GPU health canary at the start (`cli.checks.RunHealth`, as `sweep` does), the
-baseline's points and providers measured (`reports.gate.run_current`), the AMBIGUOUS rows
-measured once more (`reports.gate.remeasure`, into a temporary CSV) with the new rows replacing
-the first ones in the current CSV, the canary at the end (`cli.checks.finish` marks the rows when
-a check was not healthy); then the current CSV is gated like a given one.
+baseline's points and providers measured, the AMBIGUOUS rows (`reports.gate.Recheck`) measured
+once more with the new rows replacing the first ones in the current CSV, the canary at the end
+(`cli.checks.finish` marks the rows when a check was not healthy); then the current CSV is gated
+like a given one.
 
 Exit codes: 0 pass; 1 a SLOW or FAILED row, a MISSING row (unless --allow-missing) or an
 AMBIGUOUS row under --fail-ambiguous (0 with --warn-only); 2 unusable input or usage, said in one
@@ -23,10 +24,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from moda_bench.bench import gate as gate_bench
+from moda_bench.bench.point import TimingOptions
+from moda_bench.bench.spec import GateSpec, Metric, SpecError
 from moda_bench.cli import checks
 from moda_bench.cli.report import warn_line
-from moda_bench.reports import gate as gate_report
-from moda_bench.reports.gate import GateInputError, Metric, check_columns, compare, read_run, require_overlap
+from moda_bench.reports.gate import GateInputError, Recheck, check_columns, compare, read_run, require_overlap
 from moda_bench.reports.gate_text import markdown_summary, print_report, verdict_text
 
 METRIC_HELP = (
@@ -62,36 +65,19 @@ def _error(console, message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def measure(baseline_df, current: Path, policy: dict, console, *, health_check: bool, strict: bool,
-            run_kw: dict) -> None:
-    """gate --run: canary, the baseline's points measured into `current`, AMBIGUOUS rows measured
-    once more and replaced, canary again (rows marked when a check was not healthy).
-    GateInputError for no CUDA, --strict on an unhealthy GPU, and what `compare` refuses."""
-    import torch
-
-    from moda_bench import results
-    from moda_bench.bench.runner import schema_rows
-
-    if not torch.cuda.is_available():
-        raise GateInputError("gate --run needs a CUDA GPU and none is available "
-                             "(compare two existing CSVs with --current instead)")
+def measure(spec: GateSpec, baseline_df, console) -> None:
+    """gate --run: canary, the measurements (`bench.gate.measure`), canary again (rows marked
+    when a check was not healthy). GateInputError for no CUDA, --strict on an unhealthy GPU, and
+    what the comparison refuses."""
+    gate_bench.require_cuda()
     check_columns(baseline_df, "baseline")
-    gpu_run = checks.RunHealth(checks.device_indices(None), enabled=health_check)
+    gpu_run = checks.RunHealth(checks.device_indices(None), enabled=spec.health_check)
     gpu_run.check("start", console)
     bad = gpu_run.worst()
-    if strict and bad is not None:
+    if spec.strict and bad is not None:
         raise GateInputError(f"GPU {bad.status} at the start of the run ({bad.reason}): --strict, nothing measured")
-    run_kw = dict(run_kw, health=gpu_run.row_label(), rates=gpu_run.rates(), log=console.print)
-    gate_report.run_current(baseline_df, current, **run_kw)
-    console.print(f"gate --run: wrote {current}")
-    first = read_run(current, "current", warn=warn_line)
-    result = compare(baseline_df, first, **policy)
-    ambiguous = result.counts["AMBIGUOUS"]
-    if ambiguous:
-        console.print(f"gate --run: {ambiguous} AMBIGUOUS row(s): measuring them once more")
-        new = gate_report.remeasure(result, baseline_df, first, current, **run_kw)
-        results.write_csv_atomic(current, schema_rows(gate_report.replace_rows(first, new)))
-        console.print(f"gate --run: {len(new)} re-measured row(s) replace the first ones in {current}")
+    current = gate_bench.measure(spec, baseline_df, Recheck(baseline_df, spec.policy()), health=gpu_run.row_label(),
+                                 rates=gpu_run.rates(), log=console.print)
     checks.finish(gpu_run, console, [current], strict=False)
 
 
@@ -135,38 +121,45 @@ def gate_command(
     from rich.console import Console
 
     out, err = Console(), Console(stderr=True)
-    threshold_value = parse_threshold(threshold)
-    policy = dict(threshold=threshold_value, metric=metric.value, allow_gpu_change=allow_gpu_change,
-                  allow_missing=allow_missing, fail_ambiguous=fail_ambiguous)
+    timing = (checks.timing_options("eager", min_samples, ci_tol, max_time, warmup_ms, rep_ms) if run
+              else TimingOptions())
     try:
-        baseline_df = read_run(baseline, "baseline", warn=warn_line)
-        if run:
-            timing = checks.timing_options("eager", min_samples, ci_tol, max_time, warmup_ms, rep_ms)
-            current = current or Path("gate-current.csv")
-            measure(baseline_df, current, policy, out, health_check=health_check, strict=strict,
-                    run_kw=dict(use_tuned=use_tuned, timing=timing))
-        elif current is None:
-            raise typer.BadParameter("give --current NEW.csv, or --run to measure it now", param_hint="--current")
-        current_df = read_run(current, "current", warn=warn_line)
-        result = require_overlap(compare(baseline_df, current_df, **policy))
+        spec = GateSpec(baseline=baseline, current=current, threshold=parse_threshold(threshold), metric=metric.value,
+                        run=run, update_baseline=update_baseline, allow_gpu_change=allow_gpu_change,
+                        allow_missing=allow_missing, fail_ambiguous=fail_ambiguous, warn_only=warn_only,
+                        summary=summary, all_rows=all_rows, use_tuned=use_tuned, timing=timing, strict=strict,
+                        health_check=health_check)
+    except SpecError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option or None) from None
+    try:
+        baseline_df = read_run(spec.baseline, "baseline", warn=warn_line)
+        if spec.run:
+            measure(spec, baseline_df, out)
+        current_df = read_run(spec.current_csv, "current", warn=warn_line)
+        result = require_overlap(compare(baseline_df, current_df, **spec.policy()))
     except GateInputError as exc:
         raise _error(err, str(exc)) from None
+    report(spec, result, len(current_df), out)
 
-    print_report(result, out, all_rows=all_rows)
-    text = markdown_summary(result, str(baseline), str(current))
-    if summary is not None:
-        summary.parent.mkdir(parents=True, exist_ok=True)
-        summary.write_text(text)
-        out.print(f"summary written to {summary}")
+
+def report(spec: GateSpec, result, current_rows: int, out) -> None:
+    """The table, the Markdown summary (--summary or $GITHUB_STEP_SUMMARY), --update-baseline, and
+    exit 1 when the gate fails (unless --warn-only)."""
+    print_report(result, out, all_rows=spec.all_rows)
+    text = markdown_summary(result, str(spec.baseline), str(spec.current_csv))
+    if spec.summary is not None:
+        spec.summary.parent.mkdir(parents=True, exist_ok=True)
+        spec.summary.write_text(text)
+        out.print(f"summary written to {spec.summary}")
     elif os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
             fh.write(text + "\n")
-    if update_baseline:
-        shutil.copyfile(current, baseline)
-        out.print(f"[bold yellow]baseline updated:[/] copied {current} over {baseline} "
-                  f"({len(current_df)} rows; gate verdict {verdict_text(result)})")
+    if spec.update_baseline:
+        shutil.copyfile(spec.current_csv, spec.baseline)
+        out.print(f"[bold yellow]baseline updated:[/] copied {spec.current_csv} over {spec.baseline} "
+                  f"({current_rows} rows; gate verdict {verdict_text(result)})")
     if result.failed:
-        if warn_only:
+        if spec.warn_only:
             out.print("[yellow]--warn-only: exiting 0 despite the failure[/]")
             return
         raise typer.Exit(1)

@@ -100,15 +100,32 @@ def unavailable_required(require: str, requested: list[str], op: str, device: st
     return out
 
 
+def presets_table():
+    """rich Table of the shipped presets: name, file, description."""
+    from rich.table import Table
+
+    from moda_bench.bench.presets import load_preset, shipped_presets
+    table = Table(title="sweep presets (--preset NAME, or --preset path/to/file.toml)")
+    for col in ("name", "file", "description"):
+        table.add_column(col, overflow="fold")
+    for name in shipped_presets():
+        p = checked(load_preset, name)
+        table.add_row(name, str(p.path), p.description)
+    return table
+
+
 def sweep_command(
     vary: Annotated[Optional[str], typer.Option("--vary", help="Axis to sweep: T, G, L, C (query chunk rows = "
                                                 "MoDA block_m), B, S (Depth-Attention sources; sets L = S) or Tq "
                                                 "(decode's new tokens).")] = None,
     values: Annotated[Optional[str], typer.Option("--values", help="Comma-separated values of the swept axis "
                                                   "(default: the paper's).")] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="Named set of sweeps: 'paper' (the T, G and L "
-                                                  "sweeps of the paper's efficiency table), 'decode', "
-                                                  "'depth-attention', 'smoke'.")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="A set of sweeps: the name of a shipped "
+                                                  "preset (sweeps/NAME.toml: paper, decode, depth-attention, "
+                                                  "smoke, ...; --list-presets) or the path of your own .toml "
+                                                  "file (format: sweeps/README.md).")] = None,
+    list_presets: Annotated[bool, typer.Option("--list-presets", help="List the shipped presets (name, file, "
+                                               "description) and exit.")] = False,
     only: Annotated[Optional[str], typer.Option("--only", help="With --preset: run only the sweeps named here, "
                                                 "comma-separated names or patterns (e.g. 'dattn-3B-*').")] = None,
     T: Annotated[Optional[int], typer.Option("--T", help=f"Sequence length; decode: cache length (default {BASE_POINT['T']}).")] = None,
@@ -162,21 +179,26 @@ def sweep_command(
     from moda_bench.bench import sweep as run
     from moda_bench.bench.decode_providers import DEFAULT_DECODE_PROVIDERS
     from moda_bench.bench.pool.plan import detect_distributed
-    from moda_bench.bench.presets import PRESET_PASS, PRESET_PROVIDERS, PRESET_TIMERS, SweepSpec, preset_sweeps
+    from moda_bench.bench.presets import SweepSpec, load_preset
     from moda_bench.bench.providers import DEFAULT_PROVIDERS, UnknownProviderError, op_of_pass, resolve_providers
     from moda_bench.bench.runner import LEGACY_TIMER, Point
     from moda_bench.bench.spec import RunSpec, parse_timers
     from moda_bench.timing import TIMERS
 
     console = Console(stderr=True, soft_wrap=True)
+    if list_presets:
+        Console().print(presets_table())
+        return
     # ---- option checks (no GPU needed) ----
     if (vary is None) == (preset is None):
         raise typer.BadParameter("give exactly one of --vary (T, G, L, C, B, S, Tq) or --preset (e.g. paper)")
+    chosen = None
     if preset is not None:
         if values is not None:
             raise typer.BadParameter("--values applies to --vary, not to --preset")
-        specs = list(checked(preset_sweeps, preset, only))
-        want = PRESET_PASS.get(preset)
+        chosen = checked(load_preset, preset)
+        specs = list(checked(chosen.select, only))
+        want = chosen.pass_
         if want and pass_ not in (None, want):
             raise typer.BadParameter(f"--preset {preset} is a {want} preset; drop --pass {pass_}")
         pass_ = pass_ or want
@@ -193,12 +215,13 @@ def sweep_command(
     if depth_grad not in ("on", "off"):
         raise typer.BadParameter(f"--depth-grad must be on or off, got {depth_grad!r}")
     decode = pass_ == schema.DECODE_PASS
-    default_providers = PRESET_PROVIDERS.get(preset) or ",".join(DEFAULT_DECODE_PROVIDERS if decode else DEFAULT_PROVIDERS)
+    default_providers = ((chosen and chosen.providers)
+                         or ",".join(DEFAULT_DECODE_PROVIDERS if decode else DEFAULT_PROVIDERS))
     try:
         provider_names = [p.name for p in resolve_providers(providers or default_providers, op_of_pass(pass_))]
     except UnknownProviderError as err:
         raise typer.BadParameter(str(err)) from None
-    timers = checked(parse_timers, timer, pass_, TIMERS + (LEGACY_TIMER,), option=True) or PRESET_TIMERS.get(preset, ())
+    timers = checked(parse_timers, timer, pass_, TIMERS + (LEGACY_TIMER,), option=True) or (chosen.timers if chosen else ())
     overrides = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d, C=C, S=S, Tq=Tq).items() if v is not None}
     for k, v in overrides.items():
         if v < (0 if k in ("L", "S") else 1):

@@ -1,7 +1,9 @@
 """`moda-bench tune`: autotune the fused MoDA kernel for one shape, a one-axis sweep or a
 preset, persist the result in the tuning cache (moda_bench.tuning) and report how the winner
-compares with the default configuration (fwd+bwd). Options, progress bars, the summary table,
-`--show` and `--export-shipped`; the work is `moda_bench.bench.tune`'s.
+compares with the default configuration (fwd+bwd). The options become one
+`bench.spec.TuneSpec`, run by `moda_bench.bench.tune.run_tuning`; this module prints what it
+reports (progress bars, one line per shape, the summary table) and does `--show` and
+`--export-shipped`.
 
 Candidates are timed like the sweep (moda_bench.timing.measure); the winner is then timed
 against the default in interleaved rounds and kept only if the 95% upper bound of its time
@@ -16,7 +18,7 @@ are imported inside the command.
 """
 from __future__ import annotations
 
-import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,13 +27,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from moda_bench.bench.tune import (DTYPES, PRESETS, config_changes, entry_row, group_by_key, plan_tuning_points,
-                                   point_shape, result_row, tune_point, tune_row, write_summary)
+from moda_bench.bench.spec import DEFAULT_TUNE_KERNELS, SpecError, TuneSpec
+from moda_bench.bench.tune import TuneError, config_changes, run_tuning
 
 console = Console(stderr=False)
 
 
-DEFAULT_KERNELS = "fwd_depth,bwd_depth,fwd,bwd_q,bwd_kv"
+DEFAULT_KERNELS = ",".join(DEFAULT_TUNE_KERNELS)
 
 
 def _fail(msg: str, code: int = 1):
@@ -85,7 +87,8 @@ def _show_cache(path) -> None:
     cols = ("op", "gpu", "triton", "dtype", "d", "G", "L", "T<=", "default ms", "tuned ms", "speedup",
             "ratio 95% CI", "decision", "wall s", "date")
     for col in cols:
-        table.add_column(col, justify="left" if col in ("op", "gpu", "triton", "dtype", "decision", "date") else "right")
+        left = col in ("op", "gpu", "triton", "dtype", "decision", "date")
+        table.add_column(col, justify="left" if left else "right")
 
     def num(e, f, fmt):
         v = e.get(f)
@@ -134,15 +137,16 @@ def tune_command(
         "T from 1024.")] = None,
     kernels: Annotated[str, typer.Option(
         "--kernels", help="Comma-separated field groups to tune, in order: fwd_depth, bwd_depth (depth "
-        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_items, fwd_ctas, bwd_kernel, bwd_items, "
-        "bwd_ctas (moda-overlap's streaming depth items, backward depth kernel and program counts; fwd_ctas, bwd_kernel, "
-        "bwd_ctas by default).")] = DEFAULT_KERNELS,
+        "placements and depth-only launches), fwd, bwd_q, bwd_kv (tiles); fwd_items, fwd_ctas, bwd_kernel, "
+        "bwd_items, bwd_ctas (moda-overlap's streaming depth items, backward depth kernel and program counts; "
+        "fwd_ctas, bwd_kernel, bwd_ctas by default).")] = DEFAULT_KERNELS,
     budget: Annotated[int, typer.Option(
         "--budget", "--max-candidates", min=1, help="Most candidates timed per kernel and shape.")] = 40,
     cache: Annotated[Optional[Path], typer.Option(
         "--cache", help="Tuning cache file (default: $MODA_BENCH_TUNING_CACHE or the platform cache dir).")] = None,
     out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="CSV summary: shape, default/candidate/tuned ms, ratio and its 95% CI, decision, wall_s, config.")] = None,
+        "--out", "-o", help="CSV summary: shape, default/candidate/tuned ms, ratio and its 95% CI, decision, "
+        "wall_s, config.")] = None,
     min_gain: Annotated[str, typer.Option(
         "--min-gain", help="Keep the winner only if it beats the default by more than this (its time ratio's "
         "95% upper bound below 1 - margin), e.g. 2% or 0.02.")] = "2%",
@@ -158,8 +162,8 @@ def tune_command(
     show: Annotated[bool, typer.Option("--show", help="Print the tuning cache and exit.")] = False,
     op: Annotated[str, typer.Option(
         "--op", help="Operator to tune: moda (the Triton kernel), moda-fa4 (its depth launches beside FA4; "
-        "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its streaming depth kernels: "
-        "fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas; needs FA4 and L > 0).")] = "moda",
+        "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its streaming depth "
+        "kernels: fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas; needs FA4 and L > 0).")] = "moda",
 ) -> None:
     """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:
@@ -168,122 +172,55 @@ def tune_command(
     if export_shipped is not None:
         _export(cache, export_shipped)
         return
-    gain = parse_gain(min_gain)
-    from moda_bench import tuning
-    from moda_bench.bench.runner import Point
-
-    kernel_list = [k.strip() for k in kernels.split(",") if k.strip()]
-    groups = tuning.KERNELS + tuning.OVERLAP_GROUPS
-    bad = [k for k in kernel_list if k not in groups]
-    if bad or not kernel_list:
-        raise typer.BadParameter(f"unknown kernel(s) {bad or kernels!r}; choose from {', '.join(groups)}",
-                                 param_hint="--kernels")
-    from moda_bench.kernels.moda.config import OPS
-    if op not in OPS:
-        raise typer.BadParameter(f"unknown operator {op!r}; choose from {', '.join(OPS)}", param_hint="--op")
-    if op == "moda-overlap":  # its knobs are the depth launches' items and program counts
-        if kernels == DEFAULT_KERNELS:
-            kernel_list = list(tuning.OVERLAP_DEFAULT)
-        elif any(k not in tuning.OVERLAP_GROUPS for k in kernel_list):
-            raise typer.BadParameter(f"moda-overlap tunes only {', '.join(tuning.OVERLAP_GROUPS)} (its depth "
-                                     "kernels' items and programs; its sequence part is FA4)", param_hint="--kernels")
-        if L == 0:
-            raise typer.BadParameter("moda-overlap has no depth launches at L=0: nothing to tune", param_hint="--L")
-    elif any(k in tuning.OVERLAP_GROUPS for k in kernel_list):
-        raise typer.BadParameter(f"{', '.join(tuning.OVERLAP_GROUPS)} are moda-overlap's groups (--op moda-overlap)",
-                                 param_hint="--kernels")
-    elif op != "moda":  # its sequence part is FA4: only the depth launches read the config
-        dropped = [k for k in kernel_list if k not in tuning.DEPTH_GROUPS]
-        kernel_list = [k for k in kernel_list if k in tuning.DEPTH_GROUPS]
-        if not kernel_list:
-            raise typer.BadParameter(f"{op} tunes only {', '.join(tuning.DEPTH_GROUPS)} (its sequence part is FA4)",
-                                     param_hint="--kernels")
-        if dropped:
-            console.print(f"[dim]{op}: tuning {', '.join(kernel_list)} only (its sequence part is FA4; "
-                          f"{', '.join(dropped)} do not apply)[/]")
-        if L == 0:
-            raise typer.BadParameter(f"{op} has no depth launches at L=0: nothing to tune", param_hint="--L")
-    if dtype not in DTYPES:
-        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(DTYPES)}", param_hint="--dtype")
-    if vary and preset:
-        raise typer.BadParameter("give either --vary or --preset, not both", param_hint="--preset")
-    if preset and preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}", param_hint="--preset")
-    if vary and vary not in ("T", "G", "L"):
-        hint = " (C is the chunk the tuner chooses)" if vary == "C" else ""
-        raise typer.BadParameter(f"--vary must be T, G or L{hint}, got {vary!r}", param_hint="--vary")
-    if values and not vary:
-        raise typer.BadParameter("--values needs --vary", param_hint="--values")
-    from moda_bench.kernels.moda.validate import SUPPORTED_HEAD_DIMS
-    if d is not None and d not in SUPPORTED_HEAD_DIMS:
-        raise typer.BadParameter(f"head dim {d} is not supported; use one of {SUPPORTED_HEAD_DIMS}", param_hint="--d")
-    given = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d).items() if v is not None}
-    base = Point(**given, dtype=dtype)
+    given = dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d)
+    requested = [k.strip() for k in kernels.split(",") if k.strip()]
     try:
-        points = plan_tuning_points(base, vary, _parse_ints(values, "--values") if values else None, preset)
-    except (ValueError, NotImplementedError) as exc:
-        _fail(f"cannot plan the shapes to tune: {exc}")
+        spec = TuneSpec(shape=tuple((k, v) for k, v in given.items() if v is not None), dtype=dtype, vary=vary,
+                        values=tuple(_parse_ints(values, "--values")) if values else None, preset=preset, op=op,
+                        kernels=None if kernels == DEFAULT_KERNELS else tuple(requested), budget=budget,
+                        min_gain=parse_gain(min_gain), warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed, cache=cache,
+                        out=out, force=force, device=device)
+        if spec.dropped:
+            console.print(f"[dim]{op}: tuning {', '.join(spec.kernels)} only (its sequence part is FA4; "
+                          f"{', '.join(spec.dropped)} do not apply)[/]")
+        run = run_tuning(spec, RichReporter())
+    except SpecError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option or None) from None
+    except TuneError as exc:
+        _fail(str(exc), exc.code)
 
-    import torch
-    if not torch.cuda.is_available():
-        _fail("moda-bench tune needs a CUDA GPU and none is available", 2)
-    if device is not None:
-        if not 0 <= device < torch.cuda.device_count():
-            raise typer.BadParameter(f"no CUDA device {device} (found {torch.cuda.device_count()})",
-                                     param_hint="--device")
-        torch.cuda.set_device(device)
-    try:
-        from moda_bench.kernels.moda import MoDAConfig, default_config, moda_attention
-    except ImportError as exc:
-        _fail(f"the MoDA kernel cannot be imported: {exc}")
-    attention, default_fn = moda_attention, default_config
-    if op in ("moda-fa4", "moda-overlap"):
-        from moda_bench.kernels.moda.fa4 import merge as fa4
-        from moda_bench.kernels.moda.fa4 import overlap
-        why = fa4.fa4_unavailable(torch.device("cuda", torch.cuda.current_device()))
-        if why:
-            _fail(f"{op} cannot run here: {why}", 2)
-        attention = fa4.moda_fa4 if op == "moda-fa4" else overlap.moda_overlap
-        if op == "moda-overlap":
-            default_fn = lambda sh, dt: overlap.overlap_heuristic(sh, dt, torch.device("cuda"))  # noqa: E731
-
-    from moda_bench.schema import run_metadata
-    cache_path = tuning.resolve_cache_path(cache)
-    groups = group_by_key(points, lambda p: tuning.cache_key(point_shape(p), dtype, op=op))
-    console.print(f"tuning {op}: {len(groups)} shape(s) ({len(points)} point(s)) on {tuning.current_gpu_name()}, "
-                  f"kernels {', '.join(kernel_list)}, budget {budget}/kernel, min gain {gain:.1%}; cache {cache_path}")
-    existing = tuning.load(cache_path).entries()
-    meta = run_metadata(device)
-    rows, shown, failures, t_start = [], [], 0, time.perf_counter()
     summary = Table(title="MoDA tuning (fwd+bwd median ms; ratio = candidate / default, 95% CI)")
     for col in ("shape", "default ms", "candidate ms", "ratio 95% CI", "decision", "speedup", "wall s",
                 "tuned fields"):
         summary.add_column(col, justify="left" if col in ("shape", "decision", "tuned fields") else "right")
+    for r, changes in zip(run.rows, run.changes):
+        summary.add_row(f"T={r['T']} G={r['G']} L={r['L']}", f"{r['default_ms']:.4g}", f"{r['candidate_ms']:.4g}",
+                        _ci(r), r["decision"] or "-", f"{r['speedup']:.3f}x", f"{r['wall_s']:.1f}", changes)
+    console.print(summary)
+    if spec.out:
+        console.print(f"wrote {spec.out}")
+    console.print(f"tuning wall time {run.wall_s:.1f} s; results in {run.cache_path}")
+    if run.failures:
+        raise typer.Exit(1)
 
-    for key, p in groups.items():
-        shape = point_shape(p)
-        entry = existing.get(key)
-        cfg = tuning.entry_config(entry, shape.G, key) if isinstance(entry, dict) and not force else None
-        if cfg is not None:
-            changes = config_changes(cfg, default_fn(shape, dtype))
-            console.print(f"[dim]{_shape_label(p)}: cached ({changes}); --force retunes[/]")
-            rows.append(entry_row(p, dtype, entry, key=key, meta=meta, tuned_fields=changes))
-            shown.append(changes + " (cached)")
-            continue
-        try:
-            result = _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, gain, op,
-                               default_fn(shape, dtype))
-        except Exception as exc:  # OOM on the inputs, the default config failing, ...
-            failures += 1
-            msg = (str(exc).strip().splitlines() or [""])[0][:200]
-            console.print(f"[red]{_shape_label(p)}: tuning failed: {type(exc).__name__}: {escape(msg)}[/]")
-            rows.append(tune_row(p, dtype, status="error", reason=f"{type(exc).__name__}: {msg}", key=key, meta=meta))
-            shown.append("error")
-            torch.cuda.empty_cache()
-            continue
-        tuning.save_result(result, cache_path)
-        default = default_fn(shape, dtype)
-        changes = config_changes(result.config, default)
+
+class RichReporter:
+    """bench.tune.TuneReporter printing to the console: a line per shape, a progress bar per
+    field group while a shape is tuned."""
+
+    def start(self, spec, gpu: str, shapes: int, points: int, cache_path) -> None:
+        console.print(f"tuning {spec.op}: {shapes} shape(s) ({points} point(s)) on {gpu}, kernels "
+                      f"{', '.join(spec.kernels)}, budget {spec.budget}/kernel, min gain {spec.min_gain:.1%}; "
+                      f"cache {cache_path}")
+
+    def cached(self, p, changes: str) -> None:
+        console.print(f"[dim]{_shape_label(p)}: cached ({changes}); --force retunes[/]")
+
+    def failed(self, p, error: str) -> None:
+        console.print(f"[red]{_shape_label(p)}: tuning failed: {escape(error)}[/]")
+
+    def tuned(self, p, result, changes: str, default) -> None:
+        from moda_bench.kernels.moda import MoDAConfig
         skipped = sum(len(ks.skipped) for ks in result.kernels.values())
         cand = (f"candidate {result.candidate_ms:.4g} ms, ratio {result.ratio:.3f} "
                 f"(95% CI {result.ratio_lo:.3f}-{result.ratio_hi:.3f}); " if result.candidate is not None
@@ -299,43 +236,25 @@ def tune_command(
                 console.print(f"  [dim]{k}: skipped {what}: {escape(why)}[/]")
             if len(ks.skipped) > 3:
                 console.print(f"  [dim]{k}: ... {len(ks.skipped) - 3} more skipped[/]")
-        reasons = result.notes + [f"{k}: {len(ks.skipped)} skipped" for k, ks in result.kernels.items() if ks.skipped]
-        rows.append(result_row(p, dtype, result, key=key, meta=meta, reason="; ".join(reasons)[:500],
-                               tuned_fields=changes))
-        shown.append(changes)
 
-    for r, changes in zip(rows, shown):
-        summary.add_row(f"T={r['T']} G={r['G']} L={r['L']}", f"{r['default_ms']:.4g}", f"{r['candidate_ms']:.4g}",
-                        _ci(r), r["decision"] or "-", f"{r['speedup']:.3f}x", f"{r['wall_s']:.1f}", changes)
-    console.print(summary)
-    if out:
-        write_summary(rows, out)
-        console.print(f"wrote {out}")
-    console.print(f"tuning wall time {time.perf_counter() - t_start:.1f} s; results in {cache_path}")
-    if failures:
-        raise typer.Exit(1)
+    @contextmanager
+    def progress(self, p):
+        """One bar per field group of shape p, with the best time so far."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[best]}"), console=console, transient=True) as progress:
+            state = {"task": None, "best": float("inf")}
 
-def _tune_one(p, shape, dtype, kernel_list, budget, warmup_ms, rep_ms, seed, attention, min_gain, op="moda",
-              default=None):
-    """Tune one shape with a rich progress bar (one bar per kernel)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            def on_plan(kernel, n, stats):
+                state["best"] = float("inf")
+                state["task"] = progress.add_task(
+                    f"{_shape_label(p)} {kernel} ({stats['pruned']}/{stats['space']} pruned)", total=n, best="")
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[best]}"), console=console, transient=True) as progress:
-        state = {"task": None, "best": float("inf")}
+            def on_done(cfg, ms, note):
+                if ms is not None and ms < state["best"]:
+                    state["best"] = ms
+                best = f"best {state['best']:.4g} ms" if state["best"] < float("inf") else ""
+                progress.update(state["task"], advance=1, best=best)
 
-        def on_plan(kernel, n, stats):
-            state["best"] = float("inf")
-            state["task"] = progress.add_task(
-                f"{_shape_label(p)} {kernel} ({stats['pruned']}/{stats['space']} pruned)", total=n, best="")
-
-        def on_done(cfg, ms, note):
-            if ms is not None and ms < state["best"]:
-                state["best"] = ms
-            best = f"best {state['best']:.4g} ms" if state["best"] < float("inf") else ""
-            progress.update(state["task"], advance=1, best=best)
-
-        return tune_point(shape, dtype, kernel_list, budget=budget, warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed,
-                          attention=attention, min_gain=min_gain, on_plan=on_plan, on_done=on_done, op=op,
-                          default=default)
+            yield on_plan, on_done

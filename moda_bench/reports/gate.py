@@ -1,6 +1,8 @@
-"""`moda-bench gate`'s work: judge whether a provider got slower than a stored baseline. The
-command (options, messages, exit codes, the GPU health checks of `--run`) is `moda_bench.cli.gate`;
-the table, verdict and Markdown of a result are `moda_bench.reports.gate_text`.
+"""`moda-bench gate`'s judgement: whether a provider got slower than a stored baseline, from two
+results CSVs and without a GPU. The command (options, messages, exit codes, the GPU health checks
+of `--run`) is `moda_bench.cli.gate`; the measurements of `--run` are `moda_bench.bench.gate`,
+which asks this module (`Recheck`) which rows to measure once more; the table, verdict and
+Markdown of a result are `moda_bench.reports.gate_text`.
 
 Both CSVs are read through `moda_bench.results` (`read_run`); rows are matched on
 `schema.KEY_COLUMNS` (not the sweep name), the last row of a repeated key wins, and a baseline row
@@ -41,11 +43,8 @@ column), missing columns, no ok baseline rows, rows whose ``health`` is not '', 
 """
 from __future__ import annotations
 
-import enum
 import math
-import os
-import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -53,6 +52,8 @@ import pandas as pd
 
 from moda_bench import results as results_io
 from moda_bench import schema
+from moda_bench.bench.gate import GateInputError
+from moda_bench.bench.spec import Metric
 
 REFERENCE_PROVIDER = "fa2"
 REQUIRED_COLUMNS = [c for c in schema.KEY_COLUMNS if c != "timer"] + ["median_ms", "p20_ms", "p80_ms",
@@ -70,12 +71,6 @@ COMPARED = ("SLOW", "FAST", "SAME", "AMBIGUOUS", "REFERENCE")
 QUIET = ("SAME", "REFERENCE")
 
 
-class Metric(str, enum.Enum):
-    ratio = "ratio"
-    ratio_best = "ratio-best"
-    time = "time"
-
-
 # metric -> (value, interval low, interval high) columns
 METRIC_COLUMNS = {"ratio": ("ratio_to_fa2", "ratio_to_fa2_lo", "ratio_to_fa2_hi"),
                   "ratio-best": ("ratio_to_best", "ratio_to_best_lo", "ratio_to_best_hi"),
@@ -84,10 +79,6 @@ TIME = METRIC_COLUMNS["time"]
 RESULT_COLUMNS = schema.KEY_COLUMNS + ["category", "metric", "interval", "base", "base_lo", "base_hi",
                                        "current", "current_lo", "current_hi", "change", "change_lo",
                                        "change_hi", "detail"]
-
-
-class GateInputError(ValueError):
-    """Input the gate cannot judge (exit code 2)."""
 
 
 @dataclass
@@ -382,61 +373,7 @@ def require_overlap(result: GateResult) -> GateResult:
     return result
 
 
-# ----------------------------------------------------------------------------- --run
-def run_plan(df: pd.DataFrame) -> list[tuple[str, str, list, list[str]]]:
-    """(pass, timer, runner.Point list, providers) groups covering the ok rows of df: points of one
-    pass and timer that have the same providers share a group."""
-    from moda_bench.bench.runner import LEGACY_TIMER, Point
-    from moda_bench.timing import TIMERS
-
-    default, by_point, timers = Point().fields(), {}, TIMERS + (LEGACY_TIMER,)
-    for _, r in df[df["status"] == schema.OK].iterrows():
-        timer = cell_text(r.get("timer")) or schema.DEFAULT_TIMER
-        if timer not in timers:
-            raise GateInputError(f"baseline rows timed with timer {timer!r} cannot be re-measured "
-                                 f"(gate --run knows {', '.join(timers)})")
-        cfg = {c: int(cell_num(r[c])) if math.isfinite(cell_num(r[c])) else v for c, v in default.items() if c != "dtype"}
-        p = Point(dtype=cell_text(r["dtype"]) or default["dtype"], **cfg)
-        provs = by_point.setdefault((str(r["pass"]), timer, p), [])
-        provs += [] if str(r["provider"]) in provs else [str(r["provider"])]
-    groups: dict[tuple, list] = {}
-    for (pass_, timer, p), provs in by_point.items():
-        groups.setdefault((pass_, timer, tuple(provs)), []).append(p)
-    return [(pass_, timer, points, list(provs)) for (pass_, timer, provs), points in groups.items()]
-
-
-def run_current(baseline_df: pd.DataFrame, out_csv: Path, *, use_tuned: bool, timing=None, health: str = "",
-                rates=None, log: Callable[[str], None] = print) -> None:
-    """Run the baseline's ok points and providers on this GPU into out_csv (replaced), each group
-    with the baseline's pass and timer; `timing` (bench.point.TimingOptions), `health` and the
-    floor's `rates` go into the run's bench.spec.RunSpec."""
-    from moda_bench.bench.point import TimingOptions
-    from moda_bench.bench.runner import run_sweep
-    from moda_bench.bench.spec import RunSpec
-    from moda_bench.floor import Rates
-
-    plan = run_plan(baseline_df)
-    opts = timing or TimingOptions()
-    out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".csv", dir=out_csv.parent)
-    os.close(fd)
-    os.unlink(tmp)  # run_sweep appends: start from no file
-    try:
-        for pass_, timer, points, providers in plan:
-            log(f"gate --run: {pass_} ({timer}): {len(points)} point(s) x {len(providers)} provider(s) "
-                f"({', '.join(providers)})")
-            spec = RunSpec(providers=tuple(providers), pass_=pass_, timing=replace(opts, timer=timer), timers=(timer,),
-                           use_tuned=use_tuned, health=health, rates=rates or Rates())
-            run_sweep(points, spec, Path(tmp), sweep_name="gate")
-        if not Path(tmp).exists():
-            raise GateInputError("the gate run wrote no rows")
-        os.replace(tmp, out_csv)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
+# ----------------------------------------------------------------------------- --run: what to measure again
 def remeasure_plan(result: GateResult, baseline_df: pd.DataFrame, current_df: pd.DataFrame,
                    reference: str = REFERENCE_PROVIDER) -> pd.DataFrame:
     """Rows (key columns, status ok) to measure again: every AMBIGUOUS row, with the reference
@@ -455,19 +392,22 @@ def remeasure_plan(result: GateResult, baseline_df: pd.DataFrame, current_df: pd
     return plan[~pd.Series(key_tuples(plan), dtype=object).duplicated().to_numpy()].reset_index(drop=True)
 
 
-def remeasure(result: GateResult, baseline_df: pd.DataFrame, current_df: pd.DataFrame, out_csv: Path,
-              **run_kw) -> pd.DataFrame:
-    """Measure the AMBIGUOUS rows once more (`remeasure_plan`, through `run_current` into a
-    temporary CSV beside out_csv); their new rows."""
-    plan = remeasure_plan(result, baseline_df, current_df)
-    fd, tmp = tempfile.mkstemp(prefix=".gate-remeasure-", suffix=".csv", dir=Path(out_csv).parent)
-    os.close(fd)
-    try:
-        run_current(plan, Path(tmp), **run_kw)
-        return read_run(Path(tmp), "re-measured", warn=lambda m: None)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+@dataclass
+class Recheck:
+    """What `bench.gate.measure` asks after the first run of gate --run (bench.gate.Recheck): the
+    rows that the comparison with `baseline` under `policy` (compare's keywords) finds AMBIGUOUS,
+    with their reference providers (`remeasure_plan`), and how their new rows replace the first
+    ones (`replace_rows`)."""
+
+    baseline: pd.DataFrame
+    policy: dict = field(default_factory=dict)
+
+    def plan(self, first: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+        result = compare(self.baseline, first, **self.policy)
+        return f"{result.counts['AMBIGUOUS']} AMBIGUOUS row(s)", remeasure_plan(result, self.baseline, first)
+
+    def merge(self, first: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+        return replace_rows(first, new)
 
 
 def replace_rows(current_df: pd.DataFrame, new_df: pd.DataFrame) -> pd.DataFrame:
