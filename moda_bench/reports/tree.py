@@ -44,10 +44,12 @@ def gpu_folders(root: Path, only: Optional[Iterable[str]] = None) -> list[Path]:
 
 
 def write_tree(root: Path, out: Path, *, figures: bool = True, draw: bool = True, only: Optional[Iterable[str]] = None,
-               warn: Optional[Warn] = None, **options) -> dict[str, Written]:
-    """out/<gpu>/REPORT.md (+ figures) for every GPU folder of root; `options` go to `generate_report`."""
+               paper_dir: Optional[Path] = None, warn: Optional[Warn] = None, **options) -> dict[str, Written]:
+    """out/<gpu>/REPORT.md (+ figures) for every GPU folder of root, the paper's tables from
+    paper_dir (default root/reference); `options` go to `generate_report`."""
     root, out = Path(root), Path(out)
-    paper_dir = root / REFERENCE if (root / REFERENCE).is_dir() else None
+    if paper_dir is None and (root / REFERENCE).is_dir():
+        paper_dir = root / REFERENCE
     return {d.name: generate_report([d], out / d.name, paper_dir=paper_dir, figures=figures, draw=draw,
                                     warn=warn, **options)
             for d in gpu_folders(root, only)}
