@@ -14,7 +14,7 @@ from moda_bench.cli import app
 from moda_bench.reports import manifest
 from moda_bench.reports.index import INDEX, index_markdown
 from moda_bench.reports.plotting import MAX_FIGURE_BYTES
-from moda_bench.reports.readme import marker_names, replace_between, update_readme
+from moda_bench.reports.readme import check_readme, marker_names, replace_between, update_readme
 from moda_bench.reports.report import generate_report
 from moda_bench.reports.tree import check_tree
 from moda_bench.reports.vocab import ReportError
@@ -132,4 +132,14 @@ def test_readme_headline_tables(tmp_path):
     assert text.endswith("<!-- moda-bench:headline:h200 -->\nkept\n<!-- /moda-bench:headline:h200 -->\ntail\n")
     assert len(warned) == 1 and "'h200' left as it is" in warned[0]
     update_readme(readme, tmp_path / "results", warned.append)
-    assert readme.read_text() == text
+    assert readme.read_text() == text and check_readme(readme, tmp_path / "results", warned.append) == []
+    readme.write_text(text.replace("| 26.931 |", "| 26.000 |"))
+    assert check_readme(readme, tmp_path / "results", warned.append) == [
+        f"{readme.as_posix()}: headline table 'h100' is not what `moda-bench report` writes from "
+        f"{(tmp_path / 'results').as_posix()}/h100/paper"]
+
+
+@pytest.mark.slow
+def test_readme_headline_tables_are_current():
+    """README's headline blocks (where it has the markers) are what `moda-bench report` writes."""
+    assert check_readme(REPO / "README.md", RESULTS, lambda message: None) == []

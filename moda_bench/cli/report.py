@@ -62,8 +62,8 @@ def report_command(
     """Regenerate the reports (REPORT.md and figures) from saved CSVs (no GPU needed)."""
     if readme is not None and not readme.is_file():
         raise typer.BadParameter(f"{readme}: no such file", param_hint="--readme")
-    if results_dirs and (index or check):
-        raise typer.BadParameter("--index and --check work on the results/ tree; name no folders with them")
+    if results_dirs and (index or check or readme is not None):
+        raise typer.BadParameter("--index, --check and --readme work on the results/ tree; name no folders with them")
     spec = ReportSpec(results_dirs=tuple(results_dirs or ()), out=out, index=index, check=check, figures=figures,
                       readme=readme if readme is not None else (README if README.is_file() else None),
                       paper_dir=paper_dir, ceiling_tflops=ceiling_tflops, fa2_provider=fa2_provider,

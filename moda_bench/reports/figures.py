@@ -226,7 +226,8 @@ def write_all(fig_dir: Path, *, rows, eff_sections, abl_sections, paper, ceiling
     from moda_bench.reports.tables import DATTN, DECODE, TRAIN, rows_of
     known = known or {}
     train = rows_of(rows, TRAIN)
-    floor_rows, decode_rows, dattn_rows = rows_of(rows, TRAIN, DATTN, DECODE), rows_of(rows, DECODE), rows_of(rows, DATTN)
+    floor_rows = rows_of(rows, TRAIN, DATTN, DECODE)
+    decode_rows, dattn_rows = rows_of(rows, DECODE), rows_of(rows, DATTN)
     builders = [("runtime", (train,), lambda: runtime_figure(train)),
                 ("extra_time", (eff_sections, paper), lambda: extra_time_figure(eff_sections, paper)),
                 ("ablation", (abl_sections,), lambda: ablation_figure(abl_sections)),

@@ -117,9 +117,9 @@ def headline_markdown(folder: Path, link: str, warn: Optional[Callable[[str], No
     return intro + "\n\n" + headline_table(rows)
 
 
-def update_readme(readme: Path, results_root: Path, warn: Callable[[str], None]) -> list[str]:
-    """Rewrite every headline block of readme whose folder `<results_root>/<name>/paper` exists;
-    returns the names written (a marker without its run folder is left as it is, with a warning)."""
+def headline_text(readme: Path, results_root: Path, warn: Callable[[str], None]) -> tuple[str, list[str]]:
+    """(readme's text with every headline block whose folder `<results_root>/<name>/paper` exists
+    rewritten, the names rewritten); a marker without its run folder is left as it is, with a warning."""
     readme = Path(readme)
     text = readme.read_text(encoding="utf-8")
     done = []
@@ -131,6 +131,27 @@ def update_readme(readme: Path, results_root: Path, warn: Callable[[str], None])
         link = Path(os.path.relpath(folder.resolve(), readme.resolve().parent)).as_posix()
         text = replace_between(text, name, headline_markdown(folder, link, warn))
         done.append(name)
-    if done and text != readme.read_text(encoding="utf-8"):
-        readme.write_text(text, encoding="utf-8", newline="\n")
+    return text, done
+
+
+def update_readme(readme: Path, results_root: Path, warn: Callable[[str], None]) -> list[str]:
+    """Rewrite readme's headline blocks (`headline_text`) where they changed; returns the names written."""
+    text, done = headline_text(readme, results_root, warn)
+    if done and text != Path(readme).read_text(encoding="utf-8"):
+        Path(readme).write_text(text, encoding="utf-8", newline="\n")
     return done
+
+
+def check_readme(readme: Path, results_root: Path, warn: Callable[[str], None]) -> list[str]:
+    """One line per headline block of readme that is not what `moda-bench report` writes now."""
+    text, done = headline_text(readme, results_root, warn)
+    old = Path(readme).read_text(encoding="utf-8")
+    return [f"{Path(readme).as_posix()}: headline table '{name}' is not what `moda-bench report` writes from "
+            f"{Path(results_root).as_posix()}/{name}/{HEADLINE_RUN}" for name in done
+            if _block(old, name) != _block(text, name)]
+
+
+def _block(text: str, name: str) -> str:
+    begin, end = BEGIN.format(name=name), END.format(name=name)
+    i = text.find(begin)
+    return text[i:text.find(end, i)]

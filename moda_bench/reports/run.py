@@ -24,7 +24,7 @@ class ReportSpec:
     out: Path = Path("reports")
     readme: Optional[Path] = None         # README whose headline markers to fill (tree mode)
     index: bool = False                   # write root/INDEX.md only
-    check: bool = False                   # compare out/**/*.md with a regeneration; write nothing
+    check: bool = False                   # compare out/**/*.md (and readme's headlines) with a regeneration
     figures: bool = True
     paper_dir: Optional[Path] = None
     ceiling_tflops: Optional[float] = None
@@ -63,6 +63,9 @@ def run_report(spec: ReportSpec, warn: Warn) -> Outcome:
         return outcome
     if spec.check:
         outcome.problems = check_tree(spec.root, spec.out, warn=warn)
+        if spec.readme is not None:
+            from moda_bench.reports.readme import check_readme
+            outcome.problems += check_readme(spec.readme, spec.root, warn)
         outcome.lines.append(f"{spec.out}: every report is what {spec.root} gives" if not outcome.problems else
                              f"{spec.out}: {len(outcome.problems)} report(s) differ from what {spec.root} gives")
         return outcome
