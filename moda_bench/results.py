@@ -151,6 +151,16 @@ def read_results(paths: Iterable, *, warn: Warn = default_warn, exclude: Optiona
     return pd.concat(frames, ignore_index=True)
 
 
+def is_tuning_csv(path) -> bool:
+    """Whether path's header is a tuner summary's (`schema.TUNE_REQUIRED`); False when unreadable."""
+    try:
+        with open(path, newline="") as fh:   # the header alone decides
+            first = next(csv.reader([fh.readline()]), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return all(c in first for c in schema.TUNE_REQUIRED)
+
+
 def read_tuning(paths, *, warn: Warn = default_warn):
     """The tuner's CSV summaries under `paths` (headers with `schema.TUNE_REQUIRED`; other CSVs are
     passed over silently), one row per cache key: the newest by timestamp. Every TUNE_COLUMNS
@@ -162,11 +172,9 @@ def read_tuning(paths, *, warn: Warn = default_warn):
 
     frames = []
     for path, display in find_csvs(paths):
+        if not is_tuning_csv(path):
+            continue  # not a tuning summary: read_results' business
         try:
-            with open(path, newline="") as fh:   # the header alone decides; only summaries are read whole
-                first = next(csv.reader([fh.readline()]), [])
-            if not all(c in first for c in schema.TUNE_REQUIRED):
-                continue  # not a tuning summary: read_results' business
             header, rows = _split_rows(path.read_text(), display, warn)
         except (OSError, ResultsError, UnicodeDecodeError, csv.Error):
             continue

@@ -1,7 +1,8 @@
 """Write the provenance file `run.json` of a run folder before committing it (docs/RUNBOOK.md).
 
-A committed run folder `results/<gpu>/<run>/` holds its CSVs, figures and logs plus `run.json`:
-{"commands": [...], "commit", "gpu", "torch", "triton", "date", ..., "options": {...}}.
+A committed run folder `results/<gpu>/<question>/` (one per GPU and question, results/INDEX.md)
+holds its CSVs and figures plus `run.json`, no logs or copied scripts: {"question": what it shows,
+"commands": [...], "commit", "gpu", "torch", "triton", "date", ..., "options": {...}}.
 `moda-bench sweep` writes its options to `<out>/run.json`; this tool keeps them under "options",
 adds the commands you give, and takes commit, GPU, versions and the first/last row timestamps
 from the CSVs' own columns (git_commit, gpu, torch_version, triton_version, timestamp). Files
@@ -10,9 +11,10 @@ without those columns (tuning summaries, probes) are ignored. A run.json that al
 device's .git older than its files) is replaced by the commit whose package has that source
 digest, found among the last 300 (the rows' value kept as "commit_rows"). No GPU.
 
-    python3 tools/run_json.py results/h200/paper-tuned \
-        --command "moda-bench sweep --preset paper --out results/h200/paper-tuned" \
-        --set machine="one NVIDIA H200" --set env.MODA_BENCH_TUNING_CACHE=results/h200/tuning/tuning.json
+    python3 tools/run_json.py results/h200/paper \
+        --command "moda-bench sweep --preset paper --out results/h200/paper" \
+        --set question="The paper preset ..." --set machine="one NVIDIA H200"
+    moda-bench report --index    # then refresh results/INDEX.md
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ are `moda_bench.bench.ablate`'s, the figure is drawn by the report's code (repor
 reports.tables, reports.figures) from the CSV.
 
 Outputs in --out: ablation.csv (schema.COLUMNS, sweep='ablation', provider=rung name; rows of a
-re-run replace those with the same key) and ablation.png/.svg (ours vs paper, log scale). Rows carry
+re-run replace those with the same key) and ablation.png (ours vs paper, log scale). Rows carry
 the process's CPUs and host canary (moda_bench.host; `--pin-cpu` pins it to one CPU first).
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _paper_dir() -> Optional[Path]:
 
 def write_outputs(frame, out_dir: Path) -> tuple[Path, list[Path]]:
     """Upsert the measured rows into out_dir/ablation.csv (bench.ablate.write_csv); draw
-    out_dir/ablation.png/.svg from that CSV. Returns (csv path, figure paths)."""
+    out_dir/ablation.png from that CSV. Returns (csv path, figure paths)."""
     from moda_bench.bench.ablate import write_csv
     from moda_bench.reports.figures import ablation_figure, save_figure
     from moda_bench.reports.inputs import load_paper, load_results

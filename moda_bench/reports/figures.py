@@ -1,5 +1,5 @@
-"""Every figure moda-bench draws (PNG + SVG, matplotlib's object API: no pyplot, no global state;
-the shared colours, axes and saving are `reports.plotting`).
+"""Every figure moda-bench draws (PNG, matplotlib's object API: no pyplot, no global state; the
+shared colours, axes and saving are `reports.plotting`).
 
 - Report figures (`write_all`, per GPU: runtime, extra time, ablation ladder, TFLOP/s and, where
   the CSVs have it, the ratio to the fastest attention, drawn here from the training sweeps and
@@ -7,8 +7,9 @@ the shared colours, axes and saving are `reports.plotting`).
   `reports.workload_figures`); `ablation_figure` and `save_figure` are also used by `ablate`.
   Ratios and extra times get error bars from the paired 95% intervals where measured; rows of
   the graph timer are drawn dashed beside the eager ones. They are built and saved inside
-  matplotlib's default style with a fixed SVG hash salt and no date/software metadata, so
-  identical inputs give byte-identical files on one matplotlib version.
+  matplotlib's default style with no date/software metadata, so identical inputs give
+  byte-identical files on one matplotlib version; a figure whose inputs' digest
+  (`reports.manifest`) matches the one recorded when it was drawn is not drawn again.
 - The per-sweep figure (`plot_sweep`, used by `sweep`), drawn from one sweep CSV alone (read
   through `moda_bench.results`): median runtime with p20-p80 bars and extra time % vs FA2
   (with its interval where measured) against the swept parameter (`infer_x`).
@@ -16,6 +17,7 @@ the shared colours, axes and saving are `reports.plotting`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -202,32 +204,55 @@ def ablation_figure(abl_sections):
     return fig
 
 
+@dataclass
+class FigureFile:
+    """One report figure: its PNG, the digest of its inputs, and whether this call drew it."""
+
+    path: Path
+    digest: str
+    drawn: bool
+
+
 def write_all(fig_dir: Path, *, rows, eff_sections, abl_sections, paper, ceiling, suffix: str = "",
-              gpu: str = "") -> list[Path]:
-    """Draw and save every figure that has data from one GPU's rows (every workload: training
-    figures take the training sweeps, `reports.workload_figures` the floor, decode and
-    Depth-Attention ones) and sections; returns the written paths. `suffix` ends every file name
-    and `gpu`, where given, every figure title (a report over several GPUs)."""
+              gpu: str = "", known: Optional[dict] = None, draw: bool = True) -> list[FigureFile]:
+    """Every figure that has data from one GPU's rows (every workload: training figures take the
+    training sweeps, `reports.workload_figures` the floor, decode and Depth-Attention ones) and
+    sections. `suffix` ends every file name and `gpu`, where given, every figure title (a report
+    over several GPUs). A figure whose digest equals `known[file name]` (the manifest) and whose
+    file exists is left as it is; the others are built and, with `draw`, saved (without `draw`
+    nothing is written: the result says which figures exist)."""
+    from moda_bench.reports import manifest
     from moda_bench.reports import workload_figures as wf
     from moda_bench.reports.tables import DATTN, DECODE, TRAIN, rows_of
+    known = known or {}
     train = rows_of(rows, TRAIN)
-    builders = [("runtime", lambda: runtime_figure(train)),
-                ("extra_time", lambda: extra_time_figure(eff_sections, paper)),
-                ("ablation", lambda: ablation_figure(abl_sections)),
-                ("tflops", lambda: tflops_figure(train, ceiling)),
-                ("ratio_to_best", lambda: ratio_to_best_figure(train)),
-                ("floor", lambda: wf.floor_figure(rows_of(rows, TRAIN, DATTN, DECODE))),
-                ("decode", lambda: wf.decode_figure(rows)),
-                ("depth_attention", lambda: wf.depth_attention_figure(rows))]
-    written = []
+    floor_rows = rows_of(rows, TRAIN, DATTN, DECODE)
+    decode_rows, dattn_rows = rows_of(rows, DECODE), rows_of(rows, DATTN)
+    builders = [("runtime", (train,), lambda: runtime_figure(train)),
+                ("extra_time", (eff_sections, paper), lambda: extra_time_figure(eff_sections, paper)),
+                ("ablation", (abl_sections,), lambda: ablation_figure(abl_sections)),
+                ("tflops", (train, ceiling), lambda: tflops_figure(train, ceiling)),
+                ("ratio_to_best", (train,), lambda: ratio_to_best_figure(train)),
+                ("floor", (floor_rows,), lambda: wf.floor_figure(floor_rows)),
+                ("decode", (decode_rows,), lambda: wf.decode_figure(decode_rows)),
+                ("depth_attention", (dattn_rows,), lambda: wf.depth_attention_figure(dattn_rows))]
+    out = []
     with figure_style():
-        for name, build in builders:
+        for name, inputs, build in builders:
+            path = fig_dir / f"{name}{suffix}.png"
+            key = manifest.digest(name, gpu, *inputs)
+            if known.get(path.name) == key and path.is_file():
+                out.append(FigureFile(path, key, drawn=False))
+                continue
             fig = build()
-            if fig is not None:
-                if gpu and hasattr(fig, "get_suptitle"):
-                    fig.suptitle(f"{fig.get_suptitle()}, {gpu}")
-                written += save_figure(fig, fig_dir / f"{name}{suffix}")
-    return written
+            if fig is None:
+                continue
+            if gpu and hasattr(fig, "get_suptitle"):
+                fig.suptitle(f"{fig.get_suptitle()}, {gpu}")
+            if draw:
+                save_figure(fig, path.with_suffix(""))
+            out.append(FigureFile(path, key, drawn=draw))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ of results CSVs) and the paper's A100 reference tables.
 
 Measurement rows: every CSV found recursively under the given results directories (a
 `reference/` folder is left out), read by `results.read_csv`; a CSV that is not a results file
-is skipped with a one-line warning, as are malformed rows. Rows are de-duplicated on
+is skipped with a one-line warning (a tuner's summary silently: the report reads it through
+`results.read_tuning`), as are malformed rows. Rows are de-duplicated on
 `schema.ROW_KEY` by `results.newest`: the newest `timestamp` wins (ties: later file, then later
 line) and the rows it replaced are kept to be listed. Files are named `<root dir name>/<path
 under it>`, so names are stable whatever the working directory.
@@ -85,7 +86,8 @@ def load_results(results_dirs: list[Path], *, warn: Optional[Warn] = None) -> Re
         try:
             frames.append(results_io.read_csv(path, display=name, warn=warn))
         except results_io.NotResultsFile as exc:
-            warn(f"skipping {exc}")
+            if not results_io.is_tuning_csv(path):   # tuner summaries are read by results.read_tuning
+                warn(f"skipping {exc}")
             continue
         except results_io.ResultsError as exc:
             raise ReportError(str(exc)) from None

@@ -1,9 +1,9 @@
 """What every report figure shares (matplotlib's object API: no pyplot, no global state): fixed
 colours and legend order per provider, the style of a timer's line, axes with ticks at the
-measured points, series of a sweep, figure and panel-grid construction, and `save_figure` (PNG +
-SVG with a fixed SVG hash salt and no date/software metadata, so identical inputs give
-byte-identical files on one matplotlib version). `reports.figures` and
-`reports.workload_figures` draw with them.
+measured points, series of a sweep, figure and panel-grid construction, and `save_figure` (one
+PNG per figure, 256 colours, no date/software metadata, so identical inputs give byte-identical
+files on one matplotlib version; the resolution steps down until the file fits `MAX_FIGURE_BYTES`).
+`reports.figures` and `reports.workload_figures` draw with them.
 """
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from pathlib import Path
 from moda_bench import schema
 from moda_bench.reports.vocab import config_text
 
-RC = {"svg.hashsalt": "moda-bench", "svg.fonttype": "path", "figure.dpi": 100, "font.size": 9,
-      "axes.grid": True, "grid.alpha": 0.3}
+RC = {"figure.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
 PNG_METADATA = {"Software": None}
-SVG_METADATA = {"Date": None, "Creator": None}
-PNG_DPI = 150
+PNG_DPI = (150, 120, 100, 85, 72, 60)             # tried in turn until the PNG fits MAX_FIGURE_BYTES
+MAX_FIGURE_BYTES = 300_000                         # committed figures stay small (issue 57)
 LOG_RANGE = 16.0                                  # use a log axis when max/min reaches this
 PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-torch", "flash-compatible",
                   "chunk-aware", "group-aware", "batched-tiles"]
@@ -130,12 +129,31 @@ def figure_style():
         yield
 
 
-def save_figure(fig, stem: Path) -> list[Path]:
-    """stem.png and stem.svg, without dates or version strings (deterministic bytes)."""
+def png_bytes(fig, max_bytes: int = MAX_FIGURE_BYTES) -> bytes:
+    """The figure as a 256-colour PNG (Pillow, matplotlib's own dependency; plots lose nothing
+    visible and shrink about threefold) at the first resolution of PNG_DPI that fits max_bytes
+    (else the lowest), without dates or version strings: the same figure gives the same bytes."""
+    import io
+
     import matplotlib
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    from PIL import Image
+    data = b""
     with matplotlib.rc_context(RC):
-        fig.savefig(png, dpi=PNG_DPI, metadata=PNG_METADATA)
-        fig.savefig(svg, metadata=SVG_METADATA)
-    return [png, svg]
+        for dpi in PNG_DPI:
+            raw = io.BytesIO()
+            fig.savefig(raw, format="png", dpi=dpi, metadata=PNG_METADATA)
+            raw.seek(0)
+            out = io.BytesIO()
+            Image.open(raw).convert("RGB").quantize(256).save(out, format="png", optimize=True)
+            data = out.getvalue()
+            if len(data) <= max_bytes:
+                break
+    return data
+
+
+def save_figure(fig, stem: Path) -> list[Path]:
+    """stem.png (`png_bytes`: deterministic, at most MAX_FIGURE_BYTES where a resolution allows)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png = stem.with_suffix(".png")
+    png.write_bytes(png_bytes(fig))
+    return [png]

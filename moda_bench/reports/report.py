@@ -1,5 +1,6 @@
-"""`moda-bench report`'s work: REPORT.md and figures/*.png|svg regenerated from saved CSVs (no GPU,
-no torch, no triton). The command itself (options, messages, exit codes) is `moda_bench.cli.report`.
+"""`moda-bench report`'s work: REPORT.md and figures/*.png regenerated from saved CSVs (no GPU,
+no torch, no triton). The command itself (options, messages, exit codes) is `moda_bench.cli.report`;
+the reports/ tree of one report per GPU folder is `reports.tree`.
 
 Inputs (`reports.inputs`): the results CSVs found recursively under the given directories, read
 through `moda_bench.results`, and the paper's A100 reference tables. Tables are built by
@@ -14,6 +15,10 @@ then later line) and the report lists what was superseded.
 GPUs: the rows of each GPU are kept apart. Where the report holds several GPUs, every table is
 drawn per GPU (its heading ends 'on <GPU>', the GPUs' tables of one sweep next to each other)
 and every figure per GPU (`<figure>-<gpu slug>.png`); with one GPU names are as they always were.
+
+Figures: `figures/manifest.json` records the digest of each figure's inputs (`reports.manifest`);
+a figure is drawn again only when its digest changed or its file is missing, and figures the
+manifest lists that have no data any more are removed.
 
 Optional data (columns the CSVs gained later) adds blocks and columns only where some row has
 it: paired ratio intervals, ratios to the fastest attention, samples, noise and the distance to
@@ -45,7 +50,14 @@ from moda_bench.reports.workloads import dattn_sections, decode_sections
 from moda_bench.results import default_warn, read_tuning
 
 __all__ = ["generate_report", "ReportError", "Results", "Paper", "load_results", "load_paper",
-           "ablation_sections"]
+           "ablation_sections", "Written"]
+
+
+class Written(list):
+    """The paths `generate_report` leaves in its output (sorted), plus `drawn`: the figures this
+    call drew (the others were up to date)."""
+
+    drawn: list[Path]
 
 
 def figure_suffixes(gpus: list[str]) -> dict[str, str]:
@@ -63,11 +75,13 @@ def figure_suffixes(gpus: list[str]) -> dict[str, str]:
 
 def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path | None = None,
                     ceiling_tflops: float | None = None, fa2_provider: str | None = None,
-                    moda_provider: str | None = None, figures: bool = True,
-                    warn: Optional[Warn] = None) -> list[Path]:
-    """Write out_dir/REPORT.md and out_dir/figures/*.png|svg from the CSVs under results_dirs.
+                    moda_provider: str | None = None, figures: bool = True, draw: bool = True,
+                    warn: Optional[Warn] = None) -> Written:
+    """Write out_dir/REPORT.md and out_dir/figures/*.png (+ manifest.json) from the CSVs under results_dirs.
 
-    Deterministic: the same inputs give byte-identical files. Returns the written paths, sorted.
+    Deterministic: the same inputs give byte-identical files. Returns the report, its figures and
+    the manifest, sorted (`Written.drawn`: the figures drawn by this call). `draw=False` writes
+    REPORT.md alone, its figure links as a drawing call would make them (nothing under figures/).
     Raises ReportError for missing/empty inputs or malformed CSVs; CSVs that are not results
     files and malformed rows are skipped, each with one line to `warn` (default: warnings.warn).
     """
@@ -87,16 +101,27 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     ceilings = {g: matmul_ceiling(of_gpu(rows, g), ceiling_tflops) for g in gpus}
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    written, drawn = Written(), []
     fig_links: dict[str, str] = {}
     if figures:
         from moda_bench.reports import figures as figs
+        from moda_bench.reports import manifest
+        fig_dir = out_dir / "figures"
+        known = manifest.load(fig_dir)
+        files = []
         for gpu, suffix in figure_suffixes(gpus).items():
-            written += figs.write_all(out_dir / "figures", rows=of_gpu(rows, gpu),
-                                      eff_sections=[s for s in eff if s.gpu == gpu],
-                                      abl_sections=[s for s in abl if s.gpu == gpu], paper=paper,
-                                      ceiling=ceilings[gpu], suffix=suffix, gpu=gpu if len(gpus) > 1 else "")
-        fig_links = {p.stem: os.path.relpath(p, out_dir).replace(os.sep, "/") for p in written if p.suffix == ".png"}
+            files += figs.write_all(fig_dir, rows=of_gpu(rows, gpu), eff_sections=[s for s in eff if s.gpu == gpu],
+                                    abl_sections=[s for s in abl if s.gpu == gpu], paper=paper,
+                                    ceiling=ceilings[gpu], suffix=suffix, gpu=gpu if len(gpus) > 1 else "",
+                                    known=known, draw=draw)
+        fig_links = {f.path.stem: os.path.relpath(f.path, out_dir).replace(os.sep, "/") for f in files}
+        if draw:
+            entries = {f.path.name: f.digest for f in files}
+            for stale in sorted(set(known) - set(entries)):
+                if Path(stale).name == stale and stale.endswith(".png"):   # only figures the manifest listed
+                    (fig_dir / stale).unlink(missing_ok=True)
+            written += [f.path for f in files] + [manifest.save(fig_dir, entries)]
+            drawn = sorted(f.path for f in files if f.drawn)
 
     states = gpu_states(rows)
     timers = timer_sections(rows)
@@ -155,7 +180,9 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     report = out_dir / "REPORT.md"
     report.write_text("\n\n".join(md) + "\n", encoding="utf-8", newline="\n")
     written.append(report)
-    return sorted(written)
+    written.sort()
+    written.drawn = drawn
+    return written
 
 
 DECODE_INTRO = (
