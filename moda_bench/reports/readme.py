@@ -107,11 +107,10 @@ def headline_markdown(folder: Path, link: str, warn: Optional[Callable[[str], No
     rows = load_results([folder], warn=warn or (lambda message: None)).rows
     meta = read_run_json(folder)
     gpus = sorted({str(g) for g in rows["gpu"] if str(g).strip()})
-    dates = sorted(str(t)[:10] for t in rows["timestamp"] if str(t).strip())
     commit = str(meta.get("commit") or ", ".join(sorted({str(c)[:7] for c in rows["git_commit"]})))
     commit = commit[:7] if re.fullmatch(r"[0-9a-f]{8,40}", commit) else commit
     command = next(iter(commands_of(meta)), "")
-    intro = (f"{', '.join(gpus) or 'unnamed GPU'} (commit `{commit}`, {dates[-1] if dates else '-'}, "
+    intro = (f"{', '.join(gpus) or 'unnamed GPU'} (commit `{commit}`, "
              f"[`{link}/`]({link})): `{command}`. bf16, fwd+bwd; ratios paired per round with their 95% "
              "interval where measured.")
     return intro + "\n\n" + headline_table(rows)
