@@ -110,6 +110,9 @@ class Rung:
     idea: what it adds to the rung before it; depth_utilization(T, G, C, L) -> eta; launch_config(shape,
     dtype, C) -> the tile/launch settings it runs with (the CSV's config column); unavailable(device) -> why
     it cannot run as itself there (None: it can), beside the registry's own check for the MoDA kernel.
+    max_T: the naive loop is timed only up to the paper's T = 1024 (about a second a call there, growing
+    as T^2); the flash-compatible full scan up to 4096 (its depth work grows as T^2 * L: seconds a call at
+    T = 16384).
     """
 
     name: str
@@ -120,6 +123,7 @@ class Rung:
     launch_config: Callable[[MoDAShape, object, int], dict]
     idea: str = ""
     unavailable: Optional[Callable[[str], Optional[str]]] = None
+    max_T: Optional[int] = None  # `moda-bench ablate` leaves the rung out above this T unless --all-rungs
 
 
 def _step(name: str, label: str, idea: str, unavailable=None) -> Rung:
@@ -128,10 +132,11 @@ def _step(name: str, label: str, idea: str, unavailable=None) -> Rung:
 
 RUNGS: list[Rung] = [
     Rung("naive-torch", "PyTorch for-loop over positions and their depth KV", moda_naive, eta_naive, 2128.9,
-         _naive_launch, "the function itself, one position at a time"),
+         _naive_launch, "the function itself, one position at a time", max_T=1024),
     Rung("flash-compatible", "ladder kernel: flat depth axis scanned by every query block",
          _ladder_fn(FLASH), eta_flash_compatible, 13.102, _ladder_launch(FLASH),
-         "one fused Triton kernel, one online softmax; depth cache as one flat T*L axis, full masked scan"),
+         "one fused Triton kernel, one online softmax; depth cache as one flat T*L axis, full masked scan",
+         max_T=4096),
     Rung("chunk-aware", "ladder kernel: a chunk of C positions visits only its C*L depth columns",
          _ladder_fn(CHUNK), eta_chunk_aware, 6.286, _ladder_launch(CHUNK),
          "each row block scans only the depth columns of its own positions"),
