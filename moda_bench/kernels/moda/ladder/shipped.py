@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Optional
 
 from moda_bench.kernels.moda.config import (BWD_TMA_MAXNREG, BWD_TMA_MAXNREG_MIN_T, TMA_BLOCK_N, TMA_STAGES, TMA_WARPS,
-                                            MoDAConfig, _descriptor_gpu, group_pad, pointer_block_l, resolve_config,
+                                            MoDAConfig, bwd_tma_default, group_pad, pointer_block_l, resolve_config,
                                             tma_block_l)
 from moda_bench.kernels.moda.triton.interface import moda_attention
 from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
@@ -76,7 +76,8 @@ def step_config(step: str, shape: MoDAShape, chunk: int) -> MoDAConfig:
 
 def tma_unavailable(device: str) -> Optional[str]:
     """Why the descriptor rungs cannot run as themselves here (None where they can)."""
-    if device != "cuda" or not _descriptor_gpu("bfloat16"):
+    # the heuristic's own test at d = 64, bf16: a Hopper-or-newer GPU and a Triton with device-side descriptors
+    if device != "cuda" or not bwd_tma_default(MoDAShape(B=1, T=1, Hq=1, Hk=1, d=64, L=0), "bfloat16"):
         return "needs a Hopper-or-newer GPU and a Triton with device-side tensor descriptors"
     return None
 
