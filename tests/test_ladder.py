@@ -17,9 +17,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from moda_bench.kernels.moda.ladder.kernel import Ideas, moda_ladder  # noqa: E402
 from moda_bench.kernels.moda.ladder.table import RUNGS, rung  # noqa: E402
 from moda_bench.kernels.moda.reference import moda_reference  # noqa: E402
-from moda_bench.kernels.moda.ladder.kernel import Ideas, moda_ladder  # noqa: E402
 from moda_bench.timing import max_rel_err  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -185,6 +185,7 @@ def _fake_rows():
 def test_ablation_table_csv_and_chart(tmp_path):
     """CSV rows follow schema.COLUMNS and are upserted on the row key; the chart sits beside it."""
     import pandas as pd
+
     from moda_bench import schema
     from moda_bench.bench.ablate import ablation_frame
     from moda_bench.cli.ablate import ablation_table, write_outputs
@@ -212,6 +213,7 @@ def test_ablation_table_csv_and_chart(tmp_path):
 def test_ablate_without_cuda_exits_nonzero():
     import typer
     from typer.testing import CliRunner
+
     from moda_bench.cli.ablate import ablate_command
     app = typer.Typer()
     app.command()(ablate_command)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from moda_bench import results, schema
@@ -41,6 +41,7 @@ def few_reps_timer(reps: int, on_rep: Callback | None = None):
 
     def timer(fn, grad_to_none=None, warmup_ms=None, rep_ms=None) -> dict:
         import torch
+
         from moda_bench.timing import QUANTILES
         times = []
         for i in range(reps):
@@ -132,8 +133,9 @@ def run_ladder(point, pass_: str, *, skip_naive: bool = False, skip: dict | None
     on_rung(rung) before a rung runs, on_row(rung, row) after; naive_progress(T, reps) ->
     (on_step, on_rep) when the naive rung is about to run (not when skipped)."""
     import torch
-    from moda_bench.bench.providers import get_provider
+
     from moda_bench.bench.point import TimingOptions, run_point
+    from moda_bench.bench.providers import get_provider
     from moda_bench.bench.runner import base_row
     from moda_bench.kernels.moda import MoDAShape
     from moda_bench.kernels.moda.ladder.table import RUNGS
@@ -179,6 +181,7 @@ def write_csv(frame, out_dir: Path) -> Path:
     """Upsert the measured rows (not 'skipped') into out_dir/ablation.csv on schema.ROW_KEY (a
     re-run replaces rows with the same key, other rows stay); returns the CSV's path."""
     import pandas as pd
+
     from moda_bench.bench.runner import schema_rows
 
     out_dir = Path(out_dir)

@@ -21,9 +21,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-from moda_bench.kernels.moda.config import (BWD_TMA_MAXNREG, BWD_TMA_MAXNREG_MIN_T, TMA_BLOCK_N, TMA_STAGES, TMA_WARPS,
-                                            MoDAConfig, bwd_tma_default, group_pad, pointer_block_l, resolve_config,
-                                            tma_block_l)
+from moda_bench.kernels.moda.config import (
+    BWD_TMA_MAXNREG,
+    BWD_TMA_MAXNREG_MIN_T,
+    TMA_BLOCK_N,
+    TMA_STAGES,
+    TMA_WARPS,
+    MoDAConfig,
+    bwd_tma_default,
+    group_pad,
+    pointer_block_l,
+    resolve_config,
+    tma_block_l,
+)
 from moda_bench.kernels.moda.triton.interface import moda_attention
 from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
 
