@@ -149,8 +149,9 @@ def test_run_ablation_runs_each_point_with_its_skips(monkeypatch):
 
     monkeypatch.setattr(ablate, "run_ladder", fake_ladder)
     spec = ablate.AblationSpec(points=(Point(T=1024), Point(T=4096), Point(T=16384)), warmup_ms=1.0, rep_ms=1.0)
-    rows = ablate.run_ablation(spec, {})
-    assert [r["T"] for r in rows] == [1024, 4096, 16384]
+    saved = []
+    rows = ablate.run_ablation(spec, {}, on_point=saved.append)
+    assert [r["T"] for r in rows] == [1024, 4096, 16384] and saved == [[r] for r in rows]
     assert seen == [(1024, []), (4096, ["naive-torch"]), (16384, ["flash-compatible", "naive-torch"])]
 
 

@@ -111,15 +111,19 @@ class AblationSpec:
 
 
 def run_ablation(spec: AblationSpec, meta: dict, *, on_rung: Callable | None = None, on_row: Callable | None = None,
-                 naive_progress: Callable | None = None) -> list[dict]:
-    """`run_ladder` at every point of the spec, in order; the rows of all points (callbacks as there)."""
+                 naive_progress: Callable | None = None, on_point: Callable | None = None) -> list[dict]:
+    """`run_ladder` at every point of the spec, in order; the rows of all points (callbacks as there;
+    on_point(rows) after each point with that point's rows, e.g. to save them before the next starts)."""
     from moda_bench.kernels.moda.ladder.table import RUNGS
     rows = []
     for point in spec.points:
         skip = {r.name: why for r in RUNGS if (why := spec.skipped(r, point.T))}
-        rows += run_ladder(point, spec.pass_, skip=skip, naive_reps=spec.naive_reps, warmup_ms=spec.warmup_ms,
-                           rep_ms=spec.rep_ms, meta=meta, on_rung=on_rung, on_row=on_row,
-                           naive_progress=naive_progress)
+        part = run_ladder(point, spec.pass_, skip=skip, naive_reps=spec.naive_reps, warmup_ms=spec.warmup_ms,
+                          rep_ms=spec.rep_ms, meta=meta, on_rung=on_rung, on_row=on_row,
+                          naive_progress=naive_progress)
+        if on_point is not None:
+            on_point(part)
+        rows += part
     return rows
 
 

@@ -191,7 +191,8 @@ def ablate_command(
     skip: Annotated[str, typer.Option("--skip", help="Rungs to leave out, comma-separated.")] = "",
     all_rungs: Annotated[bool, typer.Option("--all-rungs", help="Also run rungs above their T limit (naive-torch "
                                             "above 1024, flash-compatible above 4096).")] = False,
-    naive_reps: Annotated[int, typer.Option("--naive-reps", help="Timed calls of the naive rung (about 1 s each at T=1024).")] = 10,
+    naive_reps: Annotated[int, typer.Option("--naive-reps", help="Timed calls of the naive rung (about 1 s each at "
+                                            "T=1024).")] = 10,
     warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="do_bench warm-up of the Triton rungs.")] = WARMUP_MS,
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="do_bench repetition time of the Triton rungs.")] = REP_MS,
     out: Annotated[Path, typer.Option("--out", help="Output directory (ablation.csv, ablation.png).")] =
@@ -231,7 +232,7 @@ def ablate_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from moda_bench.bench.ablate import AblationSpec, ablation_frame, is_paper_config, run_ablation
+    from moda_bench.bench.ablate import AblationSpec, ablation_frame, is_paper_config, run_ablation, write_csv
     from moda_bench.bench.runner import Point
     from moda_bench.kernels.moda.ladder.table import RUNGS
 
@@ -263,7 +264,14 @@ def ablate_command(
             else:
                 progress.console.print(f"  T={row['T']} {rung.name}: [yellow]{row['status']}[/] {row['reason']}")
 
-        rows = run_ablation(spec, meta, on_rung=on_rung, on_row=on_row, naive_progress=naive_progress)
+        def on_point(part) -> None:  # each T's rows saved before the next T starts (a long run cut short keeps them)
+            try:
+                write_csv(ablation_frame(part), out)
+            except (OSError, ValueError) as err:
+                _fail(console, f"could not write results to {out}: {err}")
+
+        rows = run_ablation(spec, meta, on_rung=on_rung, on_row=on_row, naive_progress=naive_progress,
+                            on_point=on_point)
 
     frame = ablation_frame(rows)
     table_console = Console(width=max(Console().width, TABLE_WIDTH))  # logs/pipes default to 80 columns
