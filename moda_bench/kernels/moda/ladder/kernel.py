@@ -162,7 +162,7 @@ def _fwd_kernel(
     # sequence phase: causal keys 0 .. the block's last position (key 0 keeps every row's max finite)
     seq_hi = tl.minimum(pid_m * P + P, T)
     for start_n in range(0, seq_hi, BLOCK_N):
-        k, v, ok, _ = _kv_tiles(k_base, v_base, start_n, T, s_kt, offs_d, pos, L, False, BLOCK_N)
+        k, v, ok, offs_n = _kv_tiles(k_base, v_base, start_n, T, s_kt, offs_d, pos, L, False, BLOCK_N)
         acc, m_i, l_i = _softmax_tile(q, k, v, ok, acc, m_i, l_i, qk_scale, PREC)
     # depth phase: flat depth columns c = t * L + l of the span, masked to c // L == the row's position
     if HAS_DEPTH:
@@ -170,7 +170,7 @@ def _fwd_kernel(
         kd_base = KD + b * s_db + j * s_dh
         vd_base = VD + b * s_db + j * s_dh
         for start_c in range(dep_lo, dep_hi, BLOCK_L):
-            kd, vd, own, _ = _kv_tiles(kd_base, vd_base, start_c, T * L, s_dc, offs_d, pos, L, True, BLOCK_L)
+            kd, vd, own, offs_c = _kv_tiles(kd_base, vd_base, start_c, T * L, s_dc, offs_d, pos, L, True, BLOCK_L)
             acc, m_i, l_i = _softmax_tile(q, kd, vd, own, acc, m_i, l_i, qk_scale, PREC)
 
     out = acc / l_i[:, None]
@@ -207,8 +207,8 @@ def _bwd_dq_kernel(
 
     seq_hi = tl.minimum(pid_m * P + P, T)
     for start_n in range(0, seq_hi, BLOCK_N):
-        k, v, ok, _ = _kv_tiles(k_base, v_base, start_n, T, s_kt, offs_d, pos, L, False, BLOCK_N)
-        part, _, _ = _dq_parts(q, do, lse, delta, k, v, ok & row_ok[:, None], qk_scale, PREC)
+        k, v, ok, offs_n = _kv_tiles(k_base, v_base, start_n, T, s_kt, offs_d, pos, L, False, BLOCK_N)
+        part, p_seq, ds_seq = _dq_parts(q, do, lse, delta, k, v, ok & row_ok[:, None], qk_scale, PREC)
         dq += part
 
     if HAS_DEPTH:
