@@ -78,6 +78,18 @@ def test_rung_matches_reference(name, case):
     assert not bad, f"{name} {_case_id(case)}: relative errors above {tol}: {bad}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1024, 1000])
+@pytest.mark.parametrize("name", [r.name for r in RUNGS if r.name != "naive-torch"])
+def test_gpu_rung_at_the_paper_shape(name, T):
+    """Each Triton rung at the paper's tiles (G=8, Hk=8, d=64, L=64, C=64, bf16; T=1000 ragged) against an
+    fp32 reference on the GPU (as the kernel's own GPU tests; fp64 would be slow at this size)."""
+    from helpers import check_against_reference
+    r = rung(name)
+    check_against_reference(lambda *a: r.fn(*a, chunk=64), 1, T, 64, 8, 64, 64, torch.bfloat16,
+                            ref_dtype=torch.float32)
+
+
 def test_explicit_scale_and_empty_depth_tensors():
     """A non-default scale, and L = 0 given as empty depth tensors (zero-size gradients), for every switch set."""
     ins, do = _inputs(1, 9, 2, 1, 0, 16, torch.float32, seed=3)
