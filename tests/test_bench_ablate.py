@@ -165,3 +165,13 @@ def test_parse_ts_and_summary_table():
     assert cells["rung"] == RUNGS
     assert cells["T=4096 ms"][0] == "-" and cells["paper x prev"][3] == "4.31x"
     assert cells["x prev"][2] == "2.00x"  # 11.0 -> 5.5 at T=1024
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the rung's own reason where no Hopper GPU is present")
+def test_descriptor_rungs_say_why_they_cannot_run(monkeypatch):
+    from moda_bench.bench import providers
+    monkeypatch.setattr(providers, "_needs_moda_kernel", lambda device: None)  # as on a GPU machine
+    assert "Hopper" in providers.get_provider("tma-fwd").unavailable("cuda")
+    assert "Hopper" in providers.get_provider("tma-bwd").unavailable("cuda")
+    assert providers.get_provider("group-aware").unavailable("cuda") is None
+    assert providers.get_provider("naive-torch").unavailable("cuda") is None
