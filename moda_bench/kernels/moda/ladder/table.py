@@ -67,7 +67,8 @@ def _eta_step(step: str) -> Callable[[int, int, int, int], float]:
 
 
 def eta_ours(T: int, G: int, C: int, L: int) -> float:
-    """What the production config for the shape computes (on the current device; bf16)."""
+    """What the production config for the shape computes (on the current device; bf16, d = 64: the eta
+    signature carries no d)."""
     if L == 0:
         return NAN
     shape = _shape(T, G, L)
