@@ -17,10 +17,11 @@ from moda_bench.bench.providers import Prepared, Provider
 from moda_bench.bench.runner import Point
 from moda_bench.cli.ablate import ablate_command, ablation_table, write_outputs
 
-RUNGS = ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "batched-tiles", "ours"]
+RUNGS = ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "depth-bwd-in-dq", "shipped-kernel",
+         "batched-tiles", "tma-fwd", "tma-bwd", "ours"]
 
 
-def fake_rows(ms=(812.0, 11.0, 5.5, 1.2, 1.0, 0.9)) -> list[dict]:
+def fake_rows(ms=(812.0, 11.0, 5.5, 1.2, 1.1, 1.05, 1.0, 0.95, 0.92, 0.9)) -> list[dict]:
     rows = []
     for name, t in zip(RUNGS, ms):
         row = {c: math.nan for c in schema.COLUMNS}
@@ -111,6 +112,9 @@ def _invoke(*args):
     (["--C", "24"], "--C must be a power of two"),
     (["--G", "32", "--C", "16"], "must be a multiple of G"),
     (["--naive-reps", "0"], "--naive-reps must be >= 1"),
+    (["--T", "1024,abc"], "--T must be sequence lengths"),
+    (["--T", "0"], "--T must be sequence lengths >= 1"),
+    (["--skip", "group-aware,fastest"], "unknown rung 'fastest'"),
 ])
 def test_ablate_user_errors(args, message):
     res = _invoke(*args)
@@ -123,3 +127,51 @@ def test_ablate_without_cuda_exits_nonzero(tmp_path):
     assert res.exit_code == 1
     assert "needs a CUDA GPU" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "abl").exists()
+
+
+def test_spec_skips_listed_rungs_and_rungs_above_their_max_t():
+    from moda_bench.kernels.moda.ladder.table import rung
+    spec = ablate.AblationSpec(points=(Point(T=1024), Point(T=16384)), warmup_ms=1.0, rep_ms=1.0, skip=("tma-fwd",))
+    assert spec.skipped(rung("tma-fwd"), 1024) == "--skip"
+    assert spec.skipped(rung("naive-torch"), 1024) is None and spec.skipped(rung("group-aware"), 16384) is None
+    assert "T > 1024" in spec.skipped(rung("naive-torch"), 4096)
+    assert spec.skipped(rung("flash-compatible"), 4096) is None and "T > 4096" in spec.skipped(rung("flash-compatible"),
+                                                                                               16384)
+    assert dataclasses.replace(spec, all_rungs=True).skipped(rung("flash-compatible"), 16384) is None
+
+
+def test_run_ablation_runs_each_point_with_its_skips(monkeypatch):
+    seen = []
+
+    def fake_ladder(point, pass_, *, skip, **kw):
+        seen.append((point.T, sorted(skip)))
+        return [{"T": point.T}]
+
+    monkeypatch.setattr(ablate, "run_ladder", fake_ladder)
+    spec = ablate.AblationSpec(points=(Point(T=1024), Point(T=4096), Point(T=16384)), warmup_ms=1.0, rep_ms=1.0)
+    saved = []
+    rows = ablate.run_ablation(spec, {}, on_point=saved.append)
+    assert [r["T"] for r in rows] == [1024, 4096, 16384] and saved == [[r] for r in rows]
+    assert seen == [(1024, []), (4096, ["naive-torch"]), (16384, ["flash-compatible", "naive-torch"])]
+
+
+def test_parse_ts_and_summary_table():
+    from moda_bench.cli.ablate import parse_ts, summary_table
+    assert parse_ts("1024, 4096,16384,1024") == (1024, 4096, 16384)
+    rows = fake_rows() + [dict(r, T=4096, median_ms=4 * r["median_ms"]) for r in fake_rows()[1:]]
+    table = summary_table(ablate.ablation_frame(rows), (1024, 4096))
+    assert table.row_count == len(RUNGS) and len(table.columns) == 1 + 2 * 2 + 1
+    cells = {c.header: list(c._cells) for c in table.columns}
+    assert cells["rung"] == RUNGS
+    assert cells["T=4096 ms"][0] == "-" and cells["paper x prev"][3] == "4.31x"
+    assert cells["x prev"][2] == "2.00x"  # 11.0 -> 5.5 at T=1024
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the rung's own reason where no Hopper GPU is present")
+def test_descriptor_rungs_say_why_they_cannot_run(monkeypatch):
+    from moda_bench.bench import providers
+    monkeypatch.setattr(providers, "_needs_moda_kernel", lambda device: None)  # as on a GPU machine
+    assert "Hopper" in providers.get_provider("tma-fwd").unavailable("cuda")
+    assert "Hopper" in providers.get_provider("tma-bwd").unavailable("cuda")
+    assert providers.get_provider("group-aware").unavailable("cuda") is None
+    assert providers.get_provider("naive-torch").unavailable("cuda") is None

@@ -4,6 +4,9 @@ providers; `point.run_point` makes the inputs, checks a slice against moda_refer
 with at least 10 L2-flushed repetitions and fills one schema row), and the upsert of those rows
 into `ablation.csv`.
 
+`AblationSpec` is what the command hands down: the points (one per T), the rungs left out and
+the timing options; `run_ablation` runs the ladder at each point.
+
 The naive rung takes about a second per call at T=1024, so it is timed with a few CUDA-event
 repetitions instead of do_bench (`few_reps_timer`); callbacks report its per-position progress
 during its first (accuracy-check) call and its timed calls. Options, progress bars, the table and
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from moda_bench import results, schema
@@ -37,6 +41,7 @@ def few_reps_timer(reps: int, on_rep: Callback | None = None):
 
     def timer(fn, grad_to_none=None, warmup_ms=None, rep_ms=None) -> dict:
         import torch
+
         from moda_bench.timing import QUANTILES
         times = []
         for i in range(reps):
@@ -82,17 +87,59 @@ def naive_rung(provider, naive_fn, reps: int, on_step: Callback | None = None, o
     return dataclasses.replace(provider, prepare=prepare), timer
 
 
-def run_ladder(point, pass_: str, *, skip_naive: bool = False, naive_reps: int = 10, warmup_ms: float,
-               rep_ms: float, meta: dict, on_rung: Callable | None = None, on_row: Callable | None = None,
-               naive_progress: Callable | None = None) -> list[dict]:
+@dataclass(frozen=True)
+class AblationSpec:
+    """What `moda-bench ablate` runs: the ladder at each point (one per T), which rungs to leave out
+    (`skip`; rungs above their `max_T` too unless `all_rungs`) and the timing options."""
+
+    points: tuple
+    warmup_ms: float
+    rep_ms: float
+    pass_: str = PAPER_PASS
+    skip: tuple = ()
+    all_rungs: bool = False
+    naive_reps: int = 10
+
+    def skipped(self, rung, T: int) -> str | None:
+        """Why `rung` is left out at sequence length T (None: it runs)."""
+        if rung.name in self.skip:
+            return "--skip" if rung.name != NAIVE else "--skip / --skip-naive"
+        max_t = getattr(rung, "max_T", None)
+        if not self.all_rungs and max_t is not None and T > max_t:
+            return f"T > {max_t}: this rung's cost grows past the run's budget there (--all-rungs runs it)"
+        return None
+
+
+def run_ablation(spec: AblationSpec, meta: dict, *, on_rung: Callable | None = None, on_row: Callable | None = None,
+                 naive_progress: Callable | None = None, on_point: Callable | None = None) -> list[dict]:
+    """`run_ladder` at every point of the spec, in order; the rows of all points (callbacks as there;
+    on_point(rows) after each point with that point's rows, e.g. to save them before the next starts)."""
+    from moda_bench.kernels.moda.ladder.table import RUNGS
+    rows = []
+    for point in spec.points:
+        skip = {r.name: why for r in RUNGS if (why := spec.skipped(r, point.T))}
+        part = run_ladder(point, spec.pass_, skip=skip, naive_reps=spec.naive_reps, warmup_ms=spec.warmup_ms,
+                          rep_ms=spec.rep_ms, meta=meta, on_rung=on_rung, on_row=on_row,
+                          naive_progress=naive_progress)
+        if on_point is not None:
+            on_point(part)
+        rows += part
+    return rows
+
+
+def run_ladder(point, pass_: str, *, skip_naive: bool = False, skip: dict | None = None, naive_reps: int = 10,
+               warmup_ms: float, rep_ms: float, meta: dict, on_rung: Callable | None = None,
+               on_row: Callable | None = None, naive_progress: Callable | None = None) -> list[dict]:
     """One schema row per rung (sweep 'ablation', provider = rung name, impl_detail = its label,
-    config = its launch configuration) on cuda, in ladder order.
+    config = its launch configuration) on cuda, in ladder order; a rung in `skip` (name -> reason)
+    gets a 'skipped' row with that reason.
 
     on_rung(rung) before a rung runs, on_row(rung, row) after; naive_progress(T, reps) ->
-    (on_step, on_rep) when the naive rung is about to run (not with skip_naive)."""
+    (on_step, on_rep) when the naive rung is about to run (not when skipped)."""
     import torch
-    from moda_bench.bench.providers import get_provider
+
     from moda_bench.bench.point import TimingOptions, run_point
+    from moda_bench.bench.providers import get_provider
     from moda_bench.bench.runner import base_row
     from moda_bench.kernels.moda import MoDAShape
     from moda_bench.kernels.moda.ladder.table import RUNGS
@@ -104,12 +151,12 @@ def run_ladder(point, pass_: str, *, skip_naive: bool = False, naive_reps: int =
             on_rung(rung)
         provider = get_provider(rung.name)
         timer, reason = None, provider.unavailable("cuda")
-        if rung.name == NAIVE:
-            if skip_naive:
-                reason = "--skip-naive"
-            else:
-                hooks = naive_progress(point.T, naive_reps) if naive_progress is not None else (None, None)
-                provider, timer = naive_rung(provider, rung.fn, naive_reps, *hooks)
+        if skip_naive and rung.name == NAIVE:
+            reason = "--skip-naive"
+        reason = (skip or {}).get(rung.name) or reason
+        if rung.name == NAIVE and not reason:
+            hooks = naive_progress(point.T, naive_reps) if naive_progress is not None else (None, None)
+            provider, timer = naive_rung(provider, rung.fn, naive_reps, *hooks)
         row = base_row(point, provider.name, pass_, SWEEP_NAME)
         row.update(meta or {}, timer="eager" if timer is None else "custom")
         run_point([provider], point, pass_, [row], device="cuda", chunk=point.C, seed=SEED,
@@ -138,6 +185,7 @@ def write_csv(frame, out_dir: Path) -> Path:
     """Upsert the measured rows (not 'skipped') into out_dir/ablation.csv on schema.ROW_KEY (a
     re-run replaces rows with the same key, other rows stay); returns the CSV's path."""
     import pandas as pd
+
     from moda_bench.bench.runner import schema_rows
 
     out_dir = Path(out_dir)

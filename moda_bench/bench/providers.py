@@ -439,5 +439,9 @@ def _register_rung(rung) -> None:
                         config={"chunk": C}, depth_utilization=float(eta))
 
     triton_rung = getattr(rung, "needs_cuda", rung.name != "naive-torch")
-    unavailable = _needs_moda_kernel if triton_rung else (lambda device: None)
+    own = getattr(rung, "unavailable", None) or (lambda device: None)
+
+    def unavailable(device: str) -> Optional[str]:  # the MoDA kernel's check first, then the rung's own
+        return (_needs_moda_kernel(device) if triton_rung else None) or own(device)
+
     register_provider(rung.name, unavailable=unavailable, description=f"ablation rung {rung.name}")(prepare)

@@ -3,6 +3,9 @@ progress, the table in the paper's format and the figure; the measurements and t
 are `moda_bench.bench.ablate`'s, the figure is drawn by the report's code (reports.inputs,
 reports.tables, reports.figures) from the CSV.
 
+`--T 1024,4096,16384` runs one ladder per sequence length and prints a summary (ms and gain over the
+previous rung per T beside the paper's gain); rungs above their `max_T` are left out unless --all-rungs.
+
 Outputs in --out: ablation.csv (schema.COLUMNS, sweep='ablation', provider=rung name; rows of a
 re-run replace those with the same key) and ablation.png (ours vs paper, log scale). Rows carry
 the process's CPUs and host canary (moda_bench.host; `--pin-cpu` pins it to one CPU first).
@@ -117,8 +120,65 @@ def _fail(console, msg: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def parse_ts(text: str) -> tuple[int, ...]:
+    """'1024,4096,16384' -> (1024, 4096, 16384): positive sequence lengths, duplicates dropped, order kept."""
+    try:
+        ts = tuple(dict.fromkeys(int(t) for t in str(text).replace(" ", "").split(",") if t))
+    except ValueError:
+        raise typer.BadParameter(f"--T must be sequence lengths separated by commas, got {text!r}") from None
+    if not ts or min(ts) < 1:
+        raise typer.BadParameter(f"--T must be sequence lengths >= 1, got {text!r}")
+    return ts
+
+
+def parse_skip(text: str, skip_naive: bool) -> tuple[str, ...]:
+    """--skip (comma-separated rung names, checked) plus naive-torch under --skip-naive."""
+    from moda_bench.kernels.moda.ladder.table import names
+    skip = [s for s in (t.strip() for t in (text or "").split(",")) if s]
+    unknown = [s for s in skip if s not in names()]
+    if unknown:
+        raise typer.BadParameter(f"--skip: unknown rung {unknown[0]!r}; rungs: {', '.join(names())}")
+    return tuple(dict.fromkeys(skip + ([NAIVE] if skip_naive else [])))
+
+
+def summary_table(frame, ts):
+    """One row per rung: ms and gain over the previous measured rung at each T, and the paper's gain."""
+    from rich.table import Table
+
+    from moda_bench import schema
+    from moda_bench.kernels.moda.ladder.table import RUNGS
+
+    table = Table(title="ladder summary: ms and x previous rung per T (paper: A100, T=1024)", title_justify="left")
+    table.add_column("rung")
+    for T in ts:
+        table.add_column(f"T={T} ms", justify="right")
+        table.add_column("x prev", justify="right")
+    table.add_column("paper x prev", justify="right")
+    ms = {}
+    for _, r in frame.iterrows():
+        if r["status"] == schema.OK:
+            ms[(r["provider"], int(r["T"]))] = _num(r["median_ms"])
+    prev = {T: math.nan for T in ts}
+    paper_prev = math.nan
+    for rung in RUNGS:
+        cells = [rung.name]
+        for T in ts:
+            v = ms.get((rung.name, T), math.nan)
+            cells += [f"{v:.4g}" if not math.isnan(v) else "-",
+                      f"{prev[T] / v:.2f}x" if not (math.isnan(v) or math.isnan(prev[T])) else "-"]
+            if not math.isnan(v):
+                prev[T] = v
+        p = math.nan if rung.paper_ms is None else rung.paper_ms
+        cells.append(f"{paper_prev / p:.2f}x" if not (math.isnan(p) or math.isnan(paper_prev)) else "-")
+        if not math.isnan(p):
+            paper_prev = p
+        table.add_row(*cells)
+    return table
+
+
 def ablate_command(
-    T: Annotated[int, typer.Option("--T", help="Sequence length.")] = PAPER_POINT["T"],
+    T: Annotated[str, typer.Option("--T", help="Sequence length(s), comma-separated: one ladder each "
+                                   "(e.g. 1024,4096,16384).")] = str(PAPER_POINT["T"]),
     G: Annotated[int, typer.Option("--G", help="Query heads per KV head (Hq = G * Hk).")] = PAPER_POINT["G"],
     Hk: Annotated[int, typer.Option("--Hk", help="KV heads.")] = PAPER_POINT["Hk"],
     d: Annotated[int, typer.Option("--d", help="Head dim.")] = PAPER_POINT["d"],
@@ -128,7 +188,11 @@ def ablate_command(
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     pass_: Annotated[str, typer.Option("--pass", help="fwd, bwd or fwdbwd.")] = PAPER_PASS,
     skip_naive: Annotated[bool, typer.Option("--skip-naive", help="Leave out the (slow) naive PyTorch rung.")] = False,
-    naive_reps: Annotated[int, typer.Option("--naive-reps", help="Timed calls of the naive rung (about 1 s each at T=1024).")] = 10,
+    skip: Annotated[str, typer.Option("--skip", help="Rungs to leave out, comma-separated.")] = "",
+    all_rungs: Annotated[bool, typer.Option("--all-rungs", help="Also run rungs above their T limit (naive-torch "
+                                            "above 1024, flash-compatible above 4096).")] = False,
+    naive_reps: Annotated[int, typer.Option("--naive-reps", help="Timed calls of the naive rung (about 1 s each at "
+                                            "T=1024).")] = 10,
     warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="do_bench warm-up of the Triton rungs.")] = WARMUP_MS,
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="do_bench repetition time of the Triton rungs.")] = REP_MS,
     out: Annotated[Path, typer.Option("--out", help="Output directory (ablation.csv, ablation.png).")] =
@@ -136,7 +200,8 @@ def ablate_command(
     pin_cpu: Annotated[str, typer.Option("--pin-cpu", help="Pin this process to one CPU: 'off' (default) or a "
                                          "CPU id (of a list, the first is used).")] = "off",
 ) -> None:
-    """Run the kernel ablation ladder (naive -> flash-compatible -> chunk-aware -> group-aware -> batched-tiles -> ours)."""
+    """Run the cumulative kernel ablation ladder (naive -> flash-compatible -> chunk-aware -> group-aware -> the
+    project's steps -> ours), each rung the previous one plus one idea, at one or more T."""
     from rich.console import Console
 
     from moda_bench import host, schema
@@ -145,8 +210,8 @@ def ablate_command(
     console = Console(stderr=True, soft_wrap=True)
     dtype_name = checked(schema.dtype_name, dtype, option=True)
     checked(schema.check_pass, pass_, option=True)
-    for name, value, low in (("T", T, 1), ("G", G, 1), ("Hk", Hk, 1), ("B", B, 1), ("L", L, 0),
-                             ("naive-reps", naive_reps, 1)):
+    ts = parse_ts(T)
+    for name, value, low in (("G", G, 1), ("Hk", Hk, 1), ("B", B, 1), ("L", L, 0), ("naive-reps", naive_reps, 1)):
         if value < low:
             raise typer.BadParameter(f"--{name} must be >= {low}, got {value}")
     if d not in (16, 32, 64, 128):
@@ -157,6 +222,7 @@ def ablate_command(
     gp = group_pad(G)
     if C % gp:
         raise typer.BadParameter(f"--C={C} must be a multiple of G rounded up to a power of two ({gp})")
+    skipped = parse_skip(skip, skip_naive)
     pin = checked(host.parse_pin_cpu, pin_cpu)
     checked(host.pin_process, pin, 0)   # before CUDA starts its threads
 
@@ -166,20 +232,22 @@ def ablate_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from moda_bench.bench.ablate import ablation_frame, is_paper_config, run_ladder
+    from moda_bench.bench.ablate import AblationSpec, ablation_frame, is_paper_config, run_ablation, write_csv
     from moda_bench.bench.runner import Point
     from moda_bench.kernels.moda.ladder.table import RUNGS
 
-    point = Point(T=T, G=G, Hk=Hk, L=L, B=B, d=d, C=C, dtype=dtype_name)
+    spec = AblationSpec(points=tuple(Point(T=t, G=G, Hk=Hk, L=L, B=B, d=d, C=C, dtype=dtype_name) for t in ts),
+                        pass_=pass_, skip=skipped, all_rungs=all_rungs, naive_reps=naive_reps, warmup_ms=warmup_ms,
+                        rep_ms=rep_ms)
     meta = schema.run_metadata()
     host_state = host.process_host(pin, 0)
     meta.update(host_state.columns())
     console.print(f"host: {host.describe(host_state.columns())}", markup=False, highlight=False)
-    console.print(f"[bold]ablation[/] on {meta['gpu']}: B={B} T={T} G={G} Hq={G * Hk} Hk={Hk} d={d} L={L} C={C} "
-                  f"{dtype_name} {pass_}")
+    console.print(f"[bold]ablation[/] on {meta['gpu']}: B={B} T={','.join(map(str, ts))} G={G} Hq={G * Hk} Hk={Hk} "
+                  f"d={d} L={L} C={C} {dtype_name} {pass_}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
-        overall = progress.add_task("rungs", total=len(RUNGS))
+        overall = progress.add_task("rungs", total=len(RUNGS) * len(ts))
 
         def on_rung(rung) -> None:
             progress.update(overall, description=f"rungs: {rung.name}")
@@ -192,21 +260,32 @@ def ablate_command(
         def on_row(rung, row) -> None:
             progress.advance(overall)
             if row["status"] == schema.OK:
-                progress.console.print(f"  {rung.name}: {row['median_ms']:.3f} ms")
+                progress.console.print(f"  T={row['T']} {rung.name}: {row['median_ms']:.3f} ms")
             else:
-                progress.console.print(f"  {rung.name}: [yellow]{row['status']}[/] {row['reason']}")
+                progress.console.print(f"  T={row['T']} {rung.name}: [yellow]{row['status']}[/] {row['reason']}")
 
-        rows = run_ladder(point, pass_, skip_naive=skip_naive, naive_reps=naive_reps, warmup_ms=warmup_ms,
-                          rep_ms=rep_ms, meta=meta, on_rung=on_rung, on_row=on_row, naive_progress=naive_progress)
+        def on_point(part) -> None:  # each T's rows saved before the next T starts (a long run cut short keeps them)
+            try:
+                write_csv(ablation_frame(part), out)
+            except (OSError, ValueError) as err:
+                _fail(console, f"could not write results to {out}: {err}")
+
+        rows = run_ablation(spec, meta, on_rung=on_rung, on_row=on_row, naive_progress=naive_progress,
+                            on_point=on_point)
 
     frame = ablation_frame(rows)
-    paper_config = is_paper_config(point, pass_)
-    title = (f"MoDA kernel ablation on {meta['gpu']}: B={B} T={T} G={G} Hk={Hk} d={d} L={L} C={C} "
-             f"{dtype_name} {pass_}")
     table_console = Console(width=max(Console().width, TABLE_WIDTH))  # logs/pipes default to 80 columns
-    table_console.print(ablation_table(frame, show_paper=paper_config, title=title))
-    if not paper_config:
-        console.print("paper A100 numbers omitted: they are for B=1 T=1024 G=8 Hk=8 d=64 L=64 C=64 bf16 fwd+bwd")
+    for point in spec.points:
+        part = frame[frame["T"] == point.T]
+        paper_config = is_paper_config(point, pass_)
+        title = (f"MoDA kernel ablation on {meta['gpu']}: B={B} T={point.T} G={G} Hk={Hk} d={d} L={L} C={C} "
+                 f"{dtype_name} {pass_}")
+        table_console.print(ablation_table(part, show_paper=paper_config, title=title))
+        if not paper_config:
+            console.print("paper A100 ms omitted: they are for B=1 T=1024 G=8 Hk=8 d=64 L=64 C=64 bf16 fwd+bwd "
+                          "(its gains are in the summary)")
+    if len(ts) > 1 or not is_paper_config(spec.points[0], pass_):
+        table_console.print(summary_table(frame, ts))
     try:
         csv_path, figures = write_outputs(frame, out)
     except (OSError, ValueError) as err:

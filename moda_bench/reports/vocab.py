@@ -15,7 +15,8 @@ ENV_COLUMNS = ["gpu", "torch_version", "triton_version", "git_commit"]
 RUN_COLUMNS = ENV_COLUMNS + ["timestamp"]
 PAPER_AXES = ["T", "G", "L"]                      # the axes the paper swept (schema.AXES adds C)
 ABLATION_SWEEP = "ablation"
-LADDER = ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "batched-tiles", "ours", "moda"]
+LADDER = ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "depth-bwd-in-dq", "shipped-kernel",
+          "batched-tiles", "tma-fwd", "tma-bwd", "ours", "moda"]
 FA2_PROVIDERS = ("fa2", "fa2-triton")             # first present is the FA2 baseline unless chosen
 MODA_PROVIDERS = ("moda", "ours")
 ALWAYS_SHOWN = ["cudnn", "flex"]                  # efficiency columns present even when not measured

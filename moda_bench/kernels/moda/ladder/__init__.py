@@ -1,1 +1,3 @@
-"""The paper's kernel ablation ladder: one module per rung and the rung table (`table.RUNGS`)."""
+"""The cumulative kernel ablation ladder (docs/ABLATION.md): the naive loop (`naive`), the ladder's Triton
+kernel with one constexpr switch more a rung (`kernel`), the shipped kernel's configs (`shipped`) and the
+rung table (`table.RUNGS`)."""
