@@ -24,9 +24,10 @@ from moda_bench.bench import decode_providers
 from moda_bench.bench.provider_types import (DECODE, OPS, TRAIN, Prepared, Provider, ProviderSkip,
                                              UnknownProviderError, needs_cuda, needs_triton_op)
 
-# fa4 / moda-fa4 need the optional flash-attn-4 (Hopper, Blackwell): elsewhere their rows are
-# skipped with the reason.
-DEFAULT_PROVIDERS = ["moda", "moda-fa4", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
+# fa4 / moda-fa4 / moda-fused need the optional flash-attn-4 (Hopper, Blackwell; moda-fused an sm90
+# GPU): elsewhere their rows are skipped with the reason. moda-fused is here because it is the
+# fastest MoDA at long T: the first command a user runs should show it (issue 58).
+DEFAULT_PROVIDERS = ["moda", "moda-fa4", "moda-fused", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
 BASELINE = "fa2"
 
 
