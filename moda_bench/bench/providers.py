@@ -358,6 +358,33 @@ def _moda_fused(inputs, point, chunk):
     return _overlap_prepared(inputs, point, chunk, fused=True)
 
 
+def _depth_sep_reference(q, k, v, k_depth, v_depth):
+    import torch
+    from moda_bench.kernels.moda.depth_sep import depth_sep_reference
+    return depth_sep_reference(q, k, v, k_depth, v_depth, out_dtype=torch.float64)
+
+
+@register_provider("depth-sep", unavailable=_needs_moda_kernel, reference=_depth_sep_reference,
+                   description="variant (c): the fastest sequence attention + a separate Triton softmax over the "
+                               "depth entries, added")
+def _depth_sep(inputs, point, chunk):
+    from moda_bench.kernels.dattn import sequence_backend
+    from moda_bench.kernels.launch import next_pow2
+    from moda_bench.kernels.moda.depth_sep import depth_sep_attention
+    if chunk is not None:
+        raise ProviderSkip("C (block_m) does not apply: the depth part reads one position per program, the "
+                           "sequence part is the backend's own")
+    if point.L and not point.depth_grad:
+        raise ProviderSkip("depth detached (depth_grad off) is not implemented by depth-sep")
+    q = inputs["q"]
+    attention, name = sequence_backend(q.device, q.dtype)
+    eta = point.G / max(16, next_pow2(point.G)) if point.L else math.nan   # useful rows of a depth product
+    return Prepared(lambda: depth_sep_attention(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
+                                                attention=attention),
+                    impl_detail=f"{name} sequence attention + Triton depth softmax (one position per program), "
+                    "outputs added", config={"attention": name}, depth_utilization=eta)
+
+
 # ---------------------------------------------------------------------------------------------
 # Depth-Attention (seed 002): the depth entries of a point are its S source layers
 # ---------------------------------------------------------------------------------------------
