@@ -149,19 +149,23 @@ def extra_time_figure(eff_sections, paper):
 
 
 def ratio_to_best_figure(rows):
-    """Time over the fastest sequence-only attention of each point (ratio_to_best, with its paired
-    interval as error bars) of every provider with a depth part, one panel per swept axis
-    (primary pass); the panel title names the fastest attention(s) seen. None without data."""
-    ok = rows[(rows["status"] == schema.OK) & rows["ratio_to_best"].notna() & ~rows["provider"].isin(SEQUENCE_ONLY)
-              & (rows["provider"] != CEILING_PROVIDER)]
+    """Time over the fastest sequence attention of the GPU at each point, across every run the
+    report reads (`reports.fastest`: the paired ratio_to_best with its interval as error bars where
+    the fastest is of the row's own run), of every provider with a depth part, one panel per swept
+    axis (primary pass); the panel title names the fastest attention(s); a series with a point
+    whose fastest attention was timed in another run says so in its label. None without data."""
+    from moda_bench.reports.fastest import CROSS_MARK, with_fastest
+    rows = with_fastest(rows[rows["provider"] != CEILING_PROVIDER])
+    ok = rows[(rows["status"] == schema.OK) & rows["ratio_to_best"].notna() & ~rows["provider"].isin(SEQUENCE_ONLY)]
 
     def draw(ax, axis, part, providers):
         ys = []
         for label, provider, timer, g in series(part, axis):
             y = g["ratio_to_best"].astype(float)
+            cross = bool(g["best_cross"].astype(bool).any())
             ax.errorbar(g[axis].astype(float), y, yerr=interval_err(y, g["ratio_to_best_lo"], g["ratio_to_best_hi"]),
-                        marker="o", capsize=3, label=label, color=provider_color(provider, providers),
-                        **timer_style(timer))
+                        marker="o", capsize=3, label=label + (f" {CROSS_MARK} fastest from another run" if cross else ""),
+                        color=provider_color(provider, providers), **timer_style(timer))
             ys += y.tolist()
         ax.axhline(1.0, color="black", linewidth=0.8)
         if wants_log(ys):
