@@ -62,3 +62,14 @@ def test_one_run_per_gpu_and_a_missing_baseline_said_plainly():
     md = paper_efficiency_markdown(rows, paper)
     assert "**This run has no `fa2-triton` rows" in md and md.count("### The paper's efficiency table") == 2
     assert all(len(line.split("|")) - 2 <= 12 for line in md.splitlines() if line.startswith("|"))
+
+
+def test_extra_time_figure_draws_the_papers_times_as_overhead():
+    from moda_bench.reports.figures import extra_time_figure
+    from moda_bench.reports.inputs import Paper
+    paper = Paper(efficiency=load_paper(ROOT / "results" / "reference", []).efficiency)
+    fig = extra_time_figure([], paper)
+    line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "paper (A100)")
+    assert list(line.get_xdata())[0] == 4096
+    assert line.get_ydata()[0] == pytest.approx((10.750 / 7.970 - 1) * 100)   # not the printed 25.86
+    assert "overhead" in fig.axes[0].get_ylabel()
