@@ -40,7 +40,7 @@ def check(args, tol, attention=torch_causal_attention):
     ref = depth_sep_reference(*ref_in, out_dtype=torch.float64)
     assert out.dtype == args[0].dtype and out.shape == args[0].shape
     assert rel(out, ref) < tol
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(out.dtype)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(device=out.device, dtype=out.dtype)
     out.backward(do)
     ref.backward(do.double())
     for name, x, r in zip(NAMES, args, ref_in):
@@ -113,3 +113,19 @@ def test_provider_rows_in_the_schema(tmp_path):
     assert rows.at["depth-sep", "max_rel_err"] < 1e-4          # against its own reference, not MoDA's
     assert math.isclose(rows.at["depth-sep", "depth_utilization"], 3 / 16)
     assert rows.at["depth-sep", "flops"] == rows.at["moda", "flops"]
+
+
+def test_too_deep_a_tile_is_refused():
+    q = torch.randn(1, 2, 2, 128)
+    kd = torch.randn(1, 2, 257, 2, 128)
+    with pytest.raises(ValueError, match="L=257, d=128"):
+        depth_softmax(q, kd, kd)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("G,L,d", [(8, 64, 64), (2, 256, 64), (8, 64, 128)])
+def test_gpu_paper_shapes_bf16(G, L, d):
+    """On the GPU at the paper preset's shapes (bf16), through the default sequence backend."""
+    args = [x.detach().cuda().requires_grad_() for x in inputs(1, 1024, 8, G, L, d, dtype=torch.bfloat16)]
+    check(args, 2e-2, attention=None)

@@ -28,6 +28,7 @@ from moda_bench.kernels.moda.triton.utils import dot_precision, mm
 from moda_bench.kernels.moda.validate import check_inputs
 
 NEG = -1.0e30
+MAX_TILE = 256 * 128   # padded L x d of one position's keys (and values) held at once: L = 256 at d = 128
 
 
 @triton.jit
@@ -129,6 +130,9 @@ def depth_softmax(q, k_depth, v_depth, *, scale: float | None = None):
         raise ValueError(f"k_depth must be a (B, T, L, Hk, d) tensor with L >= 1, got {got}")
     own = k_depth[:, :, 0]          # stands in for k and v: the check then covers q and the depth pair
     s = check_inputs(q, own, own, k_depth, v_depth, need_cuda=True)
+    if max(16, next_pow2(s.L)) * s.d > MAX_TILE:
+        raise ValueError(f"depth_softmax holds a position's L x d depth keys in one tile: L={s.L}, d={s.d} "
+                         f"(padded {max(16, next_pow2(s.L))} x {s.d}) exceeds {MAX_TILE} elements")
     return DepthSoftmaxFunction.apply(q, k_depth, v_depth, 1.0 / math.sqrt(s.d) if scale is None else float(scale))
 
 
