@@ -48,8 +48,9 @@ def test_seed000_moda_table_and_its_printed_numbers():
 def test_seed002_table2_reproduces_the_printed_3b_numbers():
     m3b = cx.MODELS[3]
     assert (m3b.D, m3b.L, m3b.dkv) == (2048, 48, 512)
-    printed = {"Depth-Attention": (2.40e5, 282 * 2 ** 10, 0.0), "DenseFormer": (5.01e6, 4.97 * 2 ** 20, 24 * 2 ** 30),
-               "Attention Residuals": (4.26e6, 4.44 * 2 ** 20, 4 * 2 ** 30), "mHC": (4.72e7, 8.63 * 2 ** 20, 1.5 * 2 ** 30)}
+    MiB, GiB = 2 ** 20, 2 ** 30
+    printed = {"Depth-Attention": (2.40e5, 282 * 2 ** 10, 0.0), "DenseFormer": (5.01e6, 4.97 * MiB, 24 * GiB),
+               "Attention Residuals": (4.26e6, 4.44 * MiB, 4 * GiB), "mHC": (4.72e7, 8.63 * MiB, 1.5 * GiB)}
     for meth, (flops, io, mem) in printed.items():
         r = cx.table2_row(meth, m3b)
         assert r["flops"] == pytest.approx(flops, rel=5e-3), meth

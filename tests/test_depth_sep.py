@@ -1,5 +1,6 @@
 """depth-sep (issue 58, item 4): the seeds' variant (c), sequence attention plus a separate softmax
-over each position's depth entries. CPU tests under TRITON_INTERPRET=1 against the fp64 reference
+over each position's depth entries. CPU tests under TRITON_INTERPRET=1 (conftest sets it without a
+GPU) against the fp64 reference
 (forward and all five gradients, odd sizes), input validation, and the provider's rows.
 
 Tolerances (relative Frobenius error vs fp64): fp32 1e-5, bf16 2e-2 (8 mantissa bits, sums of
@@ -7,17 +8,14 @@ at most a few hundred terms)."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from moda_bench.kernels.dattn import torch_causal_attention  # noqa: E402
-from moda_bench.kernels.moda.depth_sep import (depth_sep_attention, depth_sep_reference, depth_softmax,  # noqa: E402
+from moda_bench.kernels.dattn import torch_causal_attention
+from moda_bench.kernels.moda.depth_sep import (depth_sep_attention, depth_sep_reference, depth_softmax,
                                                depth_softmax_reference)
-from moda_bench.kernels.moda.reference import moda_reference  # noqa: E402
+from moda_bench.kernels.moda.reference import moda_reference
 
 NAMES = ("q", "k", "v", "k_depth", "v_depth")
 

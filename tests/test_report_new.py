@@ -253,15 +253,15 @@ def test_floor_columns_in_efficiency_table(rep):
         assert moda["of_floor"] == pytest.approx(moda["median_ms"] / moda["floor_ms"])
     assert "`MoDA floor ms` is the time no implementation" in md
     # the old-layout G sweep: no floor columns, no crash
-    header, body = table(md, "### Sweep over G (fwd+bwd; T=4096, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16) on "
-                         + H200)
+    header, body = table(md, "### Sweep over G (fwd+bwd; T=4096, Hq=64, Hk=8, L=64, B=1, d=64, C=64, "
+                         "dtype=bfloat16) on " + H200)
     assert not any("floor" in h for h in header) and [r[0] for r in body] == ["8"]
 
 
 def test_captions_name_new_columns_only_off_default(rep):
     *_, md = rep
-    header, body = table(md, "### Sweep 'T-detached' (fwd+bwd; G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, "
-                         "depth detached) on " + H200)
+    header, body = table(md, "### Sweep 'T-detached' (fwd+bwd; G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, "
+                         "dtype=bfloat16, depth detached) on " + H200)
     assert [r[0] for r in body] == ["4096", "8192"] and "depth_grad" not in header
     headings = [line for line in md.splitlines() if line.startswith("###")]
     assert not any("Tq=0" in h or "S=0" in h or "depth_grad" in h for h in headings), headings

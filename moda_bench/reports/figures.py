@@ -167,7 +167,8 @@ def ratio_to_best_figure(rows):
             y = g["ratio_to_best"].astype(float)
             cross = bool(g["best_cross"].astype(bool).any())
             ax.errorbar(g[axis].astype(float), y, yerr=interval_err(y, g["ratio_to_best_lo"], g["ratio_to_best_hi"]),
-                        marker="o", capsize=3, label=label + (f" {CROSS_MARK} fastest from another run" if cross else ""),
+                        marker="o", capsize=3,
+                        label=label + (f" {CROSS_MARK} fastest from another run" if cross else ""),
                         color=provider_color(provider, providers), **timer_style(timer))
             ys += y.tolist()
         ax.axhline(1.0, color="black", linewidth=0.8)

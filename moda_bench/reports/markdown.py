@@ -84,7 +84,10 @@ def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> 
     f, others = section.frame, section.others
     rows = [r for _, r in f.iterrows()]
     floor = section.floor_providers
-    stat = lambda r, p: r.get(f"{p}:status", "")  # noqa: E731
+
+    def stat(r, p):
+        return r.get(f"{p}:status", "")
+
     against_fa2 = [[("FA2 ms", lambda r: fmt_ms(r["fa2_ms"], stat(r, fa2))),
                     ("MoDA ms", lambda r: fmt_ms(r["moda_ms"], stat(r, moda))),
                     ("depth util.", lambda r: fmt_num(r["eta"], ".4f")),
@@ -101,12 +104,13 @@ def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> 
                if moda in section.best_providers else []]
     fastest += [[(f"{p}/fastest", lambda r, p=p: best_cell(r, f"{p}:best_r", f"{p}:best", f"{p}:best_x"))]
                 for p in others if p in section.best_providers]
-    times = [[(f"{p} ms", lambda r, p=p: fmt_ms(r.get(f"{p}:ms"), stat(r, p))), (f"{p}/FA2", lambda r, p=p: ratio_cell(r, p))]
-             for p in others]
+    times = [[(f"{p} ms", lambda r, p=p: fmt_ms(r.get(f"{p}:ms"), stat(r, p))),
+              (f"{p}/FA2", lambda r, p=p: ratio_cell(r, p))] for p in others]
     quality = [[("MoDA floor ms", lambda r: fmt_num(r[f"{moda}:floor_ms"], ".3f")),
                 ("MoDA x floor", lambda r: fmt_num(r[f"{moda}:of_floor"], ".2f", "x"))] if moda in floor else [],
                [("FA2 x floor", lambda r: fmt_num(r[f"{fa2}:of_floor"], ".2f", "x"))] if fa2 in floor else []]
-    quality += [[(f"{p} x floor", lambda r, p=p: fmt_num(r[f"{p}:of_floor"], ".2f", "x"))] for p in others if p in floor]
+    quality += [[(f"{p} x floor", lambda r, p=p: fmt_num(r[f"{p}:of_floor"], ".2f", "x"))]
+                for p in others if p in floor]
     quality += [[("samples", lambda r: fmt_int(r["samples"]))] if section.has_samples else [],
                 [("noise %", lambda r: fmt_num(r["noise_pct"], ".1f"))] if section.has_noise else []]
     cfg = list(section.show_config)
