@@ -93,8 +93,10 @@ def depth_softmax_bwd(Q, KD, VD, O, DO, LSE, DQ, DKD, DVD, scale, T, L, Hk, Hq, 
 def _meta(q, k_depth) -> dict:
     B, T, Hq, d = q.shape
     L, Hk = k_depth.shape[2], k_depth.shape[3]
-    return dict(T=T, L=L, Hk=Hk, Hq=Hq, G=Hq // Hk, GP=max(16, next_pow2(Hq // Hk)), LP=max(16, next_pow2(L)), D=d,
-                PREC=dot_precision(q.dtype))
+    LP = max(16, next_pow2(L))
+    # a deep tile (L x d keys and values in registers) spreads over 8 warps instead of 4
+    return dict(T=T, L=L, Hk=Hk, Hq=Hq, G=Hq // Hk, GP=max(16, next_pow2(Hq // Hk)), LP=LP, D=d,
+                PREC=dot_precision(q.dtype), num_warps=8 if LP * d >= 128 * 64 else 4)
 
 
 class DepthSoftmaxFunction(torch.autograd.Function):
