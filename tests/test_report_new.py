@@ -165,17 +165,32 @@ def rep(tmp_path_factory):
 
 
 def table(md: str, heading: str) -> tuple[list[str], list[list[str]]]:
-    """Header and body of the table after the one heading line equal to `heading`."""
+    """Header and body of the table after the one heading line equal to `heading`; a section split
+    into several tables (its configuration columns repeated in each) is joined back into one."""
     lines = md.splitlines()
     matches = [i for i, line in enumerate(lines) if line == heading]
     assert len(matches) == 1, (heading, [line for line in lines if line.startswith("###")])
-    tab = []
+    tables, tab = [], []
     for line in lines[matches[0] + 1:]:
+        if line.startswith("#"):
+            break
         if line.startswith("|"):
             tab.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])])
         elif tab:
+            tables.append(tab)
+            tab = []
+    if tab:
+        tables.append(tab)
+    header, body = tables[0][0], [list(r) for r in tables[0][2:]]
+    for t in tables[1:]:
+        if len(t) - 2 != len(body):
             break
-    return tab[0], tab[2:]
+        n = 0
+        while n < min(len(header), len(t[0])) and t[0][n] == header[n]:
+            n += 1
+        header = header + t[0][n:]
+        body = [r + extra[n:] for r, extra in zip(body, t[2:])]
+    return header, body
 
 
 def at(header, body, column: str, **where) -> str:
@@ -187,7 +202,7 @@ def find(rows, provider, **cfg) -> dict:
     return next(r for r in rows if r["provider"] == provider and all(r[k] == v for k, v in cfg.items()))
 
 
-EFF_T = "### Sweep over T (fwd+bwd; B=1, d=64, C=64, dtype=bfloat16) on "
+EFF_T = "### Sweep over T (fwd+bwd; G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16) on "
 
 
 def test_two_gpus_same_keys_kept_apart(rep):
@@ -238,14 +253,15 @@ def test_floor_columns_in_efficiency_table(rep):
         assert moda["of_floor"] == pytest.approx(moda["median_ms"] / moda["floor_ms"])
     assert "`MoDA floor ms` is the time no implementation" in md
     # the old-layout G sweep: no floor columns, no crash
-    header, body = table(md, "### Sweep over G (fwd+bwd; B=1, d=64, C=64, dtype=bfloat16) on " + H200)
-    assert not any("floor" in h for h in header) and [r[1] for r in body] == ["8"]
+    header, body = table(md, "### Sweep over G (fwd+bwd; T=4096, Hq=64, Hk=8, L=64, B=1, d=64, C=64, "
+                         "dtype=bfloat16) on " + H200)
+    assert not any("floor" in h for h in header) and [r[0] for r in body] == ["8"]
 
 
 def test_captions_name_new_columns_only_off_default(rep):
     *_, md = rep
-    header, body = table(md, "### Sweep 'T-detached' (fwd+bwd; B=1, d=64, C=64, dtype=bfloat16, depth detached) on "
-                         + H200)
+    header, body = table(md, "### Sweep 'T-detached' (fwd+bwd; G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, "
+                         "dtype=bfloat16, depth detached) on " + H200)
     assert [r[0] for r in body] == ["4096", "8192"] and "depth_grad" not in header
     headings = [line for line in md.splitlines() if line.startswith("###")]
     assert not any("Tq=0" in h or "S=0" in h or "depth_grad" in h for h in headings), headings
@@ -400,7 +416,7 @@ def test_one_gpu_keeps_plain_names(tmp_path):
     md = (tmp_path / "out" / "REPORT.md").read_text()
     assert " on NVIDIA" not in md and "GPUs:" not in md
     table(md, "### Sweep 'decode-T2048' (decode; Hq=64, Hk=8, d=64, dtype=bfloat16)")
-    header, _ = table(md, "### Sweep over G (fwd+bwd; B=1, d=64, C=64, dtype=bfloat16)")
+    header, _ = table(md, "### Sweep over G (fwd+bwd; Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16)")
     assert not any("floor" in h for h in header)                          # old layout: no floor columns
 
 

@@ -324,7 +324,8 @@ def degrade(health: Optional[str], why: str) -> str:
 
 
 def fill_ratios(staged: dict, result, sequence_only: set) -> None:
-    """ratio_to_fa2 / extra_time_pct and ratio_to_best (+ intervals) of every timed row."""
+    """ratio_to_fa2 / extra_time_pct (the overhead over fa2) and ratio_to_best (+ intervals), and
+    the paper's extra time (`schema.fill_extra_time`) of every timed row."""
     from moda_bench.bench.providers import BASELINE
     from moda_bench.timing import ratio_ci
 
@@ -349,6 +350,7 @@ def fill_ratios(staged: dict, result, sequence_only: set) -> None:
         if best is not None:
             r, lo, hi = ratio(name, best)
             row.update(best_provider=best, ratio_to_best=r, ratio_to_best_lo=lo, ratio_to_best_hi=hi)
+    schema.fill_extra_time(timed.values())   # the paper's (M - F) / M against fa2-triton, fa2 and fa4
 
 
 # what staging writes into a provider's row (copied into the rows of a point's other timers)

@@ -24,9 +24,10 @@ from moda_bench.bench import decode_providers
 from moda_bench.bench.provider_types import (DECODE, OPS, TRAIN, Prepared, Provider, ProviderSkip,
                                              UnknownProviderError, needs_cuda, needs_triton_op)
 
-# fa4 / moda-fa4 need the optional flash-attn-4 (Hopper, Blackwell): elsewhere their rows are
-# skipped with the reason.
-DEFAULT_PROVIDERS = ["moda", "moda-fa4", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
+# fa4 / moda-fa4 / moda-fused need the optional flash-attn-4 (Hopper, Blackwell; moda-fused an sm90
+# GPU): elsewhere their rows are skipped with the reason. moda-fused is here because it is the
+# fastest MoDA at long T: the first command a user runs should show it (issue 58).
+DEFAULT_PROVIDERS = ["moda", "moda-fa4", "moda-fused", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
 BASELINE = "fa2"
 
 
@@ -355,6 +356,33 @@ def _moda_overlap(inputs, point, chunk):
                    description="MoDA: one FA4 sm90 forward kernel with the depth tiles inside; moda-overlap's backward")
 def _moda_fused(inputs, point, chunk):
     return _overlap_prepared(inputs, point, chunk, fused=True)
+
+
+def _depth_sep_reference(q, k, v, k_depth, v_depth):
+    import torch
+    from moda_bench.kernels.moda.depth_sep import depth_sep_reference
+    return depth_sep_reference(q, k, v, k_depth, v_depth, out_dtype=torch.float64)
+
+
+@register_provider("depth-sep", unavailable=_needs_moda_kernel, reference=_depth_sep_reference,
+                   description="variant (c): the fastest sequence attention + a separate Triton softmax over the "
+                               "depth entries, added")
+def _depth_sep(inputs, point, chunk):
+    from moda_bench.kernels.dattn import sequence_backend
+    from moda_bench.kernels.launch import next_pow2
+    from moda_bench.kernels.moda.depth_sep import depth_sep_attention
+    if chunk is not None:
+        raise ProviderSkip("C (block_m) does not apply: the depth part reads one position per program, the "
+                           "sequence part is the backend's own")
+    if point.L and not point.depth_grad:
+        raise ProviderSkip("depth detached (depth_grad off) is not implemented by depth-sep")
+    q = inputs["q"]
+    attention, name = sequence_backend(q.device, q.dtype)
+    eta = point.G / max(16, next_pow2(point.G)) if point.L else math.nan   # useful rows of a depth product
+    return Prepared(lambda: depth_sep_attention(q, inputs["k"], inputs["v"], inputs["k_depth"], inputs["v_depth"],
+                                                attention=attention),
+                    impl_detail=f"{name} sequence attention + Triton depth softmax (one position per program), "
+                    "outputs added", config={"attention": name}, depth_utilization=eta)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,51 +48,88 @@ def section_heading(section: Section) -> str:
     return text + section.heading_title[len(section.title):]
 
 
+MAX_COLUMNS = 12   # a table wider than this is split (configuration columns repeated in each part)
+
+
+def best_cell(r, ratio: str, best: str, cross: str) -> str:
+    """'0.93 (fa4)', with CROSS_MARK when the fastest attention's time comes from another run."""
+    from moda_bench.reports.fastest import CROSS_MARK
+    text = fmt_best(r[ratio], r[best])
+    x = r.get(cross)
+    return text + (CROSS_MARK if text != MISSING and x is not None and x == x and bool(x) else "")
+
+
+def split_tables(config: list[str], config_cells, groups: list[list[tuple]], rows) -> list[str]:
+    """Markdown tables of at most MAX_COLUMNS columns: the config columns, then column groups
+    ((header, cell function of a row), kept together) packed in order; empty groups are dropped."""
+    room = max(MAX_COLUMNS - len(config), 1)
+    parts, cur = [], []
+    for g in [g for g in groups if g]:
+        if cur and len(cur) + len(g) > room:
+            parts.append(cur)
+            cur = []
+        cur = cur + g
+    if cur:
+        parts.append(cur)
+    return [md_table(config + [h for h, _ in part], [config_cells(r) + [fn(r) for _, fn in part] for r in rows])
+            for part in parts]
+
+
 def efficiency_markdown(section: Section, fa2: str | None, moda: str | None) -> str:
-    """One efficiency table. Columns that need data the CSVs may lack (MoDA/FA2 with its interval,
-    ratios to the fastest attention, samples, noise) appear only when the section has it."""
+    """One efficiency section as tables split by question, each at most MAX_COLUMNS wide: MoDA
+    against FA2 (and the paper's A100 numbers), every depth provider against the fastest attention
+    of the GPU at the point (`reports.fastest`), the other providers' times against FA2, and the
+    distance to the floor with the measurement's samples and noise. Columns that need data the
+    CSVs may lack appear only when the section has it."""
     f, others = section.frame, section.others
-    headers = list(section.show_config) + ["FA2 ms", "MoDA ms", "depth util.", "extra time %"]
-    if section.has_ci:
-        headers += ["MoDA/FA2 [95% CI]"]
-    if moda in section.best_providers:
-        headers += ["MoDA/fastest"]
+    rows = [r for _, r in f.iterrows()]
     floor = section.floor_providers
-    headers += (["MoDA floor ms", "MoDA x floor"] if moda in floor else []) + (["FA2 x floor"] if fa2 in floor else [])
+
+    def stat(r, p):
+        return r.get(f"{p}:status", "")
+
+    against_fa2 = [[("FA2 ms", lambda r: fmt_ms(r["fa2_ms"], stat(r, fa2))),
+                    ("MoDA ms", lambda r: fmt_ms(r["moda_ms"], stat(r, moda))),
+                    ("depth util.", lambda r: fmt_num(r["eta"], ".4f")),
+                    ("overhead %", lambda r: fmt_num(r["extra_pct"], ".2f") + ("*" if r["mixed_env"] else "")),
+                    ("extra time %", lambda r: fmt_num(schema.extra_time_paper(r["moda_ms"], r["fa2_ms"]), ".2f"))],
+                   [("MoDA/FA2 [95% CI]", lambda r: fmt_ci(r["moda_ratio"], r["moda_ratio_lo"], r["moda_ratio_hi"]))]
+                   if section.has_ci else []]
     if section.has_paper:
-        headers += ["paper FA2 ms", "paper MoDA ms", "paper depth util.", "paper extra time %"]
-    for p in others:
-        headers += [f"{p} ms", f"{p}/FA2"] + ([f"{p}/fastest"] if p in section.best_providers else [])
-        headers += [f"{p} x floor"] if p in floor else []
-    headers += (["samples"] if section.has_samples else []) + (["noise %"] if section.has_noise else [])
-    body = []
-    for _, r in f.iterrows():
-        cells = [fmt_config(c, r[c]) for c in section.show_config]
-        cells += [fmt_ms(r["fa2_ms"], r.get(f"{fa2}:status", "")), fmt_ms(r["moda_ms"], r.get(f"{moda}:status", "")),
-                  fmt_num(r["eta"], ".4f"), fmt_num(r["extra_pct"], ".2f") + ("*" if r["mixed_env"] else "")]
-        if section.has_ci:
-            cells += [fmt_ci(r["moda_ratio"], r["moda_ratio_lo"], r["moda_ratio_hi"])]
-        if moda in section.best_providers:
-            cells += [fmt_best(r["moda_best_r"], r["moda_best"])]
-        if moda in floor:
-            cells += [fmt_num(r[f"{moda}:floor_ms"], ".3f"), fmt_num(r[f"{moda}:of_floor"], ".2f", "x")]
-        if fa2 in floor:
-            cells += [fmt_num(r[f"{fa2}:of_floor"], ".2f", "x")]
-        if section.has_paper:
-            cells += [fmt_num(r["paper_fa2_ms"], ".3f"), fmt_num(r["paper_moda_ms"], ".3f"), fmt_num(r["paper_eta"], ".4f"),
-                      fmt_num(r["paper_extra_pct"], ".2f")]
-        for p in others:
-            cells += [fmt_ms(r.get(f"{p}:ms"), r.get(f"{p}:status", "")), ratio_cell(r, p)]
-            if p in section.best_providers:
-                cells += [fmt_best(r[f"{p}:best_r"], r[f"{p}:best"])]
-            if p in floor:
-                cells += [fmt_num(r[f"{p}:of_floor"], ".2f", "x")]
-        cells += [fmt_int(r["samples"])] if section.has_samples else []
-        cells += [fmt_num(r["noise_pct"], ".1f")] if section.has_noise else []
-        body.append(cells)
-    text = section_heading(section) + "\n\n" + md_table(headers, body)
+        against_fa2.append([("paper FA2 ms", lambda r: fmt_num(r["paper_fa2_ms"], ".3f")),
+                            ("paper MoDA ms", lambda r: fmt_num(r["paper_moda_ms"], ".3f")),
+                            ("paper depth util.", lambda r: fmt_num(r["paper_eta"], ".4f")),
+                            ("paper extra time %", lambda r: fmt_num(r["paper_extra_pct"], ".2f"))])
+    fastest = [[("MoDA/fastest", lambda r: best_cell(r, "moda_best_r", "moda_best", "moda_best_x"))]
+               if moda in section.best_providers else []]
+    fastest += [[(f"{p}/fastest", lambda r, p=p: best_cell(r, f"{p}:best_r", f"{p}:best", f"{p}:best_x"))]
+                for p in others if p in section.best_providers]
+    times = [[(f"{p} ms", lambda r, p=p: fmt_ms(r.get(f"{p}:ms"), stat(r, p))),
+              (f"{p}/FA2", lambda r, p=p: ratio_cell(r, p))] for p in others]
+    quality = [[("MoDA floor ms", lambda r: fmt_num(r[f"{moda}:floor_ms"], ".3f")),
+                ("MoDA x floor", lambda r: fmt_num(r[f"{moda}:of_floor"], ".2f", "x"))] if moda in floor else [],
+               [("FA2 x floor", lambda r: fmt_num(r[f"{fa2}:of_floor"], ".2f", "x"))] if fa2 in floor else []]
+    quality += [[(f"{p} x floor", lambda r, p=p: fmt_num(r[f"{p}:of_floor"], ".2f", "x"))]
+                for p in others if p in floor]
+    quality += [[("samples", lambda r: fmt_int(r["samples"]))] if section.has_samples else [],
+                [("noise %", lambda r: fmt_num(r["noise_pct"], ".1f"))] if section.has_noise else []]
+    cfg = list(section.show_config)
+
+    def cfg_cells(r):
+        return [fmt_config(c, r[c]) for c in cfg]
+
+    text = section_heading(section)
+    for title, groups in (("MoDA against FA2", against_fa2), ("Against the fastest attention", fastest),
+                          ("Other providers against FA2", times), ("Floor and measurement", quality)):
+        tables = split_tables(cfg, cfg_cells, groups, rows)
+        if tables:
+            text += f"\n\n**{title}**\n\n" + "\n\n".join(tables)
     if f["mixed_env"].any():
         text += "\n\n\\* FA2 and MoDA rows of this line come from different environments (GPU, versions or commit)."
+    if section.cross_runs:
+        from moda_bench.reports.fastest import CROSS_MARK
+        text += (f"\n\n{CROSS_MARK} the fastest attention of that line was timed in another run ("
+                 + ", ".join(f"`{r}`" for r in section.cross_runs) + "): the ratio is not paired.")
     return text
 
 

@@ -145,14 +145,17 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     if rep:
         md.append(rep)
     if eff:
-        md.append(f"## Efficiency\n\nFA2 = `{fa2 or MISSING}`, MoDA = `{moda or MISSING}`. Extra time % = "
-                  "(MoDA - FA2) / FA2 from the medians of the same table line; `<provider>/FA2` is that "
+        md.append(f"## Efficiency\n\nFA2 = `{fa2 or MISSING}`, MoDA = `{moda or MISSING}`. Overhead % = "
+                  "(MoDA - FA2) / FA2 and extra time % = (MoDA - FA2) / MoDA (the paper's definition), from the "
+                  "medians of the same table line; `<provider>/FA2` is that "
                   "provider's ms over FA2's (< 1 is faster). Depth util. is the MoDA row's reported "
                   "depth utilisation. Paper columns are the A100 bf16 numbers, matched on "
                   + ", ".join(match_columns(paper.efficiency)[:-1] if paper.efficiency is not None else ["-"])
                   + " and pass. A failed measurement shows its status."
                   + efficiency_notes(eff, rows_of(rows, TRAIN), moda))
         md += [efficiency_markdown(s, fa2, moda) for s in eff]
+    from moda_bench.reports.card import card_blocks
+    md += card_blocks(results, paper, moda)
     if timers:
         md.append("## Eager vs graph timer\n\nPoints measured with both timers: eager = host-inclusive (every "
                   "launch issued from Python each repetition), graph = CUDA-graph replays (device time). "
@@ -224,8 +227,9 @@ def efficiency_notes(sections: list[Section], rows, moda: str | None) -> str:
     best = sorted({p for s in sections for p in s.best_providers} - {moda})
     if any(s.best_providers for s in sections):
         notes.append(" `MoDA/fastest`" + "".join(f" (`{p}/fastest`)" for p in best) + " is the time over the "
-                     f"fastest sequence-only attention measured at that point ({', '.join(SEQUENCE_ONLY)}; named "
-                     "in brackets): the distance to the best attention this GPU offers, which has no depth part.")
+                     f"fastest sequence-only attention measured on this GPU at that point by any run read here "
+                     f"({', '.join(SEQUENCE_ONLY)}; named in brackets, † where it was timed in another run than "
+                     "the row's): the distance to the best attention this GPU offers, which has no depth part.")
     if any(s.floor_providers for s in sections):
         notes.append(" `MoDA floor ms` is the time no implementation of MoDA's work can beat on this GPU: "
                      "max(useful FLOPs / matmul rate, minimum HBM bytes / copy rate) at the run's canary rates "

@@ -27,7 +27,7 @@ from moda_bench import schema
 from moda_bench.reports.inputs import Paper, match_columns
 from moda_bench.reports.vocab import (ABLATION_SWEEP, ALWAYS_SHOWN, CEILING_PROVIDER, DATTN_PROVIDERS,
                                       DEFAULT_CEILING_TFLOPS, ENV_COLUMNS, GPU_STATE_COLUMNS, LADDER, LEADING_OTHERS,
-                                      MODA_VARIANTS, PROVIDER_RANK, RATIO_BASELINE, TIMER_ORDER, ReportError,
+                                      PROVIDER_RANK, RATIO_BASELINE, SEQUENCE_ONLY, TIMER_ORDER, ReportError,
                                       config_item, config_text, gpu_suffix, has_text, pass_label, sort_gpus,
                                       sort_passes, sort_sweeps, sort_timers, swept_axis)
 
@@ -53,6 +53,7 @@ class Section:
     timers: list[str] = field(default_factory=list)   # decode: the timers with a time column each
     gpu: str = ""                                     # the GPU whose rows these are ('' : unnamed)
     name_gpu: bool = False                            # the report holds several GPUs: headings name it
+    cross_runs: list[str] = field(default_factory=list)   # efficiency: runs of a fastest attention used across runs
 
     @property
     def heading_title(self) -> str:
@@ -113,6 +114,7 @@ def pick_provider(present: set[str], chosen: str | None, candidates: tuple[str, 
 
 # configuration columns named in captions beside the shown ones (new columns only off their default)
 CAPTION_COLUMNS = ["B", "d", "C", "dtype", "depth_grad", "Tq", "S"]
+SHAPE_COLUMNS = ["T", "G", "Hq", "Hk", "L"]
 
 
 def config_caption(frame, columns: list[str]) -> str:
@@ -133,8 +135,8 @@ def varying(frame, columns: list[str]) -> list[str]:
 # per-provider columns of an efficiency frame: schema column -> `<provider>:<suffix>`
 PROVIDER_FIELDS = {"median_ms": "ms", "status": "status", "depth_utilization": "eta", "ratio_to_fa2": "r",
                    "ratio_to_fa2_lo": "r_lo", "ratio_to_fa2_hi": "r_hi", "ratio_to_best": "best_r",
-                   "best_provider": "best", "samples": "samples", "noise_pct": "noise",
-                   "of_floor": "of_floor", "floor_ms": "floor_ms"}
+                   "best_provider": "best", "best_run": "best_run", "best_cross": "best_x", "samples": "samples",
+                   "noise_pct": "noise", "of_floor": "of_floor", "floor_ms": "floor_ms"}
 MEASURED_FIELDS = ["median_ms", "ratio_to_fa2", "ratio_to_fa2_lo", "ratio_to_fa2_hi", "ratio_to_best",
                    "samples", "noise_pct", "of_floor"]   # blanked on rows that did not succeed
 
@@ -166,7 +168,8 @@ def efficiency_sections(rows, paper: Paper, fa2: str | None, moda: str | None) -
     Extra time % = (MoDA - FA2) / FA2 * 100 from the medians; `<p>:ratio` is provider ms / FA2 ms,
     or the paired ratio_to_fa2 where an interval was measured (then `<p>:ratio_lo/_hi` too).
     """
-    eff = rows_of(rows, TRAIN)
+    from moda_bench.reports.fastest import with_fastest
+    eff = with_fastest(rows_of(rows, TRAIN))   # one fastest attention per GPU and point, across runs
     sections = []
     paper_eff = paper.efficiency
     name_timer = set(eff["timer"]) != {schema.DEFAULT_TIMER}
@@ -217,6 +220,7 @@ def efficiency_section(part, paper_eff, fa2: str | None, moda: str | None, pass_
         paired_ratio(frame, moda, fa2, m_ms / f_ms) if moda else (nan, nan, nan)
     frame["moda_best_r"] = frame[f"{moda}:best_r"] if moda else nan
     frame["moda_best"] = frame[f"{moda}:best"] if moda else ""
+    frame["moda_best_x"] = frame[f"{moda}:best_x"].fillna(False).astype(bool) if moda else False
     for prov in others:
         ms = frame[f"{prov}:ms"] if f"{prov}:ms" in frame else nan
         frame[f"{prov}:ratio"], frame[f"{prov}:ratio_lo"], frame[f"{prov}:ratio_hi"] = \
@@ -224,16 +228,22 @@ def efficiency_section(part, paper_eff, fa2: str | None, moda: str | None, pass_
     frame["samples"] = frame[[f"{p}:samples" for p in shown]].min(axis=1) if shown else nan
     frame["noise_pct"] = frame[[f"{p}:noise" for p in shown]].max(axis=1) if shown else nan
     frame, has_paper = attach_paper_efficiency(frame, paper_eff, pass_)
-    show = [c for c in ["T", "G", "Hq", "Hk", "L"]] + varying(frame, CAPTION_COLUMNS)
+    # the swept axis and what varies with it are columns; the rest of the shape goes to the caption
+    shape = [c for c in SHAPE_COLUMNS if c in axis or frame[c].nunique(dropna=False) > 1]
+    show = shape + varying(frame, CAPTION_COLUMNS)
     title = f"Sweep over {sweep}" if sweep in schema.AXES else f"Sweep '{sweep}'"
-    best = [p for p in [moda] + [o for o in others if o in MODA_VARIANTS]
+    best = [p for p in [moda] + [o for o in others if o not in SEQUENCE_ONLY]
             if p is not None and frame[f"{p}:best_r"].notna().any()]
+    cross = {str(r) for p in best for r, x in zip(frame[f"{p}:best_run"], frame[f"{p}:best_x"])
+             if x is not None and x == x and bool(x)}
     floor = [p for p in shown if frame[f"{p}:of_floor"].notna().any()]
-    return Section(title=title, caption=config_caption(frame, CAPTION_COLUMNS), frame=frame,
+    caption = config_caption(frame, [c for c in SHAPE_COLUMNS if c not in shape] + CAPTION_COLUMNS)
+    return Section(title=title, caption=caption, frame=frame,
                    show_config=show, pass_=pass_, sweep=sweep, others=others, has_paper=has_paper,
                    timer=timer, has_ci=bool(frame["moda_ratio_lo"].notna().any()), best_providers=best,
                    has_samples=bool(frame["samples"].notna().any()),
-                   has_noise=bool(frame["noise_pct"].notna().any()), floor_providers=floor)
+                   has_noise=bool(frame["noise_pct"].notna().any()), floor_providers=floor,
+                   cross_runs=sorted(cross))
 
 
 def attach_paper_efficiency(frame, paper_eff, pass_: str):
