@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moda_bench.bench.tune import (DTYPES, PRESETS, config_changes, entry_row, group_by_key, plan_tuning_points,
-                                   point_shape, result_row, tune_point, tune_row, write_summary)
+                                   point_shape, result_row, tune_point, tune_row, write_summary, Summary)
 
 console = Console(stderr=False)
 
@@ -160,6 +160,10 @@ def tune_command(
         "--op", help="Operator to tune: moda (the Triton kernel), moda-fa4 (its depth launches beside FA4; "
         "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its streaming depth kernels: "
         "fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas; needs FA4 and L > 0).")] = "moda",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run whose summary is --out: its shapes "
+                                         "(same GPU and commit) are kept, the others tuned.")] = False,
+    allow_commit_change: Annotated[bool, typer.Option("--allow-commit-change", help="With --resume: keep rows "
+                                                      "tuned at another commit.")] = False,
 ) -> None:
     """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:
@@ -169,6 +173,8 @@ def tune_command(
         _export(cache, export_shipped)
         return
     gain = parse_gain(min_gain)
+    if resume and out is None:
+        raise typer.BadParameter("--resume continues the summary given by --out", param_hint="--resume")
     from moda_bench import tuning
     from moda_bench.bench.runner import Point
 
@@ -254,7 +260,16 @@ def tune_command(
                   f"kernels {', '.join(kernel_list)}, budget {budget}/kernel, min gain {gain:.1%}; cache {cache_path}")
     existing = tuning.load(cache_path).entries()
     meta = run_metadata(device)
-    rows, shown, failures, t_start = [], [], 0, time.perf_counter()
+    try:
+        summary_rows = Summary(out, resume=resume, gpu=meta["gpu"], commit=meta["git_commit"],
+                               allow_commit_change=allow_commit_change)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    import shlex
+    import sys
+    again = shlex.join(["moda-bench", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"]))
+    summary_rows.on_signals(lambda text: console.print(text, markup=False, highlight=False), again)
+    rows, shown, failures, t_start = summary_rows.rows, [], 0, time.perf_counter()
     summary = Table(title="MoDA tuning (fwd+bwd median ms; ratio = candidate / default, 95% CI)")
     for col in ("shape", "default ms", "candidate ms", "ratio 95% CI", "decision", "speedup", "wall s",
                 "tuned fields"):
@@ -262,12 +277,17 @@ def tune_command(
 
     for key, p in groups.items():
         shape = point_shape(p)
+        if summary_rows.previous(key) is not None:
+            console.print(f"[dim]{_shape_label(p)}: done in the run being resumed[/]")
+            summary_rows.add(summary_rows.previous(key))
+            shown.append("(resumed)")
+            continue
         entry = existing.get(key)
         cfg = tuning.entry_config(entry, shape.G, key) if isinstance(entry, dict) and not force else None
         if cfg is not None:
             changes = config_changes(cfg, default_fn(shape, dtype))
             console.print(f"[dim]{_shape_label(p)}: cached ({changes}); --force retunes[/]")
-            rows.append(entry_row(p, dtype, entry, key=key, meta=meta, tuned_fields=changes))
+            summary_rows.add(entry_row(p, dtype, entry, key=key, meta=meta, tuned_fields=changes))
             shown.append(changes + " (cached)")
             continue
         try:
@@ -277,7 +297,8 @@ def tune_command(
             failures += 1
             msg = (str(exc).strip().splitlines() or [""])[0][:200]
             console.print(f"[red]{_shape_label(p)}: tuning failed: {type(exc).__name__}: {escape(msg)}[/]")
-            rows.append(tune_row(p, dtype, status="error", reason=f"{type(exc).__name__}: {msg}", key=key, meta=meta))
+            summary_rows.add(tune_row(p, dtype, status="error", reason=f"{type(exc).__name__}: {msg}", key=key,
+                                      meta=meta))
             shown.append("error")
             torch.cuda.empty_cache()
             continue
@@ -300,8 +321,8 @@ def tune_command(
             if len(ks.skipped) > 3:
                 console.print(f"  [dim]{k}: ... {len(ks.skipped) - 3} more skipped[/]")
         reasons = result.notes + [f"{k}: {len(ks.skipped)} skipped" for k, ks in result.kernels.items() if ks.skipped]
-        rows.append(result_row(p, dtype, result, key=key, meta=meta, reason="; ".join(reasons)[:500],
-                               tuned_fields=changes))
+        summary_rows.add(result_row(p, dtype, result, key=key, meta=meta, reason="; ".join(reasons)[:500],
+                                    tuned_fields=changes))
         shown.append(changes)
 
     for r, changes in zip(rows, shown):
