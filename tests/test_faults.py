@@ -97,6 +97,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(local, "default_worker_cmd", lambda slot: WORKER["cmd"](slot))
     import moda_bench.host as host
     monkeypatch.setattr(host, "host_canary", lambda: {c: float("nan") for c in schema.HOST_COLUMNS})
+    monkeypatch.setenv("MODA_BENCH_GIT_COMMIT", META["git_commit"])   # workers: no git call on their first row
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)   # forked children must not inherit a busy OpenMP pool
     warm_up(tmp_path)
@@ -283,7 +284,7 @@ def sweep_args(run_dir: Path, values: str, *extra) -> list:
             "--no-health-check", "--out", str(run_dir), *extra]
 
 
-def _campaign(tmp_path, rng, name, n_points, extra=(), faults=3, sigs=None, span_s=0.4):
+def _campaign(tmp_path, rng, name, n_points, extra=(), faults=3, sigs=None, span_s=0.4, kind="sweep"):
     """One run folder: up to `faults` signals, each followed by a resume, then a resume to the end."""
     run_dir = tmp_path / name
     values = ",".join(str(8 * (i + 1) + 1) for i in range(n_points))   # T = 9, 17, ...: odd sizes
@@ -293,7 +294,7 @@ def _campaign(tmp_path, rng, name, n_points, extra=(), faults=3, sigs=None, span
     resume = []
     for k in range(faults):
         sig = rng.choice(sigs or [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
-        code = inject(args + resume, log, run_dir / LOCK_NAME, sig, rng.uniform(0.0, span_s), name)
+        code = inject(args + resume, log, run_dir / LOCK_NAME, sig, rng.uniform(0.0, span_s), kind)
         finished |= row_ids(run_dir)
         if code == -signal.SIGKILL:
             assert (run_dir / LOCK_NAME).exists()   # left behind: the next run takes it over
@@ -312,12 +313,14 @@ def _campaign(tmp_path, rng, name, n_points, extra=(), faults=3, sigs=None, span
 
 def test_sweep_faults(tmp_path, fake_gpu):
     rng = random.Random(SEED)
-    for i in range(7):
+    for i in range(5):
         n = rng.choice([5, 6, 8])
         run_dir, finished = _campaign(tmp_path, rng, f"s{i}", n, span_s=0.05 * n)
         check_final(run_dir, finished, 3 * n, f"sweep s{i}")
     # a stale lock (its process gone) is taken over with a warning
-    assert "taking over the stale lock" in "".join(p.read_text() for p in tmp_path.glob("s*.log"))
+    stale = "".join(p.read_text() for p in tmp_path.glob("s*.log")).count("taking over the stale lock")
+    assert stale
+    TALLY["stale lock taken over"] += stale
 
 
 def test_second_writer_is_refused(tmp_path, fake_gpu):
@@ -367,18 +370,18 @@ def test_corrupt_csv_is_reported_and_good_rows_kept(tmp_path, fake_gpu):
 
 def test_pool_faults(tmp_path, fake_gpu, monkeypatch):
     rng = random.Random(SEED + 2)
-    for i in range(4):
-        worker_fault = ["--fail-after", "--hang-after", None, None][i]
+    for i in range(2):
+        worker_fault = ["--fail-after", "--hang-after"][i]
         at = rng.randint(2, 6)
 
-        def cmd(slot, fault=worker_fault, at=at):
-            extra = [fault, str(at)] if fault and slot.index == 1 else []
+        def cmd(slot, fault=worker_fault, at=at, once=tmp_path / f"hung{i}"):
+            extra = [fault, str(at), "--hang-once", str(once)] if fault and slot.index == 1 else []
             return fake_worker.COMMAND + ["--delay-s", "0.01", *extra]
 
         monkeypatch.setitem(WORKER, "cmd", cmd)
         n = 8
-        run_dir, finished = _campaign(tmp_path, rng, f"p{i}", n, extra=("--gpus", "0,1", "--point-timeout", "1.0"),
-                                      faults=2, span_s=0.8)
+        run_dir, finished = _campaign(tmp_path, rng, f"p{i}", n, extra=("--gpus", "0,1", "--point-timeout", "4"),
+                                      faults=2, span_s=0.8, kind="pool")
         check_final(run_dir, finished, 3 * n, f"pool p{i}", flaky_rows=False)
         rows = pd.concat([pd.read_csv(c) for c in run_dir.glob("sweep_*.csv")])
         if worker_fault == "--fail-after":
@@ -396,7 +399,9 @@ def test_tune_faults(tmp_path, monkeypatch):
     from moda_bench import tuning
     from moda_bench.cli import tune as tune_cli
     from moda_bench.kernels.moda import default_config
+    from moda_bench.kernels.moda import config as config_mod
     fake_tuning_device(monkeypatch, lambda shape: None)
+    monkeypatch.setattr(config_mod, "_capability", lambda idx=0: 9)   # an H100's, not asked of torch
     marker = tmp_path / "started"
 
     def fake_tune_one(p, shape, dtype, *args, **kw):
@@ -411,7 +416,7 @@ def test_tune_faults(tmp_path, monkeypatch):
     monkeypatch.setattr(tune_cli, "_tune_one", fake_tune_one)
     rng = random.Random(SEED + 3)
     values = "1024,2048,4096,8192,16384,32768,65536"
-    for i in range(5):
+    for i in range(4):
         cache, out, log = tmp_path / f"c{i}.json", tmp_path / f"t{i}.csv", tmp_path / f"t{i}.log"
         args = ["tune", "--vary", "T", "--values", values, "--G", "8", "--L", "64", "--Hk", "2", "--budget", "2",
                 "--cache", str(cache), "--out", str(out)]
@@ -422,6 +427,7 @@ def test_tune_faults(tmp_path, monkeypatch):
             code = inject(args + resume, log, marker, sig, rng.uniform(0.0, 0.2), "tune", done_codes=(1,))
             if out.exists():
                 finished += pd.read_csv(out).query("status != 'error'")[["cache_key", "timestamp"]].values.tolist()
+            if cache.exists():
                 json.loads(cache.read_text())   # never half-written
             resume = ["--resume"]
         code = wait_code(fork_run(args + ["--resume"], log))
