@@ -372,7 +372,7 @@ def test_pool_faults(tmp_path, fake_gpu, monkeypatch):
     rng = random.Random(SEED + 2)
     for i in range(2):
         worker_fault = ["--fail-after", "--hang-after"][i]
-        at = rng.randint(2, 6)
+        at = rng.randint(1, 4)
 
         def cmd(slot, fault=worker_fault, at=at, once=tmp_path / f"hung{i}"):
             extra = [fault, str(at), "--hang-once", str(once)] if fault and slot.index == 1 else []
@@ -391,6 +391,27 @@ def test_pool_faults(tmp_path, fake_gpu, monkeypatch):
             hung = rows[rows["reason"].astype(str).str.startswith("timeout:")]
             assert len(hung) or not any("hang" in p.read_text() for p in [tmp_path / f"p{i}.log"])
             TALLY["point timeout"] += int(len(hung) > 0)
+
+
+def test_pool_point_timeout_marks_the_point_and_goes_on(tmp_path, fake_gpu, monkeypatch):
+    """A worker hangs on its first point: past --point-timeout it is killed, that point's rows say
+    'timeout:', a fresh worker takes GPU 1's share again, the run completes."""
+    once = tmp_path / "hung"
+    monkeypatch.setitem(WORKER, "cmd", lambda slot: fake_worker.COMMAND + (   # GPU 0 slow: points are left
+        ["--delay-s", "0.01", "--hang-after", "0", "--hang-once", str(once)] if slot.index == 1 else
+        ["--delay-s", "0.3"]))
+    run_dir, log = tmp_path / "t", tmp_path / "t.log"
+    values = "9,17,25,33,41,49,57,65"
+    code = wait_code(fork_run(sweep_args(run_dir, values, "--gpus", "0,1", "--point-timeout", "3"), log))
+    assert code == 0, log.read_text()[-3000:]
+    rows = pd.read_csv(run_dir / "sweep_T.csv")
+    hung = rows[rows["reason"].astype(str).str.startswith("timeout: no result within --point-timeout 3 s")]
+    assert once.exists() and len(hung) == 3 and (hung["status"] == "error").all() and hung["T"].nunique() == 1
+    assert len(rows) == 24 and not rows.duplicated(["T", "provider"]).any()
+    text = " ".join(log.read_text().split())
+    assert "ran past --point-timeout 3 s; worker killed, its rows marked 'timeout'; a fresh worker takes" in text
+    TALLY["point timeout"] += 1
+    check_final(run_dir, set(), 24, "timeout", flaky_rows=False)
 
 
 def test_tune_faults(tmp_path, monkeypatch):

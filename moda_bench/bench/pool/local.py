@@ -413,7 +413,12 @@ def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all"
                 if w.crashed_on is not None:
                     w.lost.append((w.crashed_on, _death_reason(w, point_timeout_s)))
                 w.crashed_on, w.current, w.point_timed_out = None, None, False
-                if queue.remaining() and w.restarts < max_restarts and not w.timed_out:
+                again = bool(queue.remaining()) and w.restarts < max_restarts and not w.timed_out
+                lost = w.lost[-1][0].label() if w.lost else "its point"
+                console.print(f"[red]GPU {w.slot.index}: {lost} ran past --point-timeout {point_timeout_s:g} s[/]; "
+                              "worker killed, its rows marked 'timeout'"
+                              + ("; a fresh worker takes the next points" if again else ""), highlight=False)
+                if again:
                     w.restarts += 1
                     launch(w, "ab")
 
