@@ -24,10 +24,13 @@ go in one `write` (`append_rows`), so a killed run leaves whole points, at worst
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
+import signal
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -238,8 +241,8 @@ def append_row(csv_path, row: dict) -> None:
 
 def append_rows(csv_path, rows: list) -> None:
     """Append schema rows to csv_path in one write to a file opened for appending (header first
-    when the file is new or empty): a process killed meanwhile leaves all of them or none, short of
-    a cut line when the disk itself fails."""
+    when the file is new or empty), SIGINT/SIGTERM held off meanwhile: a process killed or
+    interrupted leaves all of them or none, short of a cut line when the disk itself fails."""
     import pandas as pd
     if not rows:
         return
@@ -251,13 +254,27 @@ def append_rows(csv_path, rows: list) -> None:
         if header != schema.COLUMNS:
             raise ResultsError(f"{csv_path}: header differs from the current schema; write to a new file")
     data = pd.DataFrame(rows, columns=schema.COLUMNS).to_csv(index=False, header=new).encode()
-    fd = os.open(csv_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    with _signals_held():
+        fd = os.open(csv_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT / SIGTERM blocked for the block (main thread; delivered after it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        yield
     finally:
-        os.close(fd)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def write_json_atomic(path, data, **dump_kw) -> None:

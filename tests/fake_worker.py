@@ -74,7 +74,8 @@ def fake_start(args):
 
     def run_task(point: Point, sweep: str, pin_chunk: bool):
         nonlocal written
-        if args.hang_after is not None and written >= args.hang_after and not (args.hang_once and args.hang_once.exists()):
+        hung_before = args.hang_once is not None and args.hang_once.exists()
+        if args.hang_after is not None and written >= args.hang_after and not hung_before:
             if args.hang_once:
                 args.hang_once.touch()
             time.sleep(3600)

@@ -24,11 +24,11 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
+import fake_worker
 import pandas as pd
 import pytest
 import torch
 
-import fake_worker
 from moda_bench import results, schema
 from moda_bench.bench import providers
 from moda_bench.bench.providers import Prepared, register_provider
@@ -222,7 +222,8 @@ def inject(args, log, start_marker: Path, sig, delay_s: float, kind: str, done_c
     except ProcessLookupError:
         pass
     code = wait_code(pid)
-    assert code in (EXPECTED[sig], *done_codes), f"{kind} {signal.Signals(sig).name}: exit {code}\n{log.read_text()[-3000:]}"
+    name = signal.Signals(sig).name
+    assert code in (EXPECTED[sig], *done_codes), f"{kind} {name}: exit {code}\n{log.read_text()[-3000:]}"
     if code == EXPECTED[sig]:
         TALLY[f"{kind} {signal.Signals(sig).name}"] += 1
     return code
@@ -419,8 +420,8 @@ def test_tune_faults(tmp_path, monkeypatch):
 
     from moda_bench import tuning
     from moda_bench.cli import tune as tune_cli
-    from moda_bench.kernels.moda import default_config
     from moda_bench.kernels.moda import config as config_mod
+    from moda_bench.kernels.moda import default_config
     fake_tuning_device(monkeypatch, lambda shape: None)
     monkeypatch.setattr(config_mod, "_capability", lambda idx=0: 9)   # an H100's, not asked of torch
     marker = tmp_path / "started"

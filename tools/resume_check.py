@@ -80,7 +80,8 @@ def preset_check(out: Path, sweep_args: list, per_point: int) -> None:
     hit = wait_rows(p, res, per_point)
     p.send_signal(signal.SIGKILL)
     code = p.wait()
-    check("SIGKILL part way", hit and code == -signal.SIGKILL, f"exit {code}, rows kept {rows_in(res.glob('sweep_*.csv'))}")
+    kept = rows_in(res.glob("sweep_*.csv"))
+    check("SIGKILL part way", hit and code == -signal.SIGKILL, f"exit {code}, rows kept {kept}")
     p = start(moda("sweep", *sweep_args, "--out", res, "--resume"), log)
     end = time.monotonic() + 120
     while time.monotonic() < end and p.poll() is None:   # the resume has taken over the stale lock
@@ -104,7 +105,8 @@ def preset_check(out: Path, sweep_args: list, per_point: int) -> None:
     code = subprocess.run(moda("sweep", *sweep_args, "--out", res, "--resume"), cwd=ROOT,
                           stdout=open(log, "ab"), stderr=subprocess.STDOUT).returncode
     record = json.loads((res / "run.json").read_text())
-    check("resumed to the end", code == 0 and record.get("status") == "complete", f"exit {code}, {record.get('status')}")
+    status = record.get("status")
+    check("resumed to the end", code == 0 and status == "complete", f"exit {code}, {status}")
     a, b = frame_of(full), frame_of(res)
     key = ["sweep", "provider", "pass", "timer", "T", "G", "L", "C", "S", "dtype"]
     ka = sorted(map(tuple, a[key + ["status"]].astype(str).values.tolist()))

@@ -3,8 +3,9 @@
 A sweep is a list of `Point`s; each point is run for every requested provider (fa2 first, the
 baseline of extra_time_pct / ratio_to_fa2); one CSV row (schema: moda_bench.schema.COLUMNS)
 is written per (provider, point), a point's rows in one write as the point finishes
-(`results.append_rows`, signals held off meanwhile: `runstate.deferred`), so an interrupted or
-killed sweep keeps every finished point whole. Axes, their paper values, the base point and the pass names are the schema's.
+(`results.append_rows`, SIGINT/SIGTERM held off meanwhile), so an interrupted or
+killed sweep keeps every finished point whole. Axes, their paper values, the base point and the
+pass names are the schema's.
 
 Per row: fresh random inputs (same seed for every provider of a point), an accuracy check of a
 slice against the reference, then timing (`point.run_point`: interleaved rounds, L2 flushed),
@@ -23,7 +24,6 @@ from typing import Callable
 
 from moda_bench import results, schema
 
-from moda_bench.bench import runstate
 from moda_bench.bench.point import CHECK_LEN, run_point
 
 # `--timer do_bench`: each provider on its own through triton's do_bench (median/p20/p80 of
@@ -248,8 +248,7 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
                           timer=point_timer, device_index=meta_index, on_staged=staged, rates=spec.rates,
                           also=tuple(others))
                 point_rows = [row for _, _, rows in timings for row in rows]
-                with runstate.deferred():   # a point's rows go in whole (one write) or not at all
-                    results.append_rows(csv_path, point_rows)
+                results.append_rows(csv_path, point_rows)   # whole (one write, signals held off) or not at all
                 all_rows.extend(point_rows)
     finally:
         if bar is not None:

@@ -15,9 +15,11 @@ byte-equal in meaning. Shards left by a `--gpus` pool whose parent died (`<base>
 folded into their sweep CSVs first (`fold_orphan_shards`).
 
 Interrupts: inside `interrupts()`, SIGINT and SIGTERM raise `Interrupted` (a KeyboardInterrupt:
-the point in flight is abandoned, its rows are never written); `deferred()` holds them off while
-a point's rows are written, so a point is in the CSV whole or not at all. `exit_code` is 128 +
-the signal (130, 143).
+the point in flight is abandoned, its rows are never written); `results.append_rows` holds them
+off while a point's rows are written, so a point is in the CSV whole or not at all. `exit_code`
+is 128 + the signal (130, 143).
+
+Merge: `missing_points` lists the points of a run's run.json that merged rows lack.
 """
 from __future__ import annotations
 
@@ -164,19 +166,6 @@ def interrupts():
             signal.signal(s, h)
 
 
-@contextlib.contextmanager
-def deferred():
-    """SIGINT / SIGTERM held off (blocked) for the block, delivered after it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 # ---------------------------------------------------------------------------------------------
 # resume
 # ---------------------------------------------------------------------------------------------
@@ -318,3 +307,31 @@ def fold_orphan_shards(csvs: dict, base: Path) -> list[str]:
 def remaining(points: Sequence, done: set) -> list:
     """The points not done, in order."""
     return [p for p in points if point_key(p) not in done]
+
+
+def missing_points(merged, run_dir: Path, out: Path | None = None) -> dict:
+    """{sweep: [point labels]} of the points in `<run_dir>/run.json` without a row for every
+    provider and timer of the run in `merged`: the sweeps whose CSV is `out`, else those with rows
+    in `merged`. {} when there is no run.json."""
+    import json
+
+    from moda_bench.bench.runner import Point, point_label
+    try:
+        record = json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    pairs = expected_pairs(record.get("providers", ()), record.get("timers", ()))
+    have: dict = {}
+    for r in merged.to_dict("records"):
+        have.setdefault((r["sweep"], row_point_key(r)), set()).add((r["provider"], r["timer"]))
+    names = [n for n in record.get("sweeps", {}) if out is not None
+             and Path(run_dir, f"sweep_{n}.csv").resolve() == Path(out).resolve()]
+    names = names or sorted({s for s, _ in have} & set(record.get("sweeps", {})))
+    missing = {}
+    for name in names:
+        points = [Point.from_dict(d) for d in record["sweeps"][name]]
+        lost = [point_label(p, record.get("pass", "")) for p in points
+                if not pairs <= have.get((name, point_key(p)), set())]
+        if lost:
+            missing[name] = lost
+    return missing

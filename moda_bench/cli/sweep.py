@@ -291,8 +291,8 @@ def sweep_command(
                                   point_timeout=point_timeout)
     if dist is not None:
         checks.finish(gpu_run, console, [], strict)
-        console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each "
-                      f"sweep with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
+        console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each sweep "
+                      f"with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
         return
     if gpus is not None:   # each worker's CPUs and host canary, from its rows
         run.update_run_record(run_dir, host=run.host_records(done.values()))
@@ -325,7 +325,7 @@ def merge_command(
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1)
     console.print(f"merged {len(files)} file(s) -> {out} ({len(merged)} rows)")
-    from moda_bench.bench.pool.merge import missing_points
+    from moda_bench.bench.runstate import missing_points
     for sweep, labels in missing_points(merged, Path(out).parent, out).items():
         console.print(f"[yellow]warning:[/] sweep {sweep}: {len(labels)} point(s) of run.json have no complete rows: "
                       + "; ".join(labels), highlight=False, soft_wrap=True)

@@ -26,8 +26,8 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | 
     continued (appended to) instead of started afresh; the share of each rank is planned over
     all the points as before, so a resumed rank runs what is left of its own share.
     """
-    from moda_bench.bench.runstate import point_key
     from moda_bench.bench import runner  # looked up at call time (tests substitute run_sweep)
+    from moda_bench.bench.runstate import point_key
     dist = dist or detect_distributed()
     if dist is None:
         raise ValueError("run_distributed needs RANK and WORLD_SIZE (launch with torchrun)")

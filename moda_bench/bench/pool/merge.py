@@ -11,7 +11,7 @@ line naming the file and its missing/unexpected columns); a last line cut off by
 is ignored (read_csv warns); rows repeating schema.ROW_KEY + timestamp are kept once (the first);
 rows are sorted by sweep, pass, provider, configuration, timestamp and gpu_index, so the same
 shards give the same file byte for byte; the output is written through a temporary file.
-`missing_points` lists the points of the run (its run.json) that the merged rows lack.
+`bench.runstate.missing_points` lists the points of the run (its run.json) the merged rows lack.
 """
 from __future__ import annotations
 
@@ -128,31 +128,3 @@ def stamp_gpu_index(path: Path, gpu_index: int):
         results.write_csv_atomic(path, schema_rows(frame))
     return frame
 
-
-def missing_points(merged, run_dir: Path, out: Path | None = None) -> dict:
-    """{sweep: [point labels]} of the points in `<run_dir>/run.json` without a row for every
-    provider and timer of the run in `merged`: the sweeps whose CSV is `out`, else those with rows
-    in `merged`. {} when there is no run.json."""
-    import json
-
-    from moda_bench.bench.runner import Point, point_label
-    from moda_bench.bench.runstate import expected_pairs, point_key, row_point_key
-    try:
-        record = json.loads((Path(run_dir) / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    pairs = expected_pairs(record.get("providers", ()), record.get("timers", ()))
-    have: dict = {}
-    for r in merged.to_dict("records"):
-        have.setdefault((r["sweep"], row_point_key(r)), set()).add((r["provider"], r["timer"]))
-    names = [n for n in record.get("sweeps", {}) if out is not None
-             and Path(run_dir, f"sweep_{n}.csv").resolve() == Path(out).resolve()]
-    names = names or sorted({s for s, _ in have} & set(record.get("sweeps", {})))
-    missing = {}
-    for name in names:
-        points = [Point.from_dict(d) for d in record["sweeps"][name]]
-        lost = [point_label(p, record.get("pass", "")) for p in points
-                if not pairs <= have.get((name, point_key(p)), set())]
-        if lost:
-            missing[name] = lost
-    return missing
