@@ -16,11 +16,13 @@ skips as not being sweep files.
 
 Columns added to the schema later (older files lack them) are filled with empty values, so
 committed results stay readable; a configuration column of the row key added later
-(`schema.CONFIG_DEFAULTS`: depth_grad, Tq, S) reads as the value every older row had. Writes are appends of one row (`append_row`, header once) or
-whole files through a temporary file and a rename (`write_csv_atomic`); the rows of one point
-go in one `write` (`append_rows`), so a killed run leaves whole points, at worst a cut last line
-(skipped on reading, dropped by a resume: `bench.runstate`). JSON records (run.json) go through
-`write_json_atomic`.
+(`schema.CONFIG_DEFAULTS`: depth_grad, Tq, S) reads as the value every older row had.
+
+Writes are appends of one row (`append_row`, header once) or whole files through a temporary
+file, an fsync and a rename (`write_csv_atomic`); the rows of one point go in one `write`
+(`append_rows`, SIGINT/SIGTERM held off meanwhile), so a killed run leaves whole points, at worst
+a cut last line (skipped on reading, dropped by a resume: `bench.runstate`). JSON records
+(run.json) go through `write_json_atomic`.
 """
 from __future__ import annotations
 

@@ -111,6 +111,9 @@ class Lifecycle:
         try:
             with runstate.interrupts():
                 yield
+                now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+                run.update_run_record(self.run_dir, status="complete", updated=now,
+                                      left=run.points_left(self.sweeps, self.spec))
         except KeyboardInterrupt as exc:
             code = runstate.exit_code_of(exc)
             left = run.points_left(self.sweeps, self.spec)
@@ -131,7 +134,4 @@ class Lifecycle:
         except BaseException:
             self.lock.release()
             raise
-        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        run.update_run_record(self.run_dir, status="complete", left=run.points_left(self.sweeps, self.spec),
-                              updated=now)
         self.lock.release()
