@@ -189,5 +189,11 @@ class Summary:
                 + (f" in {self.out}" if self.out else "") + f"; resume with: {command}")
             sys.exit(128 + signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, stop)
+        self._old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore_signals(self) -> None:
+        """The handlers from before `on_signals` (the run's shapes are done)."""
+        import signal
+        for sig, handler in getattr(self, "_old", {}).items():
+            signal.signal(sig, handler)
+        self._old = {}

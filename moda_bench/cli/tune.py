@@ -9,7 +9,8 @@ ratio is below 1 - `--min-gain` (decision 'tuned'), else the default is stored (
 Where the search found nothing faster, its closest candidate is compared the same way, so a kept
 default carries that candidate's ratio and interval. Each shape's result is saved as soon as it
 is found and shapes already in the cache are skipped (--force retunes), so a long preset can be
-run in several invocations.
+run in several invocations; the `--out` summary is rewritten as each shape finishes and
+`--resume` keeps an interrupted run's rows (`bench.tune.Summary`; SIGINT/SIGTERM exit 130/143).
 `--export-shipped DIR` writes the cache's 'tuned' entries as the package's shipped configs
 (DIR/<gpu-slug>.json; the package's own directory is moda_bench/kernels/moda/tuned). torch/triton
 are imported inside the command.
@@ -25,8 +26,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from moda_bench.bench.tune import (DTYPES, PRESETS, config_changes, entry_row, group_by_key, plan_tuning_points,
-                                   point_shape, result_row, tune_point, tune_row, write_summary, Summary)
+from moda_bench.bench.tune import (DTYPES, PRESETS, Summary, config_changes, entry_row, group_by_key,
+                                   plan_tuning_points, point_shape, result_row, tune_point, tune_row, write_summary)
 
 console = Console(stderr=False)
 
@@ -325,6 +326,7 @@ def tune_command(
                                     tuned_fields=changes))
         shown.append(changes)
 
+    summary_rows.restore_signals()
     for r, changes in zip(rows, shown):
         summary.add_row(f"T={r['T']} G={r['G']} L={r['L']}", f"{r['default_ms']:.4g}", f"{r['candidate_ms']:.4g}",
                         _ci(r), r["decision"] or "-", f"{r['speedup']:.3f}x", f"{r['wall_s']:.1f}", changes)
