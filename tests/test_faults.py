@@ -344,6 +344,28 @@ def test_second_writer_is_refused(tmp_path, fake_gpu):
         check_final(run_dir, row_ids(run_dir), 24, f"writer w{i}")
 
 
+def test_lock_names_the_holder_and_takes_over_a_dead_one(tmp_path):
+    from moda_bench.bench.runstate import LockHeld, RunLock
+    held = RunLock(tmp_path, "moda-bench sweep --out x").acquire()
+    with pytest.raises(LockHeld, match=rf"being written by pid {os.getpid()} on .* \(moda-bench sweep --out x\)"):
+        RunLock(tmp_path, "second").acquire()
+    held.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+    dead = os.fork()
+    if not dead:
+        os._exit(0)
+    os.waitpid(dead, 0)   # a pid that is surely gone
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": dead, "host": os.uname().nodename, "started": "t",
+                                                  "command": "old"}))
+    warned = []
+    lock = RunLock(tmp_path, "new", warn=warned.append).acquire()
+    assert lock.held and "taking over the stale lock of pid" in warned[0]
+    lock.release()
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "t", "command": "c"}))
+    with pytest.raises(LockHeld, match="another host"):
+        RunLock(tmp_path, "new").acquire()
+
+
 def test_resume_refuses_another_gpu_and_commit(tmp_path, fake_gpu, monkeypatch):
     run_dir, log = tmp_path / "g", tmp_path / "g.log"
     assert wait_code(fork_run(sweep_args(run_dir, "9,17"), log)) == 0

@@ -30,6 +30,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:   # exists, owned by someone else
         return True
     return True
+
+
+def _age_s(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def describe_holder(info: dict) -> str:
@@ -101,9 +109,12 @@ class RunLock:
             info = self.holder()
             if info is None:
                 continue   # released meanwhile
+            if not info and _age_s(self.path) < 5:
+                time.sleep(0.2)   # being written by a writer that has just created it
+                continue
             pid, host = info.get("pid"), info.get("host")
             same_host = host == self.info["host"]
-            if info and (not same_host or (isinstance(pid, int) and _alive(pid) and pid != os.getpid())):
+            if info and (not same_host or (isinstance(pid, int) and _alive(pid))):
                 where = "" if same_host else f" (another host: remove {self.path} if that run is gone)"
                 raise LockHeld(f"{self.path.parent} is being written by {describe_holder(info)}{where}; "
                                "wait for it to finish or choose another --out")
