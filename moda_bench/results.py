@@ -16,15 +16,23 @@ skips as not being sweep files.
 
 Columns added to the schema later (older files lack them) are filled with empty values, so
 committed results stay readable; a configuration column of the row key added later
-(`schema.CONFIG_DEFAULTS`: depth_grad, Tq, S) reads as the value every older row had. Writes are appends of one row (`append_row`, header once) or
-whole files through a temporary file and a rename (`write_csv_atomic`).
+(`schema.CONFIG_DEFAULTS`: depth_grad, Tq, S) reads as the value every older row had.
+
+Writes are appends of one row (`append_row`, header once) or whole files through a temporary
+file, an fsync and a rename (`write_csv_atomic`); the rows of one point go in one `write`
+(`append_rows`, SIGINT/SIGTERM held off meanwhile), so a killed run leaves whole points, at worst
+a cut last line (skipped on reading, dropped by a resume: `bench.runstate`). JSON records
+(run.json) go through `write_json_atomic`.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
+import signal
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -241,6 +249,63 @@ def append_row(csv_path, row: dict) -> None:
     pd.DataFrame([row], columns=schema.COLUMNS).to_csv(csv_path, mode="a", header=new, index=False)
 
 
+def append_rows(csv_path, rows: list) -> None:
+    """Append schema rows to csv_path in one write to a file opened for appending (header first
+    when the file is new or empty), SIGINT/SIGTERM held off meanwhile: a process killed or
+    interrupted leaves all of them or none, short of a cut line when the disk itself fails."""
+    import pandas as pd
+    if not rows:
+        return
+    csv_path = Path(csv_path)
+    new = not csv_path.exists() or csv_path.stat().st_size == 0
+    if not new:
+        with open(csv_path) as f:
+            header = f.readline().strip().split(",")
+        if header != schema.COLUMNS:
+            raise ResultsError(f"{csv_path}: header differs from the current schema; write to a new file")
+    data = pd.DataFrame(rows, columns=schema.COLUMNS).to_csv(index=False, header=new).encode()
+    with _signals_held():
+        fd = os.open(csv_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT / SIGTERM blocked for the block (main thread; delivered after it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def write_json_atomic(path, data, **dump_kw) -> None:
+    """Write `data` as JSON (indent=1 unless dump_kw says otherwise) through a temporary file, an
+    fsync and a rename: the file is the old one or the new one, never half of either."""
+    import json
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, **dict({"indent": 1, "default": str}, **dump_kw))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def write_csv_atomic(path, frame) -> None:
     """Write frame (schema columns) to path through a temporary file and a rename."""
     path = Path(path)
@@ -249,6 +314,8 @@ def write_csv_atomic(path, frame) -> None:
     try:
         with os.fdopen(fd, "w", newline="") as f:
             schema_frame(frame).to_csv(f, index=False)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

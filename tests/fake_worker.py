@@ -6,7 +6,9 @@ GPU. Give it to the pool as its worker command:
     run_pool(..., worker_cmd=[sys.executable, "tests/fake_worker.py", "--delay-s", "0.05"])
 
 Its own options: `--delay-s S` (sleep before each row), `--fail-after N` (die with exit code 3
-once N rows are written over its whole life, like a worker killed by a CUDA fault), `--barrier
+once N rows are written over its whole life, like a worker killed by a CUDA fault), `--hang-after N
+--hang-once FILE` (once N rows are written, the next point never finishes, like a hung provider;
+only while FILE does not exist, which the hang creates: one hang per FILE), `--barrier
 DIR --barrier-n N` (announce itself in DIR and wait until N workers have, so that all of them
 ask the queue for work at about the same time). The real worker's options (--serve, --spec: the
 run's RunSpec as JSON, --csv, --gpu-index, --worker-index) are read or ignored; rows carry in
@@ -72,16 +74,23 @@ def fake_start(args):
 
     def run_task(point: Point, sweep: str, pin_chunk: bool):
         nonlocal written
+        hung_before = args.hang_once is not None and args.hang_once.exists()
+        if args.hang_after is not None and written >= args.hang_after and not hung_before:
+            if args.hang_once:
+                args.hang_once.touch()
+            time.sleep(3600)
+        rows = []   # a point's rows go in one write, as runner.run_sweep writes them
         for provider in providers:
             if args.fail_after is not None and written >= args.fail_after:
+                results.append_rows(args.csv, rows)
                 print(f"fake worker: simulated crash after {written} rows "
                       "(RuntimeError: CUDA error: an illegal memory access was encountered)",
                       file=sys.stderr, flush=True)
                 os._exit(3)
             time.sleep(args.delay_s)
-            results.append_row(args.csv, fake_row(point, provider, pass_, sweep, pin_chunk=pin_chunk,
-                                                  host_cpus=cpus))
+            rows.append(fake_row(point, provider, pass_, sweep, pin_chunk=pin_chunk, host_cpus=cpus))
             written += 1
+        results.append_rows(args.csv, rows)
         return None
 
     def start():
@@ -100,6 +109,8 @@ def main(argv=None) -> None:
     p.add_argument("--worker-index", type=int, default=0)
     p.add_argument("--delay-s", type=float, default=0.0)
     p.add_argument("--fail-after", type=int, default=None)
+    p.add_argument("--hang-after", type=int, default=None)
+    p.add_argument("--hang-once", type=Path, default=None)
     p.add_argument("--barrier", type=Path, default=None)
     p.add_argument("--barrier-n", type=int, default=1)
     args, _ = p.parse_known_args(argv)  # --serve: the real worker's

@@ -200,7 +200,8 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
     tol = ACCURACY_TOL.get(point.dtype, 1e-3)
     if not err <= tol:
         ref = "the reference" if (provider.reference or provider.op == "decode") else "moda_reference"
-        row.update(status=schema.ERROR, reason=f"accuracy: max_rel_err={err:.3g} > {tol:g} vs {ref}")
+        what = ("non-finite output (NaN/Inf)" if not math.isfinite(err) else f"max_rel_err={err:.3g} > {tol:g}")
+        row.update(status=schema.ERROR, reason=f"accuracy: {what} vs {ref}")
         return None
     work = row_work(provider.kind, pass_, B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d,
                     L=L_eff, S=L_eff if provider.depth_axis == "S" else 0, Tq=point.Tq, dtype=point.dtype,

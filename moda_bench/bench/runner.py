@@ -2,8 +2,10 @@
 
 A sweep is a list of `Point`s; each point is run for every requested provider (fa2 first, the
 baseline of extra_time_pct / ratio_to_fa2); one CSV row (schema: moda_bench.schema.COLUMNS)
-is appended per (provider, point) as it finishes (`results.append_row`), so an interrupted sweep
-keeps its rows. Axes, their paper values, the base point and the pass names are the schema's.
+is written per (provider, point), a point's rows in one write as the point finishes
+(`results.append_rows`, SIGINT/SIGTERM held off meanwhile), so an interrupted or
+killed sweep keeps every finished point whole. Axes, their paper values, the base point and the
+pass names are the schema's.
 
 Per row: fresh random inputs (same seed for every provider of a point), an accuracy check of a
 slice against the reference, then timing (`point.run_point`: interleaved rounds, L2 flushed),
@@ -226,7 +228,8 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
                         opts = replace(base_opts, timer=timer_name)
                         if timer_name == LEGACY_TIMER:  # the pre-issue-15 method, for comparisons
                             from moda_bench.timing import measure as point_timer
-                    label = timer_name if timer_name is not None else "custom"
+                    # a custom timer's rows: its own name if it has one (every row of the point alike)
+                    label = timer_name if timer_name is not None else getattr(timer, "timer_name", "custom")
                     meta = schema.run_metadata(meta_index)
                     rows = []
                     for prov in provs:
@@ -244,10 +247,9 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
                           seed=seed + i, check_len=check_len, unavailable=unavailable, opts=opts,
                           timer=point_timer, device_index=meta_index, on_staged=staged, rates=spec.rates,
                           also=tuple(others))
-                for _, _, rows in timings:
-                    for row in rows:
-                        results.append_row(csv_path, row)
-                    all_rows.extend(rows)
+                point_rows = [row for _, _, rows in timings for row in rows]
+                results.append_rows(csv_path, point_rows)   # whole (one write, signals held off) or not at all
+                all_rows.extend(point_rows)
     finally:
         if bar is not None:
             bar.stop()

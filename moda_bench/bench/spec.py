@@ -140,7 +140,9 @@ class TuneSpec:
     `dropped` those that do not apply to the operator (moda-fa4 tunes its depth launches only).
     budget: most candidates per group and shape; min_gain: the margin the winner must clear;
     warmup_ms / rep_ms / seed: the candidates' timing; cache: the tuning cache file (None: the
-    default); out: the CSV summary (None: none); force: retune cached shapes; device: CUDA index."""
+    default); out: the CSV summary (None: none); force: retune cached shapes; device: CUDA index;
+    resume: keep the shapes of an interrupted run whose summary is `out` (same GPU; another commit
+    only with allow_commit_change)."""
 
     shape: tuple = ()
     dtype: str = "bfloat16"
@@ -158,6 +160,8 @@ class TuneSpec:
     out: Optional[Path] = None
     force: bool = False
     device: Optional[int] = None
+    resume: bool = False
+    allow_commit_change: bool = False
     dropped: tuple = field(default=(), init=False)
 
     def __post_init__(self):
@@ -196,6 +200,8 @@ class TuneSpec:
             raise SpecError(f"{self.op} has no depth launches at L=0: nothing to tune", "--L")
         object.__setattr__(self, "kernels", tuple(kernels))
         object.__setattr__(self, "dropped", dropped)
+        if self.resume and self.out is None:
+            raise SpecError("--resume continues the summary given by --out", "--resume")
         if self.dtype not in TUNE_DTYPES:
             raise SpecError(f"{self.dtype!r} is not one of {', '.join(TUNE_DTYPES)}", "--dtype")
         if self.vary and self.preset:

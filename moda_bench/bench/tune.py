@@ -137,10 +137,80 @@ def tune_point(shape, dtype: str, kernels: list[str], *, budget: int, warmup_ms:
 
 
 def write_summary(rows: list[dict], out: Path) -> None:
-    """The CSV summary (TUNE_COLUMNS), a row per tuned, cached or failed shape."""
+    """The CSV summary (TUNE_COLUMNS), a row per tuned, cached or failed shape; written through a
+    temporary file and a rename (a killed run leaves the previous summary, never half of one)."""
+    import os
+    import tempfile
+
     import pandas as pd
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows, columns=TUNE_COLUMNS).to_csv(out, index=False)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            pd.DataFrame(rows, columns=TUNE_COLUMNS).to_csv(f, index=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Summary:
+    """The summary of one `tune` run, rewritten as each shape finishes (`add`), so a killed run
+    keeps every finished shape's row. `resume`: the rows of an earlier run into the same file
+    (`previous(key)`, kept in order when re-added) for the same GPU; another commit is refused
+    unless `allow_commit_change` (ValueError, one line). `on_signals` makes SIGINT/SIGTERM write
+    the rows so far, print the resume command and exit 130/143."""
+
+    def __init__(self, out: Optional[Path], *, resume: bool = False, gpu: str = "", commit: str = "",
+                 allow_commit_change: bool = False):
+        self.out, self.rows, self.before = (Path(out) if out else None), [], {}
+        if resume and self.out is not None and self.out.exists():
+            from moda_bench.results import read_tuning
+            old = read_tuning([self.out], warn=lambda text: None)
+            for r in old.drop(columns="_file").to_dict("records"):
+                if str(r.get("status")) == "error":
+                    continue   # a failed shape is tuned again
+                if gpu and str(r.get("gpu")) not in ("", "nan", gpu):
+                    raise ValueError(f"{self.out}: its rows were tuned on {r['gpu']}, this run is on {gpu}; "
+                                     "resume on that GPU or choose another --out")
+                if commit and not allow_commit_change and str(r.get("git_commit")) not in ("", "nan", commit):
+                    raise ValueError(f"{self.out}: its rows were tuned at commit {r['git_commit']}, this checkout "
+                                     f"is {commit}; add --allow-commit-change to resume anyway")
+                for c in ("T", "G", "Hq", "Hk", "L", "B", "d", "C", "depth_grad", "Tq", "S"):
+                    if isinstance(r.get(c), float) and r[c] == r[c]:
+                        r[c] = int(r[c])   # as the tuner wrote them: T=4096, not 4096.0
+                self.before[r["cache_key"]] = r
+
+    def previous(self, key: str) -> Optional[dict]:
+        return self.before.get(key)
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.out is not None:
+            write_summary(self.rows, self.out)
+
+    def on_signals(self, say: Callable[[str], None], command: str) -> None:
+        import signal
+        import sys
+
+        def stop(signum, frame):
+            if self.out is not None:
+                write_summary(self.rows, self.out)
+            say(f"interrupted ({signal.Signals(signum).name}): {len(self.rows)} shape(s) kept"
+                + (f" in {self.out}" if self.out else "") + f"; resume with: {command}")
+            sys.exit(128 + signum)
+
+        self._old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore_signals(self) -> None:
+        """The handlers from before `on_signals` (the run's shapes are done)."""
+        import signal
+        for sig, handler in getattr(self, "_old", {}).items():
+            signal.signal(sig, handler)
+        self._old = {}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -225,15 +295,27 @@ def run_tuning(spec, reporter: TuneReporter) -> TuneRun:
     reporter.start(spec, tuning.current_gpu_name(), len(groups), len(points), run.cache_path)
     existing = tuning.load(run.cache_path).entries()
     meta = schema.run_metadata(spec.device)
+    try:
+        summary = Summary(spec.out, resume=spec.resume, gpu=meta["gpu"], commit=meta["git_commit"],
+                          allow_commit_change=spec.allow_commit_change)
+    except ValueError as exc:
+        raise TuneError(str(exc), 2) from None
+    run.rows = summary.rows
+    if reporter_stop := getattr(reporter, "interrupted", None):
+        summary.on_signals(reporter_stop, getattr(reporter, "resume_command", "moda-bench tune --resume"))
     for key, p in groups.items():
         shape = point_shape(p)
+        if summary.previous(key) is not None:
+            summary.add(summary.previous(key))
+            run.changes.append("(resumed)")
+            continue
         entry = existing.get(key)
         cfg = tuning.entry_config(entry, shape.G, key) if isinstance(entry, dict) and not spec.force else None
         if cfg is not None:
             changes = config_changes(cfg, default_fn(shape, dtype))
             reporter.cached(p, changes)
-            run.rows.append(tune_row(p, dtype, TuneTimes.of_entry(entry), status="cached", config=entry["config"],
-                                     key=key, meta=meta, tuned_fields=changes))
+            summary.add(tune_row(p, dtype, TuneTimes.of_entry(entry), status="cached", config=entry["config"],
+                                 key=key, meta=meta, tuned_fields=changes))
             run.changes.append(changes + " (cached)")
             continue
         try:
@@ -246,7 +328,7 @@ def run_tuning(spec, reporter: TuneReporter) -> TuneRun:
             run.failures += 1
             error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
             reporter.failed(p, error)
-            run.rows.append(tune_row(p, dtype, status="error", reason=error, key=key, meta=meta))
+            summary.add(tune_row(p, dtype, status="error", reason=error, key=key, meta=meta))
             run.changes.append("error")
             torch.cuda.empty_cache()
             continue
@@ -254,9 +336,10 @@ def run_tuning(spec, reporter: TuneReporter) -> TuneRun:
         changes = config_changes(result.config, default)
         reporter.tuned(p, result, changes, default)
         reasons = result.notes + [f"{k}: {len(ks.skipped)} skipped" for k, ks in result.kernels.items() if ks.skipped]
-        run.rows.append(tune_row(p, dtype, TuneTimes.of_result(result), config=result.config.to_dict(), key=key,
-                                 meta=meta, reason="; ".join(reasons)[:500], tuned_fields=changes))
+        summary.add(tune_row(p, dtype, TuneTimes.of_result(result), config=result.config.to_dict(), key=key,
+                             meta=meta, reason="; ".join(reasons)[:500], tuned_fields=changes))
         run.changes.append(changes)
+    summary.restore_signals()
     if spec.out:
         write_summary(run.rows, spec.out)
     run.wall_s = time.perf_counter() - t_start

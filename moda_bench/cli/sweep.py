@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from moda_bench.cli import checks
+from moda_bench.cli import checks, lifecycle
 from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS, REP_MS, WARMUP_MS
 from moda_bench.schema import BASE_POINT
 
@@ -171,6 +171,14 @@ def sweep_command(
                                          "or CPU ids like 3 or 3,5,7,9 (GPU worker or torchrun local rank i takes "
                                          "item i % count). Eager rows at short T time the host, whose speed "
                                          "varies by CPU core; rows record it (host_cpus, host_*_us).")] = "off",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out: points whose rows are all "
+                                         "there (same providers, timers, GPU, commit) are skipped; cut rows are "
+                                         "dropped and their points measured again.")] = False,
+    allow_commit_change: Annotated[bool, typer.Option("--allow-commit-change", help="With --resume: continue rows "
+                                                      "measured at another commit.")] = False,
+    point_timeout: Annotated[Optional[float], typer.Option("--point-timeout", help="With --gpus: seconds a worker "
+                                                           "may spend on one point; past it the worker is killed, "
+                                                           "the point's rows marked and a fresh worker goes on.")] = None,
 ) -> None:
     """Time MoDA and the baselines over one axis or a preset of sweeps (training passes or decode)."""
     from rich.console import Console
@@ -232,8 +240,14 @@ def sweep_command(
         raise typer.BadParameter("--Tq and --vary Tq apply to --pass decode")
     base = Point(dtype=dtype_name, depth_grad=depth_grad == "on", **overrides)
     run_dir = out or Path("results") / f"sweep-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if resume and out is None:
+        raise typer.BadParameter("--resume needs the --out of the run to continue")
+    if allow_commit_change and not resume:
+        raise typer.BadParameter("--allow-commit-change applies to --resume")
+    if point_timeout is not None and (gpus is None or point_timeout <= 0):
+        raise typer.BadParameter("--point-timeout applies to --gpus runs and must be > 0")
     try:
-        sweeps = run.plan_run(specs, base, run_dir, pin_chunk=C is not None, fixed=tuple(overrides))
+        sweeps = run.plan_run(specs, base, run_dir, pin_chunk=C is not None, fixed=tuple(overrides), resume=resume)
     except (ValueError, FileExistsError) as err:
         raise typer.BadParameter(str(err)) from None
     warmup, rep = run.timing_budget(warmup_ms, rep_ms, quick)
@@ -270,28 +284,39 @@ def sweep_command(
         state = host.process_host(pin, worker)
         hosts = [dict(state.as_dict(), gpu_index=dist.local_rank if dist is not None else 0)]
         console.print(f"host: {host.describe(state.columns())}", markup=False, highlight=False)
-    run.write_run_record(run_dir, sweeps, spec, pin_chunk=C is not None, preset=preset, gpus=gpus,
-                         extra={"gpu_header": gpu_run.header(), "host": hosts})
-    if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
-        from moda_bench.bench.pool.distributed import run_distributed_pool
-        run_distributed_pool(sweeps, spec, dist=dist)
-        checks.finish(gpu_run, console, [], strict)
-        console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each "
-                      f"sweep with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
-        return
+    lock = lifecycle.take_lock(run_dir, dist, console)   # one writer per folder (a rank: per rank)
+    life = lifecycle.Lifecycle(run_dir, sweeps, spec, lock, console, resume=resume, run_dir_given=out is not None)
 
     def start(s) -> None:
         console.print(f"[bold]sweep {s.name}[/]: {len(s.points)} points x {len(provider_names)} providers -> {s.csv}")
 
     def finish(s, frame) -> None:
         if s.csv.exists():
+            if resume:   # the summary of the whole sweep, rows of the earlier attempts included
+                from moda_bench import results
+                frame = results.read_csv(s.csv, warn=lambda text: None)
             from moda_bench.reports.figures import plot_sweep
             png = plot_sweep(s.csv)
             x = next(sp.vary for sp in specs if sp.label == s.name)
             Console().print(summary_table(frame, x, f"sweep {s.name} ({pass_}, {dtype_name})"))
             console.print(f"wrote {s.csv} and {png}")
 
-    done = run.run_sweeps(sweeps, spec, gpus=gpus, console=console, on_start=start, on_done=finish)
+    with life.running():   # SIGINT/SIGTERM from here on: rows kept, run.json 'interrupted', exit 130/143
+        todo = life.plan(gpu_index=0 if gpus is None else None, pooled=gpus is not None, dist=dist,
+                         allow_commit_change=allow_commit_change)
+        run.write_run_record(run_dir, sweeps, spec, pin_chunk=C is not None, preset=preset, gpus=gpus,
+                             extra={"gpu_header": gpu_run.header(), "host": hosts, **life.record()})
+        if dist is not None:  # under torchrun: this rank's share of the pooled points -> <stem>.rank<k>.csv
+            from moda_bench.bench.pool.distributed import run_distributed_pool
+            run_distributed_pool(sweeps, spec, dist=dist, done=life.done if resume else None)
+        else:
+            done = run.run_sweeps(todo, spec, gpus=gpus, console=console, on_start=start, on_done=finish,
+                                  point_timeout=point_timeout)
+    if dist is not None:
+        checks.finish(gpu_run, console, [], strict)
+        console.print(f"rank {dist.rank}: wrote its shards beside the sweep CSVs in {run_dir}; combine each sweep "
+                      f"with `moda-bench merge {run_dir}/sweep_<axis>.rank*.csv --out {run_dir}/sweep_<axis>.csv`")
+        return
     if gpus is not None:   # each worker's CPUs and host canary, from its rows
         run.update_run_record(run_dir, host=run.host_records(done.values()))
     checks.finish(gpu_run, console, [s.csv for s in sweeps], strict)
@@ -323,3 +348,7 @@ def merge_command(
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1)
     console.print(f"merged {len(files)} file(s) -> {out} ({len(merged)} rows)")
+    from moda_bench.bench.runstate import missing_points
+    for sweep, labels in missing_points(merged, Path(out).parent, out).items():
+        console.print(f"[yellow]warning:[/] sweep {sweep}: {len(labels)} point(s) of run.json have no complete rows: "
+                      + "; ".join(labels), highlight=False, soft_wrap=True)

@@ -164,6 +164,10 @@ def tune_command(
         "--op", help="Operator to tune: moda (the Triton kernel), moda-fa4 (its depth launches beside FA4; "
         "needs FA4 and L > 0; only the fwd_depth, bwd_depth groups apply) or moda-overlap (its streaming depth "
         "kernels: fwd_items, fwd_ctas, bwd_kernel, bwd_items, bwd_ctas; needs FA4 and L > 0).")] = "moda",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run whose summary is --out: its shapes "
+                                         "(same GPU and commit) are kept, the others tuned.")] = False,
+    allow_commit_change: Annotated[bool, typer.Option("--allow-commit-change", help="With --resume: keep rows "
+                                                      "tuned at another commit.")] = False,
 ) -> None:
     """Autotune the MoDA kernel's depth placements and tiles per shape; store the results in the tuning cache."""
     if show:
@@ -179,11 +183,15 @@ def tune_command(
                         values=tuple(_parse_ints(values, "--values")) if values else None, preset=preset, op=op,
                         kernels=None if kernels == DEFAULT_KERNELS else tuple(requested), budget=budget,
                         min_gain=parse_gain(min_gain), warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed, cache=cache,
-                        out=out, force=force, device=device)
+                        out=out, force=force, device=device, resume=resume,
+                        allow_commit_change=allow_commit_change)
         if spec.dropped:
             console.print(f"[dim]{op}: tuning {', '.join(spec.kernels)} only (its sequence part is FA4; "
                           f"{', '.join(spec.dropped)} do not apply)[/]")
-        run = run_tuning(spec, RichReporter())
+        import shlex
+        import sys
+        again = shlex.join(["moda-bench", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"]))
+        run = run_tuning(spec, RichReporter(resume_command=again))
     except SpecError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.option or None) from None
     except TuneError as exc:
@@ -206,7 +214,14 @@ def tune_command(
 
 class RichReporter:
     """bench.tune.TuneReporter printing to the console: a line per shape, a progress bar per
-    field group while a shape is tuned."""
+    field group while a shape is tuned; `interrupted` prints what a SIGINT/SIGTERM kept and the
+    command (`resume_command`) that resumes the run."""
+
+    def __init__(self, resume_command: str = "moda-bench tune --resume"):
+        self.resume_command = resume_command
+
+    def interrupted(self, text: str) -> None:
+        console.print(text, markup=False, highlight=False)
 
     def start(self, spec, gpu: str, shapes: int, points: int, cache_path) -> None:
         console.print(f"tuning {spec.op}: {shapes} shape(s) ({points} point(s)) on {gpu}, kernels "

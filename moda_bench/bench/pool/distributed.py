@@ -13,7 +13,7 @@ from moda_bench.bench.runner import Point
 
 
 def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | None = None,
-                         progress: bool | None = None) -> dict:
+                         progress: bool | None = None, done: dict | None = None) -> dict:
     """Run this torchrun rank's share of the pooled points of all `sweeps` of `spec`
     (bench.spec.RunSpec) on cuda:LOCAL_RANK, pinned to item LOCAL_RANK % len of spec.pin_cpu if set;
     each sweep's rows go to `<stem>.rank<RANK>.csv` beside its CSV (none when the rank has no
@@ -21,8 +21,13 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | 
 
     No process group is needed: ranks never talk; combine each sweep's shards afterwards with
     `moda-bench merge <dir>/<stem>.rank*.csv --out <dir>/<stem>.csv`. Returns {sweep: rows}.
+
+    done ({sweep: point keys}, `--resume`): those points are skipped and the rank's shard is
+    continued (appended to) instead of started afresh; the share of each rank is planned over
+    all the points as before, so a resumed rank runs what is left of its own share.
     """
     from moda_bench.bench import runner  # looked up at call time (tests substitute run_sweep)
+    from moda_bench.bench.runstate import point_key
     dist = dist or detect_distributed()
     if dist is None:
         raise ValueError("run_distributed needs RANK and WORLD_SIZE (launch with torchrun)")
@@ -42,8 +47,10 @@ def run_distributed_pool(sweeps: Sequence[SweepPlan], spec, *, dist: DistInfo | 
     for s in sweeps:
         out = shard_path(s.csv, "rank", dist.rank)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.unlink(missing_ok=True)
-        todo = [t for t in mine if t.sweep == s.name]
+        if done is None:
+            out.unlink(missing_ok=True)
+        skip = (done or {}).get(s.name, set())
+        todo = [t for t in mine if t.sweep == s.name and point_key(t.point) not in skip]
         if todo:
             runner.run_sweep([t.point for t in todo], spec, out, sweep_name=s.name,
                              progress=(dist.rank == 0) if progress is None else progress,

@@ -62,6 +62,18 @@ def default_worker_cmd(slot: GpuSlot) -> list[str]:
     return [sys.executable, "-m", WORKER_MODULE]
 
 
+def _die_with_parent() -> None:
+    """In a worker before it starts (Linux): SIGKILL when the pool's process dies, so a killed run
+    leaves no worker writing into a shard that a `--resume` folds in meanwhile."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
 def _tail(path: Path, n_lines: int = 15) -> str:
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
@@ -127,6 +139,10 @@ class _Worker:
     started: list = dataclasses.field(default_factory=list)  # tasks it started
     crashed_on: Task | None = None  # started, never finished: the worker died on it
     timed_out: bool = False
+    task_started: float = 0.0  # time.monotonic() when `current` started
+    point_timed_out: bool = False  # killed for spending more than point_timeout_s on `current`
+    lost: list = dataclasses.field(default_factory=list)  # (task, reason) of points it died on, earlier lives
+    restarts: int = 0
 
 
 def _next_event(proc: subprocess.Popen, event: str, task_id: int | None = None) -> bool:
@@ -170,6 +186,7 @@ def _drive(w: _Worker, tasks: _TaskQueue) -> None:
                 tasks.put_back(task)
                 return
             tasks.started(task)
+            w.task_started = time.monotonic()
             w.current = task
             w.started.append(task)
             if not _next_event(proc, "done", task.id):
@@ -205,14 +222,23 @@ def _provider_rank(providers: Sequence[str]) -> dict:
     return {name: i for i, name in enumerate(ordered)}
 
 
-def _lost_rows(w: _Worker, task: Task, providers: Sequence[str], pass_: str, have: set, meta: dict) -> list[dict]:
-    """status=error rows for the providers of the point a worker died on that have no row."""
+def _death_reason(w: _Worker, point_timeout_s: float | None = None) -> str:
+    """The reason written into the rows of the point a worker died on."""
+    if w.point_timed_out:
+        return (f"timeout: no result within --point-timeout {point_timeout_s:g} s; the worker on GPU "
+                f"{w.slot.index} was killed and a fresh one took the next points; log {w.log}")
     if w.timed_out:
         why = "killed: timeout_s exceeded"
     else:
         last = [ln.strip() for ln in _tail(w.log, 40).splitlines() if ln.strip()]
         why = f"exit code {w.proc.returncode}" + (f": {last[-1][:200]}" if last else "")
-    reason = f"worker on GPU {w.slot.index} died while running this point ({why}); log {w.log}"
+    return f"worker on GPU {w.slot.index} died while running this point ({why}); log {w.log}"
+
+
+def _lost_rows(w: _Worker, task: Task, providers: Sequence[str], pass_: str, have: set, meta: dict,
+               reason: str | None = None) -> list[dict]:
+    """status=error rows for the providers of the point a worker died on that have no row."""
+    reason = reason or _death_reason(w)
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     rows = []
     for prov in providers:
@@ -243,14 +269,13 @@ def _collect(workers: Sequence[_Worker], tasks: Sequence[Task], sweeps: Sequence
         some_meta = {c: f.iloc[-1][c] for c in ("gpu", "torch_version", "triton_version", "git_commit")}
     for w in workers:
         frame, rc = shard_rows[id(w)], w.proc.returncode if w.proc is not None else None
-        lost = []
-        if mark_lost and w.crashed_on is not None:
-            t = w.crashed_on
+        dead = list(w.lost) + ([(w.crashed_on, None)] if w.crashed_on is not None else [])
+        for t, reason in dead if mark_lost else []:
             mine = [] if frame is None else [r for r in frame.to_dict("records") if r["sweep"] == t.sweep
                                               and _row_key(r) == _point_key(t.point)]
             meta = ({c: frame.iloc[-1][c] for c in ("gpu", "torch_version", "triton_version", "git_commit")}
                     if frame is not None and len(frame) else some_meta) or {"git_commit": schema.git_commit()}
-            lost = _lost_rows(w, t, providers, pass_, {r["provider"] for r in mine}, meta)
+            lost = _lost_rows(w, t, providers, pass_, {r["provider"] for r in mine}, meta, reason)
             if lost:
                 frames.append(pd.DataFrame(lost, columns=schema.COLUMNS))
         if rc is not None and rc != 0:
@@ -284,7 +309,8 @@ def _write_sweeps(sweeps: Sequence[SweepPlan], rows: dict, existing: dict) -> No
 
 def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all", progress: bool = True,
              worker_cmd: WorkerCmd | None = None, keep_shards: bool = False, timeout_s: float | None = None,
-             poll_s: float = 0.5, shard_base: Path | None = None) -> PoolResult:
+             poll_s: float = 0.5, shard_base: Path | None = None, point_timeout_s: float | None = None,
+             max_restarts: int = 2) -> PoolResult:
     """Run every point of every sweep of `spec` (bench.spec.RunSpec, handed to every worker as
     JSON) with one isolated worker process per GPU; write each sweep's rows to its CSV.
 
@@ -296,7 +322,9 @@ def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all"
     A worker that crashes loses nothing already written; the point it was running gets
     status=error rows (reason: the exit and last log line) for its providers without a row; the
     points it never started go to the other workers. `timeout_s` bounds the whole run (workers
-    still running are killed). Afterwards rows are split per sweep, ordered as a single-GPU run
+    still running are killed). `point_timeout_s` bounds one point: a worker past it is killed, the
+    point's rows get status=error with a 'timeout:' reason, and a fresh worker is started on that
+    GPU (at most `max_restarts` times per GPU) for the points left. Afterwards rows are split per sweep, ordered as a single-GPU run
     orders them, carry the physical GPU in gpu_index, and are added to each sweep's CSV (rows
     already there kept). Shard files are removed unless a worker failed or keep_shards. On
     Ctrl-C the workers are stopped, the rows so far are written, and the shards kept.
@@ -365,23 +393,48 @@ def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all"
 
     queue = _TaskQueue(tasks)
     start = time.monotonic()
+
+    def launch(w: _Worker, mode: str = "wb") -> None:
+        with open(w.log, mode) as logf:  # the child keeps its own descriptor
+            w.proc = subprocess.Popen(w.argv, env=w.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=logf, text=True, bufsize=1, preexec_fn=_die_with_parent)
+        w.thread = threading.Thread(target=_drive, args=(w, queue), daemon=True, name=f"moda-bench-gpu{w.slot.index}")
+        w.thread.start()
+
+    def watch_points() -> None:
+        """Kill a worker past point_timeout_s; start a fresh one once a killed one is gone."""
+        now = time.monotonic()
+        for w in workers:
+            if (point_timeout_s is not None and w.current is not None and w.proc.poll() is None
+                    and not w.point_timed_out and now - w.task_started > point_timeout_s):
+                w.point_timed_out = True
+                w.proc.kill()
+            if w.point_timed_out and w.proc.poll() is not None and not w.thread.is_alive():
+                if w.crashed_on is not None:
+                    w.lost.append((w.crashed_on, _death_reason(w, point_timeout_s)))
+                w.crashed_on, w.current, w.point_timed_out = None, None, False
+                again = bool(queue.remaining()) and w.restarts < max_restarts and not w.timed_out
+                lost = w.lost[-1][0].label() if w.lost else "its point"
+                console.print(f"[red]GPU {w.slot.index}: {lost} ran past --point-timeout {point_timeout_s:g} s[/]; "
+                              "worker killed, its rows marked 'timeout'"
+                              + ("; a fresh worker takes the next points" if again else ""), highlight=False)
+                if again:
+                    w.restarts += 1
+                    launch(w, "ab")
+
     if bar is not None:
         bar.start()
     try:
         for w in workers:
-            with open(w.log, "wb") as logf:  # the child keeps its own descriptor
-                w.proc = subprocess.Popen(w.argv, env=w.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=logf, text=True, bufsize=1)
-            w.thread = threading.Thread(target=_drive, args=(w, queue), daemon=True,
-                                        name=f"moda-bench-gpu{w.slot.index}")
-            w.thread.start()
-        while any(w.thread.is_alive() or w.proc.poll() is None for w in workers):
+            launch(w)
+        while any(w.thread.is_alive() or w.proc.poll() is None or w.point_timed_out for w in workers):
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 queue.stop()
                 for w in workers:
                     if w.proc.poll() is None:
                         w.proc.kill()
                         w.timed_out = True
+            watch_points()
             tick()
             time.sleep(poll_s)
         tick()

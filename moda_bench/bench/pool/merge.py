@@ -11,6 +11,7 @@ line naming the file and its missing/unexpected columns); a last line cut off by
 is ignored (read_csv warns); rows repeating schema.ROW_KEY + timestamp are kept once (the first);
 rows are sorted by sweep, pass, provider, configuration, timestamp and gpu_index, so the same
 shards give the same file byte for byte; the output is written through a temporary file.
+`bench.runstate.missing_points` lists the points of the run (its run.json) the merged rows lack.
 """
 from __future__ import annotations
 
@@ -126,3 +127,4 @@ def stamp_gpu_index(path: Path, gpu_index: int):
         frame = frame.assign(gpu_index=gpu_index)
         results.write_csv_atomic(path, schema_rows(frame))
     return frame
+
