@@ -146,7 +146,7 @@ def read_results(paths: Iterable, *, warn: Warn = default_warn, exclude: Optiona
         try:
             frames.append(read_csv(path, display=display, warn=warn))
         except NotResultsFile as exc:
-            if not is_model_file(path):   # `moda-bench model` files are read_models' business
+            if not (is_model_file(path) or is_profile_file(path)):   # read_models' / read_profiles' business
                 warn(f"skipping {exc}")
     if not frames:
         return empty_frame()
@@ -263,6 +263,34 @@ def is_model_file(path) -> bool:
     """Whether a CSV is a `moda-bench model` file (its header has schema.MODEL_REQUIRED)."""
     first = header_of(path)
     return bool(first) and all(c in first for c in schema.MODEL_REQUIRED)
+
+
+def is_profile_file(path) -> bool:
+    """Whether a CSV is a `moda-bench model --profile` file (its header has schema.PROFILE_REQUIRED)."""
+    first = header_of(path)
+    return bool(first) and all(c in first for c in schema.PROFILE_REQUIRED)
+
+
+def read_profiles(paths, *, warn: Warn = default_warn):
+    """Every `moda-bench model --profile` row under `paths` (headers with schema.PROFILE_REQUIRED;
+    other CSVs passed over), ms and share as floats, plus `_file`."""
+    import pandas as pd
+    frames = []
+    for path, display in find_csvs(paths):
+        first = header_of(path)
+        if not first or not all(c in first for c in schema.PROFILE_REQUIRED):
+            continue
+        header, rows = _split_rows(path.read_text(), display, warn)
+        df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
+        for c in schema.PROFILE_COLUMNS:
+            if c not in df.columns:
+                df[c] = ""
+        for c in ("ms", "share", "layers", "depth_grad", "compiled"):
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+        frames.append(df[schema.PROFILE_COLUMNS].assign(_file=display))
+    if not frames:
+        return pd.DataFrame(columns=schema.PROFILE_COLUMNS + ["_file"])
+    return pd.concat(frames, ignore_index=True)
 
 
 def read_models(paths, *, warn: Warn = default_warn):

@@ -133,6 +133,12 @@ MODEL_COLUMNS = (["sweep", "provider", "impl_detail", "pass"] + MODEL_CONFIG_COL
 MODEL_KEY = ["sweep", "gpu", "provider", "pass"] + MODEL_CONFIG_COLUMNS
 MODEL_NUMERIC = [c for c in MODEL_CONFIG_COLUMNS if c not in ("model", "dtype")] + MODEL_MEASURE_COLUMNS
 MODEL_REQUIRED = ["sweep", "provider", "pass", "model", "step_ms", "model_flops", "status"]
+# `moda-bench model --profile`: where one step's time goes, one row per (variant, category):
+# the device time (CPU time off CUDA) of the category's kernels in ms and its share of the step's
+# total; categories are moda_bench.models.decoder.LABELS, 'optimizer' and 'other'
+PROFILE_COLUMNS = (["sweep", "provider", "pass", "model", "layers", "depth_grad", "compiled", "category", "ms",
+                    "share", "clock"] + META_COLUMNS)
+PROFILE_REQUIRED = ["sweep", "provider", "category", "ms", "share"]
 
 
 def check_pass(pass_: str) -> str:
