@@ -85,7 +85,8 @@ def load_results(results_dirs: list[Path], *, warn: Optional[Warn] = None) -> Re
         try:
             frames.append(results_io.read_csv(path, display=name, warn=warn))
         except results_io.NotResultsFile as exc:
-            warn(f"skipping {exc}")
+            if not (results_io.is_model_file(path) or results_io.is_profile_file(path)):   # reports.models reads them
+                warn(f"skipping {exc}")
             continue
         except results_io.ResultsError as exc:
             raise ReportError(str(exc)) from None
