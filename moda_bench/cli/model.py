@@ -35,7 +35,8 @@ def summary_table(frame, title: str):
             ratio += f" [{r['ratio_to_vanilla_lo']:.3f}-{r['ratio_to_vanilla_hi']:.3f}]"
         ms = r["step_ms"]
         tflops = r["model_flops"] / ms / 1e9 if ms and ms == ms and ms > 0 else math.nan
-        table.add_row(r["provider"], "attached" if r["depth_grad"] else "detached", str(r["status"]), _fmt(ms, ".2f"),
+        depth = ("attached" if r["depth_grad"] else "detached") if r["provider"] == "moda" else "-"
+        table.add_row(r["provider"], depth, str(r["status"]), _fmt(ms, ".2f"),
                       ratio, _fmt(r["tokens_per_s"], ".0f"), _fmt(r["peak_mem_gb"], ".2f"), _fmt(tflops, ".1f"),
                       _fmt(r["mfu"], ".3f"), _fmt(r["params"] / 1e6, ".1f"),
                       r["reason"] if isinstance(r["reason"], str) else "")
@@ -64,6 +65,8 @@ def model_command(
                                                   "seed000-moda, seed002-generate).", show_default=False)] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("results/model"),
     quick: Annotated[bool, typer.Option("--quick", help="Shorter warm-up and sampling.")] = False,
+    max_time_s: Annotated[float, typer.Option("--max-time-s", help="Cap of one run's interleaved timing (s).")]
+        = 60.0,
     profile: Annotated[bool, typer.Option("--profile", help="Also record where one step's time goes "
                                           "(torch.profiler).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and tokens.")] = 0,
@@ -72,8 +75,10 @@ def model_command(
     from rich.console import Console
 
     from moda_bench.bench import model as bm
-    timing = TimingOptions(warmup_ms=QUICK_WARMUP_MS, min_time_ms=QUICK_REP_MS, min_samples=5) if quick \
-        else TimingOptions()
+    if not max_time_s > 0:
+        raise typer.BadParameter(f"--max-time-s must be > 0, got {max_time_s}")
+    timing = TimingOptions(warmup_ms=QUICK_WARMUP_MS, min_time_ms=QUICK_REP_MS, min_samples=5, max_time_s=max_time_s) \
+        if quick else TimingOptions(max_time_s=max_time_s)
     names = None
     if variants is not None:
         names = tuple(v.strip() for v in variants.split(",") if v.strip())
@@ -93,7 +98,8 @@ def model_command(
             s.config()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    console = Console()
+    import sys
+    console = Console(width=None if sys.stdout.isatty() else 200)   # logs keep every column
     for spec in specs:
         hook = None
         if profile:
