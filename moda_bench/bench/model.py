@@ -272,7 +272,7 @@ def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, 
             bar.stop()
         staged.clear()
         model.drop_buffers()
-        del model, optimizer
+        model = optimizer = None   # the weights, gradients and AdamW state go before the next run
         release(device)
     for row in rows:
         results.append_model_row(csv_path, row)
