@@ -39,8 +39,13 @@ def _label_of(event, labels: set) -> str | None:
 
 def breakdown(events, on_cuda: bool) -> dict:
     """{category: ms} of a profiled step's events (FunctionEvents of torch.profiler)."""
+    from torch.autograd import DeviceType
+
     from moda_bench.models.decoder import LABELS
     labels = set(LABELS) | {OPTIMIZER}
+    # host-side events only: kernels and the GPU copies of the labelled ranges are listed beside
+    # them, and a host event's device time already holds its kernels'
+    events = [e for e in events if e.device_type == DeviceType.CPU]
     out = {c: 0.0 for c in list(LABELS) + [OPTIMIZER]}
     seq_label = {}
     for e in events:
