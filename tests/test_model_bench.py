@@ -115,3 +115,12 @@ def test_user_mistakes_are_one_line_errors(args, message):
     res = CliRunner().invoke(app, ["model"] + args)
     assert res.exit_code == 2
     assert message in " ".join(res.output.split()) and "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_the_compiled_step_runs_through_the_depth_buffer(tmp_path):
+    """--compile: torch.compile of the loss, the depth buffer's autograd nodes included (graph
+    breaks allowed; the fullgraph trace is the custom-op work's)."""
+    spec = bm.ModelSpec("smoke", ("vanilla", "depth-attention-torch"), layers=2, seq_len=8, compile=True)
+    frame = bm.run_model(spec, tmp_path / "model.csv", device="cpu", progress=False, timer=one_sample)
+    assert list(frame["status"]) == ["ok", "ok"] and (frame["compiled"] == 1).all()
