@@ -124,3 +124,13 @@ def test_the_compiled_step_runs_through_the_depth_buffer(tmp_path):
     spec = bm.ModelSpec("smoke", ("vanilla", "depth-attention-torch"), layers=2, seq_len=8, compile=True)
     frame = bm.run_model(spec, tmp_path / "model.csv", device="cpu", progress=False, timer=one_sample)
     assert list(frame["status"]) == ["ok", "ok"] and (frame["compiled"] == 1).all()
+
+
+def test_prefill_rows_count_the_prompt_tokens(tmp_path):
+    from moda_bench.models.flops import prefill_flops
+    spec = bm.ModelSpec("smoke", ("vanilla", "mhc"), mode="prefill", layers=2, seq_len=8, batch=2)
+    frame = bm.run_model(spec, tmp_path / "model.csv", device="cpu", progress=False, timer=one_sample)
+    assert list(frame["status"]) == ["ok", "ok"]
+    for r in frame.to_dict("records"):
+        assert r["tokens_per_s"] == pytest.approx(2 * 8 / (r["step_ms"] / 1e3))
+        assert r["model_flops"] == pytest.approx(prefill_flops(spec.config(), r["provider"], 2, 8))
