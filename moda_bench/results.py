@@ -12,7 +12,8 @@ messages hold everywhere:
 - a non-numeric value in a numeric column is a `ResultsError` naming file, line and column.
 
 `read_tuning` reads the tuner's CSV summaries (`schema.TUNE_COLUMNS`), which `read_results`
-skips as not being sweep files.
+skips as not being sweep files; `read_models` the model-step files of `moda-bench model`
+(`schema.MODEL_COLUMNS`), which `read_results` passes over silently.
 
 Columns added to the schema later (older files lack them) are filled with empty values, so
 committed results stay readable; a configuration column of the row key added later
@@ -153,7 +154,8 @@ def read_results(paths: Iterable, *, warn: Warn = default_warn, exclude: Optiona
         try:
             frames.append(read_csv(path, display=display, warn=warn))
         except NotResultsFile as exc:
-            warn(f"skipping {exc}")
+            if not (is_model_file(path) or is_profile_file(path)):   # read_models' / read_profiles' business
+                warn(f"skipping {exc}")
     if not frames:
         return empty_frame()
     return pd.concat(frames, ignore_index=True)
@@ -321,3 +323,83 @@ def write_csv_atomic(path, frame) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def header_of(path) -> list[str]:
+    """The header fields of a CSV ([] when unreadable)."""
+    try:
+        with open(path, newline="") as fh:
+            return next(csv.reader([fh.readline()]), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+
+
+def is_model_file(path) -> bool:
+    """Whether a CSV is a `moda-bench model` file (its header has schema.MODEL_REQUIRED)."""
+    first = header_of(path)
+    return bool(first) and all(c in first for c in schema.MODEL_REQUIRED)
+
+
+def is_profile_file(path) -> bool:
+    """Whether a CSV is a `moda-bench model --profile` file (its header has schema.PROFILE_REQUIRED)."""
+    first = header_of(path)
+    return bool(first) and all(c in first for c in schema.PROFILE_REQUIRED)
+
+
+def read_profiles(paths, *, warn: Warn = default_warn):
+    """Every `moda-bench model --profile` row under `paths` (headers with schema.PROFILE_REQUIRED;
+    other CSVs passed over), ms and share as floats, plus `_file`."""
+    import pandas as pd
+    frames = []
+    for path, display in find_csvs(paths):
+        first = header_of(path)
+        if not first or not all(c in first for c in schema.PROFILE_REQUIRED):
+            continue
+        header, rows = _split_rows(path.read_text(), display, warn)
+        df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
+        for c in schema.PROFILE_COLUMNS:
+            if c not in df.columns:
+                df[c] = ""
+        for c in ("ms", "share", "layers", "depth_grad", "compiled"):
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+        frames.append(df[schema.PROFILE_COLUMNS].assign(_file=display))
+    if not frames:
+        return pd.DataFrame(columns=schema.PROFILE_COLUMNS + ["_file"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_models(paths, *, warn: Warn = default_warn):
+    """Every `moda-bench model` row under `paths` (files or folders; other CSVs passed over
+    silently): all schema.MODEL_COLUMNS (missing ones empty), MODEL_NUMERIC as floats, plus
+    `_file`; the newest row of each schema.MODEL_KEY kept. An empty frame when there is none."""
+    import pandas as pd
+
+    frames = []
+    for path, display in find_csvs(paths):
+        if not is_model_file(path):
+            continue
+        header, rows = _split_rows(path.read_text(), display, warn)
+        if not rows:
+            continue
+        df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
+        for c in schema.MODEL_COLUMNS:
+            if c not in df.columns:
+                df[c] = ""
+        for c in schema.MODEL_NUMERIC:
+            df[c] = pd.to_numeric(df[c].str.strip().where(df[c].str.strip() != "", None), errors="coerce")
+        frames.append(df[schema.MODEL_COLUMNS].assign(_file=display, _line=[line for line, _ in rows]))
+    if not frames:
+        return pd.DataFrame(columns=schema.MODEL_COLUMNS + ["_file", "_line"])
+    df = pd.concat(frames, ignore_index=True)
+    keep, _ = newest(df.fillna({c: "" for c in ("gpu", "model", "dtype")}), schema.MODEL_KEY)
+    return keep
+
+
+def append_model_row(csv_path, row: dict) -> None:
+    """Append one model row (schema.MODEL_COLUMNS) to csv_path, header written once."""
+    import pandas as pd
+    csv_path = Path(csv_path)
+    new = not csv_path.exists() or csv_path.stat().st_size == 0
+    if not new and header_of(csv_path) != schema.MODEL_COLUMNS:
+        raise ResultsError(f"{csv_path}: header differs from the model schema; write to a new file")
+    pd.DataFrame([row], columns=schema.MODEL_COLUMNS).to_csv(csv_path, mode="a", header=new, index=False)

@@ -122,6 +122,34 @@ BASE_POINT = {"T": 16384, "G": 8, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64, "d
               "depth_grad": 1, "Tq": 0, "S": 0}
 
 
+# `moda-bench model` (issue 59): one row per (model configuration, variant, mode, compile) of a
+# whole decoder step. Its files hold MODEL_COLUMNS, not COLUMNS (the kernel report never reads
+# them as sweep rows); `results.read_models` reads them. Modes: a training step (forward,
+# backward, AdamW step over grad_accum micro-batches), a prefill, a generation (prompt + new
+# tokens through a KV cache). step_ms: median of the mode's wall time (a whole generation for
+# 'generate'); tokens_per_s: tokens processed per second (generated tokens for 'generate');
+# peak_mem_gb: the CUDA allocator's peak during one step; model_flops: the step's model FLOPs
+# (moda_bench.models.flops: 6 N per trained token + attention and depth terms); mfu:
+# model_flops / step time / peak_tflops (the doctor's table number of the GPU).
+MODEL_MODES = ("train", "prefill", "generate")
+MODEL_CONFIG_COLUMNS = ["model", "layers", "layers_total", "B", "T", "grad_accum", "new_tokens", "dtype",
+                        "depth_grad", "compiled"]
+MODEL_MEASURE_COLUMNS = ["step_ms", "step_p20_ms", "step_p80_ms", "ratio_to_vanilla", "ratio_to_vanilla_lo",
+                         "ratio_to_vanilla_hi", "tokens_per_s", "peak_mem_gb", "depth_kv_gb", "params",
+                         "model_flops", "mfu", "peak_tflops", "samples", "noise_pct"]
+MODEL_COLUMNS = (["sweep", "provider", "impl_detail", "pass"] + MODEL_CONFIG_COLUMNS + MODEL_MEASURE_COLUMNS
+                 + ["status", "reason", "timer", "stop_reason", "health"] + META_COLUMNS)
+MODEL_KEY = ["sweep", "gpu", "provider", "pass"] + MODEL_CONFIG_COLUMNS
+MODEL_NUMERIC = [c for c in MODEL_CONFIG_COLUMNS if c not in ("model", "dtype")] + MODEL_MEASURE_COLUMNS
+MODEL_REQUIRED = ["sweep", "provider", "pass", "model", "step_ms", "model_flops", "status"]
+# `moda-bench model --profile`: where one step's time goes, one row per (variant, category):
+# the device time (CPU time off CUDA) of the category's kernels in ms and its share of the step's
+# total; categories are moda_bench.models.decoder.LABELS, 'optimizer' and 'other'
+PROFILE_COLUMNS = (["sweep", "provider", "pass", "model", "layers", "depth_grad", "compiled", "category", "ms",
+                    "share", "clock"] + META_COLUMNS)
+PROFILE_REQUIRED = ["sweep", "provider", "category", "ms", "share"]
+
+
 def check_pass(pass_: str) -> str:
     """pass_ if it is a pass name, else ValueError listing them."""
     if pass_ not in PASSES:

@@ -2,7 +2,7 @@
 
 Layers, bottom to top (a module may import its own layer and the ones below):
   0 core     moda_bench.schema, .timing, .results, .health, .floor, .host   (columns, numbers, one reader)
-  1 kernels  moda_bench.kernels.*              (operators: references, kernels, launches)
+  1 kernels  moda_bench.kernels.*, .models.*   (operators: references, kernels, launches; whole decoders)
   2 tuning   moda_bench.tuning.*
   3 bench    moda_bench.bench.*                                (providers, runner, pools)
   4 reports  moda_bench.reports.*
@@ -22,7 +22,7 @@ PKG = "moda_bench"
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("core", ["schema", "timing", "results", "health", "floor", "host"]),
-    ("kernels", ["kernels"]),
+    ("kernels", ["kernels", "models"]),
     ("tuning", ["tuning"]),
     ("bench", ["bench"]),
     ("reports", ["reports"]),

@@ -24,6 +24,7 @@ def register() -> None:
     from moda_bench.cli.report import report_command
     from moda_bench.cli.gate import gate_command
     from moda_bench.cli.doctor import doctor_command
+    from moda_bench.cli.model import model_command
 
     app.command("sweep")(sweep_command)
     app.command("ablate")(ablate_command)
@@ -32,6 +33,7 @@ def register() -> None:
     app.command("gate")(gate_command)
     app.command("merge")(merge_command)
     app.command("doctor")(doctor_command)
+    app.command("model")(model_command)
 
 
 register()

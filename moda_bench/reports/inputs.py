@@ -86,7 +86,8 @@ def load_results(results_dirs: list[Path], *, warn: Optional[Warn] = None) -> Re
         try:
             frames.append(results_io.read_csv(path, display=name, warn=warn))
         except results_io.NotResultsFile as exc:
-            if not results_io.is_tuning_csv(path):   # tuner summaries are read by results.read_tuning
+            if not (results_io.is_tuning_csv(path) or results_io.is_model_file(path)
+                    or results_io.is_profile_file(path)):   # read by results.read_tuning / reports.models
                 warn(f"skipping {exc}")
             continue
         except results_io.ResultsError as exc:

@@ -6,7 +6,8 @@ Inputs (`reports.inputs`): the results CSVs found recursively under the given di
 through `moda_bench.results`, and the paper's A100 reference tables. Tables are built by
 `reports.tables` (training, ablation, timers, GPU state) and `reports.workloads` (decode,
 Depth-Attention), written by `reports.markdown` and drawn by `reports.figures` and
-`reports.workload_figures`. Outputs are byte-identical for identical inputs.
+`reports.workload_figures`; the `moda-bench model` files, where there are any, by
+`reports.models` (MODELS.md beside REPORT.md). Outputs are byte-identical for identical inputs.
 
 Row selection: rows are de-duplicated on `schema.ROW_KEY` (sweep, GPU, provider, pass, timer,
 config); when several runs measured the same key the newest `timestamp` wins (ties: later file,
@@ -87,7 +88,15 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     """
     results_dirs = [Path(d) for d in results_dirs]
     out_dir = Path(out_dir)
-    results = load_results(results_dirs, warn=warn)
+    from moda_bench.reports.models import write_models_report
+    models = write_models_report(results_dirs, out_dir, figures=figures, warn=warn) if all(
+        d.exists() for d in results_dirs) else []
+    try:
+        results = load_results(results_dirs, warn=warn)
+    except ReportError:
+        if models:   # only `moda-bench model` files: MODELS.md is the report
+            return sorted(models)
+        raise
     paper = load_paper(paper_dir, results_dirs)
     rows = results.rows
     measured = set(rows_of(rows, TRAIN, DATTN, DECODE)["provider"])
@@ -178,11 +187,15 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     md.append(ceiling_markdown(ceilings))
     if fig_links:
         md.append("## Figures\n\n" + "\n\n".join(f"![{stem}]({link})" for stem, link in sorted(fig_links.items())))
+    if models:
+        md.append("## Whole-model steps\n\nThe `moda-bench model` runs (training step, generation, depth-KV memory, "
+                  "where the step's time goes) are in [MODELS.md](MODELS.md).")
     md.append(provenance_markdown(results))
     md.append("Input files: " + ", ".join(f"`{f}`" for f in results.files) + ".")
     report = out_dir / "REPORT.md"
     report.write_text("\n\n".join(md) + "\n", encoding="utf-8", newline="\n")
     written.append(report)
+    written.extend(models)
     written.sort()
     written.drawn = drawn
     return written

@@ -1,0 +1,343 @@
+"""`moda-bench model`: what a whole decoder step costs, per variant, as schema.MODEL_COLUMNS rows.
+
+One `ModelSpec` (built by the command line, or a preset's) says which configuration, how many of
+its layers, which variants, which mode (a training step: forward, backward, gradient clipping
+and an AdamW step over grad_accum micro-batches; a prefill; a generation of new_tokens after
+the prompt through a KV cache), batch, sequence length, dtype, eager or torch.compile.
+
+All variants share one `models.Decoder` (one set of weights plus each variant's own
+parameters) and one AdamW, so they fit side by side: each is staged (one untimed step, its
+peak memory read), then on CUDA they are timed in interleaved rounds by the sweep's machinery
+(`point.time_interleaved`: samplers of `timing`, paired rounds, 95% intervals, GPU state),
+with the ratio of each to vanilla and its interval from the paired rounds. Off CUDA each is
+timed on its own by wall clock (tests). Rows are appended as they finish.
+
+`moda-bench model --preset NAME` runs `PRESETS[NAME]`, a list of specs (the sweeps/ TOML
+presets mirror them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from moda_bench import results, schema
+from moda_bench.bench.point import TimingOptions, guarded, release, torch_dtype
+from moda_bench.models.config import VARIANTS, ModelConfig, get_config
+
+DETACHED = "moda-detached"     # MoDA with detached depth (the kernels' depth_grad=False)
+RUN_VARIANTS = VARIANTS + (DETACHED,)
+BASELINE = "vanilla"
+ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "weight_decay": 0.1}   # seed 002, Table 8
+CLIP_NORM = 1.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One `moda-bench model` run. layers / seq_len 0: the configuration's; dtype '': its own."""
+
+    model: str = "smoke"
+    variants: tuple = RUN_VARIANTS
+    mode: str = "train"
+    layers: int = 0
+    batch: int = 1
+    grad_accum: int = 1
+    seq_len: int = 0
+    new_tokens: int = 32
+    dtype: str = ""
+    compile: bool = False
+    timing: TimingOptions = field(default_factory=TimingOptions)
+    seed: int = 0
+    name: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "variants", tuple(dict.fromkeys(self.variants)))
+        if self.mode not in schema.MODEL_MODES:
+            raise ValueError(f"mode must be one of {', '.join(schema.MODEL_MODES)}, got {self.mode!r}")
+        bad = [v for v in self.variants if v not in RUN_VARIANTS]
+        if bad or not self.variants:
+            raise ValueError(f"variants must be among {', '.join(RUN_VARIANTS)}, got {', '.join(bad) or 'none'}")
+        for name in ("batch", "grad_accum", "new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        get_config(self.model)
+        if self.dtype:
+            schema.dtype_name(self.dtype)
+
+    def config(self) -> ModelConfig:
+        """The configuration as run (fewer layers, another sequence length where asked)."""
+        cfg = get_config(self.model)
+        if self.layers:
+            cfg = cfg.with_layers(self.layers)
+        if self.seq_len:
+            cfg = cfg.replace(seq_len=self.seq_len)
+        return cfg
+
+    def dtype_name(self) -> str:
+        return schema.dtype_name(self.dtype) if self.dtype else self.config().dtype
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.model}-{self.mode}"
+
+    def replace(self, **kw) -> "ModelSpec":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["variants"] = list(self.variants)
+        return d
+
+
+def model_variant(run_variant: str) -> tuple[str, bool]:
+    """(the Decoder's variant, depth_grad) of a run variant ('moda-detached': moda, False)."""
+    return ("moda", False) if run_variant == DETACHED else (run_variant, True)
+
+
+def step_flops(spec: ModelSpec, cfg: ModelConfig, variant: str) -> float:
+    from moda_bench.models import flops
+    if spec.mode == "train":
+        return flops.train_flops(cfg, variant, spec.batch, cfg.seq_len, spec.grad_accum)
+    if spec.mode == "prefill":
+        return flops.prefill_flops(cfg, variant, spec.batch, cfg.seq_len)
+    return flops.generate_flops(cfg, variant, spec.batch, cfg.seq_len, spec.new_tokens)
+
+
+def step_tokens(spec: ModelSpec, cfg: ModelConfig) -> int:
+    """Tokens a step processes: trained, prefilled, or generated."""
+    if spec.mode == "train":
+        return spec.batch * cfg.seq_len * spec.grad_accum
+    if spec.mode == "prefill":
+        return spec.batch * cfg.seq_len
+    return spec.batch * spec.new_tokens
+
+
+def peak_tflops(gpu: str) -> float:
+    """The GPU's matmul peak the doctor compares against (its KNOWN_GPUS table), NaN if unknown."""
+    from moda_bench.health import known_reference
+    ref = known_reference(gpu)
+    return float(ref["matmul_tflops"]) if ref else math.nan
+
+
+def base_row(spec: ModelSpec, cfg: ModelConfig, run_variant: str, meta: dict) -> dict:
+    """A model row of one variant with no measurement yet."""
+    from moda_bench.models import flops
+    variant, depth_grad = model_variant(run_variant)
+    row = {c: math.nan for c in schema.MODEL_MEASURE_COLUMNS}
+    row.update({"sweep": f"model-{spec.label}", "provider": variant, "impl_detail": "", "pass": spec.mode,
+                "model": cfg.name, "layers": cfg.layers, "layers_total": cfg.layers_total, "B": spec.batch,
+                "T": cfg.seq_len, "grad_accum": spec.grad_accum if spec.mode == "train" else 1,
+                "new_tokens": spec.new_tokens if spec.mode == "generate" else 0, "dtype": spec.dtype_name(),
+                "depth_grad": int(depth_grad), "compiled": int(spec.compile), "status": "", "reason": "",
+                "timer": spec.timing.timer, "stop_reason": "", "health": ""})
+    row.update(meta)
+    row["params"] = flops.param_count(cfg, variant)
+    row["model_flops"] = step_flops(spec, cfg, variant)
+    row["peak_tflops"] = peak_tflops(str(meta.get("gpu", "")))
+    if variant == "moda":
+        size = torch_dtype(row["dtype"]).itemsize
+        row["depth_kv_gb"] = flops.depth_kv_bytes(cfg, spec.batch, cfg.seq_len, size) / 1e9
+    return row
+
+
+class Staged:
+    """A variant ready to time: its row, its step callable and no gradient leaves (the step
+    sets its own gradients to None)."""
+
+    def __init__(self, row: dict, fn: Callable[[], object], flops: float):
+        self.row, self.fn, self.grads, self.flops, self.work, self.rates = row, fn, [], flops, None, None
+
+
+def make_step(spec: ModelSpec, model, optimizer, inputs, run_variant: str) -> Callable[[], object]:
+    """The timed callable of a mode for one variant."""
+    import torch
+    from torch.profiler import record_function
+
+    from moda_bench.models import generate, prefill
+    variant, depth_grad = model_variant(run_variant)
+    if spec.mode == "train":
+        def loss_of(tokens):
+            return model.loss(tokens, variant, depth_grad=depth_grad)
+        loss_fn = torch.compile(loss_of) if spec.compile else loss_of
+        params = [p for p in model.parameters()]
+
+        def train_step():
+            optimizer.zero_grad(set_to_none=True)
+            for micro in inputs:
+                (loss_fn(micro) / len(inputs)).backward()
+            with record_function("optimizer"):
+                torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], CLIP_NORM)
+                optimizer.step()
+        return train_step
+    prompt = inputs[0][:, :-1]
+    if spec.mode == "prefill":
+        fwd = torch.compile(model) if spec.compile else model
+        return lambda: prefill(fwd, prompt, variant)
+    return lambda: generate(model, prompt, variant, spec.new_tokens)
+
+
+def impl_detail(model, run_variant: str) -> str:
+    """What ran: the sequence attention of vanilla layers, and the variant's own kernels."""
+    variant, depth_grad = model_variant(run_variant)
+    text = f"sequence: {model.seq_attn_name}"
+    if variant == "moda":
+        text += "; moda_attention (Triton), depth " + ("attached" if depth_grad else "detached")
+    elif variant == "depth-attention":
+        from moda_bench.kernels.dattn import chain_backend
+        w = model.embed.weight
+        text += "; mix: Triton" + (", chained with FA4" if chain_backend(w.device, w.dtype) is not None else "")
+    elif variant == "depth-attention-torch":
+        text += "; mix: plain PyTorch"
+    return text
+
+
+def cpu_timer(fn, grad_to_none=None, warmup_ms: float = 0.0, rep_ms: float = 0.0, samples: int = 3) -> dict:
+    """Wall-clock repetitions off CUDA (one warm-up call, then `samples`): a `point` timer."""
+    from moda_bench.timing import summarize
+    fn()
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return summarize(times, "samples", "wall").row() | {"timer": "wall"}
+
+
+def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, progress: bool = True,
+              console=None, timer: Optional[Callable] = None, on_model=None):
+    """Stage and time every variant of `spec`, appending one row each to csv_path (written as
+    they finish); returns the rows as a DataFrame. timer: a `point` timer (default: interleaved
+    rounds on CUDA, `cpu_timer` elsewhere). on_model(model, staged): called before the model
+    is freed (the profiler's hook)."""
+    import pandas as pd
+    import torch
+
+    from moda_bench.bench.point import time_interleaved, time_sequential
+    from moda_bench.models import Decoder
+
+    cfg = spec.config()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_cuda = str(device).startswith("cuda")
+    dtype = torch_dtype(spec.dtype_name())
+    torch.manual_seed(spec.seed)
+    variants = tuple(dict.fromkeys(model_variant(v)[0] for v in spec.variants))
+    model = Decoder(cfg, variants, dtype=dtype, device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW, foreach=on_cuda)
+    gen = torch.Generator(device="cpu").manual_seed(spec.seed)
+    micro = spec.grad_accum if spec.mode == "train" else 1
+    inputs = [torch.randint(0, cfg.vocab, (spec.batch, cfg.seq_len + 1), generator=gen).to(device)
+              for _ in range(micro)]
+    meta = schema.run_metadata(None if not on_cuda else torch.cuda.current_device())
+    order = sorted(spec.variants, key=lambda v: v != BASELINE)
+    csv_path = Path(csv_path)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    bar = task = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=console, transient=False)
+        task = bar.add_task(f"model {spec.label}: staging", total=len(order) + 1)
+        bar.start()
+    staged, rows = {}, []
+    try:
+        for name in order:
+            row = base_row(spec, cfg, name, meta)
+            rows.append(row)
+            row["impl_detail"] = impl_detail(model, name)
+            st = guarded(row, device, lambda name=name, row=row: stage(spec, model, optimizer, inputs, name, row,
+                                                                          on_cuda))
+            if st is not None:
+                staged[name] = st
+            if bar is not None:
+                bar.update(task, advance=1, description=f"model {spec.label}: staged {name}")
+        if bar is not None:
+            bar.update(task, description=f"model {spec.label}: timing {len(staged)} variants")
+        result = None
+        if staged:
+            if timer is not None or not on_cuda:
+                time_sequential(staged, timer or cpu_timer, spec.timing)
+            else:
+                result = time_interleaved(staged, spec.timing, torch.cuda.current_device())
+        fill_model_columns(staged, result, spec, cfg)
+        if on_model is not None:
+            on_model(model, staged)
+        if bar is not None:
+            bar.update(task, advance=1)
+    finally:
+        if bar is not None:
+            bar.stop()
+        staged.clear()
+        model.drop_buffers()
+        model = optimizer = None   # the weights, gradients and AdamW state go before the next run
+        release(device)
+    for row in rows:
+        results.append_model_row(csv_path, row)
+    return pd.DataFrame(rows, columns=schema.MODEL_COLUMNS)
+
+
+def stage(spec: ModelSpec, model, optimizer, inputs, name: str, row: dict, on_cuda: bool) -> Staged:
+    """The variant's step, run once (compilation, lazy optimizer state), its peak memory read."""
+    import torch
+    fn = make_step(spec, model, optimizer, inputs, name)
+    model.drop_buffers()
+    if on_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    fn()
+    if on_cuda:
+        torch.cuda.synchronize()
+        row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return Staged(row, fn, row["model_flops"])
+
+
+def fill_model_columns(staged: dict, result, spec: ModelSpec, cfg: ModelConfig) -> None:
+    """step_ms (+ p20/p80), tokens/s, MFU and the ratio to vanilla (with its paired-round
+    interval on CUDA) of every timed row."""
+    from moda_bench.timing import ratio_ci
+    tokens = step_tokens(spec, cfg)
+    for name, st in staged.items():
+        row = st.row
+        if row.get("status") != schema.OK:
+            continue
+        ms = row.get("median_ms", math.nan)
+        row.update(step_ms=ms, step_p20_ms=row.get("p20_ms"), step_p80_ms=row.get("p80_ms"),
+                   tokens_per_s=tokens / (ms / 1e3) if ms and ms > 0 else math.nan)
+        row["mfu"] = row["model_flops"] / (ms / 1e3) / (row["peak_tflops"] * 1e12) if ms and ms > 0 else math.nan
+        base = staged.get(BASELINE)
+        if base is None or base.row.get("status") != schema.OK:
+            continue
+        if result is not None and name in result.round_medians and BASELINE in result.round_medians:
+            r, lo, hi = (1.0, 1.0, 1.0) if name == BASELINE else ratio_ci(result.round_medians[name],
+                                                                          result.round_medians[BASELINE])
+        else:
+            r, lo, hi = ms / base.row["median_ms"], math.nan, math.nan
+        row.update(ratio_to_vanilla=r, ratio_to_vanilla_lo=lo, ratio_to_vanilla_hi=hi)
+
+
+# Named runs (`moda-bench model --preset NAME`); sweeps/model.toml mirrors them. Seed 002's
+# training table at its configurations (whole 48 layers; --layers runs fewer where memory
+# needs), seed 000's MoDA sizes (attached and detached depth), seed 002's generation run.
+SEED002_TRAIN = ("vanilla", "depth-attention", "depth-attention-torch", "denseformer", "attnres", "mhc")
+PRESETS: dict[str, tuple[ModelSpec, ...]] = {
+    "smoke": (ModelSpec("smoke", name="smoke"),),
+    "seed002-train": tuple(ModelSpec(m, SEED002_TRAIN, name=f"{m}-train") for m in ("dattn-1.5b", "dattn-3b")),
+    "seed000-moda": tuple(ModelSpec(m, ("vanilla", "moda", DETACHED), name=f"{m}-train")
+                          for m in ("moda-700m", "moda-1.5b")),
+    "seed002-generate": (ModelSpec("dattn-3b", ("vanilla", "depth-attention"), mode="generate", batch=64,
+                                   new_tokens=2048, name="dattn-3b-generate"),),
+}
+
+
+def preset_specs(name: str, **overrides) -> tuple[ModelSpec, ...]:
+    """The specs of preset `name` with the given fields replaced (those not None), else
+    ValueError listing the presets."""
+    try:
+        specs = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}") from None
+    kw = {k: v for k, v in overrides.items() if v is not None}
+    return tuple(s.replace(**kw) for s in specs)

@@ -1,0 +1,102 @@
+"""The decoder's building blocks in plain PyTorch and the attention calls every variant shares.
+
+RMSNorm, rotary embeddings (`rope_tables`, `apply_rope`), the SwiGLU FFN, and the sequence
+attention of vanilla layers: `sequence_attention(device, dtype)` picks the fastest causal
+attention that runs here (FlashAttention-4 where it runs, else SDPA: flash / cuDNN / efficient
+kernels on the GPU, the math path on the CPU) and names it; `decode_attention` is its
+counterpart over a KV cache (FA4's decode, else SDPA with the bottom-right causal mask).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight over the last dimension (computed in float32, returned in x's dtype)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, dtype=None, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rms(x, eps: float = 1e-6):
+    """Parameter-free RMS normalisation over the last dimension."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dim: int, hidden: int, dtype=None, device=None):
+        super().__init__()
+        kw = {"bias": False, "dtype": dtype, "device": device}
+        self.gate = nn.Linear(dim, hidden, **kw)
+        self.up = nn.Linear(dim, hidden, **kw)
+        self.down = nn.Linear(hidden, dim, **kw)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def rope_tables(positions: torch.Tensor, d: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (T, 1, d) of rotary embeddings (half-split layout) at the given positions."""
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))
+    ang = positions.float()[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)[:, None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """x (B, T, H, d) rotated: x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def sdpa_causal(q, k, v):
+    """Causal GQA attention through torch's SDPA on (B, H, T, d) views; q (B,T,Hq,d), k, v (B,T,Hk,d)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                         scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _sequence_attention(device: torch.device, dtype: torch.dtype) -> tuple[Callable, str]:
+    if device.type == "cuda":
+        from moda_bench.kernels.moda.fa4.merge import FA4_DTYPES, fa4_attention, fa4_unavailable
+        if dtype in FA4_DTYPES and fa4_unavailable(device) is None:
+            return fa4_attention, "fa4"
+        return sdpa_causal, "sdpa"
+    return sdpa_causal, "sdpa-math"
+
+
+def sequence_attention(device, dtype) -> tuple[Callable, str]:
+    """(attention (q, k, v) -> out with autograd, its name) for vanilla layers on `device`."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _sequence_attention(device, dtype)
+
+
+def decode_attention(q, k_cache, v_cache, n: int):
+    """The Tq new tokens q (B, Tq, Hq, d) against the first n cache positions (their own among
+    them), bottom-right causal: FA4's decode where it runs, else SDPA."""
+    from moda_bench.kernels.decode import fa4_decode, fa4_decode_unavailable, sdpa_decode
+    kc, vc = k_cache[:, :n], v_cache[:, :n]
+    if q.device.type == "cuda":
+        if q.dtype in (torch.float16, torch.bfloat16) and fa4_decode_unavailable(q.device) is None:
+            return fa4_decode(q, kc, vc)
+        return sdpa_decode(q, kc, vc, "FLASH_ATTENTION" if q.dtype != torch.float32 else "EFFICIENT_ATTENTION")
+    return sdpa_decode(q, kc, vc, "MATH")

@@ -1,0 +1,197 @@
+"""The whole-model part of `moda-bench report`: MODELS.md and figures/model_profile*.png|svg from
+the `moda-bench model` CSVs (`results.read_models`, `results.read_profiles`).
+
+Per GPU: the training step-cost table beside seed 002's Table 3 (its plain-PyTorch seconds per
+step and overhead over vanilla) and seed 000's FLOP counts; the generation table beside seed
+002's run; the depth-KV memory table (the MoDA row's peak over vanilla's against seed 004's
+formula, and seed 001's 128K example); the profile figure (each variant's step split into
+attention, depth-KV handling, projections, FFN, residual mixing, LM head, optimizer, other).
+A run of fewer layers than its configuration says so, with the step scaled by layers_total /
+layers (the per-layer cost; the embedding and head are counted with it, so it overestimates).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from moda_bench.reports.markdown import md_table
+
+# seed 002 Table 3: seconds per training step (plain PyTorch, FP16, T=2048)
+SEED002_STEP_S = {
+    "dattn-1.5b": {"vanilla": 3.28, "depth-attention": 3.58, "denseformer": 4.95, "attnres": 4.85, "mhc": 13.83},
+    "dattn-3b": {"vanilla": 4.63, "depth-attention": 5.15, "denseformer": 6.84, "attnres": 8.10, "mhc": 18.85},
+}
+# seed 000: parameters (M) and FLOPs (T) of its 700M model, vanilla and MoDA (depth KV + FFN KV projection)
+SEED000_700M = {"vanilla": (669.0, 8.01), "moda": (705.7, 8.33)}
+# seed 002's generation run: 3B, batch 64, 2048 prompt + 2048 generated tokens, seconds
+SEED002_GENERATE_S = {"vanilla": 526.6, "depth-attention": 532.8}
+# seed 001's worked example: T=128000, L=32 layers, 8 KV heads, d=128, 2 bytes -> 16.8 GB of depth K/V
+SEED001_EXAMPLE = (128000, 32, 8, 128, 2)
+ORDER = ("vanilla", "moda", "depth-attention", "depth-attention-torch", "denseformer", "attnres", "mhc")
+
+
+def _f(v, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _variant(r) -> str:
+    name = str(r["provider"])
+    return name + (" (detached)" if name == "moda" and r["depth_grad"] == 0 else "")
+
+
+def _sort(frame):
+    rank = {p: i for i, p in enumerate(ORDER)}
+    return frame.assign(_r=frame["provider"].map(lambda p: rank.get(p, 99)), _d=-frame["depth_grad"]) \
+        .sort_values(["_r", "_d"], kind="stable").drop(columns=["_r", "_d"])
+
+
+def _ratio(r) -> str:
+    text = _f(r["ratio_to_vanilla"], ".3f")
+    if not math.isnan(r.get("ratio_to_vanilla_lo", math.nan)):
+        text += f" [{r['ratio_to_vanilla_lo']:.3f}-{r['ratio_to_vanilla_hi']:.3f}]"
+    return text
+
+
+def _groups(frame, mode: str):
+    part = frame[frame["pass"] == mode]
+    keys = ["gpu", "model", "layers", "layers_total", "B", "T", "grad_accum", "new_tokens", "dtype", "compiled"]
+    for key, g in part.groupby(keys, sort=True, dropna=False):
+        yield dict(zip(keys, key)), _sort(g)
+
+
+def _heading(k: dict, what: str) -> str:
+    layers = f"{int(k['layers'])} of {int(k['layers_total'])} layers" if k["layers"] != k["layers_total"] \
+        else f"{int(k['layers'])} layers"
+    extra = f", grad_accum {int(k['grad_accum'])}" if k["grad_accum"] > 1 else ""
+    extra += f", {int(k['new_tokens'])} new tokens" if k["new_tokens"] else ""
+    return (f"### {what}: {k['model']}, {layers}, B={int(k['B'])}, T={int(k['T'])}{extra}, {k['dtype']}, "
+            f"{'compiled' if k['compiled'] else 'eager'} on {k['gpu']}")
+
+
+def train_markdown(frame) -> list[str]:
+    out = []
+    for k, g in _groups(frame, "train"):
+        seed = SEED002_STEP_S.get(k["model"], {})
+        scale = k["layers_total"] / k["layers"]
+        headers = ["variant", "status", "step ms", "x vanilla [95% CI]", "seed 002 s/step (x vanilla)",
+                   "tokens/s", "peak GB", "model TFLOP", "MFU", "params M"]
+        if scale != 1:
+            headers.insert(3, f"whole-model est. ms (x{scale:.2f})")
+        rows = []
+        for r in g.to_dict("records"):
+            ref = seed.get(r["provider"]) if r["depth_grad"] or r["provider"] != "moda" else None
+            ref_text = f"{ref:.2f} ({ref / seed['vanilla']:.3f})" if ref and seed.get("vanilla") else "-"
+            cells = [_variant(r), str(r["status"]), _f(r["step_ms"], ".1f"), _ratio(r), ref_text,
+                     _f(r["tokens_per_s"], ".0f"), _f(r["peak_mem_gb"], ".2f"), _f(r["model_flops"] / 1e12, ".2f"),
+                     _f(r["mfu"], ".3f"), _f(r["params"] / 1e6, ".1f")]
+            if scale != 1:
+                cells.insert(3, _f(r["step_ms"] * scale, ".0f"))
+            rows.append(cells)
+        out += [_heading(k, "Training step"), md_table(headers, rows)]
+        flops = {r["provider"]: r for r in g.to_dict("records") if r["provider"] in ("vanilla", "moda")}
+        if "vanilla" in flops and "moda" in flops:
+            ours = flops["moda"]["model_flops"] / flops["vanilla"]["model_flops"] - 1
+            ref = SEED000_700M["moda"][1] / SEED000_700M["vanilla"][1] - 1
+            out.append(f"MoDA's model FLOPs over vanilla here: +{100 * ours:.2f}% (seed 000's 700M: "
+                       f"{SEED000_700M['vanilla'][1]}T -> {SEED000_700M['moda'][1]}T, +{100 * ref:.1f}%; parameters "
+                       f"{SEED000_700M['vanilla'][0]}M -> {SEED000_700M['moda'][0]}M; here "
+                       f"{flops['vanilla']['params'] / 1e6:.1f}M -> {flops['moda']['params'] / 1e6:.1f}M).")
+    return out
+
+
+def generate_markdown(frame) -> list[str]:
+    out = []
+    for k, g in _groups(frame, "generate"):
+        headers = ["variant", "status", "total s", "x vanilla [95% CI]", "seed 002 s (x vanilla)", "new tokens/s",
+                   "peak GB"]
+        rows = []
+        for r in g.to_dict("records"):
+            ref = SEED002_GENERATE_S.get(r["provider"])
+            rows.append([_variant(r), str(r["status"]), _f(r["step_ms"] / 1e3, ".2f"), _ratio(r),
+                         f"{ref:.1f} ({ref / SEED002_GENERATE_S['vanilla']:.4f})" if ref else "-",
+                         _f(r["tokens_per_s"], ".0f"), _f(r["peak_mem_gb"], ".2f")])
+        out += [_heading(k, "Generation"), md_table(headers, rows)]
+    return out
+
+
+def memory_markdown(frame) -> list[str]:
+    rows = []
+    for k, g in _groups(frame, "train"):
+        base = g[g["provider"] == "vanilla"]
+        if base.empty:
+            continue
+        for r in g[g["provider"] == "moda"].to_dict("records"):
+            delta = r["peak_mem_gb"] - float(base["peak_mem_gb"].iloc[0])
+            if math.isnan(delta):   # no CUDA peak measured
+                continue
+            rows.append([k["gpu"], k["model"], f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
+                         _f(r["depth_kv_gb"], ".3f"), _f(delta, ".3f"),
+                         _f(delta / r["depth_kv_gb"] if r["depth_kv_gb"] else math.nan, ".2f")])
+    if not rows:
+        return []
+    T, L, H, d, b = SEED001_EXAMPLE
+    return ["### Depth-KV memory (training step)",
+            "Seed 004's retained depth-KV memory B x T x contributing entries x Hk x d x bytes x 2 (here the buffer's "
+            "slots, 2 per earlier layer) beside the MoDA row's peak over vanilla's in the same run. Attached depth "
+            "also holds a gradient buffer as large, and a kernel that copies its strided depth slice holds the "
+            f"copies for the backward. Seed 001's example (T={T}, L={L}, {H} KV heads, d={d}, {b} bytes) is "
+            f"{T * L * H * d * b * 2 / 1e9:.1f} GB by the same formula.",
+            md_table(["GPU", "model", "layers", "B x T", "variant", "formula GB", "measured GB", "measured / formula"],
+                     rows)]
+
+
+def profile_figure(profiles, out_dir: Path) -> list[Path]:
+    """One stacked-bar figure per (GPU, run): each variant's step time by category."""
+    from moda_bench.reports.plotting import figure_style, new_figure, save_figure
+    written = []
+    for (gpu, sweep), g in profiles.groupby(["gpu", "sweep"], sort=True):
+        g = g.assign(variant=[p + (" (detached)" if p == "moda" and dg == 0 else "")
+                              for p, dg in zip(g["provider"], g["depth_grad"])])
+        variants = list(dict.fromkeys(g["variant"]))
+        cats = list(dict.fromkeys(g["category"]))
+        with figure_style():
+            fig, axes = new_figure(1, f"{sweep}: where a step's time goes ({gpu})", width_per_panel=8.0, height=4.2)
+            ax = axes[0]
+            bottom = [0.0] * len(variants)
+            for cat in cats:
+                vals = [float(g[(g["variant"] == v) & (g["category"] == cat)]["ms"].sum()) for v in variants]
+                ax.bar(variants, vals, bottom=bottom, label=cat)
+                bottom = [b + v for b, v in zip(bottom, vals)]
+            ax.set_ylabel(f"{g['clock'].iloc[0]} time per step (ms)")
+            ax.tick_params(axis="x", rotation=30)
+            ax.legend(fontsize=7, ncols=2)
+            slug = "".join(c if c.isalnum() else "-" for c in f"{sweep}-{gpu}".lower()).strip("-")
+            written += save_figure(fig, out_dir / "figures" / f"model_profile-{slug}")
+    return written
+
+
+def write_models_report(results_dirs, out_dir: Path, *, figures: bool = True, warn=None) -> list[Path]:
+    """out_dir/MODELS.md (and the profile figures) when model CSVs exist under results_dirs;
+    [] when there are none."""
+    import os
+
+    from moda_bench.results import default_warn, read_models, read_profiles
+    frame = read_models(results_dirs, warn=warn or default_warn)
+    if frame.empty:
+        return []
+    profiles = read_profiles(results_dirs, warn=warn or default_warn)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = profile_figure(profiles, out_dir) if figures and not profiles.empty else []
+    md = ["# Whole-model steps (`moda-bench model`)",
+          f"Generated by `moda-bench report` from {frame['_file'].nunique()} model CSV file(s), {len(frame)} row(s). "
+          "Step ms: median of interleaved rounds (CUDA) with the paired 95% interval of the ratio to vanilla; "
+          "model FLOPs: 6 N per trained token + attention and each variant's own terms (moda_bench.models.flops); "
+          "MFU against the doctor's table peak of the GPU. Seed columns are the seeds' own hardware and plain-PyTorch "
+          "implementations: compare the ratios, not the seconds."]
+    for title, part in (("## Training step", train_markdown(frame)), ("## Generation", generate_markdown(frame)),
+                        ("## Memory", memory_markdown(frame))):
+        if part:
+            md += [title] + part
+    links = [os.path.relpath(p, out_dir).replace(os.sep, "/") for p in written if p.suffix == ".png"]
+    if links:
+        md += ["## Where the time goes"] + [f"![{Path(link).stem}]({link})" for link in links]
+    md.append("Input files: " + ", ".join(f"`{f}`" for f in sorted(frame["_file"].unique())) + ".")
+    path = out_dir / "MODELS.md"
+    path.write_text("\n\n".join(md) + "\n", encoding="utf-8", newline="\n")
+    return sorted(written + [path])

@@ -1,0 +1,136 @@
+"""`moda-bench model` end to end on the CPU: the smoke model's steps run and write model rows, the
+profile breakdown, the report's MODELS.md from those files, and one-line user errors."""
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from moda_bench import results, schema
+from moda_bench.bench import model as bm
+from moda_bench.bench.model_profile import profile_hook
+from moda_bench.cli import app
+from moda_bench.models.flops import generate_flops, param_count, train_flops
+from moda_bench.reports.report import generate_report
+
+CHEAP = ("vanilla", "depth-attention-torch", "denseformer", "attnres", "mhc")   # no interpreted kernels
+
+
+def one_sample(fn, grad_to_none=None, warmup_ms=0.0, rep_ms=0.0):
+    return bm.cpu_timer(fn, samples=1)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A training run (with the profile) and a generation run of the smoke model, 2 layers, T=8."""
+    out = tmp_path_factory.mktemp("model")
+    train = bm.ModelSpec("smoke", CHEAP, layers=2, seq_len=8, batch=2, grad_accum=2)
+    hook = profile_hook(train, out / f"profile_{train.label}.csv")
+    frame = bm.run_model(train, out / f"model_{train.label}.csv", device="cpu", progress=False, timer=one_sample,
+                         on_model=hook)
+    gen = bm.ModelSpec("smoke", ("vanilla", "depth-attention-torch", "mhc"), mode="generate", layers=2, seq_len=8,
+                       new_tokens=3)
+    gframe = bm.run_model(gen, out / f"model_{gen.label}.csv", device="cpu", progress=False, timer=one_sample)
+    return out, train, frame, gen, gframe
+
+
+def test_the_smoke_train_step_runs_every_variant_and_writes_its_rows(runs):
+    out, spec, frame, _, _ = runs
+    cfg = spec.config()
+    assert list(frame["status"]) == ["ok"] * len(CHEAP), frame[["provider", "reason"]]
+    back = results.read_models([out])
+    train = back[back["pass"] == "train"]
+    assert len(train) == len(CHEAP)
+    assert set(train["provider"]) == set(CHEAP) and (train["depth_grad"] == 1).all()
+    for r in train.to_dict("records"):
+        assert r["step_ms"] > 0 and r["tokens_per_s"] == pytest.approx(2 * 8 * 2 / (r["step_ms"] / 1e3))
+        assert r["model_flops"] == pytest.approx(train_flops(cfg, r["provider"], 2, 8, 2))
+        assert r["params"] == param_count(cfg, r["provider"])
+        assert (r["layers"], r["layers_total"], r["T"], r["grad_accum"]) == (2, 4, 8, 2)
+        assert math.isnan(r["mfu"])   # no GPU peak off CUDA
+        assert r["gpu"].startswith("cpu") and r["git_commit"]
+    vanilla = train[train["provider"] == "vanilla"].iloc[0]
+    assert vanilla["ratio_to_vanilla"] == 1.0
+    detached = bm.base_row(spec, cfg, bm.DETACHED, {"gpu": "cpu"})
+    assert (detached["provider"], detached["depth_grad"]) == ("moda", 0)
+    assert detached["depth_kv_gb"] == pytest.approx(2 * 8 * 2 * 2 * 32 * 4 * 2 / 1e9)   # B T entries Hk d bytes 2
+    assert detached["params"] == param_count(cfg, "moda")
+
+
+def test_generation_rows_count_generated_tokens(runs):
+    _, _, _, spec, frame = runs
+    cfg = spec.config()
+    assert list(frame["status"]) == ["ok"] * 3
+    for r in frame.to_dict("records"):
+        assert r["new_tokens"] == 3 and r["pass"] == "generate"
+        assert r["tokens_per_s"] == pytest.approx(1 * 3 / (r["step_ms"] / 1e3))
+        assert r["model_flops"] == pytest.approx(generate_flops(cfg, r["provider"], 1, 8, 3))
+
+
+def test_the_profile_splits_each_step_into_the_labelled_categories(runs):
+    out, _, _, _, _ = runs
+    prof = results.read_profiles([out])
+    assert set(prof["provider"]) == set(CHEAP)
+    for _, g in prof.groupby("provider"):
+        assert g["share"].sum() == pytest.approx(1.0)
+        assert (g["ms"] >= 0).all()
+        cats = dict(zip(g["category"], g["ms"]))
+        assert cats["attention"] > 0 and cats["ffn"] > 0 and cats["projections"] > 0 and cats["optimizer"] > 0
+    mhc = prof[prof["provider"] == "mhc"].set_index("category")["ms"]
+    assert mhc["residual-mix"] > 0
+
+
+def test_the_report_writes_models_md_from_model_files_alone(runs, tmp_path):
+    out, *_ = runs
+    written = generate_report([out], tmp_path / "report")
+    names = {p.name for p in written}
+    assert "MODELS.md" in names and any(n.startswith("model_profile-") and n.endswith(".png") for n in names)
+    text = (tmp_path / "report" / "MODELS.md").read_text()
+    assert "### Training step: smoke, 2 of 4 layers, B=2, T=8, grad_accum 2" in text
+    assert "whole-model est. ms (x2.00)" in text and "| mhc | ok |" in text
+    assert "### Generation: smoke, 2 of 4 layers, B=1, T=8, 3 new tokens" in text
+    assert "### Depth-KV memory" not in text   # no CUDA peaks: no measured memory to compare
+    assert generate_report([out], tmp_path / "again") and (tmp_path / "again" / "MODELS.md").read_text() == text
+
+
+def test_presets_and_specs_reject_what_does_not_exist():
+    assert [s.model for s in bm.preset_specs("seed002-train")] == ["dattn-1.5b", "dattn-3b"]
+    assert all(s.layers == 12 for s in bm.preset_specs("seed000-moda", layers=12))
+    with pytest.raises(ValueError, match="unknown model preset 'nope'"):
+        bm.preset_specs("nope")
+    with pytest.raises(ValueError, match="variants must be among"):
+        bm.ModelSpec("smoke", ("vanilla", "moda2"))
+    with pytest.raises(ValueError, match="--layers must be between 1 and 48"):
+        bm.ModelSpec("dattn-3b", layers=49).config()
+    assert schema.MODEL_MODES == ("train", "prefill", "generate")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--variants", "vanilla,fa9"], "variants must be among"),
+    (["--mode", "serve"], "mode must be one of train, prefill, generate"),
+    (["--preset", "nope"], "unknown model preset"),
+    (["--layers", "9"], "--layers must be between 1 and 4"),
+])
+def test_user_mistakes_are_one_line_errors(args, message):
+    res = CliRunner().invoke(app, ["model"] + args)
+    assert res.exit_code == 2
+    assert message in " ".join(res.output.split()) and "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_the_compiled_step_runs_through_the_depth_buffer(tmp_path):
+    """--compile: torch.compile of the loss, the depth buffer's autograd nodes included (graph
+    breaks allowed; the fullgraph trace is the custom-op work's)."""
+    spec = bm.ModelSpec("smoke", ("vanilla", "depth-attention-torch"), layers=2, seq_len=8, compile=True)
+    frame = bm.run_model(spec, tmp_path / "model.csv", device="cpu", progress=False, timer=one_sample)
+    assert list(frame["status"]) == ["ok", "ok"] and (frame["compiled"] == 1).all()
+
+
+def test_prefill_rows_count_the_prompt_tokens(tmp_path):
+    from moda_bench.models.flops import prefill_flops
+    spec = bm.ModelSpec("smoke", ("vanilla", "mhc"), mode="prefill", layers=2, seq_len=8, batch=2)
+    frame = bm.run_model(spec, tmp_path / "model.csv", device="cpu", progress=False, timer=one_sample)
+    assert list(frame["status"]) == ["ok", "ok"]
+    for r in frame.to_dict("records"):
+        assert r["tokens_per_s"] == pytest.approx(2 * 8 / (r["step_ms"] / 1e3))
+        assert r["model_flops"] == pytest.approx(prefill_flops(spec.config(), r["provider"], 2, 8))
