@@ -166,9 +166,19 @@ def _strides(q, k, v, kd, o, lse):
             o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
 
 
+def depth_views(kd, vd):
+    """The depth K/V as the pointer kernels read them: in place when both share one set of strides
+    with a unit last stride (e.g. slices kd = buf_k[:, :, :l], vd = buf_v[:, :, :l] of one
+    model-wide depth buffer per K and V), else contiguous copies of both."""
+    if kd is None or (kd.stride() == vd.stride() and kd.stride(-1) == 1):
+        return kd, vd
+    return kd.contiguous(), vd.contiguous()
+
+
 def tma_usable(q, k, v, kd, vd, L: int) -> bool:
     """Whether the descriptor forward can take these tensors: this Triton builds descriptors and
-    every tensor it reads is contiguous (the caller's `.contiguous()`) and 16-byte aligned."""
+    every tensor it reads is contiguous (the caller's `.contiguous()`; a strided depth slice is not,
+    and takes the pointer kernel in place) and 16-byte aligned."""
     return descriptors_available() and aligned(q, k, v, *((kd, vd) if L > 0 else ()), contiguous=True)
 
 
@@ -325,6 +335,11 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     do = do.contiguous()
     if cfg.bwd_depth == "tma" and not depth_only and delta is None:
         o = o.contiguous()
+        if L > 0 and not (kd.is_contiguous() and vd.is_contiguous()):
+            # its passes address the depth K/V as flat contiguous (B*T*L*Hk, d) rows: a strided
+            # slice of a larger buffer is copied here (the pointer passes below read it in place)
+            kd, vd = kd.contiguous(), vd.contiguous()
+            usable = None
         state = stream_state(q.device)
         chunk, items, heads, one, beside = tma_route(cfg, B, T, Hk, G, L, q.device, state[1])
         use_desc = (tma_usable(q, k, v, kd, vd, L) if usable is None else usable) and aligned(o, do)
@@ -352,14 +367,15 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     dv = torch.empty_like(v)
     depth_grad = bool(depth_grad) and L > 0
     kd_, vd_ = (kd, vd) if L > 0 else (k.unsqueeze(2), v.unsqueeze(2))
-    if depth_grad:
-        dkd = torch.empty_like(kd)
-        dvd = torch.empty_like(vd)
+    if depth_grad:  # contiguous buffers of the slice's shape, whatever kd's strides
+        dkd = torch.empty(kd.shape, device=kd.device, dtype=kd.dtype)
+        dvd = torch.empty(vd.shape, device=vd.device, dtype=vd.dtype)
         dkd_, dvd_ = dkd, dvd
     else:
         dkd = dvd = None
         dkd_, dvd_ = kd_, vd_  # never written (no depth work, or DEPTH_GRAD=False)
     st = _strides(q, k, v, kd_, do, lse)
+    st = (*st[:13], *dkd_.stride()[:4], *st[13:])  # the depth gradients' strides after the depth K/V's
     prec = dot_precision(q.dtype)
     args = (scale * LOG2E, scale, T, L, G, Hk)
     # descriptor loads of the sequence tiles: k, v for the q-major pass, q, do for the key-major one
@@ -429,38 +445,6 @@ def wants_depth_grad(ctx, depth_grad: bool, kd_index: int = 3) -> bool:
     return bool(depth_grad) and (ctx.needs_input_grad[kd_index] or ctx.needs_input_grad[kd_index + 1])
 
 
-class _MoDAFunction(torch.autograd.Function):
-    """One autograd node for `moda_attention`. `call` = (scale, shape, cfg, depth_grad, with_lse): lse
-    is an output (non-differentiable) only where the caller asked for it, so a plain call returns
-    one tensor (an output fewer for autograd to wrap, mark and hand a gradient slot). The forward's
-    descriptor check (`tma_usable` of q, k, v and the depth K/V) is kept for the backward, which
-    reads the same saved tensors."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, kd, vd, call):
-        scale, shape, cfg, _, with_lse = call
-        usable = cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma"
-        usable = usable and tma_usable(q, k, v, kd, vd, shape.L)
-        o, lse = moda_fwd(q, k, v, kd, vd, scale, shape, cfg, usable=usable)
-        ctx.save_for_backward(q, k, v, kd, vd, o, lse)
-        ctx.call, ctx.usable = call, usable
-        if not with_lse:
-            return o
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # no zero-filled tensor for lse's gradient at every backward
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, *_dlse):
-        if do is None:  # only lse (not differentiable) reached the loss
-            return (None,) * 6
-        q, k, v, kd, vd, o, lse = ctx.saved_tensors
-        scale, shape, cfg, depth_grad, _ = ctx.call
-        dq, dk, dv, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg,
-                                        depth_grad=wants_depth_grad(ctx, depth_grad), usable=ctx.usable)
-        return dq, dk, dv, dkd, dvd, None
-
-
 def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, return_lse: bool = False,
                    config: MoDAConfig | None = None, depth_grad: bool = True):
     """Mixture-of-Depths Attention (fused Triton kernel, autograd-enabled).
@@ -482,19 +466,25 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
 
     Host work per call besides the launches: memoised input checks, config look-up and config
     check (no file access, no JSON), and the backward's memoised launch plan.
+
+    The call runs the torch custom op `torch.ops.moda_bench.moda_attention` (`triton.op`): it has a
+    fake implementation and autograd, so `torch.compile(..., fullgraph=True)` traces it with no
+    graph break. The config goes to the op as its JSON key (`op.config_key`), resolved in the op.
+    k_depth, v_depth may be strided views (a slice of one model-wide depth buffer): read in place
+    when they share strides with a unit last stride (`depth_views`); their gradients are
+    contiguous tensors of the slice's shape.
     """
-    shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
-    cfg = resolve_config(shape, q.dtype, config)
-    check_config(cfg, shape.G)
-    if "persist" in (cfg.fwd_depth, cfg.bwd_depth):
-        raise ValueError("config placement 'persist' is moda_fa4's (a sequence kernel beside the streaming depth "
-                         "kernels); moda_attention takes split, stream, fused, overlap or tma")
-    scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
-    if shape.L == 0:
+    from moda_bench.kernels.moda.triton import op
+    if not torch.compiler.is_compiling():  # eager: one-line errors before the dispatcher sees the call
+        shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
+        op.resolved(shape, q.dtype, op.config_key(config))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if k_depth is None or k_depth.shape[2] == 0:
         k_depth = v_depth = None
     else:
-        k_depth, v_depth = k_depth.contiguous(), v_depth.contiguous()
+        k_depth, v_depth = depth_views(k_depth, v_depth)
         if not depth_grad:  # constants: no graph edge back to their producers
             k_depth, v_depth = k_depth.detach(), v_depth.detach()
-    return _MoDAFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth,
-                               (scale, shape, cfg, bool(depth_grad), bool(return_lse)))
+    o, lse = op.moda_attention_op(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale,
+                                  bool(depth_grad), op.config_key(config))
+    return (o, lse) if return_lse else o
