@@ -475,9 +475,8 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     contiguous tensors of the slice's shape.
     """
     from moda_bench.kernels.moda.triton import op
-    if not torch.compiler.is_compiling():  # eager: one-line errors before the dispatcher sees the call
-        shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
-        op.resolved(shape, q.dtype, op.config_key(config))
+    if not all(t is None or isinstance(t, torch.Tensor) for t in (q, k, v, k_depth, v_depth)):
+        check_inputs(q, k, v, k_depth, v_depth)  # its TypeError names the argument; the op checks the rest
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if k_depth is None or k_depth.shape[2] == 0:
         k_depth = v_depth = None

@@ -7,15 +7,14 @@ have fake implementations (output shapes and dtypes only), so `torch.compile(ful
 sees them as single graph nodes and AOTAutograd traces the backward through the second op.
 
 A custom op takes tensors, scalars and strings, not `MoDAConfig` objects: the public wrapper
-passes `config_key(config)` ("" for none, else the config's JSON, memoised per object and a
-constant under dynamo), and the op resolves it (`resolved`: the key's config, or with "" the
+passes `oplib.config_key(config)` ("" for none, else the config's JSON, memoised per object and
+a constant under dynamo), and the op resolves it (`resolved`: the key's config, or with "" the
 installed config source / shipped configs / heuristic default, as `resolve_config` does), so
 tuning keeps working inside compiled code. depth_grad is a forward argument the forward ignores:
 its autograd formula reads it (with which inputs need gradients) to pick the detached backward.
 """
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import torch
@@ -24,41 +23,14 @@ from torch import Tensor
 from moda_bench.kernels.moda.config import MoDAConfig, check_config, resolve_config
 from moda_bench.kernels.moda.triton import interface as _k
 from moda_bench.kernels.moda.validate import check_inputs
+from moda_bench.kernels.oplib import config_key, config_of
 
-_KEYS: dict = {}  # id(config) -> (config, key): `config_key`'s memo (the entry keeps the object alive)
-_CONFIGS: dict = {}  # key -> MoDAConfig: `config_of`'s memo
-
-
-@torch.compiler.assume_constant_result
-def config_key(config: Optional[MoDAConfig]) -> str:
-    """The op argument standing for `config`: "" for None, else its JSON (sorted fields)."""
-    if config is None:
-        return ""
-    hit = _KEYS.get(id(config))
-    if hit is not None and hit[0] is config:
-        return hit[1]
-    key = json.dumps(config.to_dict(), sort_keys=True)
-    if len(_KEYS) >= 256:
-        _KEYS.clear()
-    _KEYS[id(config)] = (config, key)
-    return key
-
-
-def config_of(key: str) -> Optional[MoDAConfig]:
-    """The config a `config_key` stands for (None for "")."""
-    if not key:
-        return None
-    cfg = _CONFIGS.get(key)
-    if cfg is None:
-        if len(_CONFIGS) >= 256:
-            _CONFIGS.clear()
-        cfg = _CONFIGS[key] = MoDAConfig.from_dict(json.loads(key))
-    return cfg
+__all__ = ["moda_attention_op", "moda_attention_bwd_op", "config_key", "resolved"]
 
 
 def resolved(shape, dtype, key: str) -> MoDAConfig:
     """The config a call runs (`resolve_config` of the key's config), checked."""
-    cfg = resolve_config(shape, dtype, config_of(key))
+    cfg = resolve_config(shape, dtype, config_of(key, MoDAConfig))
     check_config(cfg, shape.G)
     if "persist" in (cfg.fwd_depth, cfg.bwd_depth):
         raise ValueError("config placement 'persist' is moda_fa4's (a sequence kernel beside the streaming depth "
