@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_inputs
 
 from moda_bench.kernels.dattn import depth_attention, depth_mix
 from moda_bench.kernels.dattn.chained import depth_attention_op
@@ -16,8 +17,6 @@ from moda_bench.kernels.moda import MoDAConfig, moda_attention
 from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND
 from moda_bench.kernels.moda.triton.op import moda_attention_bwd_op, moda_attention_op
 from moda_bench.kernels.oplib import backend_key, config_key
-
-from helpers import random_inputs
 
 # small tiles: the interpreter's cost grows with them
 CFG = MoDAConfig(block_m=16, block_n=16, depth_block_m=16, bwd_q_block_m=16, bwd_kv_block_m=16, bwd_kv_block_n=16,

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_inputs
 
 from moda_bench.kernels.dattn import depth_attention
 from moda_bench.kernels.decode import moda_decode
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
 from moda_bench.kernels.moda.triton import interface as kernel_mod
-
-from helpers import random_inputs
 
 
 def _slices(B, T, Hk, d, L, dtype, seed=3, lmax=7, first=2):

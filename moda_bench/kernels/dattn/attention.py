@@ -23,8 +23,8 @@ from typing import Callable
 import torch
 
 from moda_bench.kernels.dattn.chained import chained_depth_attention
-from moda_bench.kernels.dattn.mix_triton import depth_mix
 from moda_bench.kernels.dattn.mix_torch import depth_mix_torch
+from moda_bench.kernels.dattn.mix_triton import depth_mix
 from moda_bench.kernels.dattn.validate import check_dattn_inputs
 from moda_bench.kernels.moda.fa4.merge import FA4_BACKEND, SequenceBackend, fa4_attention
 from moda_bench.kernels.moda.triton.interface import moda_attention

@@ -56,8 +56,8 @@ import torch
 
 from moda_bench.kernels.counters import stream_state
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv
-from moda_bench.kernels.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
-                                        pointer_block_l, pointer_bwd_depth, resolve_config)
+from moda_bench.kernels.moda.config import (MoDAConfig, depth_only_sub, fused_depth_sub, group_pad, pointer_block_l,
+                                        pointer_bwd_depth)
 from moda_bench.kernels.moda.triton.bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
                                             moda_bwd_q_kernel)
 from moda_bench.kernels.moda.triton.fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
