@@ -65,6 +65,32 @@ def test_opcheck_depth_mix_and_chained_depth_attention():
                           test_utils=CHECKS)
 
 
+def _fwd_bwd(fn, inputs, do):
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(do)
+    return [out] + [x.grad for x in leaves]
+
+
+def test_eager_function_path_equals_op_path(monkeypatch):
+    """Eager calls run the autograd Functions beside the ops (`oplib.through_ops`); through the ops
+    (`set_eager_ops(True)`) moda_attention, depth_mix and the chained depth_attention give the same
+    outputs and gradients bit for bit."""
+    from moda_bench.kernels import oplib
+    q, k, v, kd, vd, do = random_inputs(1, 7, 4, 2, 16, 3, torch.float32, seed=9)
+    cases = [(lambda *t: moda_attention(*t, config=CFG), (q, k, v, kd, vd), do),
+             (depth_mix, (q, k, v, kd, vd), do[:, :, :2]),
+             (lambda *t: depth_attention(*t, attention=TORCH_BACKEND), (q, k, v, kd, vd), do)]
+    for fn, inputs, grad in cases:
+        eager = _fwd_bwd(fn, inputs, grad)
+        monkeypatch.setattr(oplib, "_EAGER_OPS", True)
+        via_ops = _fwd_bwd(fn, inputs, grad)
+        monkeypatch.setattr(oplib, "_EAGER_OPS", False)
+        for a, b in zip(eager, via_ops):
+            assert torch.equal(a, b)
+
+
 def test_ops_are_registered():
     for name in ("moda_attention", "moda_attention_bwd", "moda_decode", "depth_mix", "depth_mix_bwd",
                  "depth_attention", "depth_attention_bwd"):

@@ -7,14 +7,22 @@ a `SequenceBackend` becomes its name (`backend_key`, which registers it) and is 
 `backend_of`. Both key functions are `torch.compiler.assume_constant_result`: under dynamo they
 run once at trace time and their answer is a constant of the graph (guarded by the object), so a
 compiled call with `config=` traces with no graph break.
+
+Eager calls do not go through the dispatcher by default (`through_ops`): a Python custom op with
+autograd costs several times the host time of the `torch.autograd.Function` that runs the same
+implementation functions, and an eager training step pays that per layer and pass. Under
+torch.compile (and with `set_eager_ops(True)` or MODA_BENCH_EAGER_OPS=1) the public functions call
+the ops.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import torch
 
+_EAGER_OPS = os.environ.get("MODA_BENCH_EAGER_OPS", "0") not in ("0", "false", "off", "")
 _KEYS: dict = {}  # id(obj) -> (obj, key): the entry keeps obj alive, so its id is not reused while kept
 _OBJECTS: dict = {}  # (class, key) -> obj
 _BACKENDS: dict = {}  # name -> SequenceBackend
@@ -60,3 +68,16 @@ def backend_key(backend) -> str:
 def backend_of(name: str):
     """The `SequenceBackend` registered under name (KeyError if none was passed to `backend_key`)."""
     return _BACKENDS[name]
+
+
+def through_ops() -> bool:
+    """Whether a public operator call goes through its torch custom op (always while dynamo traces;
+    in eager only after `set_eager_ops(True)`), else through the autograd Function beside it."""
+    return _EAGER_OPS or torch.compiler.is_compiling()
+
+
+def set_eager_ops(on: bool) -> bool:
+    """Route eager calls through the custom ops too (A/B of the two paths, tests); returns the old state."""
+    global _EAGER_OPS
+    old, _EAGER_OPS = _EAGER_OPS, bool(on)
+    return old

@@ -1,7 +1,8 @@
 """Depth-Attention as ONE autograd node whose backward chains the sequence attention's backward
 into the fused mix's: the torch custom op `moda_bench::depth_attention` (`depth_attention_op`, its
-autograd through `moda_bench::depth_attention_bwd`; the backend passed by name), and
-`chained_depth_attention`.
+autograd through `moda_bench::depth_attention_bwd`; the backend passed by name) under
+torch.compile, the autograd Function `EagerChained` over the same implementation in eager
+(`oplib.through_ops`), and `chained_depth_attention`.
 
 Composed through autograd (`depth_attention` with a plain attention callable), q and k each get
 two gradient contributions (the sequence attention's and the mix's) that autograd sums in extra
@@ -25,7 +26,7 @@ from torch import Tensor
 from moda_bench.kernels.dattn.mix_triton import mix_bwd, mix_fwd, unit_last_stride
 from moda_bench.kernels.dattn.validate import DAttnShape, check_dattn_inputs
 from moda_bench.kernels.moda.fa4.merge import check_backend_dtype
-from moda_bench.kernels.oplib import backend_key, backend_of
+from moda_bench.kernels.oplib import backend_key, backend_of, through_ops
 
 
 @torch.library.custom_op("moda_bench::depth_attention", mutates_args=())
@@ -34,6 +35,10 @@ def depth_attention_op(q: Tensor, k: Tensor, v: Tensor, k_src: Tensor, v_src: Te
     """(out, v_mixed, the mix's lse (B*T*Hk,), the attention's lse (B,Hq,T)) of the chained node:
     the fused mix, then the named `SequenceBackend`'s raw forward (`oplib.backend_of`). q, k, v
     contiguous; the sources with a unit last stride (read in place)."""
+    return _forward(q, k, v, k_src, v_src, mix_scale, attn_scale, backend)
+
+
+def _forward(q, k, v, k_src, v_src, mix_scale, attn_scale, backend):
     shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
     q, k, v = (t.contiguous() for t in (q, k, v))
     vm, mix_lse = mix_fwd(q, k, v, k_src, v_src, mix_scale, shape)
@@ -56,6 +61,10 @@ def depth_attention_bwd_op(dout: Tensor, dvm_ext: Optional[Tensor], q: Tensor, k
     """(dq, dk, dv, dk_src, dv_src): the backend's raw backward (dq, dk, dv_mixed), the gradient
     reaching v_mixed from later layers (dvm_ext) added, then the mix's backward adding its dq/dk
     shares into the backend's dq and dk (module docstring)."""
+    return _gradients(dout, dvm_ext, q, k, v, k_src, v_src, mix_lse, vm, out, lse, mix_scale, attn_scale, backend)
+
+
+def _gradients(dout, dvm_ext, q, k, v, k_src, v_src, mix_lse, vm, out, lse, mix_scale, attn_scale, backend):
     shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
     q, k, v = (t.contiguous() for t in (q, k, v))
     dq, dk, dvm = backend_of(backend).bwd(q, k, vm, out, dout.contiguous(), lse, attn_scale)
@@ -83,11 +92,28 @@ def _backward(ctx, dout, dvm_ext, _dmix_lse, _dlse):
     q, k, v, k_src, v_src, mix_lse, vm, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    grads = depth_attention_bwd_op(dout, dvm_ext, q, k, v, k_src, v_src, mix_lse, vm, out, lse, *ctx.call)
+    bwd = _gradients if getattr(ctx, "eager", False) else depth_attention_bwd_op
+    grads = bwd(dout, dvm_ext, q, k, v, k_src, v_src, mix_lse, vm, out, lse, *ctx.call)
     return (*grads, None, None, None)
 
 
 depth_attention_op.register_autograd(_backward, setup_context=_setup)
+
+
+class EagerChained(torch.autograd.Function):
+    """The eager path (`oplib.through_ops`): the ops' implementations in an autograd Function.
+    apply(q, k, v, k_src, v_src, mix_scale, attn_scale, backend name) -> as `depth_attention_op`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, k_src, v_src, mix_scale, attn_scale, backend):
+        out = _forward(q, k, v, k_src, v_src, mix_scale, attn_scale, backend)
+        _setup(ctx, (q, k, v, k_src, v_src, mix_scale, attn_scale, backend), out)
+        ctx.eager = True
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _backward(ctx, *grads)
 
 
 def chained_depth_attention(q, k, v, k_src, v_src, backend, *, scale: float | None = None,
@@ -105,6 +131,6 @@ def chained_depth_attention(q, k, v, k_src, v_src, backend, *, scale: float | No
     mix_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q, k, v = (t.contiguous() for t in (q, k, v))
     k_src, v_src = unit_last_stride(k_src), unit_last_stride(v_src)  # sources read in place
-    out, vm, _, _ = depth_attention_op(q, k, v, k_src, v_src, mix_scale, 1.0 / math.sqrt(d),
-                                       backend_key(backend))
+    call = depth_attention_op if through_ops() else EagerChained.apply
+    out, vm, _, _ = call(q, k, v, k_src, v_src, mix_scale, 1.0 / math.sqrt(d), backend_key(backend))
     return out, vm

@@ -67,6 +67,7 @@ from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
 from moda_bench.kernels.moda.triton.fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp_poly_share
 from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
+from moda_bench.kernels.oplib import through_ops
 
 LOG2E = 1.4426950408889634
 MERGE_BLOCK = 64  # rows per program of the log-sum-exp merges
@@ -467,9 +468,10 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     Host work per call besides the launches: memoised input checks, config look-up and config
     check (no file access, no JSON), and the backward's memoised launch plan.
 
-    The call runs the torch custom op `torch.ops.moda_bench.moda_attention` (`triton.op`): it has a
-    fake implementation and autograd, so `torch.compile(..., fullgraph=True)` traces it with no
-    graph break. The config goes to the op as its JSON key (`op.config_key`), resolved in the op.
+    Under torch.compile the call is the torch custom op `torch.ops.moda_bench.moda_attention`
+    (`triton.op`; fake implementation and autograd), so `torch.compile(..., fullgraph=True)` traces
+    it with no graph break; eager calls run the same implementation through `op.EagerMoDA`
+    (`oplib.through_ops`). The config goes to the op as its JSON key (`op.config_key`), resolved in the op.
     k_depth, v_depth may be strided views (a slice of one model-wide depth buffer): read in place
     when they share strides with a unit last stride (`depth_views`); their gradients are
     contiguous tensors of the slice's shape.
@@ -484,6 +486,7 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
         k_depth, v_depth = depth_views(k_depth, v_depth)
         if not depth_grad:  # constants: no graph edge back to their producers
             k_depth, v_depth = k_depth.detach(), v_depth.detach()
-    o, lse = op.moda_attention_op(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale,
-                                  bool(depth_grad), op.config_key(config))
+    call = op.moda_attention_op if through_ops() else op.EagerMoDA.apply
+    o, lse = call(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale, bool(depth_grad),
+                  op.config_key(config))
     return (o, lse) if return_lse else o
