@@ -53,9 +53,11 @@ def _summed(name: str, fn):
 
 
 def install() -> None:
-    """Wrap the forward and backward of `_MoDAFunction`, `moda_fwd`, `moda_bwd`, the cached launches
-    and the allocations (module globals and class attributes are looked up at call time)."""
-    F = kernel._MoDAFunction
+    """Wrap the forward and backward of `EagerMoDA` (eager moda_attention's autograd Function),
+    `moda_fwd`, `moda_bwd`, the cached launches and the allocations (module globals and class
+    attributes are looked up at call time)."""
+    from moda_bench.kernels.moda.triton.op import EagerMoDA
+    F = EagerMoDA
     fwd, bwd = F.forward, F.backward
     F.forward = staticmethod(_stamped("Function.forward", fwd))
     F.backward = staticmethod(_stamped("Function.backward", bwd))
