@@ -15,7 +15,7 @@ from moda_bench.kernels.decode import moda_decode
 from moda_bench.kernels.decode.interface import DecodeConfig, moda_decode_op
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
 from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND
-from moda_bench.kernels.moda.triton.op import moda_attention_bwd_op, moda_attention_op
+from moda_bench.kernels.moda.triton.interface import moda_attention_bwd_op, moda_attention_op
 from moda_bench.kernels.oplib import backend_key, config_key
 
 # small tiles: the interpreter's cost grows with them

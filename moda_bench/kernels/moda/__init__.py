@@ -9,8 +9,7 @@ until something (e.g. `moda_bench.tuning.use()`) installs one.
 """
 from moda_bench.kernels.moda.config import MoDAConfig, check_config, default_config, resolve_config
 from moda_bench.kernels.moda.reference import moda_reference
-from moda_bench.kernels.moda.triton.interface import depth_utilization, moda_attention
-from moda_bench.kernels.moda.triton.op import moda_attention_op
+from moda_bench.kernels.moda.triton.interface import depth_utilization, moda_attention, moda_attention_op
 from moda_bench.kernels.moda.validate import MoDAShape
 
 __all__ = ["moda_attention", "moda_attention_op", "moda_reference", "MoDAConfig", "MoDAShape", "default_config",

@@ -1,4 +1,5 @@
-"""The fused Triton MoDA kernel: its launches (`moda_fwd`, `moda_bwd`), the autograd Function,
+"""The fused Triton MoDA kernel: its launches (`moda_fwd`, `moda_bwd`), the torch custom ops
+`moda_bench::moda_attention` / `moda_attention_bwd` and the eager autograd Function `EagerMoDA`,
 `moda_attention`, and what the forward computes of the depth logits (`depth_utilization`).
 The Triton kernels themselves live in `kernel_fwd` and `kernel_bwd`; a config's validity and
 its choice per call in `config`.
@@ -47,17 +48,27 @@ Design (group-aware, then batched depth tiles):
   them. The depth part still reads k_depth and v_depth for its share of dq. It saves the
   2 * B*T*L*Hk*d * bytes(dtype) of gradient writes (and that much memory) and 2 of the depth
   part's 5 matmuls.
+* Custom ops: `torch.ops.moda_bench.moda_attention(q, k, v, k_depth?, v_depth?, scale, depth_grad,
+  config) -> (out, lse)` runs `moda_fwd`; `moda_attention_bwd` the backward launches, wired as
+  its autograd formula. Both have fake implementations, so torch.compile(fullgraph=True) sees
+  single graph nodes and AOTAutograd traces the backward through the second op. A config travels
+  as `oplib.config_key`'s string and is resolved inside the op (`resolved`: installed source,
+  shipped configs, heuristic), so tuning works in compiled code. depth_grad is a forward argument
+  the forward ignores: the autograd formula reads it. Eager calls take `EagerMoDA` over the same
+  implementation (`oplib.through_ops`).
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
+from torch import Tensor
 
 from moda_bench.kernels.counters import stream_state
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv
-from moda_bench.kernels.moda.config import (MoDAConfig, depth_only_sub, fused_depth_sub, group_pad, pointer_block_l,
-                                        pointer_bwd_depth)
+from moda_bench.kernels.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
+                                            pointer_block_l, pointer_bwd_depth, resolve_config)
 from moda_bench.kernels.moda.triton.bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
                                             moda_bwd_q_kernel)
 from moda_bench.kernels.moda.triton.fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
@@ -65,80 +76,14 @@ from moda_bench.kernels.moda.triton.fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, 
 from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_one
 from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
 from moda_bench.kernels.moda.triton.fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
+from moda_bench.kernels.moda.triton.streams import (Concurrent, depth_grid, run_beside,  # noqa: F401 (re-exported)
+                                                  side_stream)
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp_poly_share
 from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
-from moda_bench.kernels.oplib import through_ops
+from moda_bench.kernels.oplib import config_key, config_of, through_ops
 
 LOG2E = 1.4426950408889634
 MERGE_BLOCK = 64  # rows per program of the log-sum-exp merges
-
-_SIDE_STREAMS: dict = {}
-
-
-def side_stream(device, high_priority: bool = False):
-    """A second CUDA stream per device (and priority) for the depth kernels (the "stream"
-    placement; moda-fa4's depth launches); None off CUDA (the interpreter), where the launches
-    simply run in order. high_priority: the device's highest stream priority, so the block
-    scheduler places the side kernel's pending programs before those of normal-priority
-    kernels already queued (a capped depth launch then gets its slots at once)."""
-    if device.type != "cuda":
-        return None
-    key = (device, bool(high_priority))
-    if key not in _SIDE_STREAMS:
-        prio = torch.cuda.Stream.priority_range()[1] if high_priority else 0
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=prio)
-    return _SIDE_STREAMS[key]
-
-
-def depth_grid(n_items: int, ctas: int) -> int:
-    """Programs of a depth-only launch over n_items work items: one each, or at most `ctas`
-    persistent programs (config depth_ctas / bwd_depth_ctas; 0 = no cap)."""
-    return max(1, min(n_items, ctas)) if ctas > 0 else max(1, n_items)
-
-
-class Concurrent:
-    """Context: launches inside run on the side stream, ordered after the main stream's work up
-    to the creation of this object (not up to entering it: main-stream launches made in
-    between run concurrently with the side launches); `join()` makes the main stream wait for
-    them. Off CUDA everything runs in order on the current stream."""
-
-    def __init__(self, device, high_priority: bool = False):
-        self.side = side_stream(device, high_priority)
-        self.main = torch.cuda.current_stream(device) if self.side is not None else None
-        if self.side is not None:
-            self.ready = torch.cuda.Event()
-            self.ready.record(self.main)
-
-    def __enter__(self):
-        if self.side is not None:
-            self.side.wait_event(self.ready)
-            self._ctx = torch.cuda.stream(self.side)
-            self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.side is not None:
-            self._ctx.__exit__(*exc)
-        return False
-
-    def join(self):
-        if self.side is not None:
-            self.main.wait_stream(self.side)
-
-
-def _run_beside(device, main_launch, side_launch, side_after: bool, high_priority: bool = False) -> None:
-    """The "stream" placement: side_launch() on the side stream concurrently with main_launch()
-    on the main stream, side_launch issued after main_launch when side_after (else before);
-    on return the main stream waits for both."""
-    conc = Concurrent(device, high_priority)
-    if side_after:
-        main_launch()
-    with conc:
-        side_launch()
-    if not side_after:
-        main_launch()
-    conc.join()
-
 
 def depth_utilization(T: int, G: int, C: int, L: int, config: MoDAConfig | None = None) -> float:
     """Useful depth logits / depth logits this kernel computes in the forward (spec section 2).
@@ -225,7 +170,7 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
         dbm = cfg.depth_block_m
         n_d = B * Hk * cdiv(T * gp, dbm)
-        _run_beside(q.device,
+        run_beside(q.device,
                     lambda: launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta),
                     lambda: launch((depth_grid(n_d, cfg.depth_ctas),), od, lsed, n_d, FWD_DEPTH,
                                    depth_only_sub(cfg, G, dbm),
@@ -350,7 +295,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             kv_block_n=cfg.bwd_kv_block_n, kv_warps=cfg.bwd_kv_warps, kv_stages=cfg.bwd_kv_stages,
                             kv_maxnreg=cfg.bwd_kv_maxnreg, block_l=cfg.bwd_block_l,
                             depth_stages=cfg.bwd_depth_stages, use_desc=use_desc, depth_grad=depth_grad,
-                            beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
+                            beside=(lambda main, side: run_beside(q.device, main, side, False, True))
                             if beside else None, mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items,
                             poly=cfg.exp_poly, heads=heads, one=one, state=state)
     cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
@@ -430,7 +375,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
         q_launch(BWDQ_ADD)
         kv_launch(True, False, **kv_meta)
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the dk/dv pass
-        _run_beside(q.device, lambda: kv_launch(True, False, **kv_meta),
+        run_beside(q.device, lambda: kv_launch(True, False, **kv_meta),
                     lambda: kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1),
                     cfg.bwd_depth_after, cfg.side_priority)
         q_launch(BWDQ_ADD)
@@ -469,14 +414,14 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     check (no file access, no JSON), and the backward's memoised launch plan.
 
     Under torch.compile the call is the torch custom op `torch.ops.moda_bench.moda_attention`
-    (`triton.op`; fake implementation and autograd), so `torch.compile(..., fullgraph=True)` traces
-    it with no graph break; eager calls run the same implementation through `op.EagerMoDA`
-    (`oplib.through_ops`). The config goes to the op as its JSON key (`op.config_key`), resolved in the op.
+    (fake implementation and autograd: `moda_attention_op`), so `torch.compile(..., fullgraph=True)` traces
+    it with no graph break; eager calls run the same implementation through `EagerMoDA`
+    (`oplib.through_ops`). The config goes to the op as its JSON key (`oplib.config_key`), resolved
+    in the op.
     k_depth, v_depth may be strided views (a slice of one model-wide depth buffer): read in place
     when they share strides with a unit last stride (`depth_views`); their gradients are
     contiguous tensors of the slice's shape.
     """
-    from moda_bench.kernels.moda.triton import op
     if not all(t is None or isinstance(t, torch.Tensor) for t in (q, k, v, k_depth, v_depth)):
         check_inputs(q, k, v, k_depth, v_depth)  # its TypeError names the argument; the op checks the rest
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -486,7 +431,117 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
         k_depth, v_depth = depth_views(k_depth, v_depth)
         if not depth_grad:  # constants: no graph edge back to their producers
             k_depth, v_depth = k_depth.detach(), v_depth.detach()
-    call = op.moda_attention_op if through_ops() else op.EagerMoDA.apply
+    call = moda_attention_op if through_ops() else EagerMoDA.apply
     o, lse = call(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale, bool(depth_grad),
-                  op.config_key(config))
+                  config_key(config))
     return (o, lse) if return_lse else o
+
+
+# ------------------------------------------------------------------ the torch custom ops
+def resolved(shape, dtype, key: str) -> MoDAConfig:
+    """The config a call runs (`resolve_config` of the key's config), checked."""
+    cfg = resolve_config(shape, dtype, config_of(key, MoDAConfig))
+    check_config(cfg, shape.G)
+    if "persist" in (cfg.fwd_depth, cfg.bwd_depth):
+        raise ValueError("config placement 'persist' is moda_fa4's (a sequence kernel beside the streaming depth "
+                         "kernels); moda_attention takes split, stream, fused, overlap or tma")
+    return cfg
+
+
+def _prepared(q, k, v, kd, vd, key):
+    """(q, k, v, kd, vd, shape, cfg) as the launches take them (the wrapper's layout rules again, so
+    the op is right for any strides it is handed, e.g. by opcheck)."""
+    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+    kd, vd = depth_views(kd, vd) if shape.L > 0 else (None, None)
+    return q.contiguous(), k.contiguous(), v.contiguous(), kd, vd, shape, resolved(shape, q.dtype, key)
+
+
+def _forward(q, k, v, k_depth, v_depth, scale: float, config: str):
+    """out, lse of one call (`moda_fwd`): the op's implementation and the eager Function's forward."""
+    q, k, v, kd, vd, shape, cfg = _prepared(q, k, v, k_depth, v_depth, config)
+    usable = (cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma") and tma_usable(q, k, v, kd, vd, shape.L)
+    return moda_fwd(q, k, v, kd, vd, scale, shape, cfg, usable=usable)
+
+
+def _gradients(do, q, k, v, k_depth, v_depth, o, lse, scale: float, depth_grad: bool, config: str):
+    """(dq, dk, dv, dkd, dvd) of one call (`moda_bwd`); dkd = dvd = None without depth_grad or at L = 0."""
+    q, k, v, kd, vd, shape, cfg = _prepared(q, k, v, k_depth, v_depth, config)
+    usable = (cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma") and tma_usable(q, k, v, kd, vd, shape.L)
+    return moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_grad=depth_grad and shape.L > 0,
+                       usable=usable)
+
+
+@torch.library.custom_op("moda_bench::moda_attention", mutates_args=())
+def moda_attention_op(q: Tensor, k: Tensor, v: Tensor, k_depth: Optional[Tensor], v_depth: Optional[Tensor],
+                      scale: float, depth_grad: bool, config: str) -> tuple[Tensor, Tensor]:
+    """out (B,T,Hq,d) in q's dtype and lse (B,T,Hq) float32 of one MoDA call (`moda_fwd`)."""
+    return _forward(q, k, v, k_depth, v_depth, scale, config)
+
+
+@moda_attention_op.register_fake
+def _(q, k, v, k_depth, v_depth, scale, depth_grad, config):
+    B, T, Hq, _d = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, T, Hq), dtype=torch.float32)
+
+
+@torch.library.custom_op("moda_bench::moda_attention_bwd", mutates_args=())
+def moda_attention_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, k_depth: Optional[Tensor],
+                          v_depth: Optional[Tensor], o: Tensor, lse: Tensor, scale: float, depth_grad: bool,
+                          config: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dk_depth, dv_depth) of one MoDA call (`moda_bwd`); the depth gradients are
+    contiguous of k_depth's shape with depth_grad, else empty (0,) tensors (detached depth, L = 0)."""
+    dq, dk, dv, dkd, dvd = _gradients(do, q, k, v, k_depth, v_depth, o, lse, scale, depth_grad, config)
+    if dkd is None:
+        dkd, dvd = q.new_empty((0,)), q.new_empty((0,))
+    return dq, dk, dv, dkd, dvd
+
+
+@moda_attention_bwd_op.register_fake
+def _(do, q, k, v, k_depth, v_depth, o, lse, scale, depth_grad, config):
+    grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
+    for t in (k_depth, v_depth):
+        grads.append(torch.empty_like(t, memory_format=torch.contiguous_format) if depth_grad and t is not None
+                     and t.shape[2] > 0 else q.new_empty((0,)))
+    return tuple(grads)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kd, vd, scale, depth_grad, config = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, kd, vd, o, lse)
+    ctx.call = (scale, depth_grad, config)
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zero-filled tensor for lse's (or an unused out's) gradient
+
+
+def _backward(ctx, do, dlse):
+    """The autograd formula of both paths (looked up here at each call so tests can wrap it): the
+    backward op under the op path, `_gradients` directly under the eager Function."""
+    if do is None:  # only lse (not differentiable) reached the loss
+        return (None,) * 8
+    q, k, v, kd, vd, o, lse = ctx.saved_tensors
+    scale, depth_grad, config = ctx.call
+    grad_depth = kd is not None and wants_depth_grad(ctx, depth_grad)
+    bwd = _gradients if getattr(ctx, "eager", False) else moda_attention_bwd_op
+    dq, dk, dv, dkd, dvd = bwd(do, q, k, v, kd, vd, o, lse, scale, grad_depth, config)
+    return dq, dk, dv, dkd if grad_depth else None, dvd if grad_depth else None, None, None, None
+
+
+moda_attention_op.register_autograd(lambda ctx, do, dlse: _backward(ctx, do, dlse), setup_context=_setup_context)
+
+
+class EagerMoDA(torch.autograd.Function):
+    """The eager path (`oplib.through_ops` False): the op's implementation and autograd formula in
+    an autograd Function, without the dispatcher's host time. apply(q, k, v, kd, vd, scale,
+    depth_grad, config key) -> (out, lse), as the op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kd, vd, scale, depth_grad, config):
+        out = _forward(q, k, v, kd, vd, scale, config)
+        _setup_context(ctx, (q, k, v, kd, vd, scale, depth_grad, config), out)
+        ctx.eager = True
+        return out
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _backward(ctx, do, dlse)
