@@ -124,7 +124,7 @@ def chained_depth_attention(q, k, v, k_src, v_src, backend, *, scale: float | No
     S >= 1 (ValueError otherwise: S = 0 needs no mix). Gradients flow to all five inputs."""
     if shape is None and not torch.compiler.is_compiling():  # eager: one-line errors (the op checks again)
         shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
-    if k_src.shape[2] == 0:
+    if k_src is None or k_src.shape[2] == 0:
         raise ValueError("chained_depth_attention needs S >= 1 source layers (S = 0 is plain attention)")
     check_backend_dtype(q, backend, "chained_depth_attention")
     d = q.shape[-1]
