@@ -414,8 +414,8 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     check (no file access, no JSON), and the backward's memoised launch plan.
 
     Under torch.compile the call is the torch custom op `torch.ops.moda_bench.moda_attention`
-    (fake implementation and autograd: `moda_attention_op`), so `torch.compile(..., fullgraph=True)` traces
-    it with no graph break; eager calls run the same implementation through `EagerMoDA`
+    (fake implementation and autograd: `moda_attention_op`), so `torch.compile(..., fullgraph=True)`
+    traces it with no graph break; eager calls run the same implementation through `EagerMoDA`
     (`oplib.through_ops`). The config goes to the op as its JSON key (`oplib.config_key`), resolved
     in the op.
     k_depth, v_depth may be strided views (a slice of one model-wide depth buffer): read in place
@@ -448,27 +448,38 @@ def resolved(shape, dtype, key: str) -> MoDAConfig:
     return cfg
 
 
-def _prepared(q, k, v, kd, vd, key):
-    """(q, k, v, kd, vd, shape, cfg) as the launches take them (the wrapper's layout rules again, so
-    the op is right for any strides it is handed, e.g. by opcheck)."""
-    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+def _prepared(q, k, v, kd, vd, key: str, plan=None):
+    """(q, k, v, kd, vd, plan) as the launches take them, plan = (shape, cfg, `tma_usable`): the
+    wrapper's layout rules again, so the op is right for any strides it is handed (e.g. by
+    opcheck). A plan given (the eager Function's forward kept it) is reused: the backward reads
+    the tensors the forward saved, so no check nor config look-up is repeated."""
+    if plan is None:
+        shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+        cfg = resolved(shape, q.dtype, key)
+    else:
+        shape, cfg = plan[:2]
     kd, vd = depth_views(kd, vd) if shape.L > 0 else (None, None)
-    return q.contiguous(), k.contiguous(), v.contiguous(), kd, vd, shape, resolved(shape, q.dtype, key)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if plan is None:
+        usable = (cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma") and tma_usable(q, k, v, kd, vd, shape.L)
+        plan = (shape, cfg, usable)
+    return q, k, v, kd, vd, plan
 
 
-def _forward(q, k, v, k_depth, v_depth, scale: float, config: str):
-    """out, lse of one call (`moda_fwd`): the op's implementation and the eager Function's forward."""
-    q, k, v, kd, vd, shape, cfg = _prepared(q, k, v, k_depth, v_depth, config)
-    usable = (cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma") and tma_usable(q, k, v, kd, vd, shape.L)
-    return moda_fwd(q, k, v, kd, vd, scale, shape, cfg, usable=usable)
+def _forward(q, k, v, k_depth, v_depth, scale: float, config: str, ctx=None):
+    """out, lse of one call (`moda_fwd`): the op's implementation and the eager Function's forward
+    (ctx: that Function's, which keeps the plan for its backward)."""
+    q, k, v, kd, vd, plan = _prepared(q, k, v, k_depth, v_depth, config)
+    if ctx is not None:
+        ctx.plan = plan
+    return moda_fwd(q, k, v, kd, vd, scale, plan[0], plan[1], usable=plan[2])
 
 
-def _gradients(do, q, k, v, k_depth, v_depth, o, lse, scale: float, depth_grad: bool, config: str):
+def _gradients(do, q, k, v, k_depth, v_depth, o, lse, scale: float, depth_grad: bool, config: str, plan=None):
     """(dq, dk, dv, dkd, dvd) of one call (`moda_bwd`); dkd = dvd = None without depth_grad or at L = 0."""
-    q, k, v, kd, vd, shape, cfg = _prepared(q, k, v, k_depth, v_depth, config)
-    usable = (cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma") and tma_usable(q, k, v, kd, vd, shape.L)
+    q, k, v, kd, vd, (shape, cfg, usable) = _prepared(q, k, v, k_depth, v_depth, config, plan)
     return moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_grad=depth_grad and shape.L > 0,
-                       usable=usable)
+                    usable=usable)
 
 
 @torch.library.custom_op("moda_bench::moda_attention", mutates_args=())
@@ -516,14 +527,16 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dlse):
     """The autograd formula of both paths (looked up here at each call so tests can wrap it): the
-    backward op under the op path, `_gradients` directly under the eager Function."""
+    backward op under the op path, `_gradients` with the forward's plan under the eager Function."""
     if do is None:  # only lse (not differentiable) reached the loss
         return (None,) * 8
     q, k, v, kd, vd, o, lse = ctx.saved_tensors
     scale, depth_grad, config = ctx.call
     grad_depth = kd is not None and wants_depth_grad(ctx, depth_grad)
-    bwd = _gradients if getattr(ctx, "eager", False) else moda_attention_bwd_op
-    dq, dk, dv, dkd, dvd = bwd(do, q, k, v, kd, vd, o, lse, scale, grad_depth, config)
+    if getattr(ctx, "plan", None) is not None:  # the eager Function: its forward's plan, no op
+        dq, dk, dv, dkd, dvd = _gradients(do, q, k, v, kd, vd, o, lse, scale, grad_depth, config, ctx.plan)
+    else:
+        dq, dk, dv, dkd, dvd = moda_attention_bwd_op(do, q, k, v, kd, vd, o, lse, scale, grad_depth, config)
     return dq, dk, dv, dkd if grad_depth else None, dvd if grad_depth else None, None, None, None
 
 
@@ -537,9 +550,8 @@ class EagerMoDA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, kd, vd, scale, depth_grad, config):
-        out = _forward(q, k, v, kd, vd, scale, config)
+        out = _forward(q, k, v, kd, vd, scale, config, ctx)
         _setup_context(ctx, (q, k, v, kd, vd, scale, depth_grad, config), out)
-        ctx.eager = True
         return out
 
     @staticmethod
