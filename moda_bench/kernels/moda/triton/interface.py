@@ -422,8 +422,8 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     when they share strides with a unit last stride (`depth_views`); their gradients are
     contiguous tensors of the slice's shape.
     """
-    if not all(t is None or isinstance(t, torch.Tensor) for t in (q, k, v, k_depth, v_depth)):
-        check_inputs(q, k, v, k_depth, v_depth)  # its TypeError names the argument; the op checks the rest
+    if not torch.compiler.is_compiling():  # one-line errors before any layout work (a memo hit when seen before)
+        check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if k_depth is None or k_depth.shape[2] == 0:
         k_depth = v_depth = None
