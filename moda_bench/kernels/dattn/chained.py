@@ -41,6 +41,7 @@ def depth_attention_op(q: Tensor, k: Tensor, v: Tensor, k_src: Tensor, v_src: Te
 def _forward(q, k, v, k_src, v_src, mix_scale, attn_scale, backend):
     shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
     q, k, v = (t.contiguous() for t in (q, k, v))
+    k_src, v_src = unit_last_stride(k_src), unit_last_stride(v_src)
     vm, mix_lse = mix_fwd(q, k, v, k_src, v_src, mix_scale, shape)
     out, lse = backend_of(backend).fwd(q, k, vm, attn_scale)
     return out, vm, mix_lse, lse
@@ -67,6 +68,7 @@ def depth_attention_bwd_op(dout: Tensor, dvm_ext: Optional[Tensor], q: Tensor, k
 def _gradients(dout, dvm_ext, q, k, v, k_src, v_src, mix_lse, vm, out, lse, mix_scale, attn_scale, backend):
     shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
     q, k, v = (t.contiguous() for t in (q, k, v))
+    k_src, v_src = unit_last_stride(k_src), unit_last_stride(v_src)
     dq, dk, dvm = backend_of(backend).bwd(q, k, vm, out, dout.contiguous(), lse, attn_scale)
     if dvm_ext is not None:
         dvm = dvm + dvm_ext
