@@ -13,7 +13,7 @@ Summed as their own rows: each kernel's launch (`ops.launch.CachedLaunch.__call_
 which the descriptor launches' `TensorMaps.launch` (and of that Triton's C launcher), the stream and
 hook questions (`_current_stream`, `_hooks_idle`), the allocations (`torch.empty`,
 `torch.empty_like`), the forward's and backward's launch functions (`moda_fwd_tma`, `moda_bwd_tma`),
-the descriptor check `tma_usable` and the side stream's `_run_beside`.
+the descriptor check `tma_usable` and the side stream's `run_beside`.
 """
 from __future__ import annotations
 
@@ -53,9 +53,11 @@ def _summed(name: str, fn):
 
 
 def install() -> None:
-    """Wrap the forward and backward of `_MoDAFunction`, `moda_fwd`, `moda_bwd`, the cached launches
-    and the allocations (module globals and class attributes are looked up at call time)."""
-    F = kernel._MoDAFunction
+    """Wrap the forward and backward of `EagerMoDA` (eager moda_attention's autograd Function),
+    `moda_fwd`, `moda_bwd`, the cached launches and the allocations (module globals and class
+    attributes are looked up at call time)."""
+    from moda_bench.kernels.moda.triton.interface import EagerMoDA
+    F = EagerMoDA
     fwd, bwd = F.forward, F.backward
     F.forward = staticmethod(_stamped("Function.forward", fwd))
     F.backward = staticmethod(_stamped("Function.backward", bwd))
@@ -82,7 +84,7 @@ def install() -> None:
     launch._hooks_idle = _summed("launch._hooks_idle", launch._hooks_idle)
     torch.empty = _summed("torch.empty / empty_like", torch.empty)
     torch.empty_like = _summed("torch.empty / empty_like", torch.empty_like)
-    for name in ("moda_fwd_tma", "moda_bwd_tma", "tma_usable", "_run_beside"):
+    for name in ("moda_fwd_tma", "moda_bwd_tma", "tma_usable", "run_beside"):
         setattr(kernel, name, _summed(name, getattr(kernel, name)))
 
 

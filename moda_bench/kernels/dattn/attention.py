@@ -23,9 +23,11 @@ from typing import Callable
 import torch
 
 from moda_bench.kernels.dattn.chained import chained_depth_attention
-from moda_bench.kernels.dattn.mix_triton import depth_mix
 from moda_bench.kernels.dattn.mix_torch import depth_mix_torch
+from moda_bench.kernels.dattn.mix_triton import depth_mix
 from moda_bench.kernels.dattn.validate import check_dattn_inputs
+from moda_bench.kernels.moda.fa4.merge import FA4_BACKEND, SequenceBackend, fa4_attention
+from moda_bench.kernels.moda.triton.interface import moda_attention
 
 MIXES = ("triton", "torch")
 FA4_NAME = "fa4"
@@ -96,25 +98,33 @@ def depth_attention(q, k, v, k_src=None, v_src=None, *, scale: float | None = No
     """
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {', '.join(MIXES)}, got {mix!r}")
-    from moda_bench.kernels.moda.fa4.merge import SequenceBackend
     raw = isinstance(attention, SequenceBackend)
     if attention is not None and not raw and not callable(attention):
         raise TypeError(f"attention must be a callable (q, k, v_mixed) -> out, a SequenceBackend or None, "
                         f"got {type(attention).__name__}")
-    shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=mix == "triton")
-    if shape.S == 0:
+    if not torch.compiler.is_compiling():  # eager: the check's one-line errors (the ops check again)
+        check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=mix == "triton")
+    S = 0 if k_src is None else k_src.shape[2]
+    if S == 0:
         k_src = v_src = None
-    if raw and (mix != "triton" or shape.S == 0):
+    if raw and (mix != "triton" or S == 0):
         raise ValueError(f"attention={attention.name!r} (a raw SequenceBackend) chains with the Triton mix at "
-                         f"S >= 1 only (here mix={mix!r}, S={shape.S}); pass an autograd callable instead")
-    if mix == "triton" and shape.S > 0 and (raw or attention is None):
-        backend = attention if raw else chain_backend(q.device, q.dtype)
+                         f"S >= 1 only (here mix={mix!r}, S={S}); pass an autograd callable instead")
+    default = default_backend_name(q.device, q.dtype) if attention is None else None
+    if mix == "triton" and S > 0 and (raw or attention is None):
+        backend = attention if raw else (FA4_BACKEND if default == FA4_NAME else None)
         if backend is not None:
-            out, v_mixed = chained_depth_attention(q, k, v, k_src, v_src, backend, scale=scale, shape=shape)
+            out, v_mixed = chained_depth_attention(q, k, v, k_src, v_src, backend, scale=scale)
             return (out, v_mixed) if return_mixed else out
     mixer = depth_mix if mix == "triton" else depth_mix_torch
     v_mixed = mixer(q, k, v, k_src, v_src, scale=scale)
     if attention is None:
-        attention = sequence_backend(q.device, q.dtype)[0]
+        attention = fa4_attention if default == FA4_NAME else moda_attention
     out = attention(q, k, v_mixed)
     return (out, v_mixed) if return_mixed else out
+
+
+@torch.compiler.assume_constant_result
+def default_backend_name(device, dtype) -> str:
+    """`sequence_backend`'s name for this device and dtype (a constant of a compiled graph)."""
+    return sequence_backend(device, dtype)[1]

@@ -1,5 +1,7 @@
 """The fused Triton depth mix of Depth-Attention (its forward and backward kernels, their launches,
-the autograd Function `DepthMixFunction`, `depth_mix`) and its HBM traffic model `mix_bytes`.
+the torch custom ops `depth_mix_op` / `depth_mix_bwd_op` (moda_bench::depth_mix, its autograd) and the
+eager autograd Function `EagerMix` over the same implementation,
+`depth_mix`) and its HBM traffic model `mix_bytes`.
 
 What it computes, per (b, t, KV head j) "row" (layouts q (B,T,Hq,d), k/v (B,T,Hk,d),
 k_src/v_src (B,T,S,Hk,d)):
@@ -54,6 +56,7 @@ import triton.language as tl
 from moda_bench import floor
 from moda_bench.kernels.dattn.validate import DAttnShape, check_dattn_inputs
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv, next_pow2
+from moda_bench.kernels.oplib import through_ops
 
 MIX_PASSES = ("fwd", "bwd", "fwdbwd")
 
@@ -331,22 +334,79 @@ def launch_key(tensors: tuple, ints: tuple, consts: tuple):
 _FWD_LAUNCH, _BWD_LAUNCH = CachedLaunch(mix_fwd_kernel), CachedLaunch(mix_bwd_kernel)
 
 
-class DepthMixFunction(torch.autograd.Function):
-    """apply(q, k, v, k_src, v_src, scale, shape) -> v_mixed; inputs with a unit last stride,
-    k_src = v_src = None when S = 0. Saves the inputs and the per-row lse."""
+@torch.library.custom_op("moda_bench::depth_mix", mutates_args=())
+def depth_mix_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_src: torch.Tensor, v_src: torch.Tensor,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused mix's forward as a torch custom op: (v_mixed (B,T,Hk,d), lse (B*T*Hk,) float32);
+    S >= 1 (the S = 0 mix is v itself: no op)."""
+    return _mix_forward(q, k, v, k_src, v_src, scale)
+
+
+def _mix_forward(q, k, v, k_src, v_src, scale):
+    shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
+    q, k, v, k_src, v_src = (unit_last_stride(t) for t in (q, k, v, k_src, v_src))
+    return mix_fwd(q, k, v, k_src, v_src, scale, shape)
+
+
+@depth_mix_op.register_fake
+def _(q, k, v, k_src, v_src, scale):
+    B, T, Hk, d = k.shape
+    return v.new_empty((B, T, Hk, d)), v.new_empty((B * T * Hk,), dtype=torch.float32)
+
+
+@torch.library.custom_op("moda_bench::depth_mix_bwd", mutates_args=())
+def depth_mix_bwd_op(dvm: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_src: torch.Tensor,
+                     v_src: torch.Tensor, lse: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+    """The fused mix's backward as a torch custom op: (dq share, dk, dv, dk_src, dv_src), contiguous."""
+    return _mix_grads(dvm, q, k, v, k_src, v_src, lse, scale)
+
+
+def _mix_grads(dvm, q, k, v, k_src, v_src, lse, scale):
+    shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
+    q, k, v, k_src, v_src = (unit_last_stride(t) for t in (q, k, v, k_src, v_src))
+    return mix_bwd(dvm, q, k, v, k_src, v_src, lse, scale, shape)
+
+
+@depth_mix_bwd_op.register_fake
+def _(dvm, q, k, v, k_src, v_src, lse, scale):
+    return tuple(torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v, k_src, v_src))
+
+
+def _mix_setup(ctx, inputs, output):
+    q, k, v, k_src, v_src, scale = inputs
+    ctx.save_for_backward(q, k, v, k_src, v_src, output[1])
+    ctx.scale = scale
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _mix_backward(ctx, dvm, _dlse):
+    if dvm is None:
+        return (None,) * 6
+    q, k, v, k_src, v_src, lse = ctx.saved_tensors
+    bwd = _mix_grads if getattr(ctx, "eager", False) else depth_mix_bwd_op
+    return (*bwd(dvm, q, k, v, k_src, v_src, lse, ctx.scale), None)
+
+
+depth_mix_op.register_autograd(_mix_backward, setup_context=_mix_setup)
+
+
+class EagerMix(torch.autograd.Function):
+    """The eager path of `depth_mix` (`oplib.through_ops`): the ops' implementations in an
+    autograd Function. apply(q, k, v, k_src, v_src, scale) -> (v_mixed, lse), as `depth_mix_op`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, k_src, v_src, scale, shape):
-        vm, lse = mix_fwd(q, k, v, k_src, v_src, scale, shape)
-        ctx.save_for_backward(q, k, v, k_src, v_src, lse)
-        ctx.scale, ctx.shape = scale, shape
-        return vm
+    def forward(ctx, q, k, v, k_src, v_src, scale):
+        out = _mix_forward(q, k, v, k_src, v_src, scale)
+        _mix_setup(ctx, (q, k, v, k_src, v_src, scale), out)
+        ctx.eager = True
+        return out
 
     @staticmethod
-    def backward(ctx, dvm):
-        q, k, v, k_src, v_src, lse = ctx.saved_tensors
-        dq, dk, dv, dks, dvs = mix_bwd(dvm, q, k, v, k_src, v_src, lse, ctx.scale, ctx.shape)
-        return dq, dk, dv, dks, dvs, None, None
+    def backward(ctx, dvm, dlse):
+        return _mix_backward(ctx, dvm, dlse)
 
 
 def depth_mix(q, k, v, k_src=None, v_src=None, scale: float | None = None):
@@ -354,10 +414,15 @@ def depth_mix(q, k, v, k_src=None, v_src=None, scale: float | None = None):
     (B,T,Hk,d) in v's dtype. q (B,T,Hq,d); k, v (B,T,Hk,d); k_src, v_src (B,T,S,Hk,d) or None;
     scale defaults to 1/sqrt(d). S = 0 returns v itself (no launch). Gradients flow to all five
     inputs; q's is the mix's share dqbar / G on each head of the group. CUDA tensors (or CPU ones
-    under TRITON_INTERPRET=1); any strides (a non-unit last stride costs a copy)."""
-    shape = check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
-    if shape.S == 0:
+    under TRITON_INTERPRET=1); any strides (a non-unit last stride costs a copy): sources that are
+    slices of one model-wide buffer are read in place. Under torch.compile it is the torch custom
+    op `torch.ops.moda_bench.depth_mix` (fake implementation, autograd through `depth_mix_bwd`);
+    eager calls take `EagerMix`, the same implementation (`oplib.through_ops`)."""
+    if not torch.compiler.is_compiling():  # eager: the check's one-line errors (the op checks again)
+        check_dattn_inputs(q, k, v, k_src, v_src, need_cuda=True)
+    if k_src is None or k_src.shape[2] == 0:
         return v
-    scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
-    q, k, v, k_src, v_src = (unit_last_stride(t) for t in (q, k, v, k_src, v_src))
-    return DepthMixFunction.apply(q, k, v, k_src, v_src, scale, shape)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if through_ops():
+        return depth_mix_op(q, k, v, k_src, v_src, scale)[0]
+    return EagerMix.apply(q, k, v, k_src, v_src, scale)[0]

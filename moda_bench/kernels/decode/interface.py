@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
@@ -43,6 +44,7 @@ from moda_bench.kernels.decode.validate import MAX_SPLITS, DecodeShape, check_de
 from moda_bench.kernels.counters import arrival_counters
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv, next_pow2
 from moda_bench.kernels.moda.triton.utils import dot_precision, interpreting
+from moda_bench.kernels.oplib import config_key, config_of, through_ops
 
 LOG2E = 1.4426950408889634
 CPU_SM_COUNT = 132  # what the chooser assumes off CUDA (an H100 SXM / H200)
@@ -341,7 +343,41 @@ def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlen
     device and B*Hk). check_values: read cache_seqlens / block_table to check their values:
     None (default) only when they are CPU tensors (no device sync); on the GPU unchecked bad
     values give NaN rows, never a stray read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
+
+    Under torch.compile it is the torch custom op `torch.ops.moda_bench.moda_decode` (fake
+    implementation: q's shape and dtype), one graph node; the config travels as its JSON key. The depth
+    entries may be strided views (e.g. one slice of a depth-KV cache): read in place.
     """
+    if not all(t is None or isinstance(t, torch.Tensor) for t in (q, k_cache, v_cache, k_depth, v_depth,
+                                                                    cache_seqlens, block_table)):
+        # the check's TypeError names the argument (the dispatcher's would not); the op checks the rest
+        check_decode_inputs(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, need_cuda=True,
+                            check_values=check_values)
+    if not through_ops():  # eager: the implementation itself (`oplib.through_ops`)
+        return _decode(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, scale, block_table, num_splits, config,
+                       check_values)
+    return moda_decode_op(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table,
+                          None if scale is None else float(scale), num_splits, config_key(config), check_values)
+
+
+@torch.library.custom_op("moda_bench::moda_decode", mutates_args=())
+def moda_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_depth: Optional[torch.Tensor],
+                   v_depth: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
+                   block_table: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int],
+                   config: str, check_values: Optional[bool]) -> torch.Tensor:
+    """`moda_decode` as a custom op: the same arguments, config as `oplib.config_key`'s string."""
+    return _decode(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, scale, block_table, num_splits,
+                   config_of(config, DecodeConfig), check_values)
+
+
+@moda_decode_op.register_fake
+def _(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, scale, num_splits, config, check_values):
+    return torch.empty(q.shape, device=q.device, dtype=q.dtype)
+
+
+def _decode(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, scale, block_table, num_splits, config,
+            check_values):
+    """The decode step's checks and launches (`moda_decode_op`'s implementation)."""
     shape = check_decode_inputs(q, k_cache, v_cache, k_depth, v_depth, cache_seqlens, block_table, need_cuda=True,
                                 check_values=check_values)
     cfg = _resolved(config or default_config(q.device, shape.B * shape.Hk), shape.d)

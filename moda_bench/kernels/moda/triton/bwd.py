@@ -97,14 +97,18 @@ def _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, q
 
 
 @triton.jit
-def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, t_lo, T, L, sdt, sdl, qk_scale, sm_scale,
+def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, gbase, t_lo, T, L, sdt, sdl, sgt, sgl,
+                     qk_scale, sm_scale,
                      NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
                      DEPTH_GRAD: tl.constexpr):
     """Depth part of the backward for one block of rows: adds the depth keys' (unscaled) dq
     contribution to dq and, with DEPTH_GRAD, writes dk_depth, dv_depth of the block's positions
     (each depth entry is read by the rows of its own position only, so no other program touches
-    it). Without DEPTH_GRAD only the dq share is computed: nothing is written to DKD, DVD."""
+    it). Without DEPTH_GRAD only the dq share is computed: nothing is written to DKD, DVD.
+    KD, VD are read at dbase with strides (sdt, sdl); DKD, DVD written at gbase with (sgt, sgl): a
+    strided depth slice (one model-wide buffer) is read in place, its gradients go to buffers of
+    their own layout."""
     q3 = tl.reshape(q, (NB, R, HEAD_DIM))
     do3 = tl.reshape(do, (NB, R, HEAD_DIM))
     lse3 = tl.reshape(lse2, (NB, R, 1))
@@ -122,14 +126,15 @@ def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, t_lo, T, L
         if DEPTH_GRAD:
             dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC)
             dkd = mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale
-            tl.store(DKD + dbase + offs, dkd.to(DKD.dtype.element_ty), mask=ld_ok)
-            tl.store(DVD + dbase + offs, dvd.to(DVD.dtype.element_ty), mask=ld_ok)
+            goffs = depth_tile(t_lo, f0, T, L, sgt, sgl, NB, S, R, GP, BLOCK_L, HEAD_DIM)[0]
+            tl.store(DKD + gbase + goffs, dkd.to(DKD.dtype.element_ty), mask=ld_ok)
+            tl.store(DVD + gbase + goffs, dvd.to(DVD.dtype.element_ty), mask=ld_ok)
     return dq
 
 
 @triton.jit
 def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, T, L, G,
-                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
+                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sgb, sgt, sgl, sgh,
                    sob, sot, soh, slb, slt, slh,
                    GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                    SEQ: tl.constexpr, DEPTH: tl.constexpr, ADD: tl.constexpr, S: tl.constexpr,
@@ -156,9 +161,9 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
             dq += _bwd_q_seq_step(q, do, lse2, delta, t, kbase, vbase, start_n, T, skt, svt, qk_scale,
                                   BLOCK_N, HEAD_DIM, PREC, True, kdesc, vdesc, b, j, DESC)
     if DEPTH:
-        dq = _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, b * sdb + j * sdh, t_lo, T, L, sdt, sdl,
-                              qk_scale, sm_scale, P // S, S, S * GP, GP, BLOCK_M, BLOCK_L, HEAD_DIM, PREC,
-                              DEPTH_STAGES, DEPTH_GRAD)
+        dq = _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, b * sdb + j * sdh, b * sgb + j * sgh, t_lo,
+                              T, L, sdt, sdl, sgt, sgl, qk_scale, sm_scale, P // S, S, S * GP, GP, BLOCK_M, BLOCK_L,
+                              HEAD_DIM, PREC, DEPTH_STAGES, DEPTH_GRAD)
     dq_ptrs = row_ptrs(DQ, b, j, rows, offs_d, G, sqb, sqt, sqh, GP)
     dq = dq * sm_scale
     if ADD:
@@ -176,15 +181,17 @@ BWDQ_ADD = 2    # sequence keys, plus the depth dq partial already in DQ
 def moda_bwd_q_kernel(
     Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, O,
     qk_scale, sm_scale, T, L, G, Hk, B,
-    # strides (the layout every launch shares): q, k, v, depth k/v, do/o, lse/delta
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
+    # strides (the layout every launch shares): q, k, v, depth k/v, depth gradients, do/o, lse/delta
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sgb, sgt, sgl, sgh,
+    sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
     DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr, DEPTH_GRAD: tl.constexpr, DELTA_INLINE: tl.constexpr,
     DESC: tl.constexpr = False,
 ):
     """Query-major pass (MODE: one of BWDQ_*). DO/DQ share q's strides (sqb...), LSE/DELTA
-    share (slb, slt, slh); KD, VD, DKD, DVD are contiguous with one set of strides (sdb...).
+    share (slb, slt, slh); KD, VD share one set of strides (sdb...; unit last stride: a strided
+    depth slice is read in place), DKD, DVD another (sgb...).
     DEPTH_GRAD (BWDQ_FUSED only): write dk_depth, dv_depth; False skips them (detached depth).
     DELTA_INLINE: compute delta = rowsum(o * do) from O (do's strides) and store it to DELTA for
     the key-major pass launched after this one; else DELTA holds it already (O unused).
@@ -202,9 +209,9 @@ def moda_bwd_q_kernel(
     pid_m = (tl.num_programs(0) - 1 - pid0) if REVERSE else pid0
     _bwd_q_program(pid_m, pid_bh // Hk, pid_bh % Hk, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
                    qk_scale, sm_scale, T, L, G,
-                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sob, sot, soh, slb, slt, slh,
-                   GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L, PREC, DEPTH_STAGES,
-                   DEPTH_GRAD, O, DELTA_INLINE, kdesc, vdesc, DESC)
+                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sgb, sgt, sgl, sgh,
+                   sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L,
+                   PREC, DEPTH_STAGES, DEPTH_GRAD, O, DELTA_INLINE, kdesc, vdesc, DESC)
 
 
 @triton.jit
@@ -270,7 +277,7 @@ def moda_bwd_kv_kernel(
     Q, K, V, KD, VD, DO, LSE, DELTA, DK, DV, DQ, DKD, DVD,
     qk_scale, sm_scale, T, L, G, Hk, n_kv, n_bh, B,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
-    sdb, sdt, sdl, sdh,
+    sdb, sdt, sdl, sdh, sgb, sgt, sgl, sgh,
     sob, sot, soh, slb, slt, slh,
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV: tl.constexpr, DEPTH: tl.constexpr, DBLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr,
@@ -297,7 +304,7 @@ def moda_bwd_kv_kernel(
             pid_bh = w % n_bh
             _bwd_q_program(w // n_bh, pid_bh // Hk, pid_bh % Hk, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
                            qk_scale, sm_scale, T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl,
-                           sdh, sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
+                           sdh, sgb, sgt, sgl, sgh, sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
                            False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
     else:
         pid0 = tl.program_id(0)
@@ -312,7 +319,7 @@ def moda_bwd_kv_kernel(
             else:
                 _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                                T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
-                               sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
+                               sgb, sgt, sgl, sgh, sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
                                False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
         else:
             _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,

@@ -285,7 +285,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     the dq pass after.
     beside: None runs the dq pass, then the key-major pass on the rows' statistics it stored. A
     function beside(main, side) instead gets the two launches as callables, to run them
-    concurrently (`kernel._run_beside`): side() is the key-major pass computing its rows' lse2
+    concurrently (`streams.run_beside`): side() is the key-major pass computing its rows' lse2
     and delta itself (`row_stats`), main() the dq pass. Where the key-major grid leaves most of
     the GPU's program slots empty (short T), its long programs then share the SMs with the dq
     pass instead of running after it. one (not with beside): both passes in one launch

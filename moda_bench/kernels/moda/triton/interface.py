@@ -1,4 +1,5 @@
-"""The fused Triton MoDA kernel: its launches (`moda_fwd`, `moda_bwd`), the autograd Function,
+"""The fused Triton MoDA kernel: its launches (`moda_fwd`, `moda_bwd`), the torch custom ops
+`moda_bench::moda_attention` / `moda_attention_bwd` and the eager autograd Function `EagerMoDA`,
 `moda_attention`, and what the forward computes of the depth logits (`depth_utilization`).
 The Triton kernels themselves live in `kernel_fwd` and `kernel_bwd`; a config's validity and
 its choice per call in `config`.
@@ -47,17 +48,27 @@ Design (group-aware, then batched depth tiles):
   them. The depth part still reads k_depth and v_depth for its share of dq. It saves the
   2 * B*T*L*Hk*d * bytes(dtype) of gradient writes (and that much memory) and 2 of the depth
   part's 5 matmuls.
+* Custom ops: `torch.ops.moda_bench.moda_attention(q, k, v, k_depth?, v_depth?, scale, depth_grad,
+  config) -> (out, lse)` runs `moda_fwd`; `moda_attention_bwd` the backward launches, wired as
+  its autograd formula. Both have fake implementations, so torch.compile(fullgraph=True) sees
+  single graph nodes and AOTAutograd traces the backward through the second op. A config travels
+  as `oplib.config_key`'s string and is resolved inside the op (`resolved`: installed source,
+  shipped configs, heuristic), so tuning works in compiled code. depth_grad is a forward argument
+  the forward ignores: the autograd formula reads it. Eager calls take `EagerMoDA` over the same
+  implementation (`oplib.through_ops`).
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
+from torch import Tensor
 
 from moda_bench.kernels.counters import stream_state
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv
 from moda_bench.kernels.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
-                                        pointer_block_l, pointer_bwd_depth, resolve_config)
+                                            pointer_block_l, pointer_bwd_depth, resolve_config)
 from moda_bench.kernels.moda.triton.bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
                                             moda_bwd_q_kernel)
 from moda_bench.kernels.moda.triton.fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
@@ -65,79 +76,14 @@ from moda_bench.kernels.moda.triton.fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, 
 from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_one
 from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
 from moda_bench.kernels.moda.triton.fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
+from moda_bench.kernels.moda.triton.streams import (Concurrent, depth_grid, run_beside,  # noqa: F401 (re-exported)
+                                                  side_stream)
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp_poly_share
 from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
+from moda_bench.kernels.oplib import config_key, config_of, through_ops
 
 LOG2E = 1.4426950408889634
 MERGE_BLOCK = 64  # rows per program of the log-sum-exp merges
-
-_SIDE_STREAMS: dict = {}
-
-
-def side_stream(device, high_priority: bool = False):
-    """A second CUDA stream per device (and priority) for the depth kernels (the "stream"
-    placement; moda-fa4's depth launches); None off CUDA (the interpreter), where the launches
-    simply run in order. high_priority: the device's highest stream priority, so the block
-    scheduler places the side kernel's pending programs before those of normal-priority
-    kernels already queued (a capped depth launch then gets its slots at once)."""
-    if device.type != "cuda":
-        return None
-    key = (device, bool(high_priority))
-    if key not in _SIDE_STREAMS:
-        prio = torch.cuda.Stream.priority_range()[1] if high_priority else 0
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=prio)
-    return _SIDE_STREAMS[key]
-
-
-def depth_grid(n_items: int, ctas: int) -> int:
-    """Programs of a depth-only launch over n_items work items: one each, or at most `ctas`
-    persistent programs (config depth_ctas / bwd_depth_ctas; 0 = no cap)."""
-    return max(1, min(n_items, ctas)) if ctas > 0 else max(1, n_items)
-
-
-class Concurrent:
-    """Context: launches inside run on the side stream, ordered after the main stream's work up
-    to the creation of this object (not up to entering it: main-stream launches made in
-    between run concurrently with the side launches); `join()` makes the main stream wait for
-    them. Off CUDA everything runs in order on the current stream."""
-
-    def __init__(self, device, high_priority: bool = False):
-        self.side = side_stream(device, high_priority)
-        self.main = torch.cuda.current_stream(device) if self.side is not None else None
-        if self.side is not None:
-            self.ready = torch.cuda.Event()
-            self.ready.record(self.main)
-
-    def __enter__(self):
-        if self.side is not None:
-            self.side.wait_event(self.ready)
-            self._ctx = torch.cuda.stream(self.side)
-            self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.side is not None:
-            self._ctx.__exit__(*exc)
-        return False
-
-    def join(self):
-        if self.side is not None:
-            self.main.wait_stream(self.side)
-
-
-def _run_beside(device, main_launch, side_launch, side_after: bool, high_priority: bool = False) -> None:
-    """The "stream" placement: side_launch() on the side stream concurrently with main_launch()
-    on the main stream, side_launch issued after main_launch when side_after (else before);
-    on return the main stream waits for both."""
-    conc = Concurrent(device, high_priority)
-    if side_after:
-        main_launch()
-    with conc:
-        side_launch()
-    if not side_after:
-        main_launch()
-    conc.join()
-
 
 def depth_utilization(T: int, G: int, C: int, L: int, config: MoDAConfig | None = None) -> float:
     """Useful depth logits / depth logits this kernel computes in the forward (spec section 2).
@@ -166,9 +112,19 @@ def _strides(q, k, v, kd, o, lse):
             o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
 
 
+def depth_views(kd, vd):
+    """The depth K/V as the pointer kernels read them: in place when both share one set of strides
+    with a unit last stride (e.g. slices kd = buf_k[:, :, :l], vd = buf_v[:, :, :l] of one
+    model-wide depth buffer per K and V), else contiguous copies of both."""
+    if kd is None or (kd.stride() == vd.stride() and kd.stride(-1) == 1):
+        return kd, vd
+    return kd.contiguous(), vd.contiguous()
+
+
 def tma_usable(q, k, v, kd, vd, L: int) -> bool:
     """Whether the descriptor forward can take these tensors: this Triton builds descriptors and
-    every tensor it reads is contiguous (the caller's `.contiguous()`) and 16-byte aligned."""
+    every tensor it reads is contiguous (the caller's `.contiguous()`; a strided depth slice is not,
+    and takes the pointer kernel in place) and 16-byte aligned."""
     return descriptors_available() and aligned(q, k, v, *((kd, vd) if L > 0 else ()), contiguous=True)
 
 
@@ -214,7 +170,7 @@ def moda_fwd(q, k, v, kd, vd, scale, shape: MoDAShape, cfg: MoDAConfig, depth_on
         od, lsed = torch.empty_like(o), torch.empty_like(lse)
         dbm = cfg.depth_block_m
         n_d = B * Hk * cdiv(T * gp, dbm)
-        _run_beside(q.device,
+        run_beside(q.device,
                     lambda: launch((n_seq, B * Hk), o, lse, n_seq, FWD_SEQ, 1, **seq_meta),
                     lambda: launch((depth_grid(n_d, cfg.depth_ctas),), od, lsed, n_d, FWD_DEPTH,
                                    depth_only_sub(cfg, G, dbm),
@@ -325,6 +281,11 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     do = do.contiguous()
     if cfg.bwd_depth == "tma" and not depth_only and delta is None:
         o = o.contiguous()
+        if L > 0 and not (kd.is_contiguous() and vd.is_contiguous()):
+            # its passes address the depth K/V as flat contiguous (B*T*L*Hk, d) rows: a strided
+            # slice of a larger buffer is copied here (the pointer passes below read it in place)
+            kd, vd = kd.contiguous(), vd.contiguous()
+            usable = None
         state = stream_state(q.device)
         chunk, items, heads, one, beside = tma_route(cfg, B, T, Hk, G, L, q.device, state[1])
         use_desc = (tma_usable(q, k, v, kd, vd, L) if usable is None else usable) and aligned(o, do)
@@ -334,7 +295,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             kv_block_n=cfg.bwd_kv_block_n, kv_warps=cfg.bwd_kv_warps, kv_stages=cfg.bwd_kv_stages,
                             kv_maxnreg=cfg.bwd_kv_maxnreg, block_l=cfg.bwd_block_l,
                             depth_stages=cfg.bwd_depth_stages, use_desc=use_desc, depth_grad=depth_grad,
-                            beside=(lambda main, side: _run_beside(q.device, main, side, False, True))
+                            beside=(lambda main, side: run_beside(q.device, main, side, False, True))
                             if beside else None, mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items,
                             poly=cfg.exp_poly, heads=heads, one=one, state=state)
     cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
@@ -352,14 +313,15 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     dv = torch.empty_like(v)
     depth_grad = bool(depth_grad) and L > 0
     kd_, vd_ = (kd, vd) if L > 0 else (k.unsqueeze(2), v.unsqueeze(2))
-    if depth_grad:
-        dkd = torch.empty_like(kd)
-        dvd = torch.empty_like(vd)
+    if depth_grad:  # contiguous buffers of the slice's shape, whatever kd's strides
+        dkd = torch.empty(kd.shape, device=kd.device, dtype=kd.dtype)
+        dvd = torch.empty(vd.shape, device=vd.device, dtype=vd.dtype)
         dkd_, dvd_ = dkd, dvd
     else:
         dkd = dvd = None
         dkd_, dvd_ = kd_, vd_  # never written (no depth work, or DEPTH_GRAD=False)
     st = _strides(q, k, v, kd_, do, lse)
+    st = (*st[:13], *dkd_.stride()[:4], *st[13:])  # the depth gradients' strides after the depth K/V's
     prec = dot_precision(q.dtype)
     args = (scale * LOG2E, scale, T, L, G, Hk)
     # descriptor loads of the sequence tiles: k, v for the q-major pass, q, do for the key-major one
@@ -413,7 +375,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
         q_launch(BWDQ_ADD)
         kv_launch(True, False, **kv_meta)
     elif mode == "stream":  # depth-only kernel on a side stream, concurrent with the dk/dv pass
-        _run_beside(q.device, lambda: kv_launch(True, False, **kv_meta),
+        run_beside(q.device, lambda: kv_launch(True, False, **kv_meta),
                     lambda: kv_launch(False, True, num_warps=cfg.bwd_depth_warps, num_stages=1),
                     cfg.bwd_depth_after, cfg.side_priority)
         q_launch(BWDQ_ADD)
@@ -427,38 +389,6 @@ def wants_depth_grad(ctx, depth_grad: bool, kd_index: int = 3) -> bool:
     """Whether an autograd backward must compute dk_depth, dv_depth: asked for (depth_grad) and
     needed (the depth inputs at kd_index, kd_index + 1 of the Function's apply require grad)."""
     return bool(depth_grad) and (ctx.needs_input_grad[kd_index] or ctx.needs_input_grad[kd_index + 1])
-
-
-class _MoDAFunction(torch.autograd.Function):
-    """One autograd node for `moda_attention`. `call` = (scale, shape, cfg, depth_grad, with_lse): lse
-    is an output (non-differentiable) only where the caller asked for it, so a plain call returns
-    one tensor (an output fewer for autograd to wrap, mark and hand a gradient slot). The forward's
-    descriptor check (`tma_usable` of q, k, v and the depth K/V) is kept for the backward, which
-    reads the same saved tensors."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, kd, vd, call):
-        scale, shape, cfg, _, with_lse = call
-        usable = cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma"
-        usable = usable and tma_usable(q, k, v, kd, vd, shape.L)
-        o, lse = moda_fwd(q, k, v, kd, vd, scale, shape, cfg, usable=usable)
-        ctx.save_for_backward(q, k, v, kd, vd, o, lse)
-        ctx.call, ctx.usable = call, usable
-        if not with_lse:
-            return o
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # no zero-filled tensor for lse's gradient at every backward
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, *_dlse):
-        if do is None:  # only lse (not differentiable) reached the loss
-            return (None,) * 6
-        q, k, v, kd, vd, o, lse = ctx.saved_tensors
-        scale, shape, cfg, depth_grad, _ = ctx.call
-        dq, dk, dv, dkd, dvd = moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg,
-                                        depth_grad=wants_depth_grad(ctx, depth_grad), usable=ctx.usable)
-        return dq, dk, dv, dkd, dvd, None
 
 
 def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, return_lse: bool = False,
@@ -482,19 +412,148 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
 
     Host work per call besides the launches: memoised input checks, config look-up and config
     check (no file access, no JSON), and the backward's memoised launch plan.
+
+    Under torch.compile the call is the torch custom op `torch.ops.moda_bench.moda_attention`
+    (fake implementation and autograd: `moda_attention_op`), so `torch.compile(..., fullgraph=True)`
+    traces it with no graph break; eager calls run the same implementation through `EagerMoDA`
+    (`oplib.through_ops`). The config goes to the op as its JSON key (`oplib.config_key`), resolved
+    in the op.
+    k_depth, v_depth may be strided views (a slice of one model-wide depth buffer): read in place
+    when they share strides with a unit last stride (`depth_views`); their gradients are
+    contiguous tensors of the slice's shape.
     """
-    shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
-    cfg = resolve_config(shape, q.dtype, config)
+    if not torch.compiler.is_compiling():  # one-line errors before any layout work (a memo hit when seen before)
+        check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if k_depth is None or k_depth.shape[2] == 0:
+        k_depth = v_depth = None
+    else:
+        k_depth, v_depth = depth_views(k_depth, v_depth)
+        if not depth_grad:  # constants: no graph edge back to their producers
+            k_depth, v_depth = k_depth.detach(), v_depth.detach()
+    call = moda_attention_op if through_ops() else EagerMoDA.apply
+    o, lse = call(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth, scale, bool(depth_grad),
+                  config_key(config))
+    return (o, lse) if return_lse else o
+
+
+# ------------------------------------------------------------------ the torch custom ops
+def resolved(shape, dtype, key: str) -> MoDAConfig:
+    """The config a call runs (`resolve_config` of the key's config), checked."""
+    cfg = resolve_config(shape, dtype, config_of(key, MoDAConfig))
     check_config(cfg, shape.G)
     if "persist" in (cfg.fwd_depth, cfg.bwd_depth):
         raise ValueError("config placement 'persist' is moda_fa4's (a sequence kernel beside the streaming depth "
                          "kernels); moda_attention takes split, stream, fused, overlap or tma")
-    scale = 1.0 / math.sqrt(shape.d) if scale is None else float(scale)
-    if shape.L == 0:
-        k_depth = v_depth = None
+    return cfg
+
+
+def _prepared(q, k, v, kd, vd, key: str, plan=None):
+    """(q, k, v, kd, vd, plan) as the launches take them, plan = (shape, cfg, `tma_usable`): the
+    wrapper's layout rules again, so the op is right for any strides it is handed (e.g. by
+    opcheck). A plan given (the eager Function's forward kept it) is reused: the backward reads
+    the tensors the forward saved, so no check nor config look-up is repeated."""
+    if plan is None:
+        shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+        cfg = resolved(shape, q.dtype, key)
     else:
-        k_depth, v_depth = k_depth.contiguous(), v_depth.contiguous()
-        if not depth_grad:  # constants: no graph edge back to their producers
-            k_depth, v_depth = k_depth.detach(), v_depth.detach()
-    return _MoDAFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), k_depth, v_depth,
-                               (scale, shape, cfg, bool(depth_grad), bool(return_lse)))
+        shape, cfg = plan[:2]
+    kd, vd = depth_views(kd, vd) if shape.L > 0 else (None, None)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if plan is None:
+        usable = (cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma") and tma_usable(q, k, v, kd, vd, shape.L)
+        plan = (shape, cfg, usable)
+    return q, k, v, kd, vd, plan
+
+
+def _forward(q, k, v, k_depth, v_depth, scale: float, config: str, ctx=None):
+    """out, lse of one call (`moda_fwd`): the op's implementation and the eager Function's forward
+    (ctx: that Function's, which keeps the plan for its backward)."""
+    q, k, v, kd, vd, plan = _prepared(q, k, v, k_depth, v_depth, config)
+    if ctx is not None:
+        ctx.plan = plan
+    return moda_fwd(q, k, v, kd, vd, scale, plan[0], plan[1], usable=plan[2])
+
+
+def _gradients(do, q, k, v, k_depth, v_depth, o, lse, scale: float, depth_grad: bool, config: str, plan=None):
+    """(dq, dk, dv, dkd, dvd) of one call (`moda_bwd`); dkd = dvd = None without depth_grad or at L = 0."""
+    q, k, v, kd, vd, (shape, cfg, usable) = _prepared(q, k, v, k_depth, v_depth, config, plan)
+    return moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_grad=depth_grad and shape.L > 0,
+                    usable=usable)
+
+
+@torch.library.custom_op("moda_bench::moda_attention", mutates_args=())
+def moda_attention_op(q: Tensor, k: Tensor, v: Tensor, k_depth: Optional[Tensor], v_depth: Optional[Tensor],
+                      scale: float, depth_grad: bool, config: str) -> tuple[Tensor, Tensor]:
+    """out (B,T,Hq,d) in q's dtype and lse (B,T,Hq) float32 of one MoDA call (`moda_fwd`)."""
+    return _forward(q, k, v, k_depth, v_depth, scale, config)
+
+
+@moda_attention_op.register_fake
+def _(q, k, v, k_depth, v_depth, scale, depth_grad, config):
+    B, T, Hq, _d = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, T, Hq), dtype=torch.float32)
+
+
+@torch.library.custom_op("moda_bench::moda_attention_bwd", mutates_args=())
+def moda_attention_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, k_depth: Optional[Tensor],
+                          v_depth: Optional[Tensor], o: Tensor, lse: Tensor, scale: float, depth_grad: bool,
+                          config: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dk_depth, dv_depth) of one MoDA call (`moda_bwd`); the depth gradients are
+    contiguous of k_depth's shape with depth_grad, else empty (0,) tensors (detached depth, L = 0)."""
+    dq, dk, dv, dkd, dvd = _gradients(do, q, k, v, k_depth, v_depth, o, lse, scale, depth_grad, config)
+    if dkd is None:
+        dkd, dvd = q.new_empty((0,)), q.new_empty((0,))
+    return dq, dk, dv, dkd, dvd
+
+
+@moda_attention_bwd_op.register_fake
+def _(do, q, k, v, k_depth, v_depth, o, lse, scale, depth_grad, config):
+    grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
+    for t in (k_depth, v_depth):
+        grads.append(torch.empty_like(t, memory_format=torch.contiguous_format) if depth_grad and t is not None
+                     and t.shape[2] > 0 else q.new_empty((0,)))
+    return tuple(grads)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kd, vd, scale, depth_grad, config = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, kd, vd, o, lse)
+    ctx.call = (scale, depth_grad, config)
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zero-filled tensor for lse's (or an unused out's) gradient
+
+
+def _backward(ctx, do, dlse):
+    """The autograd formula of both paths (looked up here at each call so tests can wrap it): the
+    backward op under the op path, `_gradients` with the forward's plan under the eager Function."""
+    if do is None:  # only lse (not differentiable) reached the loss
+        return (None,) * 8
+    q, k, v, kd, vd, o, lse = ctx.saved_tensors
+    scale, depth_grad, config = ctx.call
+    grad_depth = kd is not None and wants_depth_grad(ctx, depth_grad)
+    if getattr(ctx, "plan", None) is not None:  # the eager Function: its forward's plan, no op
+        dq, dk, dv, dkd, dvd = _gradients(do, q, k, v, kd, vd, o, lse, scale, grad_depth, config, ctx.plan)
+    else:
+        dq, dk, dv, dkd, dvd = moda_attention_bwd_op(do, q, k, v, kd, vd, o, lse, scale, grad_depth, config)
+    return dq, dk, dv, dkd if grad_depth else None, dvd if grad_depth else None, None, None, None
+
+
+moda_attention_op.register_autograd(lambda ctx, do, dlse: _backward(ctx, do, dlse), setup_context=_setup_context)
+
+
+class EagerMoDA(torch.autograd.Function):
+    """The eager path (`oplib.through_ops` False): the op's implementation and autograd formula in
+    an autograd Function, without the dispatcher's host time. apply(q, k, v, kd, vd, scale,
+    depth_grad, config key) -> (out, lse), as the op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kd, vd, scale, depth_grad, config):
+        out = _forward(q, k, v, kd, vd, scale, config, ctx)
+        _setup_context(ctx, (q, k, v, kd, vd, scale, depth_grad, config), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _backward(ctx, do, dlse)
