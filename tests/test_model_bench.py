@@ -92,8 +92,17 @@ def test_the_report_writes_models_md_from_model_files_alone(runs, tmp_path):
     assert generate_report([out], tmp_path / "again") and (tmp_path / "again" / "MODELS.md").read_text() == text
 
 
-def test_presets_and_specs_reject_what_does_not_exist():
+def test_presets_and_specs_reject_what_does_not_exist(tmp_path):
+    assert set(bm.model_presets()) == {"smoke", "seed002-train", "seed000-moda", "seed002-generate"}
     assert [s.model for s in bm.preset_specs("seed002-train")] == ["dattn-1.5b", "dattn-3b"]
+    gen = bm.preset_specs("seed002-generate")[0]
+    assert (gen.mode, gen.batch, gen.new_tokens, gen.variants) == ("generate", 64, 2048, ("vanilla", "depth-attention"))
+    own = tmp_path / "mine.toml"
+    own.write_text('[[run]]\nmodel = "smoke"\nvariants = ["vanilla", "moda"]\nlayers = 2\n')
+    assert [(s.model, s.variants, s.layers) for s in bm.preset_specs(str(own))] == [("smoke", ("vanilla", "moda"), 2)]
+    own.write_text('[[run]]\nmodel = "smoke"\nlayer = 2\n')
+    with pytest.raises(ValueError, match=r"mine.toml: run\[0\].layer: unknown key"):
+        bm.preset_specs(str(own))
     assert all(s.layers == 12 for s in bm.preset_specs("seed000-moda", layers=12))
     with pytest.raises(ValueError, match="unknown model preset 'nope'"):
         bm.preset_specs("nope")

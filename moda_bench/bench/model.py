@@ -12,8 +12,8 @@ peak memory read), then on CUDA they are timed in interleaved rounds by the swee
 with the ratio of each to vanilla and its interval from the paired rounds. Off CUDA each is
 timed on its own by wall clock (tests). Rows are appended as they finish.
 
-`moda-bench model --preset NAME` runs `PRESETS[NAME]`, a list of specs (the sweeps/ TOML
-presets mirror them).
+`moda-bench model --preset NAME` runs the specs of the preset file sweeps/model/NAME.toml
+(`preset_specs`).
 """
 from __future__ import annotations
 
@@ -318,26 +318,57 @@ def fill_model_columns(staged: dict, result, spec: ModelSpec, cfg: ModelConfig) 
         row.update(ratio_to_vanilla=r, ratio_to_vanilla_lo=lo, ratio_to_vanilla_hi=hi)
 
 
-# Named runs (`moda-bench model --preset NAME`); sweeps/model.toml mirrors them. Seed 002's
-# training table at its configurations (whole 48 layers; --layers runs fewer where memory
-# needs), seed 000's MoDA sizes (attached and detached depth), seed 002's generation run.
-SEED002_TRAIN = ("vanilla", "depth-attention", "depth-attention-torch", "denseformer", "attnres", "mhc")
-PRESETS: dict[str, tuple[ModelSpec, ...]] = {
-    "smoke": (ModelSpec("smoke", name="smoke"),),
-    "seed002-train": tuple(ModelSpec(m, SEED002_TRAIN, name=f"{m}-train") for m in ("dattn-1.5b", "dattn-3b")),
-    "seed000-moda": tuple(ModelSpec(m, ("vanilla", "moda", DETACHED), name=f"{m}-train")
-                          for m in ("moda-700m", "moda-1.5b")),
-    "seed002-generate": (ModelSpec("dattn-3b", ("vanilla", "depth-attention"), mode="generate", batch=64,
-                                   new_tokens=2048, name="dattn-3b-generate"),),
-}
+# Named runs (`moda-bench model --preset NAME`) are TOML files in the shipped presets' `model/`
+# folder (sweeps/model/ in a checkout): seed 002's training table, seed 000's MoDA sizes, seed
+# 002's generation run, a smoke run. Each file: `description` and `[[run]]` tables of ModelSpec
+# fields (model, variants, mode, layers, batch, grad_accum, seq_len, new_tokens, dtype, name).
+PRESET_FIELDS = ("model", "variants", "mode", "layers", "batch", "grad_accum", "seq_len", "new_tokens", "dtype",
+                 "name")
+
+
+def model_presets() -> dict[str, Path]:
+    """{name: file} of the shipped model presets, sorted by name."""
+    from moda_bench.bench.presets import sweeps_dir
+    return {p.stem: p for p in sorted((sweeps_dir() / "model").glob("*.toml"))}
+
+
+def read_model_preset(path: Path) -> tuple[ModelSpec, ...]:
+    """The runs of one model preset file; ValueError naming the file and key for a bad one."""
+    import tomllib
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the model preset: {exc}") from None
+    runs = data.get("run")
+    if not isinstance(runs, list) or not runs:
+        raise ValueError(f"{path}: run: a model preset needs at least one [[run]] table")
+    if extra := [k for k in data if k not in ("description", "run")]:
+        raise ValueError(f"{path}: {extra[0]}: unknown key (known: description, run)")
+    specs = []
+    for i, run in enumerate(runs):
+        if extra := [k for k in run if k not in PRESET_FIELDS]:
+            raise ValueError(f"{path}: run[{i}].{extra[0]}: unknown key (known: {', '.join(PRESET_FIELDS)})")
+        kw = dict(run)
+        if "variants" in kw:
+            kw["variants"] = tuple(kw["variants"])
+        try:
+            specs.append(ModelSpec(**kw))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: run[{i}]: {exc}") from None
+    return tuple(specs)
 
 
 def preset_specs(name: str, **overrides) -> tuple[ModelSpec, ...]:
-    """The specs of preset `name` with the given fields replaced (those not None), else
-    ValueError listing the presets."""
-    try:
-        specs = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}") from None
+    """The specs of preset `name` (a shipped preset's name or a .toml path) with the given fields
+    replaced (those not None), else ValueError listing the presets."""
+    shipped = model_presets()
+    if name.endswith(".toml") or "/" in name:
+        if not Path(name).is_file():
+            raise ValueError(f"{name}: no such model preset file")
+        specs = read_model_preset(Path(name))
+    elif name in shipped:
+        specs = read_model_preset(shipped[name])
+    else:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(shipped)}, or the path of a .toml file")
     kw = {k: v for k, v in overrides.items() if v is not None}
     return tuple(s.replace(**kw) for s in specs)

@@ -61,8 +61,9 @@ def model_command(
                                                  show_default=False)] = None,
     detached: Annotated[bool, typer.Option("--detached", help="Run MoDA with detached depth K/V.")] = False,
     compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the forward (and its backward).")] = False,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="A named set of runs (smoke, seed002-train, "
-                                                  "seed000-moda, seed002-generate).", show_default=False)] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="A named set of runs, sweeps/model/NAME.toml "
+                                                  "(smoke, seed002-train, seed000-moda, seed002-generate), or "
+                                                  "the path of your own .toml.", show_default=False)] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("results/model"),
     quick: Annotated[bool, typer.Option("--quick", help="Shorter warm-up and sampling.")] = False,
     max_time_s: Annotated[float, typer.Option("--max-time-s", help="Cap of one run's interleaved timing (s).")]
