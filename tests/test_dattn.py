@@ -13,11 +13,20 @@ import itertools
 
 import pytest
 import torch
-
 from helpers import TOLERANCE, random_inputs, rel_err
+
 from moda_bench.kernels import dattn
-from moda_bench.kernels.dattn import (MAX_SOURCES, depth_attention, depth_attention_reference, depth_mix, depth_mix_torch,
-                                  mix_bytes, mix_reference, sequence_backend, torch_causal_attention)
+from moda_bench.kernels.dattn import (
+    MAX_SOURCES,
+    depth_attention,
+    depth_attention_reference,
+    depth_mix,
+    depth_mix_torch,
+    mix_bytes,
+    mix_reference,
+    sequence_backend,
+    torch_causal_attention,
+)
 from moda_bench.kernels.dattn.attention import backend_for
 from moda_bench.kernels.dattn.mix_triton import mix_bwd, mix_fwd
 

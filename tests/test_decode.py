@@ -14,11 +14,22 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from helpers import TOLERANCE, device, rel_err
-from moda_bench.kernels.decode import (DecodeConfig, DecodeShape, choose_num_splits, decode_bytes, decode_reference,
-                                   fa4_decode, fa4_decode_unavailable, flashinfer_decode, flashinfer_unavailable,
-                                   moda_decode, sdpa_decode, sdpa_unavailable)
+
+from moda_bench.kernels.decode import (
+    DecodeConfig,
+    DecodeShape,
+    choose_num_splits,
+    decode_bytes,
+    decode_reference,
+    fa4_decode,
+    fa4_decode_unavailable,
+    flashinfer_decode,
+    flashinfer_unavailable,
+    moda_decode,
+    sdpa_decode,
+    sdpa_unavailable,
+)
 from moda_bench.kernels.decode.interface import sm_count
 
 SMALL = DecodeConfig(block_n=16, block_l=16)

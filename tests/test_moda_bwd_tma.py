@@ -11,9 +11,9 @@ Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).
 """
 import pytest
 import torch
-
 from helpers import check_against_reference, graph_replayed, random_inputs, rel_err, small_tma_config
 from helpers import grads_of as _grads
+
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
 from moda_bench.kernels.moda import config as config_mod
 from moda_bench.kernels.moda.triton import interface as kernel_mod
@@ -99,8 +99,8 @@ def test_bwd_tma_dp_first_same_gradients(T, G, L):
     """Each pass's dp product issued before or after the exponentials (DP_FIRST, forced both ways
     in either pass) gives bitwise the same gradients; `dp_first` issues it first in the key-major
     pass where its registers are not capped."""
-    from moda_bench.kernels.moda.triton.bwd_tma_rules import dp_first
     from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
+    from moda_bench.kernels.moda.triton.bwd_tma_rules import dp_first
     q, k, v, kd, vd, do = (x.detach() if x is not None else None for x in random_inputs(2, T, 2 * G, 2, 32, L,
                                                                                          torch.float32, seed=T + 1))
     shape = MoDAShape(B=2, T=T, Hq=2 * G, Hk=2, d=32, L=L)

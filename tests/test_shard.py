@@ -10,13 +10,13 @@ import random
 import re
 import sys
 
+import fake_worker
 import pandas as pd
 import pytest
 import typer
+from fake_worker import fake_row
 from typer.testing import CliRunner
 
-import fake_worker
-from fake_worker import fake_row
 from moda_bench import schema
 from moda_bench.bench import runner
 from moda_bench.bench.pool import distributed, local, merge

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 import torch
 
-from moda_bench.kernels.moda.reference import moda_reference
-from moda_bench.bench import providers
 from moda_bench import schema
-from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
+from moda_bench.bench import providers
 from moda_bench.bench.point import TimingOptions, check_accuracy
-from moda_bench.bench.spec import RunSpec
+from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
 from moda_bench.bench.runner import Point, plan_points, run_sweep
+from moda_bench.bench.spec import RunSpec
+from moda_bench.kernels.moda.reference import moda_reference
 
 HAS_CUDA = torch.cuda.is_available()
 TINY = Point(T=24, G=2, Hk=2, L=3, B=2, d=16, C=16, dtype="float32")
@@ -298,6 +298,7 @@ def test_rows_carry_the_pinned_cpu_and_the_host_canary(tmp_path, fakes, monkeypa
     """spec.pin_cpu: the timing process pins itself to item `worker` % len before it times, runs
     the host canary once, and every row carries its numbers and CPU."""
     import os
+
     from moda_bench import host
     pinned, canaries = [], []
     state = {"cpus": set(range(8))}
@@ -380,6 +381,7 @@ def _app():
         return app
     except ImportError:
         import typer
+
         from moda_bench.cli.sweep import sweep_command
         app = typer.Typer()
         app.command("sweep")(sweep_command)
@@ -463,6 +465,7 @@ def test_cli_end_to_end_with_fake_gpu(tmp_path, monkeypatch, fakes):
 @pytest.mark.parametrize("T, L, block", [(40, 3, 8), (33, 1, 8), (17, 7, 4), (16, 0, 8), (5, 2, 8)])
 def test_flex_block_mask_matches_dense_construction(T, L, block):
     from torch.nn.attention.flex_attention import create_block_mask
+
     from moda_bench.kernels.moda.flex import moda_block_mask, moda_mask_mod
     mine = moda_block_mask(T, L, device="cpu", block_size=block)
     ref = create_block_mask(moda_mask_mod(T, L), None, None, T, T + T * L, device="cpu", BLOCK_SIZE=block)

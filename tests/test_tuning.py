@@ -13,15 +13,14 @@ import warnings
 
 import pytest
 import torch
-
-from moda_bench.kernels.moda import config as config_mod
-from moda_bench.kernels.moda.triton import bwd_tma_rules as rules
-from moda_bench import tuning as tu
-from moda_bench.tuning import cache as cache_mod
-from moda_bench.kernels.moda.config import MoDAConfig, default_config, group_pad, resolve_config
-from moda_bench.kernels.moda.validate import MoDAShape
 from helpers import H100_SMEM, fake_tuning_device
 
+from moda_bench import tuning as tu
+from moda_bench.kernels.moda import config as config_mod
+from moda_bench.kernels.moda.config import MoDAConfig, default_config, group_pad, resolve_config
+from moda_bench.kernels.moda.triton import bwd_tma_rules as rules
+from moda_bench.kernels.moda.validate import MoDAShape
+from moda_bench.tuning import cache as cache_mod
 
 
 def shape(T=1024, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:

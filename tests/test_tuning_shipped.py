@@ -354,9 +354,9 @@ def test_moda_fa4_has_its_own_entries_and_falls_back_to_modas(_isolated, tmp_pat
 def test_tune_command_op_errors(_isolated):
     """--op: an unknown operator, moda-fa4 at L=0 or with tile groups only: one-line errors before
     anything needs a GPU."""
-    from typer.testing import CliRunner
-
     import re
+
+    from typer.testing import CliRunner
 
     from moda_bench.cli import app
 
@@ -420,9 +420,9 @@ def test_tune_shape_moves_overlap_program_counts_from_its_default(_isolated, tmp
 
 def test_tune_command_overlap_errors(_isolated):
     """--op moda-overlap takes only its groups, needs L > 0; the others refuse its groups."""
-    from typer.testing import CliRunner
-
     import re
+
+    from typer.testing import CliRunner
 
     from moda_bench.cli import app
 

@@ -71,6 +71,7 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
     Costs one extra forward (+ backward) of the provider. Leaves .grad cleared.
     """
     import torch
+
     from moda_bench.kernels.moda import moda_reference
     from moda_bench.timing import grad_inputs, max_rel_err
 
@@ -112,6 +113,7 @@ def repeat_error(forward: Callable, device: str) -> float:
     if not str(device).startswith("cuda"):
         return math.nan
     import torch
+
     from moda_bench.timing import max_rel_err
     with torch.no_grad():
         a = forward()
@@ -156,6 +158,7 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
     point's depth tensors once per provider: at L=256 on an 80 GB GPU five providers' copies
     filled it and slowed some providers 1.7x, 2026-11-26)."""
     import torch
+
     from moda_bench.floor import Rates, row_work
     from moda_bench.timing import grad_inputs, make_inputs, make_pass_fn
 
@@ -212,6 +215,7 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
 def guarded(row: dict, device: str, work: Callable[[], object]):
     """work() with a provider's failures turned into the row's status (skipped / oom / error)."""
     import torch
+
     from moda_bench.bench.providers import ProviderSkip
     try:
         return work()

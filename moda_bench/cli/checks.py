@@ -126,6 +126,7 @@ def finish(run: RunHealth, console, csvs: Sequence[Path], strict: bool) -> None:
 def mark_rows(csvs: Sequence[Path], since: str, text: str) -> None:
     """Set `health` = text on every row of csvs measured at or after `since` (ISO time)."""
     import pandas as pd
+
     from moda_bench import results
     from moda_bench.bench.runner import schema_rows
     t0 = pd.Timestamp(since)

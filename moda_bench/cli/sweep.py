@@ -15,8 +15,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from moda_bench.cli import checks, lifecycle
 from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS, REP_MS, WARMUP_MS
+from moda_bench.cli import checks, lifecycle
 from moda_bench.schema import BASE_POINT
 
 

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from moda_bench import schema
-from moda_bench.reports.gate import CATEGORIES, QUIET, GateResult, is_blank, cell_text, cell_num
+from moda_bench.reports.gate import CATEGORIES, QUIET, GateResult, cell_num, cell_text, is_blank
 
 
 def config_text(row, columns=("pass", "timer") + tuple(schema.CONFIG_COLUMNS)) -> str:

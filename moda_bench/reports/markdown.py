@@ -12,9 +12,23 @@ import re
 from moda_bench import health, schema
 from moda_bench.reports.inputs import Results
 from moda_bench.reports.tables import GpuState, Section
-from moda_bench.reports.vocab import (HEALTHY, LADDER, MISSING, MIX_PROVIDER, RUN_COLUMNS, fmt_best, fmt_ci,
-                                      fmt_config, fmt_int, fmt_ms, fmt_num, fmt_us, has_text, pass_label,
-                                      sort_sweeps)
+from moda_bench.reports.vocab import (
+    HEALTHY,
+    LADDER,
+    MISSING,
+    MIX_PROVIDER,
+    RUN_COLUMNS,
+    fmt_best,
+    fmt_ci,
+    fmt_config,
+    fmt_int,
+    fmt_ms,
+    fmt_num,
+    fmt_us,
+    has_text,
+    pass_label,
+    sort_sweeps,
+)
 
 # a trailing ' [lo-hi]' interval or ' (name)' of a numeric cell, ignored when deciding alignment
 CELL_SUFFIX = re.compile(r" (\[[^\]]*\]|\([^)]*\))$")

@@ -25,11 +25,32 @@ from dataclasses import dataclass, field
 
 from moda_bench import schema
 from moda_bench.reports.inputs import Paper, match_columns
-from moda_bench.reports.vocab import (ABLATION_SWEEP, ALWAYS_SHOWN, CEILING_PROVIDER, DATTN_PROVIDERS,
-                                      DEFAULT_CEILING_TFLOPS, ENV_COLUMNS, GPU_STATE_COLUMNS, LADDER, LEADING_OTHERS,
-                                      PROVIDER_RANK, RATIO_BASELINE, SEQUENCE_ONLY, TIMER_ORDER, ReportError,
-                                      config_item, config_text, gpu_suffix, has_text, pass_label, sort_gpus,
-                                      sort_passes, sort_sweeps, sort_timers, swept_axis)
+from moda_bench.reports.vocab import (
+    ABLATION_SWEEP,
+    ALWAYS_SHOWN,
+    CEILING_PROVIDER,
+    DATTN_PROVIDERS,
+    DEFAULT_CEILING_TFLOPS,
+    ENV_COLUMNS,
+    GPU_STATE_COLUMNS,
+    LADDER,
+    LEADING_OTHERS,
+    PROVIDER_RANK,
+    RATIO_BASELINE,
+    SEQUENCE_ONLY,
+    TIMER_ORDER,
+    ReportError,
+    config_item,
+    config_text,
+    gpu_suffix,
+    has_text,
+    pass_label,
+    sort_gpus,
+    sort_passes,
+    sort_sweeps,
+    sort_timers,
+    swept_axis,
+)
 
 
 @dataclass

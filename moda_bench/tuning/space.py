@@ -51,10 +51,16 @@ import random
 from dataclasses import fields
 from typing import Iterable, Optional
 
-
 from moda_bench.kernels.launch import next_pow2
-from moda_bench.kernels.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
-                                        check_config, dtype_name, group_pad)
+from moda_bench.kernels.moda.config import (
+    BWD_DEPTH_MODES,
+    FWD_DEPTH_MODES,
+    MoDAConfig,
+    auto_depth_sub,
+    check_config,
+    dtype_name,
+    group_pad,
+)
 from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_heads_possible, kv_one_fits, pass_options
 from moda_bench.kernels.moda.validate import MoDAShape
 

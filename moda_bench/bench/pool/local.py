@@ -368,8 +368,14 @@ def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all"
                   f"[{', '.join(str(w.slot.index) for w in workers)}], largest points first")
     bar, task_all, gpu_bars = None, None, {}
     if progress:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
         bar = Progress(TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[now]}"),
                        console=console, transient=False)

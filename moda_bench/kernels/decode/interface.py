@@ -39,9 +39,9 @@ from typing import Optional
 
 import torch
 
+from moda_bench.kernels.counters import arrival_counters
 from moda_bench.kernels.decode.fwd_split import decode_combine_kernel, decode_split_kernel
 from moda_bench.kernels.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
-from moda_bench.kernels.counters import arrival_counters
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv, next_pow2
 from moda_bench.kernels.moda.triton.utils import dot_precision, interpreting
 from moda_bench.kernels.oplib import config_key, config_of, through_ops

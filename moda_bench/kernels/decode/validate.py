@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from moda_bench.kernels.checks import check_cuda, check_depth_pair, check_dtypes_devices, shape_str
-
 from moda_bench.kernels.moda.validate import MAX_DEPTH, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 MAX_SPLITS = 256

@@ -33,7 +33,6 @@ import triton
 from moda_bench.kernels.launch import cdiv, cuda_calls, next_pow2
 from moda_bench.kernels.moda.validate import MoDAShape
 
-
 # Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth), in the tuner's order; plus "tma"
 # (descriptor kernels: `kernel_fwd_tma`, the folded-row `kernel_bwd_tma`) and "persist" (`kernel_depth`).
 DEPTH_MODES = ("split", "stream", "fused", "overlap")

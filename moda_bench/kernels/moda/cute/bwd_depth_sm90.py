@@ -40,11 +40,11 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.utils import LayoutEnum
 from flash_attn.cute import ampere_helpers as sm80_helpers
 from flash_attn.cute import copy_utils as fa_copy
 from flash_attn.cute import utils as fa_utils
 from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned, to_cute_tensor
-from cutlass.utils import LayoutEnum
 from quack import layout_utils, sm90_utils
 
 from moda_bench.kernels.moda.validate import MoDAShape, cute_bwd_shape_problem

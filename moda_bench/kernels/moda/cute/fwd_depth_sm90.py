@@ -28,9 +28,9 @@ from functools import partial
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
-from cutlass._mlir import ir
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute import ampere_helpers as sm80_helpers
 from flash_attn.cute import utils as fa_utils

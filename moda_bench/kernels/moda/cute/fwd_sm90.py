@@ -50,8 +50,17 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileScheduler
 from quack import copy_utils, layout_utils, sm90_utils
 
 from moda_bench.kernels.moda.cute.fwd_depth_sm90 import (  # noqa: F401 - the placement policy is re-exported
-    PLACEMENTS, PROBES, ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps, default_depth_stages,
-    default_depth_tile, default_placement, placement_unavailable)
+    PLACEMENTS,
+    PROBES,
+    ROWS_PER_GROUP,
+    WARP_KEYS,
+    WARP_ROWS,
+    DepthSteps,
+    default_depth_stages,
+    default_depth_tile,
+    default_placement,
+    placement_unavailable,
+)
 
 
 class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):

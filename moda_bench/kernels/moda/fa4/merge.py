@@ -37,11 +37,18 @@ import triton.language as tl
 
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv
 from moda_bench.kernels.moda.config import MoDAConfig, check_config, pointer_block_l, resolve_config
-from moda_bench.kernels.moda.triton.interface import (MERGE_BLOCK, Concurrent, launch_delta, moda_bwd, moda_fwd, pointer_bwd_config,
-                                        wants_depth_grad)
 from moda_bench.kernels.moda.triton.depth import depth_bwd, depth_fwd
-from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
+from moda_bench.kernels.moda.triton.interface import (
+    MERGE_BLOCK,
+    Concurrent,
+    launch_delta,
+    moda_bwd,
+    moda_fwd,
+    pointer_bwd_config,
+    wants_depth_grad,
+)
 from moda_bench.kernels.moda.triton.utils import lse_merge
+from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
 
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_DTYPES = (torch.float16, torch.bfloat16)

@@ -55,15 +55,46 @@ import triton.language as tl
 
 from moda_bench.kernels.counters import arrival_counters, scratch, scratch_views, stream_state
 from moda_bench.kernels.launch import CachedLaunch, aligned16
-from moda_bench.kernels.moda.triton.bwd_tma_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
-                                                  KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
-                                                  bwd_plan, dq_mix, host_desc_bwd, kv_beside, kv_chunk, kv_depth_items,
-                                                  kv_items)
-from moda_bench.kernels.moda.triton.descriptors import (depth_desc, depth_descs, depth_hdesc, ensure_allocator,  # noqa: F401
-                                             keys_desc, keys_hdesc, keys_tile, rows_desc, rows_hdesc, rows_ptr,
-                                             rows_tile)
-from moda_bench.kernels.moda.triton.bwd_tma_tiles import (chunk_item, depth_item, depth_part, dq_block, dq_rows,  # noqa: F401
-                                                  dq_step, kv_item, row_stats, store_kv)
+from moda_bench.kernels.moda.triton.bwd_tma_rules import (  # noqa: F401
+    DQ_MIX_MAX_T,
+    KV_BESIDE_MAX_G,
+    KV_BESIDE_MAX_WAVES,
+    KV_CHUNK_MIN_STEPS,
+    KV_CHUNK_SLACK,
+    KV_CHUNK_SLOTS,
+    bwd_depth_geometry,
+    bwd_plan,
+    dq_mix,
+    host_desc_bwd,
+    kv_beside,
+    kv_chunk,
+    kv_depth_items,
+    kv_items,
+)
+from moda_bench.kernels.moda.triton.bwd_tma_tiles import (  # noqa: F401
+    chunk_item,
+    depth_item,
+    depth_part,
+    dq_block,
+    dq_rows,
+    dq_step,
+    kv_item,
+    row_stats,
+    store_kv,
+)
+from moda_bench.kernels.moda.triton.descriptors import (  # noqa: F401
+    depth_desc,
+    depth_descs,
+    depth_hdesc,
+    ensure_allocator,
+    keys_desc,
+    keys_hdesc,
+    keys_tile,
+    rows_desc,
+    rows_hdesc,
+    rows_ptr,
+    rows_tile,
+)
 from moda_bench.kernels.moda.triton.utils import interpreting
 
 LOG2E = 1.4426950408889634

@@ -21,7 +21,6 @@ from moda_bench.kernels.moda.triton.descriptors import host_descriptors
 from moda_bench.kernels.moda.triton.fwd_tma import depth_geometry
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp_poly_share, launch_options
 
-
 # The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
 # where the depth part makes the dq pass long (L > 0), its programs are short (G <= KV_BESIDE_MAX_G)
 # and the key-major grid, B*Hk*cdiv(T, bwd_kv_block_n) programs, is at most KV_BESIDE_MAX_WAVES a

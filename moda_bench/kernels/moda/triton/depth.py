@@ -38,9 +38,9 @@ import triton
 import triton.language as tl
 
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv, next_pow2
-from moda_bench.kernels.moda.triton.descriptors import depth_descs, rows_ptr, rows_tile
-from moda_bench.kernels.moda.triton.bwd_tma_tiles import depth_part
 from moda_bench.kernels.moda.triton.bwd_tma_rules import bwd_depth_geometry
+from moda_bench.kernels.moda.triton.bwd_tma_tiles import depth_part
+from moda_bench.kernels.moda.triton.descriptors import depth_descs, rows_ptr, rows_tile
 from moda_bench.kernels.moda.triton.fwd_tma import depth_geometry as fwd_depth_geometry
 from moda_bench.kernels.moda.triton.fwd_tma import depth_phase, depth_rows_desc, ensure_allocator, rows_desc
 from moda_bench.kernels.moda.triton.utils import dot_precision

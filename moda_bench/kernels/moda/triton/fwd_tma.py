@@ -40,9 +40,18 @@ import triton
 import triton.language as tl
 
 from moda_bench.kernels.launch import CachedLaunch, cdiv, next_pow2
-from moda_bench.kernels.moda.triton.descriptors import (aligned, depth_rows_desc, depth_rows_hdesc,  # noqa: F401
-                                             descriptors_available, ensure_allocator, host_descriptors, keys_desc,
-                                             keys_hdesc, rows_desc, rows_hdesc)
+from moda_bench.kernels.moda.triton.descriptors import (  # noqa: F401
+    aligned,
+    depth_rows_desc,
+    depth_rows_hdesc,
+    descriptors_available,
+    ensure_allocator,
+    host_descriptors,
+    keys_desc,
+    keys_hdesc,
+    rows_desc,
+    rows_hdesc,
+)
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp2_mix, launch_options, mm, mm_acc
 
 LOG2E = 1.4426950408889634
