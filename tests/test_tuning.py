@@ -134,7 +134,7 @@ def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
     b, _ = tu.candidate_configs(sh, "fwd", base, budget=12, seed=3)
     assert a == b and a[0] == base and len(a) == 6 and stats["survivors"] > 12
     calls = []
-    ks = tu.tune_kernel(sh, "fwd", base, lambda c: calls.append(c) or 1.0 + c.block_n / 1000, budget=12)
+    tu.tune_kernel(sh, "fwd", base, lambda c: calls.append(c) or 1.0 + c.block_n / 1000, budget=12)
     assert 6 < len(calls) <= 12 and len(set(calls)) == len(calls)
     # later rounds only try one-field neighbours of a config tried before them
     fields_ = tu.KERNEL_FIELDS["fwd"]

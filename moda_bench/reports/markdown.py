@@ -265,7 +265,10 @@ def decode_markdown(section: Section) -> str:
     from the metric timer's rows GB/s, the share of the copy rate (1 / of_floor) and the ratio to
     the fastest sequence-only decode with its interval; columns without data are left out."""
     f = section.frame
-    has = lambda col: col in f and bool(f[col].notna().any())
+
+    def has(col):
+        return col in f and bool(f[col].notna().any())
+
     cols = [(c, lambda r, c=c: fmt_config(c, r[c])) for c in section.show_config]
     cols += [("fastest", lambda r: r["fastest"] if has_text(r["fastest"]) else MISSING)] if has("fastest") else []
     for p in section.others:
@@ -286,7 +289,10 @@ def dattn_markdown(section: Section) -> str:
     """One Depth-Attention table: per S the fastest attention (name, ms), each method's time over
     it with its interval, and the mix kernel alone (ms, GB/s, share of the copy rate)."""
     f = section.frame
-    has = lambda col: col in f and bool(f[col].notna().any())
+
+    def has(col):
+        return col in f and bool(f[col].notna().any())
+
     mix = MIX_PROVIDER
     cols = [(c, lambda r, c=c: fmt_config(c, r[c])) for c in section.show_config]
     cols += [("fastest", lambda r: r["fastest"] if has_text(r["fastest"]) else MISSING),

@@ -159,7 +159,7 @@ class DepthBwdSm90:
         sScr = st.sScr.get_tensor(sScr_layout)[None, None, wid]
         sStat = st.sStat.get_tensor(sStat_layout)[None, None, wid]
 
-        B, T, Hq = mQ.shape[0], mQ.shape[1], mQ.shape[2]
+        B, T = mQ.shape[0], mQ.shape[1]
         TL, Hk = mKd.shape[1], mKd.shape[2]
         slabs = (T + P - 1) // P
         n_units = slabs * B * Hk

@@ -363,9 +363,11 @@ class DepthSteps:
                 qk = partial(sm80_helpers.gemm, w["thr_qk"], tCrA=w["rQ"], tCrB=w["rK"], tCsA=w["sQ"],
                              tCsB=w["sK"][None, None, None, buf], smem_thr_copy_A=w["copy_q"],
                              smem_thr_copy_B=w["copy_k"])
-                pv = lambda rP: sm80_helpers.gemm_rs(
-                    w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
-                    w["sVt"][None, None, None, buf], w["copy_v"])
+
+                def pv(rP):
+                    return sm80_helpers.gemm_rs(w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
+                                                w["sVt"][None, None, None, buf], w["copy_v"])
+
             acc_S = cute.make_rmem_tensor(tiled_qk.partition_shape_C((ROWS_PER_GROUP, self.step_keys())), Float32)
             acc_S.fill(0.0)
             pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
