@@ -2,9 +2,10 @@
 fp64 reference: out, lse and all five gradients at odd T (not a multiple of any block), G in
 {1, 2, 3, 8, 16, 32} (3 and 6: a q/do box's padding rows hold the next KV head's rows), L in
 {0, 1, odd, more than one depth step}, B = 2, d 32/64, fp32 and bf16; descriptor and pointer
-loads (same answer); either order of a step's products (dp first or after); detached depth (no depth gradients, the other three bitwise unchanged);
-the pointer fallback where a caller passes delta or asks for the depth part alone; the default's
-choice; the config check; moda-fa4's depth launch under the new default.
+loads (same answer); either order of a step's products (dp first or after); detached depth (no
+depth gradients, the other three bitwise unchanged); the pointer fallback where a caller passes
+delta or asks for the depth part alone; the default's choice; the config check; moda-fa4's depth
+launch under the new default.
 
 CPU: the Triton interpreter runs the device-side descriptors (conftest sets TRITON_INTERPRET=1).
 Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).

@@ -601,11 +601,13 @@ def test_ablation_ladder_keeps_custom_timed_rung_and_splits_graph(tmp_path):
     write_schema_csv(tmp_path / "res" / "ablation.csv", rows)
     generate_report([tmp_path / "res"], tmp_path / "out", figures=False)
     md = (tmp_path / "out" / "REPORT.md").read_text()
-    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, eager timer")
+    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, "
+                                  "eager timer")
     assert [r[1] for r in body] == ["naive-torch", "flash-compatible", "chunk-aware", "ours"]
     naive = next(r for r in rows if r["provider"] == "naive-torch")
     assert cell(header, body, "1", "ms") == f"{naive['median_ms']:.3f}"
-    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, graph timer")
+    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, "
+                                  "graph timer")
     assert [r[1] for r in body] == ["flash-compatible", "chunk-aware", "ours"]
     graph_ours = next(r for r in rows if r["provider"] == "ours" and r["timer"] == "graph")
     assert cell(header, body, "10", "ms") == f"{graph_ours['median_ms']:.3f}"

@@ -534,8 +534,9 @@ def test_chunk_pinning_follows_the_whole_sweep(tmp_path, monkeypatch):
         assert len(rows) == len(pts)
         assert all(json.loads(c) == {"pin_chunk": want} for c in rows.config)
         for rank in range(2):
-            frame = distributed.run_distributed(pts, RunSpec(["moda"], "fwd"), tmp_path / f"d{want}.csv", sweep_name="paper",
-                                          dist=planning.DistInfo(rank, 2, rank), progress=False)
+            frame = distributed.run_distributed(pts, RunSpec(["moda"], "fwd"), tmp_path / f"d{want}.csv",
+                                                sweep_name="paper", dist=planning.DistInfo(rank, 2, rank),
+                                                progress=False)
             assert all(json.loads(c) == {"pin_chunk": want} for c in frame.config)
 
 

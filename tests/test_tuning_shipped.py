@@ -330,7 +330,8 @@ def test_moda_fa4_has_its_own_entries_and_falls_back_to_modas(_isolated, tmp_pat
     _ship(_isolated, sh, moda_cfg)
     assert resolve_config(sh, torch.bfloat16, op="moda-fa4") == moda_cfg
     _write_shipped(_isolated, {config_mod.shipped_key(sh, "bfloat16"): {"config": moda_cfg.to_dict()},
-                               config_mod.shipped_key(sh, "bfloat16", op="moda-fa4"): {"config": fa4_shipped.to_dict()}})
+                               config_mod.shipped_key(sh, "bfloat16", op="moda-fa4"):
+                                   {"config": fa4_shipped.to_dict()}})
     assert resolve_config(sh, torch.bfloat16, op="moda-fa4") == fa4_shipped
     assert resolve_config(sh, torch.bfloat16) == moda_cfg
     # the user cache: a moda-fa4 result is stored under the prefixed key and wins over shipped
@@ -455,7 +456,8 @@ def test_overlap_item_groups_search_the_streaming_items():
     with pytest.raises(ValueError, match="persist"):
         tu.search_space(shape(), "fwd_items", default_config(shape()))
     # opt-in: `tune --op moda-overlap` searches the counts unless --kernels names the item groups
-    assert tu.OVERLAP_DEFAULT == ("fwd_ctas", "bwd_kernel", "bwd_ctas") and set(tu.OVERLAP_DEFAULT) < set(tu.OVERLAP_GROUPS)
+    assert tu.OVERLAP_DEFAULT == ("fwd_ctas", "bwd_kernel", "bwd_ctas")
+    assert set(tu.OVERLAP_DEFAULT) < set(tu.OVERLAP_GROUPS)
 
 
 class ItemsFakeTimer(CtasFakeTimer):

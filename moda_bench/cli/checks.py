@@ -98,8 +98,9 @@ def say(console, stage: str, device: int, v) -> None:
     g = v.gpu or {}
     nums = ""
     if v.matmul_tflops:
-        nums = (f" (matmul {v.matmul_tflops:.0f} TFLOP/s, copy {v.copy_gbps:.0f} GB/s, SM {g.get('sm_clock_mhz') or '-'}"
-                f" MHz, {g.get('power_w') or 0:.0f} W, throttle: {g.get('throttle') or 'none'})")
+        nums = (f" (matmul {v.matmul_tflops:.0f} TFLOP/s, copy {v.copy_gbps:.0f} GB/s,"
+                f" SM {g.get('sm_clock_mhz') or '-'} MHz, {g.get('power_w') or 0:.0f} W,"
+                f" throttle: {g.get('throttle') or 'none'})")
     if v.ok or v.status == "unknown":
         console.print(f"GPU {device} health ({stage}): {v.status}{nums}", markup=False, highlight=False)
     else:

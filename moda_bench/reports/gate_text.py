@@ -93,7 +93,8 @@ def print_report(result: GateResult, console, all_rows: bool = False) -> None:
     counts = result.counts
     notes = [(hidden, "dim", "SAME/REFERENCE row(s) not shown (--all-rows to list them)"),
              (counts["MISSING"], "yellow", "baseline row(s) without a current measurement: " + (
-                 "reported only (--allow-missing)" if result.allow_missing else "the gate fails (--allow-missing accepts)")),
+                 "reported only (--allow-missing)" if result.allow_missing
+                 else "the gate fails (--allow-missing accepts)")),
              (counts["AMBIGUOUS"] * (not result.fail_ambiguous), "magenta",
               "AMBIGUOUS row(s): the intervals cannot decide; not a failure (--fail-ambiguous makes it one)")]
     for n, style, text in notes:

@@ -159,7 +159,8 @@ def timer_markdown(section: Section) -> str:
     """Eager beside graph times of the points measured by both timers, with the host share."""
     headers = ["sweep"] + list(section.show_config) + ["provider", "eager ms", "graph ms", "host share"]
     body = [[str(r["sweep"])] + [fmt_config(c, r[c]) for c in section.show_config]
-            + [str(r["provider"]), fmt_ms(r["eager_ms"]), fmt_ms(r["graph_ms"]), fmt_num(100 * r["host_share"], ".1f", "%")]
+            + [str(r["provider"]), fmt_ms(r["eager_ms"]), fmt_ms(r["graph_ms"]),
+               fmt_num(100 * r["host_share"], ".1f", "%")]
             for _, r in section.frame.iterrows()]
     heading = f"### {section.title}" + (f" ({section.caption})" if section.caption else "")
     return heading + section.heading_title[len(section.title):] + "\n\n" + md_table(headers, body)
@@ -188,7 +189,8 @@ def gpu_state_markdown(states: list[GpuState]) -> str:
     headers += ["host CPUs (rows)"] if has_cpus else []
     body, warnings = [], []
     for s in states:
-        cells = [s.folder, ", ".join(s.gpus) or MISSING, str(s.rows)] + [fmt_num(s.medians[c], spec) for _, c, spec in cols]
+        cells = ([s.folder, ", ".join(s.gpus) or MISSING, str(s.rows)]
+                 + [fmt_num(s.medians[c], spec) for _, c, spec in cols])
         if has_throttle:
             seen = ", ".join(f"{r} ({n})" for r, n in s.throttle.items())
             cells.append((seen or "none") if s.sampled else MISSING)

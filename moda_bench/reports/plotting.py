@@ -25,7 +25,8 @@ PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-t
 SERIES_RANK = (["moda", "moda-nosplit"] + PROVIDER_ORDER[1:]
                + ["moda-fused", "moda-overlap", "moda-fa4", "fa4", "flashinfer", "dattn", "dattn-torch", "dattn-mix"])
 # providers added later, each clear of the colours the figures it appears in already use
-FIXED_COLORS = {"moda-fused": "#637939", "moda-overlap": "#393b79", "moda-fa4": "#ff7f0e", "fa4": "#17becf", "moda-nosplit": "#aec7e8", "flashinfer": "#e7ba52",
+FIXED_COLORS = {"moda-fused": "#637939", "moda-overlap": "#393b79", "moda-fa4": "#ff7f0e", "fa4": "#17becf",
+                "moda-nosplit": "#aec7e8", "flashinfer": "#e7ba52",
                 "dattn": "#d6616b", "dattn-torch": "#843c39", "dattn-mix": "#7b4173"}
 TIMER_STYLE = {"eager": "-", "graph": "--"}        # line style per timer where a figure draws both
 AXIS_LABEL = {"T": "sequence length T", "G": "GQA group size G (Hq = G * Hk)", "L": "depth L",

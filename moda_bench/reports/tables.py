@@ -128,7 +128,8 @@ def rows_of(rows, *kinds: str):
 def pick_provider(present: set[str], chosen: str | None, candidates: tuple[str, ...], role: str) -> str | None:
     if chosen is not None:
         if chosen not in present:
-            raise ReportError(f"{role} provider {chosen!r} not in the results (providers: {', '.join(sorted(present))})")
+            raise ReportError(f"{role} provider {chosen!r} not in the results "
+                              f"(providers: {', '.join(sorted(present))})")
         return chosen
     return next((p for p in candidates if p in present), None)
 

@@ -98,7 +98,8 @@ ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)
 ZERO_OK = ("depth_sub", "fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas",
            "exp_poly")  # 0 means "auto"/"no cap"/"none"
-MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items", "bwd_dq_heads")  # -1: "decided by the shape" (check_config's rule)
+# -1: "decided by the shape" (check_config's rule)
+MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items", "bwd_dq_heads")
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {

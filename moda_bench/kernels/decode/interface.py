@@ -107,7 +107,8 @@ class DecodeConfig:
             val = getattr(cfg, name)
             if not isinstance(val, int) or val < 16 or val & (val - 1):
                 raise ValueError(f"DecodeConfig.{name}={val!r} must be a power of two >= 16")
-        if cfg.combine_block_s is not None and (cfg.combine_block_s < 1 or cfg.combine_block_s & (cfg.combine_block_s - 1)):
+        cbs = cfg.combine_block_s
+        if cbs is not None and (cbs < 1 or cbs & (cbs - 1)):
             raise ValueError(f"DecodeConfig.combine_block_s={cfg.combine_block_s!r} must be a power of two")
         for name in ("num_warps", "combine_warps"):
             if getattr(cfg, name) not in (1, 2, 4, 8, 16):
@@ -342,7 +343,8 @@ def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlen
     no split, one launch). config: tile settings (`DecodeConfig`; None: `default_config` of q's
     device and B*Hk). check_values: read cache_seqlens / block_table to check their values:
     None (default) only when they are CPU tensors (no device sync); on the GPU unchecked bad
-    values give NaN rows, never a stray read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
+    values give NaN rows, never a stray read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32;
+    d in {16, 32, 64, 128}.
 
     Under torch.compile it is the torch custom op `torch.ops.moda_bench.moda_decode` (fake
     implementation: q's shape and dtype), one graph node; the config travels as its JSON key. The depth

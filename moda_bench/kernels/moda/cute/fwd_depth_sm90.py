@@ -40,7 +40,8 @@ ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
 PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
-PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr", "unpaired")  # variants (MoDAForwardSm90.__init__)
+# variants (MoDAForwardSm90.__init__)
+PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr", "unpaired")
 ROW_BYTES = 128  # a 64-wide bf16 row of the shared tiles: one 128-byte swizzle row (Swizzle<3,4,3> on bytes)
 SWIZZLE_ROWS = 8  # rows of one swizzle period (1024 bytes); offsets by whole periods commute with the swizzle
 ROWS16_BYTES = 2 * SWIZZLE_ROWS * ROW_BYTES  # the next 16 rows of a tile: two whole swizzle periods further
