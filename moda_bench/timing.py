@@ -597,5 +597,3 @@ def make_timer(timer: str = "eager", graph_grads: str = "fresh", **rule_kw) -> C
                        graph_grads=graph_grads).row()
 
     return run
-
-
