@@ -2,7 +2,7 @@
 program per block of folded rows does the causal sequence loop and the depth phase under one
 online softmax, every tile loaded through a tensor descriptor (the TMA copy engine on Hopper),
 built on the host where Triton has them, else by each program (`descriptors`). Launched by `kernel.moda_fwd`
-(through `moda_fwd_tma`); `experiments/fused_fwd_triton.py` times its variants (issue 20's route A,
+(through `moda_fwd_tma`); `experiments/fused_fwd_triton.py` times its variants (route A,
 docs/DESIGN.md).
 
 q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0), all contiguous.

@@ -255,8 +255,8 @@ _MERGE, _DELTA = CachedLaunch(moda_merge_kernel), CachedLaunch(moda_bwd_delta_ke
 
 
 # The pointer backward's depth stages: MoDAConfig's default, not the 3 `default_config` gives the
-# "tma" dq pass at T <= 4096 (H100, experiments/overlap_probe.py, results/h100/fa4-depth-stages-s23: the
-# pointer depth-only launch alone 0.70x with 2 at T = 4096 and 2048; beside cuDNN's backward 0.89x / 0.85x)
+# "tma" dq pass at T <= 4096: the pointer depth-only launch is faster at 2, alone and beside the
+# sequence backward (docs/PERFORMANCE.md, change 38).
 POINTER_DEPTH_STAGES = MoDAConfig.bwd_depth_stages
 
 
