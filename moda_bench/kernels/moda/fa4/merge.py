@@ -72,8 +72,8 @@ def fa4_unavailable(device=None) -> Optional[str]:
     """One line saying why FlashAttention-4 cannot run on `device` (default: the current CUDA
     device): flash-attn-4 not installed or not importable, no CUDA, a non-CUDA device, or a GPU
     that is not sm90/sm100. None when it can run. Never raises. Answered once per device and
-    process (what it reads does not change; the package metadata lookup alone costs ~0.3 ms, and
-    moda_fa4 asks on every call)."""
+    process (what it reads does not change; the package metadata lookup alone is slow next to a
+    short call, and moda_fa4 asks on every call)."""
     try:
         key = None if device is None else str(torch.device(device))
     except Exception as exc:  # a malformed device
