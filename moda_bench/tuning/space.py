@@ -67,11 +67,10 @@ from moda_bench.kernels.moda.validate import MoDAShape
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
 DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
 OVERLAP_GROUPS = ("fwd_items", "fwd_ctas", "bwd_kernel", "bwd_items", "bwd_ctas")  # moda-overlap's knobs, in order
-# what `tune --op moda-overlap` searches unless --kernels names groups: the program counts only. With
-# the item groups too (H100, budget 8, 2026-11-25, results/h100/tuning-overlap-items) the per-pass
-# picks did not add up: G=2 0.980 [0.975-0.985] and L=256 0.998 of the heuristic's fwd+bwd time,
-# T=4096 1.082, where the counts alone won 0.954 and 0.956 (results/h100/tuning-overlap); the backward's
-# kernel (CuTe or Triton) since 2026-11-26: CuTe's program streams 1.5-2.2x Triton's bytes
+# what `tune --op moda-overlap` searches unless --kernels names groups: the program counts only (with
+# the item groups too the per-pass picks did not add up end to end: docs/DESIGN.md, "The overlap
+# route"), and the backward's kernel (CuTe or Triton: CuTe's program streams more bytes, so it moves
+# the best counts)
 OVERLAP_DEFAULT = ("fwd_ctas", "bwd_kernel", "bwd_ctas")
 KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order of moda and moda-fa4 (moda-overlap: OVERLAP_GROUPS)
 DEFAULT_BUDGET = 40
@@ -91,8 +90,7 @@ MAXNREG = (0, 168)  # registers per thread of a "tma" pass (0: the compiler's ch
 # after FA4 costs far more than a program too many, hence more factors above 1
 CTAS_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0, 3.0)
 # moda-overlap's streaming items (kernel_depth): folded rows per item (multiples of GP), depth steps
-# in flight, warps; the forward's items are larger (H100 probe: 128 rows, 3 stages best forward,
-# 64 rows backward, results/h100/overlap-probe)
+# in flight, warps; the forward's items are larger (docs/DESIGN.md, "The overlap route")
 ITEM_ROWS = {"fwd_items": (64, 128, 256), "bwd_items": (32, 64, 128)}
 ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)

@@ -434,8 +434,8 @@ def default_placement(T: int, d: int = 64) -> str:
 
 def default_depth_tile(d: int, placement: str = "offset") -> int:
     """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory); per warp 32
-    for "spread" (H200, forward / FA4 at T=4096: 1.330 with 32 keys in one stage, 1.402 with 16
-    in two)."""
+    for "spread" (32 keys in one stage ran faster than 16 in two; docs/DESIGN.md, "The fused sm90
+    forward")."""
     if placement == "spread":
         return 32
     return 64 if d <= 64 else 32
