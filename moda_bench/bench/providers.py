@@ -35,7 +35,7 @@ from moda_bench.bench.provider_types import (
 
 # fa4 / moda-fa4 / moda-fused need the optional flash-attn-4 (Hopper, Blackwell; moda-fused an sm90
 # GPU): elsewhere their rows are skipped with the reason. moda-fused is here because it is the
-# fastest MoDA at long T: the first command a user runs should show it (issue 58).
+# fastest MoDA at long T: the first command a user runs should show it.
 DEFAULT_PROVIDERS = ["moda", "moda-fa4", "moda-fused", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
 BASELINE = "fa2"
 

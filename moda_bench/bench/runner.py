@@ -226,7 +226,7 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
                     opts, point_timer = base_opts, timer
                     if timer_name is not None:
                         opts = replace(base_opts, timer=timer_name)
-                        if timer_name == LEGACY_TIMER:  # the pre-issue-15 method, for comparisons
+                        if timer_name == LEGACY_TIMER:  # the legacy do_bench method, for comparisons
                             from moda_bench.timing import measure as point_timer
                     # a custom timer's rows: its own name if it has one (every row of the point alike)
                     label = timer_name if timer_name is not None else getattr(timer, "timer_name", "custom")

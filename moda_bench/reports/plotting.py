@@ -17,7 +17,7 @@ from moda_bench.reports.vocab import config_text
 RC = {"figure.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
 PNG_METADATA = {"Software": None}
 PNG_DPI = (150, 120, 100, 85, 72, 60)             # tried in turn until the PNG fits MAX_FIGURE_BYTES
-MAX_FIGURE_BYTES = 300_000                         # committed figures stay small (issue 57)
+MAX_FIGURE_BYTES = 300_000                         # committed figures stay small (<= 300 KB each)
 LOG_RANGE = 16.0                                  # use a log axis when max/min reaches this
 PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-torch", "flash-compatible",
                   "chunk-aware", "group-aware", "batched-tiles"]

@@ -444,7 +444,7 @@ def own_clocks(rows) -> list[dict]:
     """Per GPU and provider, over the rows that carry their own GPU state (own_sm_clock_mhz: the
     polls taken while that provider's repetitions ran): rows, the median own SM clock, the median
     of own minus the point's SM clock (< 0: it ran slower clocked than its point's average), the
-    median own power. [] when no row has it (files from before 2026-11-26)."""
+    median own power. [] when no row has it (files written before these columns existed)."""
     part = rows[rows["own_sm_clock_mhz"].notna()]
     out = []
     for (gpu, provider), g in part.groupby(["gpu", "provider"], sort=True):
