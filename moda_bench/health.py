@@ -397,7 +397,8 @@ def judge(matmul_tflops: float, copy_gbps: float, *, name: Optional[str] = None,
         frac = MIN_FRACTION_TABLE
     frac = max(frac, 0.9) if strict else frac
     v = Verdict("healthy", "", name=name, uuid=uuid, matmul_tflops=matmul_tflops, copy_gbps=copy_gbps,
-                ref_matmul_tflops=ref["matmul_tflops"] if ref else None, ref_copy_gbps=ref["copy_gbps"] if ref else None,
+                ref_matmul_tflops=ref["matmul_tflops"] if ref else None,
+                ref_copy_gbps=ref["copy_gbps"] if ref else None,
                 ref_source=source, gpu=gpu, other_processes=other)
     shared, degraded = [], []
     if other:

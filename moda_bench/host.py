@@ -268,7 +268,8 @@ def describe(values: dict) -> str:
 _STATES: dict = {}
 
 
-def process_host(cpus: Sequence[int] = (), worker: int = 0, *, canary: Optional[Callable[[], dict]] = None) -> HostState:
+def process_host(cpus: Sequence[int] = (), worker: int = 0, *,
+                 canary: Optional[Callable[[], dict]] = None) -> HostState:
     """Pin this process to worker's CPU (if cpus) and run the host canary, once per process,
     pin request and CUDA device; later calls return the same HostState. ValueError when the
     pin cannot be applied (check_pin_cpu). canary: what measures (default host_canary)."""

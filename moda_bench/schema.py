@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-# depth_grad: 1 = the backward writes depth K/V gradients, 0 = depth detached (issue 20);
+# depth_grad: 1 = the backward writes depth K/V gradients, 0 = depth detached;
 # Tq: new tokens per sequence of a decode row (0 for training passes, where every position is a
 # query); S: earlier source layers of a Depth-Attention row (0 elsewhere)
 CONFIG_COLUMNS = ["T", "G", "Hq", "Hk", "L", "B", "d", "C", "dtype", "depth_grad", "Tq", "S"]
@@ -29,29 +29,30 @@ EXTRA_TIME_PAPER = {"extra_time_paper_pct": "fa2-triton", "extra_time_paper_fa2_
 MEASURE_COLUMNS = [
     "median_ms", "p20_ms", "p80_ms", "tflops", "extra_time_pct", "ratio_to_fa2",
     "depth_utilization", "peak_mem_mb", "max_rel_err",
-    # issue 15/16: paired 95% intervals of the ratios, the ratio to the fastest sequence-only
+    # paired 95% intervals of the ratios, the ratio to the fastest sequence-only
     # attention of the point, sample count and noise, GPU state sampled while the point ran
     "ratio_to_fa2_lo", "ratio_to_fa2_hi", "ratio_to_best", "ratio_to_best_lo", "ratio_to_best_hi",
     "samples", "noise_pct", "sm_clock_mhz", "sm_clock_min_mhz", "mem_clock_mhz", "power_w", "temp_c",
-    # issue 20: the row's own floor (moda_bench.floor): useful FLOPs and minimum HBM bytes of
+    # the row's own floor (moda_bench.floor, docs/FLOOR.md): useful FLOPs and minimum HBM bytes of
     # its provider and pass, max(flops / matmul rate, bytes / copy rate) at the run's canary
     # rates, median / floor, and the bytes per second reached (GB/s)
     "flops", "bytes", "floor_ms", "of_floor", "gbps",
     # the forward run twice more on the same inputs (CUDA only; NaN elsewhere): 0 when bitwise
     # equal, else ||b - a|| / ||a|| over the whole output. A race shows here in rows that a
-    # prefix accuracy check never reads (moda-fa4's in-place merge, 2026-11-25)
+    # prefix accuracy check never reads (as moda-fa4's old in-place merge did: docs/DESIGN.md,
+    # "The merge route")
     "repeat_err",
     # the row's own SM clock (median) and power (mean), from the polls taken while its provider's
     # repetitions ran (the columns above are the whole point's); NaN without a poll in them. Two
     # kernels sharing the GPU (moda-overlap) draw more power than one: under the power cap this
-    # is where a provider running at lower clocks than its peers shows (2026-11-26)
+    # is where a provider running at lower clocks than its peers shows
     "own_sm_clock_mhz", "own_power_w",
     # times the CUDA caching allocator had to free its cache and retry a cudaMalloc while the
     # point was timed (torch's num_alloc_retries; NaN off CUDA): > 0 when the staged providers'
-    # inputs fill the GPU, which slows some providers and not others (H100, L=256 with five
-    # providers: moda-fa4 2.8x FA4 instead of 1.7x, 2026-11-26); such rows are marked degraded
+    # inputs fill the GPU, which slows some providers and not others (enough to change a ratio
+    # between providers several-fold); such rows are marked degraded
     "alloc_retries",
-    # issue 58: extra time as the MoDA paper defines it, (M - F) / M x 100 with M this row's median
+    # extra time as the MoDA paper defines it, (M - F) / M x 100 with M this row's median
     # and F the median of a sequence-only baseline at the same point of the same run (the paper's
     # baseline is a Triton FlashAttention-2: our fa2-triton; also against fa2 and fa4). NaN where
     # that baseline has no ok row. `extra_time_pct` above is a different quantity, the OVERHEAD
@@ -61,9 +62,9 @@ MEASURE_COLUMNS = [
 # the host canary of the process that timed the row (moda_bench.host.host_canary, run once at
 # its start; NaN off CUDA): median host microseconds of a bare Triton launch with 30 scalar
 # arguments, of one tiny torch op, and of forward + backward through a trivial Python autograd
-# Function. An eager row at short T times the host, not the GPU: one eager fwd+bwd of MoDA at
-# T=1024 cost 580-1128 us of host time on one H100 by machine start and CPU core, the GPU 313 us
-# (results/h100/s19-probes, 2026-11-26); these say how fast the row's host was
+# Function. An eager row at short T times the host, not the GPU, and the host's speed varies by
+# machine start and CPU core (docs/DESIGN.md, "The host path at short T"); these say how fast the
+# row's host was
 HOST_COLUMNS = ["host_launch_us", "host_op_us", "host_autograd_us"]
 MEASURE_COLUMNS += HOST_COLUMNS
 # timer: eager | graph; stop_reason: why sampling ended; best_provider: the denominator of
@@ -122,7 +123,7 @@ BASE_POINT = {"T": 16384, "G": 8, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64, "d
               "depth_grad": 1, "Tq": 0, "S": 0}
 
 
-# `moda-bench model` (issue 59): one row per (model configuration, variant, mode, compile) of a
+# `moda-bench model` (docs/MODELS.md): one row per (model configuration, variant, mode, compile) of a
 # whole decoder step. Its files hold MODEL_COLUMNS, not COLUMNS (the kernel report never reads
 # them as sweep rows); `results.read_models` reads them. Modes: a training step (forward,
 # backward, AdamW step over grad_accum micro-batches), a prefill, a generation (prompt + new
@@ -201,7 +202,7 @@ def overhead_pct(m_ms: float, f_ms: float) -> float:
 
 def extra_time_paper(m_ms: float, f_ms: float) -> float:
     """Extra time as the MoDA paper defines it: (m - f) / m x 100, the share of MoDA's time that
-    the baseline does not spend (its 25.86% at T=4096 is 1 - 7.970 / 10.750); NaN unless both are
+    the baseline does not spend (the paper's 25.86% at T=4096 is 1 - 7.970 / 10.750); NaN unless both are
     positive numbers. overhead = 100 x e / (100 - e) converts one into the other."""
     return (m_ms - f_ms) / m_ms * 100.0 if _positive(m_ms) and _positive(f_ms) else float("nan")
 

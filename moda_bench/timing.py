@@ -45,7 +45,8 @@ def make_inputs(B: int, T: int, Hq: int, Hk: int, d: int, L: int, dtype=None,
     g.manual_seed(seed if seed is not None else torch.seed() % (2**31))
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dtype).requires_grad_(requires_grad)
+        x = torch.randn(*shape, generator=g, device=device, dtype=torch.float32)
+        return x.to(dtype).requires_grad_(requires_grad)
 
     out = {"q": rnd(B, T, Hq, d), "k": rnd(B, T, Hk, d), "v": rnd(B, T, Hk, d),
            "k_depth": rnd(B, T, L, Hk, d) if L > 0 else None,
@@ -496,7 +497,8 @@ class GraphSampler(EagerSampler):
     captured backward writes new gradients into graph memory at every replay, as an eager
     repetition with grads set to None does; grads='accumulate' keeps the warm-up's .grad tensors
     and the captured backward adds into them in place (an extra read + write of every gradient per
-    replay, large for MoDA, whose depth K/V gradients are L times the sequence K/V's). Either way grads are not touched between replays. GraphCaptureError if capture fails."""
+    replay, large for MoDA, whose depth K/V gradients are L times the sequence K/V's). Either way
+    grads are not touched between replays. GraphCaptureError if capture fails."""
 
     timer = "graph"
 
@@ -595,5 +597,3 @@ def make_timer(timer: str = "eager", graph_grads: str = "fresh", **rule_kw) -> C
                        graph_grads=graph_grads).row()
 
     return run
-
-

@@ -46,7 +46,8 @@ def fake_row(point: Point, provider: str, pass_: str, sweep_name: str, gpu_index
     row = base_row(point, provider, pass_, sweep_name)
     row.update({
         "impl_detail": f"fake (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}, pid={os.getpid()})",
-        "median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.02, "tflops": FAKE_TFLOPS, "status": schema.OK, "config": json.dumps({"pin_chunk": pin_chunk}),
+        "median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.02, "tflops": FAKE_TFLOPS, "status": schema.OK,
+        "config": json.dumps({"pin_chunk": pin_chunk}),
         "gpu": "fake", "gpu_index": gpu_index, "torch_version": "fake", "triton_version": "fake",
         "git_commit": schema.git_commit(), "host_cpus": host_cpus,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 
 import torch
 
@@ -20,8 +19,8 @@ def bwd_tma_passes(T, G, L, B=2, seed=0, dtype=torch.float32, d=32, **tiles):
     (2 KV heads, 2*G query heads) and their forward: small tiles (32-row blocks, 16 keys, 16 depth
     columns, 2 stages) unless `tiles` or kw set others; kw (kv_chunk, kv_sub, depth_items, ...) per call."""
     from moda_bench.kernels.moda import MoDAConfig
-    from moda_bench.kernels.moda.triton.interface import moda_fwd
     from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
+    from moda_bench.kernels.moda.triton.interface import moda_fwd
     from moda_bench.kernels.moda.validate import MoDAShape
     q, k, v, kd, vd, do = (x.detach() if x is not None else None
                            for x in random_inputs(B, T, 2 * G, 2, d, L, dtype, seed=seed))

@@ -13,11 +13,20 @@ import itertools
 
 import pytest
 import torch
-
 from helpers import TOLERANCE, random_inputs, rel_err
+
 from moda_bench.kernels import dattn
-from moda_bench.kernels.dattn import (MAX_SOURCES, depth_attention, depth_attention_reference, depth_mix, depth_mix_torch,
-                                  mix_bytes, mix_reference, sequence_backend, torch_causal_attention)
+from moda_bench.kernels.dattn import (
+    MAX_SOURCES,
+    depth_attention,
+    depth_attention_reference,
+    depth_mix,
+    depth_mix_torch,
+    mix_bytes,
+    mix_reference,
+    sequence_backend,
+    torch_causal_attention,
+)
 from moda_bench.kernels.dattn.attention import backend_for
 from moda_bench.kernels.dattn.mix_triton import mix_bwd, mix_fwd
 
@@ -299,8 +308,8 @@ def test_cpu_tensors_rejected_without_interpreter(monkeypatch):
 
 
 # ------------------------------------------------------------------ GPU, real sizes
-GPU_GRID = [(1000, 1, 0), (1000, 2, 1), (1000, 4, 5), (1000, 8, 16), (999, 4, 16), (2048, 1, 16), (2048, 2, 5), (2048, 4, 1),
-            (2048, 8, 0), (2048, 8, 16)]
+GPU_GRID = [(1000, 1, 0), (1000, 2, 1), (1000, 4, 5), (1000, 8, 16), (999, 4, 16), (2048, 1, 16), (2048, 2, 5),
+            (2048, 4, 1), (2048, 8, 0), (2048, 8, 16)]
 
 
 @pytest.mark.gpu

@@ -13,14 +13,14 @@ import itertools
 
 import pytest
 import torch
-
 from helpers import random_inputs, rel_err
+from test_dattn import check_case
+
 from moda_bench.kernels import dattn
 from moda_bench.kernels.dattn import chain_backend, chained_depth_attention, depth_attention, depth_attention_reference
 from moda_bench.kernels.dattn.attention import backend_for
 from moda_bench.kernels.dattn.mix_triton import mix_bwd, mix_fwd
 from moda_bench.kernels.moda.fa4.merge import FA4_BACKEND, TORCH_BACKEND
-from test_dattn import check_case
 
 
 def run_chained(B, T, G, Hk, d, S, dtype, seed, *, tol=None, scale=None):

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import cached_against_tritons, random_inputs
+
 from moda_bench.kernels import dattn
 from moda_bench.kernels.dattn import mix_triton as mk
 

@@ -14,11 +14,22 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from helpers import TOLERANCE, device, rel_err
-from moda_bench.kernels.decode import (DecodeConfig, DecodeShape, choose_num_splits, decode_bytes, decode_reference,
-                                   fa4_decode, fa4_decode_unavailable, flashinfer_decode, flashinfer_unavailable,
-                                   moda_decode, sdpa_decode, sdpa_unavailable)
+
+from moda_bench.kernels.decode import (
+    DecodeConfig,
+    DecodeShape,
+    choose_num_splits,
+    decode_bytes,
+    decode_reference,
+    fa4_decode,
+    fa4_decode_unavailable,
+    flashinfer_decode,
+    flashinfer_unavailable,
+    moda_decode,
+    sdpa_decode,
+    sdpa_unavailable,
+)
 from moda_bench.kernels.decode.interface import sm_count
 
 SMALL = DecodeConfig(block_n=16, block_l=16)
@@ -167,7 +178,8 @@ def test_noncontiguous_inputs():
 
 
 # ------------------------------------------------------------------ paged
-@pytest.mark.parametrize("Tq,L,S", [(1, 0, 1), (2, 3, 3), (4, 64, None)], ids=["Tq1-L0-S1", "Tq2-L3-S3", "Tq4-L64-auto"])
+@pytest.mark.parametrize("Tq,L,S", [(1, 0, 1), (2, 3, 3), (4, 64, None)],
+                         ids=["Tq1-L0-S1", "Tq2-L3-S3", "Tq4-L64-auto"])
 def test_paged(Tq, L, S):
     """page_size 16, a shuffled block table, ragged lengths (one ending mid-page)."""
     Tk = 131 if S is None else 61
@@ -273,7 +285,8 @@ BAD = [
      r"k_cache must have shape \(B=2, Tk, Hk, d=32\)"),
     ("cache-d", lambda: _drop_depth(_good(k_cache=_good()["k_cache"][..., :16], v_cache=_good()["v_cache"][..., :16])),
      ValueError, r"k_cache must have shape \(B=2, Tk, Hk, d=32\)"),
-    ("v-shape", lambda: _good(v_cache=_good()["v_cache"][:, :10]), ValueError, "v_cache must have the shape of k_cache"),
+    ("v-shape", lambda: _good(v_cache=_good()["v_cache"][:, :10]), ValueError,
+     "v_cache must have the shape of k_cache"),
     ("depth-Tq", lambda: _good(k_depth=_good()["k_depth"][:, :1], v_depth=_good()["v_depth"][:, :1]), ValueError,
      r"k_depth must have shape \(B=2, Tq=2, L, Hk=2, d=32\)"),
     ("depth-Hk", lambda: _good(k_depth=_good()["k_depth"][:, :, :, :1], v_depth=_good()["v_depth"][:, :, :, :1]),
@@ -293,7 +306,8 @@ BAD = [
      r"block_table must have shape \(B=2, max_blocks\), got \(1, 2\)"),
     ("table-dtype", lambda: _paged(block_table=_paged()["block_table"].long()), TypeError,
      "block_table must have dtype torch.int32"),
-    ("table-no-seqlens", lambda: _paged(cache_seqlens=None), ValueError, "cache_seqlens .* is required with a block_table"),
+    ("table-no-seqlens", lambda: _paged(cache_seqlens=None), ValueError,
+     "cache_seqlens .* is required with a block_table"),
     ("table-bad-page", lambda: _paged(block_table=_paged()["block_table"] * 0 + 99), ValueError,
      r"block_table\[0, 0\] = 99 is not a page of k_cache \(num_blocks=7\)"),
     ("paged-cache-d", lambda: _paged(k_cache=_paged()["k_cache"][..., :8], v_cache=_paged()["v_cache"][..., :8]),
@@ -330,7 +344,8 @@ def test_gpu_values_unchecked_by_default():
 
 
 @pytest.mark.parametrize("S,exc,words", [(0, ValueError, r"num_splits=0 must be in \[1, 256\]"),
-                                         (257, ValueError, "num_splits=257"), ("2", TypeError, "num_splits must be an int"),
+                                         (257, ValueError, "num_splits=257"),
+                                         ("2", TypeError, "num_splits must be an int"),
                                          (True, TypeError, "num_splits must be an int")])
 def test_bad_num_splits(S, exc, words):
     with pytest.raises(exc, match=words):

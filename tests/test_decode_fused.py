@@ -15,11 +15,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from helpers import rel_err
-from moda_bench.kernels.decode import DecodeConfig, moda_decode
 from test_decode import SMALL, check, make_inputs
 
+from moda_bench.kernels.decode import DecodeConfig, moda_decode
 
 # (Tq, G, L, d, lens, S, tma): ragged lengths where later splits of a sequence are empty (n = 9
 # at S = 4: span 16, splits 1-3 hold no key; n = 1 at S = 5), R = Tq*G beyond max_rows = 16 (two
@@ -71,6 +70,7 @@ def test_fused_combine_any_arrival_order(monkeypatch, order):
     if not os.environ.get("TRITON_INTERPRET"):
         pytest.skip("reorders the interpreter's programs")
     from triton.runtime import interpreter
+
     import moda_bench.kernels.decode.interface as kmod
     kw = make_inputs(2, 2, 32, 2, 64, 3, 53, seed=5, lens=[53, 9])
     base = DecodeConfig(block_n=16, block_l=16, max_rows=16)

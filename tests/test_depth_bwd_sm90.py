@@ -15,8 +15,8 @@ import math
 
 import pytest
 import torch
-
 from helpers import check_against_reference, cute_import_problem, cute_sm90_env
+
 from moda_bench.kernels.moda import MoDAConfig, MoDAShape
 from moda_bench.kernels.moda.config import check_config
 from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND, cute_bwd_unavailable, fa4_unavailable, moda_fa4
@@ -171,6 +171,7 @@ def test_kernel_refuses_more_shared_memory_than_an_sm_has():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
     import cutlass
+
     from moda_bench.kernels.moda.cute.bwd_depth_sm90 import DepthBwdSm90
     DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=8, stages=2)
     DepthBwdSm90(cutlass.BFloat16, 64, 8, 64, warps=4, stages=4)

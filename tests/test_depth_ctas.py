@@ -10,8 +10,8 @@ sequence backend). GPU (`-m gpu`): bf16 at odd T with real concurrency and FA4 w
 """
 import pytest
 import torch
-
 from helpers import check_against_reference, random_inputs, rel_err
+
 from moda_bench.kernels.moda import MoDAConfig, moda_attention, moda_reference
 from moda_bench.kernels.moda.config import check_config
 from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND, fa4_unavailable, moda_fa4

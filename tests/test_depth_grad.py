@@ -15,12 +15,12 @@ import statistics
 
 import pytest
 import torch
-
 from helpers import TOLERANCE, check_against_reference, random_inputs, rel_err
+
 from moda_bench.kernels.moda import MoDAConfig, moda_attention, moda_reference
-from moda_bench.kernels.moda.triton import interface as kernel_mod
 from moda_bench.kernels.moda.config import resolve_config
 from moda_bench.kernels.moda.fa4.merge import FA4_BACKEND, TORCH_BACKEND, fa4_unavailable, moda_fa4
+from moda_bench.kernels.moda.triton import interface as kernel_mod
 from moda_bench.kernels.moda.triton.interface import moda_bwd, moda_fwd
 from moda_bench.kernels.moda.validate import MoDAShape
 

@@ -13,8 +13,12 @@ import pytest
 import torch
 
 from moda_bench.kernels.dattn import torch_causal_attention
-from moda_bench.kernels.moda.depth_sep import (depth_sep_attention, depth_sep_reference, depth_softmax,
-                                               depth_softmax_reference)
+from moda_bench.kernels.moda.depth_sep import (
+    depth_sep_attention,
+    depth_sep_reference,
+    depth_softmax,
+    depth_softmax_reference,
+)
 from moda_bench.kernels.moda.reference import moda_reference
 
 NAMES = ("q", "k", "v", "k_depth", "v_depth")

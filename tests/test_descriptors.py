@@ -11,15 +11,15 @@ Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4); host vs device: bi
 """
 import pytest
 import torch
-
 from helpers import check_against_reference, random_inputs
+
 from moda_bench.kernels import launch as launch_mod
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
 from moda_bench.kernels.moda.triton import descriptors as D
-from moda_bench.kernels.moda.triton.interface import moda_fwd
-from moda_bench.kernels.moda.triton.bwd_tma_rules import HOST_DESC_BWD_MAX_T, host_desc_bwd
 from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
+from moda_bench.kernels.moda.triton.bwd_tma_rules import HOST_DESC_BWD_MAX_T, host_desc_bwd
 from moda_bench.kernels.moda.triton.fwd_tma import moda_fwd_tma
+from moda_bench.kernels.moda.triton.interface import moda_fwd
 from moda_bench.kernels.moda.validate import MoDAShape
 
 pytestmark = pytest.mark.skipif(D.TensorDescriptor is None, reason="this Triton has no host-side descriptors")

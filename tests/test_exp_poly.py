@@ -13,8 +13,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
 from helpers import check_against_reference, device, random_inputs, rel_err
+
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
 from moda_bench.kernels.moda.config import check_config
 from moda_bench.kernels.moda.triton.utils import exp2_fma, exp2_mix

@@ -14,11 +14,17 @@ import math
 
 import pytest
 import torch
-
 from helpers import check_against_reference, random_inputs, rel_err
+
 from moda_bench.kernels.moda import MoDAConfig, moda_reference
-from moda_bench.kernels.moda.fa4.merge import (TORCH_BACKEND, SequenceBackend, fa4_attention, fa4_unavailable, fa4_version,
-                                     moda_fa4)
+from moda_bench.kernels.moda.fa4.merge import (
+    TORCH_BACKEND,
+    SequenceBackend,
+    fa4_attention,
+    fa4_unavailable,
+    fa4_version,
+    moda_fa4,
+)
 
 HAS_CUDA = torch.cuda.is_available()
 FA4_REASON = fa4_unavailable()
@@ -209,6 +215,7 @@ def test_fa4_unavailable_is_answered_once_per_device(monkeypatch):
     """moda_fa4 asks on every call (forward and, for the CuTe depth backward, backward): the package
     metadata lookup (~0.3 ms) must not be paid each time."""
     from importlib import metadata
+
     from moda_bench.kernels.moda.fa4 import merge as fa4_mod
     calls = []
     real = metadata.version

@@ -173,6 +173,7 @@ def test_depth_attention_preset_has_the_seed_heads_and_S_equals_L(tmp_path):
 
 def _invoke(*args):
     import typer
+
     from moda_bench.cli.sweep import sweep_command
     app = typer.Typer()
     app.command("sweep")(sweep_command)
@@ -198,6 +199,7 @@ def test_decode_and_detached_runs_record_their_spec(tmp_path, monkeypatch):
     """The options reach one RunSpec (providers of the decode family, both timers, the floor's
     rates) and points with Tq=1 or depth_grad off; run.json records them."""
     import torch
+
     from moda_bench.bench import runner
     from moda_bench.cli import checks
     seen = []
@@ -299,6 +301,7 @@ def test_degrade_appends_a_second_reason_once():
 
 def test_alloc_retries_off_cuda_is_zero(monkeypatch):
     import torch
+
     from moda_bench.bench.point import alloc_retries
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert alloc_retries(None) == 0
@@ -309,6 +312,7 @@ def test_alloc_retries_off_cuda_is_zero(monkeypatch):
 
 def test_depth_attention_preset_times_graph_and_eager(tmp_path, monkeypatch):
     import torch
+
     from moda_bench.bench import runner
     from moda_bench.bench.presets import load_preset
     from moda_bench.cli import checks
@@ -326,6 +330,7 @@ def test_depth_attention_preset_times_graph_and_eager(tmp_path, monkeypatch):
 
 def test_a_decode_point_too_big_for_all_its_providers_is_skipped_whole(monkeypatch):
     import torch
+
     from moda_bench.bench import decode_providers as dp
     from moda_bench.bench.providers import get_provider
     provs = [get_provider(n, "decode") for n in ("moda", "fa2", "cudnn")]
@@ -341,6 +346,7 @@ def test_a_decode_point_too_big_for_all_its_providers_is_skipped_whole(monkeypat
 
 def test_only_selects_sweeps_of_a_preset_in_its_order(tmp_path, monkeypatch):
     import torch
+
     from moda_bench.bench import runner
     from moda_bench.bench.presets import preset_sweeps
     from moda_bench.cli import checks
@@ -365,10 +371,11 @@ def test_only_selects_sweeps_of_a_preset_in_its_order(tmp_path, monkeypatch):
 
 
 def test_require_stops_a_run_whose_providers_cannot_run(tmp_path, monkeypatch):
-    import torch
-    from moda_bench.bench import runner
     from dataclasses import replace
-    from moda_bench.bench import providers
+
+    import torch
+
+    from moda_bench.bench import providers, runner
     from moda_bench.cli import checks
     seen = []
     monkeypatch.setattr(runner, "run_sweep", lambda points, spec, csv_path, **kw: seen.append(spec))

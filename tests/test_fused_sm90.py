@@ -13,8 +13,8 @@ d 64 and 128, with depth_grad on and off; and its out bitwise equal run to run.
 
 import pytest
 import torch
-
 from helpers import check_against_reference, cute_import_problem, cute_sm90_env, random_inputs
+
 from moda_bench.kernels.moda import MoDAConfig, MoDAShape
 from moda_bench.kernels.moda.fa4.merge import TORCH_BACKEND, fa4_unavailable, fused_fwd_unavailable, moda_fa4
 
@@ -65,9 +65,9 @@ def test_l0_ignores_the_field_on_the_torch_backend():
 
 
 def test_provider_registered_and_skips():
-    from moda_bench.bench.runner import Point
     from moda_bench.bench.provider_types import ProviderSkip
     from moda_bench.bench.providers import get_provider
+    from moda_bench.bench.runner import Point
     prov = get_provider("moda-fused")
     assert prov.uses_depth and "depth tiles inside" in prov.description
     if FA4_REASON is not None:
@@ -110,6 +110,7 @@ def test_kernel_refuses_what_it_cannot_tile():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
     import cutlass
+
     from moda_bench.kernels.moda.cute.fwd_sm90 import MoDAForwardSm90
     with pytest.raises(ValueError, match="G dividing 64"):
         MoDAForwardSm90(cutlass.BFloat16, 64, 3, 4)
@@ -131,6 +132,7 @@ def test_paired_warp_steps_where_two_positions_share_a_warp():
     if _cute_importable() is not None:
         pytest.skip("CuTe DSL not importable")
     import cutlass
+
     from moda_bench.kernels.moda.cute.fwd_sm90 import MoDAForwardSm90
 
     def kern(G, L, d=64, placement="spread", probe=""):

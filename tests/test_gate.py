@@ -16,11 +16,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from moda_bench import schema
 from moda_bench.bench import gate as gate_run
 from moda_bench.cli.gate import gate_command, parse_threshold
 from moda_bench.reports import gate
 from moda_bench.reports.gate import compare
-from moda_bench import schema
 
 GPU = "NVIDIA H100 80GB HBM3"
 CONFIGS = [dict(T=T, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype="bfloat16") for T in (1024, 4096, 16384)]
@@ -434,6 +434,7 @@ def healthy_gpu(monkeypatch, verdicts=("healthy",)):
     """CUDA 'available' and the health canary stubbed: successive checks return these statuses
     (the last one repeats); returns the list of device indices checked."""
     import torch
+
     from moda_bench import health
 
     seen = []

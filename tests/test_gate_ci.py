@@ -11,14 +11,13 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from test_gate import CONFIGS, _app, healthy_gpu, make_run, now_iso
 from typer.testing import CliRunner
 
 from moda_bench import schema
 from moda_bench.bench import gate as gate_run
 from moda_bench.reports import gate
 from moda_bench.reports.gate import classify_interval, compare
-
-from test_gate import CONFIGS, _app, healthy_gpu, make_run, now_iso
 
 ENV = {"GITHUB_STEP_SUMMARY": "", "COLUMNS": "200"}
 INTERVAL = re.compile(r"\d\.\d{3} \[\d\.\d{3}-\d\.\d{3}\]")   # '1.023 [1.011-1.035]'

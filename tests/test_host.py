@@ -195,6 +195,7 @@ def test_gpu_state_shows_host_numbers_where_rows_have_them(tmp_path):
     """Rows carrying the host canary and host_cpus (run-a): the GPU-state block gets the median
     host numbers and the CPUs with their row counts; a folder without them (run-b) shows '-'."""
     from test_report import table_rows, write_new_results, write_schema_csv
+
     from moda_bench.reports.report import generate_report
     res = tmp_path / "results"
     rows = write_new_results(res)
@@ -247,6 +248,7 @@ def test_run_record_has_the_pin_and_each_processs_host(tmp_path):
 
 def test_doctor_host_table():
     from rich.console import Console
+
     from moda_bench.cli.doctor import host_table
     console = Console(width=200, record=True)
     console.print(host_table({"host_launch_us": 36.7, "host_op_us": math.nan, "host_autograd_us": 95.25}, "3"))
@@ -258,6 +260,7 @@ def test_doctor_host_table():
 def test_ablate_rejects_a_bad_pin_in_one_line():
     import typer
     from typer.testing import CliRunner
+
     from moda_bench.cli.ablate import ablate_command
     app = typer.Typer()
     app.command()(ablate_command)
@@ -268,6 +271,7 @@ def test_ablate_rejects_a_bad_pin_in_one_line():
 
 def test_pool_worker_exits_2_when_its_cpu_cannot_be_pinned(capsys):
     import typer
+
     from moda_bench.bench.pool.worker import gpu_start
     from moda_bench.bench.spec import RunSpec
     start = gpu_start(RunSpec(["moda"], "fwd", pin_cpu=(0, 100000)), Path("unused.csv"), worker=1)

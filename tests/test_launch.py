@@ -2,8 +2,8 @@
 cached launches repeat Triton's (stand-ins on the CPU, MoDA's kernels bitwise on a Hopper GPU)."""
 import pytest
 import triton
-
 from helpers import cached_against_tritons
+
 from moda_bench.kernels.launch import cdiv, next_pow2
 
 
@@ -166,6 +166,7 @@ def test_gpu_cached_launches_give_tritons_results(monkeypatch):
     from the cache after their first call, and out and all five gradients are bitwise those of
     Triton's own path, at odd T, G in {1, 2, 8} and L in {0, 5, 64}."""
     import torch
+
     from moda_bench.kernels.moda.config import resolve_config
     from moda_bench.kernels.moda.validate import MoDAShape
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
@@ -189,6 +190,7 @@ def test_gpu_cached_pointer_launches_give_tritons_results(monkeypatch, place, la
     all five gradients bitwise those of Triton's own path, in every placement (L=64, odd T) and at
     L = 0 (T=77, G=2)."""
     import torch
+
     from moda_bench.kernels.moda import MoDAConfig
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -206,6 +208,7 @@ def test_gpu_cached_depth_and_merge_launches_give_tritons_results(monkeypatch):
     bitwise Triton's own path (odd T, G=8, L=64; no FA4 needed)."""
     import torch
     from helpers import cached_against_tritons, random_inputs
+
     from moda_bench.kernels.moda.fa4 import merge as fa4
     from moda_bench.kernels.moda.triton import depth as kernel_depth
     if not torch.cuda.is_available():
@@ -232,6 +235,7 @@ def test_tma_alignment_rule_and_sm_count():
     tensor's strides read from its shape (torch's arbitrary stride on a length-1 dimension does
     not count), a strided view's from its strides. `num_sms` is 4 off CUDA, asked once a device."""
     import torch
+
     from moda_bench.kernels.moda.triton import fwd_tma as ft
     x = torch.zeros(2, 5, 3, 8, dtype=torch.bfloat16)          # rows of 16 bytes
     assert ft.aligned(x, None)
@@ -250,8 +254,10 @@ def test_gpu_cached_decode_launches_give_tritons_results(monkeypatch):
     """Decode's split and combine launches repeat from the cache after their first call and give
     bitwise Triton's own path: dense cache with auto splits (split + combine, PDL where the GPU
     has it), one split (direct), the fused combine, descriptor (TMA) tiles, a paged cache, L = 0."""
-    import torch
     from dataclasses import replace
+
+    import torch
+
     from moda_bench.kernels import launch
     from moda_bench.kernels.decode import DecodeConfig, moda_decode
     from moda_bench.kernels.decode import interface as kmod
@@ -285,6 +291,7 @@ def test_gpu_cached_decode_launches_give_tritons_results(monkeypatch):
 def test_aligned16():
     """`aligned16`: every data pointer 16-byte aligned (the condition for a `CachedLaunch` key)."""
     import torch
+
     from moda_bench.kernels.launch import aligned16
     x = torch.zeros(64, dtype=torch.float32)
     assert aligned16(x) and aligned16(x, x[4:]) and aligned16()

@@ -13,8 +13,8 @@ FA4 installed, three moda-fa4 / moda-overlap forwards at T=32768 bitwise equal.
 """
 import pytest
 import torch
-
 from helpers import rel_err
+
 from moda_bench.kernels.moda.fa4.merge import _merge, fa4_unavailable
 from moda_bench.kernels.moda.triton.interface import merge_partials
 

@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 import torch
-
 from helpers import check_against_reference, random_inputs, rel_err
+
 from moda_bench.kernels.moda import MoDAConfig, depth_utilization, moda_attention, moda_reference
 
 

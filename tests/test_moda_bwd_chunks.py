@@ -14,13 +14,12 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: help
 """
 import pytest
 import torch
+from helpers import bwd_tma_passes, check_against_reference, graph_replayed, random_inputs, rel_err, small_tma_config
 
-from helpers import (bwd_tma_passes, check_against_reference, graph_replayed, random_inputs, rel_err,
-                     small_tma_config)
 from moda_bench.kernels.launch import cdiv
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
-from moda_bench.kernels.moda.triton import interface as kernel_mod
 from moda_bench.kernels.moda.triton import bwd_tma as bwd_mod
+from moda_bench.kernels.moda.triton import interface as kernel_mod
 from moda_bench.kernels.moda.validate import MoDAShape
 
 

@@ -9,11 +9,11 @@ Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2); same-an
 """
 import pytest
 import torch
-
 from helpers import check_against_reference, random_inputs, rel_err
+
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
-from moda_bench.kernels.moda.triton import interface as kernel_mod
 from moda_bench.kernels.moda.triton import bwd_tma as kernel_bwd_tma
+from moda_bench.kernels.moda.triton import interface as kernel_mod
 from moda_bench.kernels.moda.triton.bwd_tma_rules import DQ_HEADS_MIN_T, DQ_HEADS_MIN_T_G2, dq_heads
 
 

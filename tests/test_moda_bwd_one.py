@@ -11,13 +11,13 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Tolerances: help
 """
 import pytest
 import torch
-
 from helpers import check_against_reference, graph_replayed, random_inputs, rel_err, small_tma_config
 from helpers import grads_of as _grads
+
 from moda_bench.kernels.moda import moda_attention
-from moda_bench.kernels.moda.triton import interface as kernel_mod
-from moda_bench.kernels.moda.triton import bwd_tma_rules as rules
 from moda_bench.kernels.moda.triton import bwd_tma as bwd_mod
+from moda_bench.kernels.moda.triton import bwd_tma_rules as rules
+from moda_bench.kernels.moda.triton import interface as kernel_mod
 
 
 def _one(**kw):

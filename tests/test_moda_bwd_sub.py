@@ -12,8 +12,8 @@ CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1).
 """
 import pytest
 import torch
-
 from helpers import bwd_tma_passes, rel_err
+
 from moda_bench.kernels.moda.triton import interface as kernel_mod
 
 

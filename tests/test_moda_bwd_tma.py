@@ -2,18 +2,19 @@
 fp64 reference: out, lse and all five gradients at odd T (not a multiple of any block), G in
 {1, 2, 3, 8, 16, 32} (3 and 6: a q/do box's padding rows hold the next KV head's rows), L in
 {0, 1, odd, more than one depth step}, B = 2, d 32/64, fp32 and bf16; descriptor and pointer
-loads (same answer); either order of a step's products (dp first or after); detached depth (no depth gradients, the other three bitwise unchanged);
-the pointer fallback where a caller passes delta or asks for the depth part alone; the default's
-choice; the config check; moda-fa4's depth launch under the new default.
+loads (same answer); either order of a step's products (dp first or after); detached depth (no
+depth gradients, the other three bitwise unchanged); the pointer fallback where a caller passes
+delta or asks for the depth part alone; the default's choice; the config check; moda-fa4's depth
+launch under the new default.
 
 CPU: the Triton interpreter runs the device-side descriptors (conftest sets TRITON_INTERPRET=1).
 Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).
 """
 import pytest
 import torch
-
 from helpers import check_against_reference, graph_replayed, random_inputs, rel_err, small_tma_config
 from helpers import grads_of as _grads
+
 from moda_bench.kernels.moda import MoDAConfig, moda_attention
 from moda_bench.kernels.moda import config as config_mod
 from moda_bench.kernels.moda.triton import interface as kernel_mod
@@ -99,8 +100,8 @@ def test_bwd_tma_dp_first_same_gradients(T, G, L):
     """Each pass's dp product issued before or after the exponentials (DP_FIRST, forced both ways
     in either pass) gives bitwise the same gradients; `dp_first` issues it first in the key-major
     pass where its registers are not capped."""
-    from moda_bench.kernels.moda.triton.bwd_tma_rules import dp_first
     from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
+    from moda_bench.kernels.moda.triton.bwd_tma_rules import dp_first
     q, k, v, kd, vd, do = (x.detach() if x is not None else None for x in random_inputs(2, T, 2 * G, 2, 32, L,
                                                                                          torch.float32, seed=T + 1))
     shape = MoDAShape(B=2, T=T, Hq=2 * G, Hk=2, d=32, L=L)

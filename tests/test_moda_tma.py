@@ -9,8 +9,8 @@ Tolerances: helpers.TOLERANCE (||err|| / ||ref||: fp32 1e-4, bf16 2e-2).
 """
 import pytest
 import torch
-
 from helpers import check_against_reference, random_inputs, rel_err
+
 from moda_bench.kernels.moda import MoDAConfig, depth_utilization, moda_attention
 from moda_bench.kernels.moda import config as config_mod
 from moda_bench.kernels.moda.triton import interface as kernel_mod

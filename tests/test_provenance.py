@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from helpers import load_tool
+
 from moda_bench import schema
 
 

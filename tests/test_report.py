@@ -6,9 +6,12 @@ ceiling row (700 TFLOP/s). Paper numbers come from results/reference/.
 """
 from __future__ import annotations
 
+import csv
 import os
+import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from moda_bench import schema
 from moda_bench.cli.report import report_command
 from moda_bench.reports.report import ReportError, generate_report
 
@@ -151,7 +155,9 @@ def test_provenance_and_ceiling(report):
 
 
 def test_ceiling_override_and_default(tmp_path):
-    md = lambda out: (out / "REPORT.md").read_text()
+    def md(out):
+        return (out / "REPORT.md").read_text()
+
     generate_report([DATA], tmp_path / "a", paper_dir=PAPER, ceiling_tflops=900, figures=False)
     assert "ceiling of 900.0 TFLOP/s (--ceiling-tflops)" in md(tmp_path / "a")
     generate_report([DATA / "sweeps"], tmp_path / "b", figures=False)   # no matmul row, no paper data
@@ -205,7 +211,9 @@ def test_non_results_csv_is_skipped_with_a_warning(tmp_path):
     src = (DATA / "sweeps" / "sweep_G.csv").read_text().splitlines()
     header = src[0].split(",")
     drop = [header.index("median_ms"), header.index("pass")]
-    keep = lambda line: ",".join(c for i, c in enumerate(line.split(",")) if i not in drop)
+    def keep(line):
+        return ",".join(c for i, c in enumerate(line.split(",")) if i not in drop)
+
     (res_dir / "broken.csv").write_text("\n".join(keep(l) for l in src) + "\n")
     (res_dir / "wall_time.csv").write_text("run_dir,gpus,command,wall_s\nx,1,sweep,2.5\n")
     seen = []
@@ -272,11 +280,6 @@ def test_empty_and_missing_dirs(tmp_path):
 # Newer CSVs: paired ratio intervals, ratio_to_best, samples/noise, fa4 + moda-fa4, eager and
 # graph timers, GPU state and health. Written here from the schema, seeded random-ish values.
 # ---------------------------------------------------------------------------------------------
-import csv
-import random
-import statistics
-
-from moda_bench import schema
 
 SEQ_ONLY = ("fa2", "fa4", "cudnn")
 NEW_PROVIDERS = ("moda", "moda-fa4", "fa2", "fa4", "cudnn")
@@ -598,11 +601,13 @@ def test_ablation_ladder_keeps_custom_timed_rung_and_splits_graph(tmp_path):
     write_schema_csv(tmp_path / "res" / "ablation.csv", rows)
     generate_report([tmp_path / "res"], tmp_path / "out", figures=False)
     md = (tmp_path / "out" / "REPORT.md").read_text()
-    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, eager timer")
+    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, "
+                                  "eager timer")
     assert [r[1] for r in body] == ["naive-torch", "flash-compatible", "chunk-aware", "ours"]
     naive = next(r for r in rows if r["provider"] == "naive-torch")
     assert cell(header, body, "1", "ms") == f"{naive['median_ms']:.3f}"
-    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, graph timer")
+    header, body = table_rows(md, "### T=1024, G=8, Hq=64, Hk=8, L=64, B=1, d=64, C=64, dtype=bfloat16, fwd+bwd, "
+                                  "graph timer")
     assert [r[1] for r in body] == ["flash-compatible", "chunk-aware", "ours"]
     graph_ours = next(r for r in rows if r["provider"] == "ours" and r["timer"] == "graph")
     assert cell(header, body, "10", "ms") == f"{graph_ours['median_ms']:.3f}"

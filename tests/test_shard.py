@@ -10,13 +10,13 @@ import random
 import re
 import sys
 
+import fake_worker
 import pandas as pd
 import pytest
 import typer
+from fake_worker import fake_row
 from typer.testing import CliRunner
 
-import fake_worker
-from fake_worker import fake_row
 from moda_bench import schema
 from moda_bench.bench import runner
 from moda_bench.bench.pool import distributed, local, merge
@@ -534,8 +534,9 @@ def test_chunk_pinning_follows_the_whole_sweep(tmp_path, monkeypatch):
         assert len(rows) == len(pts)
         assert all(json.loads(c) == {"pin_chunk": want} for c in rows.config)
         for rank in range(2):
-            frame = distributed.run_distributed(pts, RunSpec(["moda"], "fwd"), tmp_path / f"d{want}.csv", sweep_name="paper",
-                                          dist=planning.DistInfo(rank, 2, rank), progress=False)
+            frame = distributed.run_distributed(pts, RunSpec(["moda"], "fwd"), tmp_path / f"d{want}.csv",
+                                                sweep_name="paper", dist=planning.DistInfo(rank, 2, rank),
+                                                progress=False)
             assert all(json.loads(c) == {"pin_chunk": want} for c in frame.config)
 
 

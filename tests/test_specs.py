@@ -9,6 +9,9 @@ import inspect
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import fake_tuning_device
+from test_gate import make_run, now_iso
+from test_tuning import FakeTimer
 
 from moda_bench import schema, tuning
 from moda_bench.bench import gate as gate_run
@@ -16,10 +19,6 @@ from moda_bench.bench import runner
 from moda_bench.bench import tune as tune_run
 from moda_bench.bench.spec import DEFAULT_TUNE_KERNELS, GATE_CURRENT, GateSpec, SpecError, TuneSpec
 from moda_bench.reports.gate import compare
-
-from helpers import fake_tuning_device
-from test_gate import make_run, now_iso
-from test_tuning import FakeTimer
 
 
 # ----------------------------------------------------------------------------- TuneSpec

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 import torch
 
-from moda_bench.kernels.moda.reference import moda_reference
-from moda_bench.bench import providers
 from moda_bench import schema
-from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
+from moda_bench.bench import providers
 from moda_bench.bench.point import TimingOptions, check_accuracy
-from moda_bench.bench.spec import RunSpec
+from moda_bench.bench.providers import Prepared, ProviderSkip, UnknownProviderError, register_provider
 from moda_bench.bench.runner import Point, plan_points, run_sweep
+from moda_bench.bench.spec import RunSpec
+from moda_bench.kernels.moda.reference import moda_reference
 
 HAS_CUDA = torch.cuda.is_available()
 TINY = Point(T=24, G=2, Hk=2, L=3, B=2, d=16, C=16, dtype="float32")
@@ -161,7 +161,8 @@ def test_rows_csv_schema_and_baseline(tmp_path, fakes):
     assert by.loc[(24, "fake-moda"), "tflops"] == pytest.approx(
         schema.pass_flops("fwdbwd", p.B, p.Hq, 24, p.d, p.L) / (2.5 * 1e9))
     assert by.loc[(24, "fa2"), "tflops"] == pytest.approx(schema.pass_flops("fwdbwd", p.B, p.Hq, 24, p.d, 0) / 2e9)
-    assert by.loc[(24, "fake-moda"), "depth_utilization"] == 0.5 and math.isnan(by.loc[(24, "fa2"), "depth_utilization"])
+    assert by.loc[(24, "fake-moda"), "depth_utilization"] == 0.5
+    assert math.isnan(by.loc[(24, "fa2"), "depth_utilization"])
     assert (back["max_rel_err"] < 1e-6).all()  # the fakes are the reference, rounded to float32
     assert back["gpu"].str.len().min() > 0 and back["timestamp"].str.len().min() > 0
     assert by.loc[(24, "fake-moda"), "config"] == '{"chunk": null}'  # not pinned on a T sweep
@@ -298,6 +299,7 @@ def test_rows_carry_the_pinned_cpu_and_the_host_canary(tmp_path, fakes, monkeypa
     """spec.pin_cpu: the timing process pins itself to item `worker` % len before it times, runs
     the host canary once, and every row carries its numbers and CPU."""
     import os
+
     from moda_bench import host
     pinned, canaries = [], []
     state = {"cpus": set(range(8))}
@@ -380,6 +382,7 @@ def _app():
         return app
     except ImportError:
         import typer
+
         from moda_bench.cli.sweep import sweep_command
         app = typer.Typer()
         app.command("sweep")(sweep_command)
@@ -463,6 +466,7 @@ def test_cli_end_to_end_with_fake_gpu(tmp_path, monkeypatch, fakes):
 @pytest.mark.parametrize("T, L, block", [(40, 3, 8), (33, 1, 8), (17, 7, 4), (16, 0, 8), (5, 2, 8)])
 def test_flex_block_mask_matches_dense_construction(T, L, block):
     from torch.nn.attention.flex_attention import create_block_mask
+
     from moda_bench.kernels.moda.flex import moda_block_mask, moda_mask_mod
     mine = moda_block_mask(T, L, device="cpu", block_size=block)
     ref = create_block_mask(moda_mask_mod(T, L), None, None, T, T + T * L, device="cpu", BLOCK_SIZE=block)

@@ -228,7 +228,8 @@ def test_interleave_runs_rounds_in_order_and_keeps_round_medians():
 def test_interleave_honours_min_samples_with_one_rep_for_slow_calls():
     order, clock = [], FakeClock()
     samplers = _recording(order, clock, {"slow": 400.0, "slower": [480.0, 520.0]})
-    res = timing.interleave(samplers, baseline="slow", reps=1, rule=RoundRule(min_rounds=3, max_time_s=1.0), clock=clock)
+    res = timing.interleave(samplers, baseline="slow", reps=1, rule=RoundRule(min_rounds=3, max_time_s=1.0),
+                            clock=clock)
     assert res.rounds == 10 and res.stop_reason == "max_time"
     assert order == ["slow", "slower"] * 10
     assert res.measurements["slower"].n_samples == 10

@@ -13,15 +13,14 @@ import warnings
 
 import pytest
 import torch
-
-from moda_bench.kernels.moda import config as config_mod
-from moda_bench.kernels.moda.triton import bwd_tma_rules as rules
-from moda_bench import tuning as tu
-from moda_bench.tuning import cache as cache_mod
-from moda_bench.kernels.moda.config import MoDAConfig, default_config, group_pad, resolve_config
-from moda_bench.kernels.moda.validate import MoDAShape
 from helpers import H100_SMEM, fake_tuning_device
 
+from moda_bench import tuning as tu
+from moda_bench.kernels.moda import config as config_mod
+from moda_bench.kernels.moda.config import MoDAConfig, default_config, group_pad, resolve_config
+from moda_bench.kernels.moda.triton import bwd_tma_rules as rules
+from moda_bench.kernels.moda.validate import MoDAShape
+from moda_bench.tuning import cache as cache_mod
 
 
 def shape(T=1024, G=8, L=64, d=64, B=1, Hk=2) -> MoDAShape:
@@ -135,7 +134,7 @@ def test_budget_limits_timed_candidates_and_sampling_is_reproducible():
     b, _ = tu.candidate_configs(sh, "fwd", base, budget=12, seed=3)
     assert a == b and a[0] == base and len(a) == 6 and stats["survivors"] > 12
     calls = []
-    ks = tu.tune_kernel(sh, "fwd", base, lambda c: calls.append(c) or 1.0 + c.block_n / 1000, budget=12)
+    tu.tune_kernel(sh, "fwd", base, lambda c: calls.append(c) or 1.0 + c.block_n / 1000, budget=12)
     assert 6 < len(calls) <= 12 and len(set(calls)) == len(calls)
     # later rounds only try one-field neighbours of a config tried before them
     fields_ = tu.KERNEL_FIELDS["fwd"]
@@ -288,7 +287,8 @@ def test_tune_shape_finds_the_cost_model_optimum():
 
 class DepthFakeTimer(tu.Timer):
     """Cost model of the depth part: fwd prefers 'stream' launched after the sequence kernel
-    with 2 warps and 32-row launches, bwd prefers 'overlap' with bwd_block_l=32 and one stage; tile fields cost nothing."""
+    with 2 warps and 32-row launches, bwd prefers 'overlap' with bwd_block_l=32 and one stage; tile
+    fields cost nothing."""
 
     def time(self, cfg, pass_, final=False):
         fwd = 1.0 + {"stream": 0.0, "split": 0.2, "fused": 0.5, "overlap": 0.4}[cfg.fwd_depth]
@@ -711,7 +711,8 @@ def test_bwd_kv_space_tries_the_key_major_pass_beside_the_dq_pass():
     assert all(tu.config_problems(c, 8) == [] for c in space)
     ptr = tu.search_space(sh, "bwd_kv", default_config(sh).replace(bwd_depth="fused"))
     assert {c.bwd_kv_beside for c in ptr} == {-1} and {c.bwd_kv_chunk for c in ptr} == {-1}
-    assert tu.config_problems(tma.replace(bwd_kv_beside=3), 8) == ["bwd_kv_beside=3 must be -1 (by shape) or in (0, 1, 2)"]
+    assert tu.config_problems(tma.replace(bwd_kv_beside=3), 8) == [
+        "bwd_kv_beside=3 must be -1 (by shape) or in (0, 1, 2)"]
     assert tu.config_problems(tma.replace(bwd_kv_beside=2, bwd_kv_warps=8), 8) == [
         "bwd_kv_beside=2 (both backward passes in one launch) needs: bwd_q_warps=4 != bwd_kv_warps=8"]
 
@@ -726,6 +727,7 @@ def test_bwd_q_space_tries_the_other_dq_pass_at_l0():
         assert {c.bwd_dq_heads for c in space} == {-1, other}
         assert all(tu.config_problems(c, 8) == [] for c in space)
     for sh in (shape(G=8, L=64), shape(G=3, L=0)):
-        assert {c.bwd_dq_heads for c in tu.search_space(sh, "bwd_q", default_config(sh).replace(bwd_depth="tma"))} == {-1}
+        space = tu.search_space(sh, "bwd_q", default_config(sh).replace(bwd_depth="tma"))
+        assert {c.bwd_dq_heads for c in space} == {-1}
     sh = shape(G=8, L=0)
     assert {c.bwd_dq_heads for c in tu.search_space(sh, "bwd_q", default_config(sh).replace(bwd_depth="fused"))} == {-1}

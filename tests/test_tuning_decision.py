@@ -10,11 +10,11 @@ import time
 
 import pytest
 import torch
+from helpers import H100_SMEM, fake_tuning_device
 
 from moda_bench import tuning as tu
 from moda_bench.kernels.moda.config import default_config, resolve_config
 from moda_bench.kernels.moda.validate import MoDAShape
-from helpers import H100_SMEM, fake_tuning_device
 from moda_bench.timing import RoundRule
 
 TEN_ROUNDS = RoundRule(min_rounds=10, max_rounds=10)

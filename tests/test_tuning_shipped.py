@@ -330,7 +330,8 @@ def test_moda_fa4_has_its_own_entries_and_falls_back_to_modas(_isolated, tmp_pat
     _ship(_isolated, sh, moda_cfg)
     assert resolve_config(sh, torch.bfloat16, op="moda-fa4") == moda_cfg
     _write_shipped(_isolated, {config_mod.shipped_key(sh, "bfloat16"): {"config": moda_cfg.to_dict()},
-                               config_mod.shipped_key(sh, "bfloat16", op="moda-fa4"): {"config": fa4_shipped.to_dict()}})
+                               config_mod.shipped_key(sh, "bfloat16", op="moda-fa4"):
+                                   {"config": fa4_shipped.to_dict()}})
     assert resolve_config(sh, torch.bfloat16, op="moda-fa4") == fa4_shipped
     assert resolve_config(sh, torch.bfloat16) == moda_cfg
     # the user cache: a moda-fa4 result is stored under the prefixed key and wins over shipped
@@ -354,9 +355,9 @@ def test_moda_fa4_has_its_own_entries_and_falls_back_to_modas(_isolated, tmp_pat
 def test_tune_command_op_errors(_isolated):
     """--op: an unknown operator, moda-fa4 at L=0 or with tile groups only: one-line errors before
     anything needs a GPU."""
-    from typer.testing import CliRunner
-
     import re
+
+    from typer.testing import CliRunner
 
     from moda_bench.cli import app
 
@@ -420,9 +421,9 @@ def test_tune_shape_moves_overlap_program_counts_from_its_default(_isolated, tmp
 
 def test_tune_command_overlap_errors(_isolated):
     """--op moda-overlap takes only its groups, needs L > 0; the others refuse its groups."""
-    from typer.testing import CliRunner
-
     import re
+
+    from typer.testing import CliRunner
 
     from moda_bench.cli import app
 
@@ -455,7 +456,8 @@ def test_overlap_item_groups_search_the_streaming_items():
     with pytest.raises(ValueError, match="persist"):
         tu.search_space(shape(), "fwd_items", default_config(shape()))
     # opt-in: `tune --op moda-overlap` searches the counts unless --kernels names the item groups
-    assert tu.OVERLAP_DEFAULT == ("fwd_ctas", "bwd_kernel", "bwd_ctas") and set(tu.OVERLAP_DEFAULT) < set(tu.OVERLAP_GROUPS)
+    assert tu.OVERLAP_DEFAULT == ("fwd_ctas", "bwd_kernel", "bwd_ctas")
+    assert set(tu.OVERLAP_DEFAULT) < set(tu.OVERLAP_GROUPS)
 
 
 class ItemsFakeTimer(CtasFakeTimer):

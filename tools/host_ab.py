@@ -16,12 +16,12 @@ the kernels are the same), so the comparison is of the same work.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import subprocess
 import sys
 import tarfile
-import io
 
 OLD = "moda_bench_old"
 

@@ -48,6 +48,7 @@ def commit_of_digest(digest: str, repo: Path, depth: int = 300) -> str | None:
     """The newest of the last `depth` commits whose moda_bench/*.py have this source digest
     (moda_bench.schema.source_digest), or None."""
     import subprocess
+
     from moda_bench.schema import source_digest
 
     def git(*args, **kw):

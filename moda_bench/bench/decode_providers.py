@@ -74,6 +74,7 @@ def make_decode_inputs(point, L: int, *, device: str, seed: int, dtype) -> dict:
 def check_decode_accuracy(forward: Callable, inputs: dict) -> float:
     """||out - ref|| / ||ref|| of batch 0 against the float64 decode reference."""
     import torch
+
     from moda_bench.kernels.decode import decode_reference
     from moda_bench.timing import max_rel_err
     with torch.no_grad():

@@ -71,6 +71,7 @@ def check_accuracy(forward: Callable, inputs: dict, pass_: str, n: int = CHECK_L
     Costs one extra forward (+ backward) of the provider. Leaves .grad cleared.
     """
     import torch
+
     from moda_bench.kernels.moda import moda_reference
     from moda_bench.timing import grad_inputs, max_rel_err
 
@@ -107,11 +108,12 @@ def repeat_error(forward: Callable, device: str) -> float:
     """0.0 when two calls of `forward` (no grad) give bitwise equal outputs, else ||b - a|| /
     ||a|| over the whole output; NaN off CUDA (the interpreter runs programs one by one, so a
     race between threads cannot show there). The accuracy check reads a prefix of positions
-    against fp64 and cannot see a few wrong rows elsewhere: moda-fa4's in-place merge on Triton
-    3.6 changed 8-84 of 2M rows from run to run at T=32768 (results/h100/overlap-check)."""
+    against fp64 and cannot see a few wrong rows elsewhere, as moda-fa4's old in-place merge
+    showed (docs/DESIGN.md, "The merge route")."""
     if not str(device).startswith("cuda"):
         return math.nan
     import torch
+
     from moda_bench.timing import max_rel_err
     with torch.no_grad():
         a = forward()
@@ -153,9 +155,10 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
     K/V detached when the point's depth_grad is off), decode providers the decode inputs.
     `shared` (a point's dict): training inputs of one depth count are made once and shared by the
     providers that take them (the same seed made them equal anyway; a copy each would hold the
-    point's depth tensors once per provider: at L=256 on an 80 GB GPU five providers' copies
-    filled it and slowed some providers 1.7x, 2026-11-26)."""
+    point's depth tensors once per provider: at large L several providers' copies fill an 80 GB
+    GPU, and the allocator's retries slow some providers and not others)."""
     import torch
+
     from moda_bench.floor import Rates, row_work
     from moda_bench.timing import grad_inputs, make_inputs, make_pass_fn
 
@@ -212,6 +215,7 @@ def stage(provider, point, pass_: str, row: dict, *, device: str, chunk: Optiona
 def guarded(row: dict, device: str, work: Callable[[], object]):
     """work() with a provider's failures turned into the row's status (skipped / oom / error)."""
     import torch
+
     from moda_bench.bench.providers import ProviderSkip
     try:
         return work()

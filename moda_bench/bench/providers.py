@@ -21,12 +21,21 @@ import math
 from typing import Callable, Optional
 
 from moda_bench.bench import decode_providers
-from moda_bench.bench.provider_types import (DECODE, OPS, TRAIN, Prepared, Provider, ProviderSkip,
-                                             UnknownProviderError, needs_cuda, needs_triton_op)
+from moda_bench.bench.provider_types import (
+    DECODE,
+    OPS,
+    TRAIN,
+    Prepared,
+    Provider,
+    ProviderSkip,
+    UnknownProviderError,
+    needs_cuda,
+    needs_triton_op,
+)
 
 # fa4 / moda-fa4 / moda-fused need the optional flash-attn-4 (Hopper, Blackwell; moda-fused an sm90
 # GPU): elsewhere their rows are skipped with the reason. moda-fused is here because it is the
-# fastest MoDA at long T: the first command a user runs should show it (issue 58).
+# fastest MoDA at long T: the first command a user runs should show it.
 DEFAULT_PROVIDERS = ["moda", "moda-fa4", "moda-fused", "fa2", "fa4", "fa2-triton", "cudnn", "flex"]
 BASELINE = "fa2"
 
@@ -318,8 +327,8 @@ def _overlap_prepared(inputs, point, chunk, fused: bool) -> Prepared:
     """moda-overlap (fused=False) or moda-fused (its forward as one FA4 sm90 kernel, fused_sm90)."""
     from moda_bench.kernels.moda import MoDAShape
     from moda_bench.kernels.moda.fa4 import merge as fa4
-    from moda_bench.kernels.moda.triton import depth as kernel_depth
     from moda_bench.kernels.moda.fa4 import overlap
+    from moda_bench.kernels.moda.triton import depth as kernel_depth
     if chunk is not None:
         raise ProviderSkip("C (block_m) does not apply: the depth items' rows are the overlap heuristic's"
                            + (", the fused forward's rows FA4's tiles" if fused else ""))
@@ -360,6 +369,7 @@ def _moda_fused(inputs, point, chunk):
 
 def _depth_sep_reference(q, k, v, k_depth, v_depth):
     import torch
+
     from moda_bench.kernels.moda.depth_sep import depth_sep_reference
     return depth_sep_reference(q, k, v, k_depth, v_depth, out_dtype=torch.float64)
 
@@ -443,6 +453,7 @@ def _dattn_torch(inputs, point, chunk):
                    description="the Depth-Attention mix kernel alone (mixed values out), against the copy rate")
 def _dattn_mix(inputs, point, chunk):
     import torch
+
     from moda_bench.kernels.dattn import depth_mix
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     g = torch.Generator(device=q.device)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable
 
 from moda_bench import results, schema
-
 from moda_bench.bench.point import CHECK_LEN, run_point
 
 # `--timer do_bench`: each provider on its own through triton's do_bench (median/p20/p80 of
@@ -178,6 +177,7 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
     per process, with the host canary whose columns every row carries).
     """
     import pandas as pd
+
     from moda_bench.bench.providers import BASELINE, op_of_pass, resolve_providers
 
     pass_ = schema.check_pass(spec.pass_)
@@ -226,7 +226,7 @@ def run_sweep(points: list[Point], spec, csv_path: Path, *, sweep_name: str, pro
                     opts, point_timer = base_opts, timer
                     if timer_name is not None:
                         opts = replace(base_opts, timer=timer_name)
-                        if timer_name == LEGACY_TIMER:  # the pre-issue-15 method, for comparisons
+                        if timer_name == LEGACY_TIMER:  # the legacy do_bench method, for comparisons
                             from moda_bench.timing import measure as point_timer
                     # a custom timer's rows: its own name if it has one (every row of the point alike)
                     label = timer_name if timer_name is not None else getattr(timer, "timer_name", "custom")

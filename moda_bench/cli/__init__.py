@@ -18,13 +18,13 @@ app = typer.Typer(
 
 
 def register() -> None:
-    from moda_bench.cli.sweep import merge_command, sweep_command
     from moda_bench.cli.ablate import ablate_command
-    from moda_bench.cli.tune import tune_command
-    from moda_bench.cli.report import report_command
-    from moda_bench.cli.gate import gate_command
     from moda_bench.cli.doctor import doctor_command
+    from moda_bench.cli.gate import gate_command
     from moda_bench.cli.model import model_command
+    from moda_bench.cli.report import report_command
+    from moda_bench.cli.sweep import merge_command, sweep_command
+    from moda_bench.cli.tune import tune_command
 
     app.command("sweep")(sweep_command)
     app.command("ablate")(ablate_command)

@@ -98,8 +98,9 @@ def say(console, stage: str, device: int, v) -> None:
     g = v.gpu or {}
     nums = ""
     if v.matmul_tflops:
-        nums = (f" (matmul {v.matmul_tflops:.0f} TFLOP/s, copy {v.copy_gbps:.0f} GB/s, SM {g.get('sm_clock_mhz') or '-'}"
-                f" MHz, {g.get('power_w') or 0:.0f} W, throttle: {g.get('throttle') or 'none'})")
+        nums = (f" (matmul {v.matmul_tflops:.0f} TFLOP/s, copy {v.copy_gbps:.0f} GB/s,"
+                f" SM {g.get('sm_clock_mhz') or '-'} MHz, {g.get('power_w') or 0:.0f} W,"
+                f" throttle: {g.get('throttle') or 'none'})")
     if v.ok or v.status == "unknown":
         console.print(f"GPU {device} health ({stage}): {v.status}{nums}", markup=False, highlight=False)
     else:
@@ -126,6 +127,7 @@ def finish(run: RunHealth, console, csvs: Sequence[Path], strict: bool) -> None:
 def mark_rows(csvs: Sequence[Path], since: str, text: str) -> None:
     """Set `health` = text on every row of csvs measured at or after `since` (ISO time)."""
     import pandas as pd
+
     from moda_bench import results
     from moda_bench.bench.runner import schema_rows
     t0 = pd.Timestamp(since)

@@ -48,7 +48,8 @@ def verdict_tables(v: health.Verdict):
         frac = f"{got / ref:.0%}" if got and ref else "-"
         canary.add_row(test, f"{_fmt(got)} {unit}", f"{_fmt(ref)} {unit}" if ref else "-", frac, v.ref_source)
     g = v.gpu or {}
-    canary.caption = (f"during the canary: SM {_fmt(g.get('sm_clock_mhz'))} MHz (min {_fmt(g.get('sm_clock_min_mhz'))}), "
+    canary.caption = (f"during the canary: SM {_fmt(g.get('sm_clock_mhz'))} MHz "
+                      f"(min {_fmt(g.get('sm_clock_min_mhz'))}), "
                       f"mem {_fmt(g.get('mem_clock_mhz'))} MHz, {_fmt(g.get('power_w'))} W, {_fmt(g.get('temp_c'))} C, "
                       f"throttle: {g.get('throttle') or ('none' if g.get('throttle') == '' else '-')}")
     return head, canary

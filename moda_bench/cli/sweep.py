@@ -15,8 +15,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from moda_bench.cli import checks, lifecycle
 from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS, REP_MS, WARMUP_MS
+from moda_bench.cli import checks, lifecycle
 from moda_bench.schema import BASE_POINT
 
 
@@ -128,9 +128,12 @@ def sweep_command(
                                                "description) and exit.")] = False,
     only: Annotated[Optional[str], typer.Option("--only", help="With --preset: run only the sweeps named here, "
                                                 "comma-separated names or patterns (e.g. 'dattn-3B-*').")] = None,
-    T: Annotated[Optional[int], typer.Option("--T", help=f"Sequence length; decode: cache length (default {BASE_POINT['T']}).")] = None,
-    G: Annotated[Optional[int], typer.Option("--G", help=f"Query heads per KV head (default {BASE_POINT['G']}).")] = None,
-    L: Annotated[Optional[int], typer.Option("--L", help=f"Depth entries per position (default {BASE_POINT['L']}).")] = None,
+    T: Annotated[Optional[int], typer.Option("--T", help="Sequence length; decode: cache length "
+                                             f"(default {BASE_POINT['T']}).")] = None,
+    G: Annotated[Optional[int], typer.Option("--G", help="Query heads per KV head "
+                                             f"(default {BASE_POINT['G']}).")] = None,
+    L: Annotated[Optional[int], typer.Option("--L", help="Depth entries per position "
+                                             f"(default {BASE_POINT['L']}).")] = None,
     B: Annotated[Optional[int], typer.Option("--B", help=f"Batch (default {BASE_POINT['B']}).")] = None,
     Hk: Annotated[Optional[int], typer.Option("--Hk", help=f"KV heads (default {BASE_POINT['Hk']}).")] = None,
     d: Annotated[Optional[int], typer.Option("--d", help=f"Head dim (default {BASE_POINT['d']}).")] = None,
@@ -145,9 +148,11 @@ def sweep_command(
                                                  "decode preset's).")] = None,
     providers: Annotated[Optional[str], typer.Option("--providers", help="Comma-separated providers (default: "
                                                      "the preset's, else the pass's).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default results/sweep-<timestamp>).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Run directory "
+                                                "(default results/sweep-<timestamp>).")] = None,
     no_tuned: Annotated[bool, typer.Option("--no-tuned", help="Ignore the tuning cache (heuristic configs).")] = False,
-    warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help=f"Warm-up per provider (default {WARMUP_MS:g}).")] = None,
+    warmup_ms: Annotated[Optional[float], typer.Option("--warmup-ms", help="Warm-up per provider "
+                                                       f"(default {WARMUP_MS:g}).")] = None,
     rep_ms: Annotated[Optional[float], typer.Option("--rep-ms", help=f"GPU time each provider is sampled at least "
                                                     f"(default {REP_MS:g}).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help=f"Short budget (warm-up {QUICK_WARMUP_MS:g} ms, "
@@ -176,9 +181,9 @@ def sweep_command(
                                          "dropped and their points measured again.")] = False,
     allow_commit_change: Annotated[bool, typer.Option("--allow-commit-change", help="With --resume: continue rows "
                                                       "measured at another commit.")] = False,
-    point_timeout: Annotated[Optional[float], typer.Option("--point-timeout", help="With --gpus: seconds a worker "
-                                                           "may spend on one point; past it the worker is killed, "
-                                                           "the point's rows marked and a fresh worker goes on.")] = None,
+    point_timeout: Annotated[Optional[float], typer.Option(
+        "--point-timeout", help="With --gpus: seconds a worker may spend on one point; past it the worker is killed, "
+                                "the point's rows marked and a fresh worker goes on.")] = None,
 ) -> None:
     """Time MoDA and the baselines over one axis or a preset of sweeps (training passes or decode)."""
     from rich.console import Console
@@ -229,7 +234,8 @@ def sweep_command(
         provider_names = [p.name for p in resolve_providers(providers or default_providers, op_of_pass(pass_))]
     except UnknownProviderError as err:
         raise typer.BadParameter(str(err)) from None
-    timers = checked(parse_timers, timer, pass_, TIMERS + (LEGACY_TIMER,), option=True) or (chosen.timers if chosen else ())
+    timers = (checked(parse_timers, timer, pass_, TIMERS + (LEGACY_TIMER,), option=True)
+              or (chosen.timers if chosen else ()))
     overrides = {k: v for k, v in dict(T=T, G=G, L=L, B=B, Hk=Hk, d=d, C=C, S=S, Tq=Tq).items() if v is not None}
     for k, v in overrides.items():
         if v < (0 if k in ("L", "S") else 1):

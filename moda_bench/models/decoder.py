@@ -30,8 +30,15 @@ from torch import nn
 from torch.nn import functional as F
 from torch.profiler import record_function
 
-from moda_bench.models.config import (ATTENTION_OF, RESIDUAL_OF, ModelConfig, check_variant, dattn_sources,
-                                      moda_buffer_entries, moda_depth_entries)
+from moda_bench.models.config import (
+    ATTENTION_OF,
+    RESIDUAL_OF,
+    ModelConfig,
+    check_variant,
+    dattn_sources,
+    moda_buffer_entries,
+    moda_depth_entries,
+)
 from moda_bench.models.depth import DepthKVBuffer
 from moda_bench.models.layers import RMSNorm, SwiGLU, apply_rope, decode_attention, rope_tables, sequence_attention
 from moda_bench.models.residual import MHC, BlockAttnRes, DenseFormer

@@ -15,8 +15,16 @@ new token over its cache (4 Hq d n per layer for a cache of n positions).
 from __future__ import annotations
 
 from moda_bench import schema
-from moda_bench.models.config import (ATTENTION_OF, MHC_STREAMS, RESIDUAL_OF, ModelConfig, attnres_block_size,
-                                      dattn_sources, moda_buffer_entries, moda_depth_entries)
+from moda_bench.models.config import (
+    ATTENTION_OF,
+    MHC_STREAMS,
+    RESIDUAL_OF,
+    ModelConfig,
+    attnres_block_size,
+    dattn_sources,
+    moda_buffer_entries,
+    moda_depth_entries,
+)
 
 
 def layer_matmul_params(cfg: ModelConfig) -> int:

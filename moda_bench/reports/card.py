@@ -1,4 +1,4 @@
-"""The card's blocks of REPORT.md (issue 58): the paper's efficiency table beside one run per GPU
+"""The card's blocks of REPORT.md: the paper's efficiency table beside one run per GPU
 (`reports.paper_efficiency`) and the seeds' complexity tables from formulas (`reports.complexity`).
 `reports.report.generate_report` appends `card_blocks(...)` after the efficiency tables."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The seeds' complexity tables, computed from formulas (issue 58, item 3): `moda-bench report`
+"""The seeds' complexity tables, computed from formulas: `moda-bench report`
 prints them; nothing here is measured.
 
 * Seed 000's Table "Asymptotic complexity of depth-stream mechanisms": parameters, decoding and

@@ -1,4 +1,4 @@
-"""One "fastest attention" per GPU and point for the whole report (issue 58, item 8).
+"""One "fastest attention" per GPU and point for the whole report.
 
 A row's `ratio_to_best` in the CSVs is relative to the fastest sequence-only provider of ITS OWN
 run; runs that timed fewer peers (e.g. only moda and fa2) then read as close to "the fastest"

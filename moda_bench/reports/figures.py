@@ -23,10 +23,29 @@ from typing import Callable, Optional
 
 from moda_bench import results as results_io
 from moda_bench import schema
-from moda_bench.reports.plotting import (figure_style, interval_err, new_figure, provider_color, save_figure, series,
-                                         set_x, timer_style, wants_log)
-from moda_bench.reports.vocab import (CEILING_PROVIDER, MODA_VARIANTS, PAPER_AXES, SEQUENCE_ONLY, config_text,
-                                      has_text, pass_label, sort_passes, swept_axis)
+from moda_bench.reports.plotting import (
+    figure_style,
+    interval_err,
+    new_figure,
+    provider_color,
+    save_figure,
+    series,
+    set_x,
+    timer_style,
+    wants_log,
+)
+from moda_bench.reports.vocab import (
+    CEILING_PROVIDER,
+    MODA_VARIANTS,
+    PAPER_AXES,
+    SEQUENCE_ONLY,
+    config_text,
+    has_text,
+    pass_label,
+    sort_passes,
+    swept_axis,
+)
+
 
 def _short(v: float) -> str:
     """Bar label: whole numbers from 100 up, else three significant digits."""

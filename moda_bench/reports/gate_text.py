@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from moda_bench import schema
-from moda_bench.reports.gate import CATEGORIES, QUIET, GateResult, is_blank, cell_text, cell_num
+from moda_bench.reports.gate import CATEGORIES, QUIET, GateResult, cell_num, cell_text, is_blank
 
 
 def config_text(row, columns=("pass", "timer") + tuple(schema.CONFIG_COLUMNS)) -> str:
@@ -93,7 +93,8 @@ def print_report(result: GateResult, console, all_rows: bool = False) -> None:
     counts = result.counts
     notes = [(hidden, "dim", "SAME/REFERENCE row(s) not shown (--all-rows to list them)"),
              (counts["MISSING"], "yellow", "baseline row(s) without a current measurement: " + (
-                 "reported only (--allow-missing)" if result.allow_missing else "the gate fails (--allow-missing accepts)")),
+                 "reported only (--allow-missing)" if result.allow_missing
+                 else "the gate fails (--allow-missing accepts)")),
              (counts["AMBIGUOUS"] * (not result.fail_ambiguous), "magenta",
               "AMBIGUOUS row(s): the intervals cannot decide; not a failure (--fail-ambiguous makes it one)")]
     for n, style, text in notes:

@@ -12,9 +12,23 @@ import re
 from moda_bench import health, schema
 from moda_bench.reports.inputs import Results
 from moda_bench.reports.tables import GpuState, Section
-from moda_bench.reports.vocab import (HEALTHY, LADDER, MISSING, MIX_PROVIDER, RUN_COLUMNS, fmt_best, fmt_ci,
-                                      fmt_config, fmt_int, fmt_ms, fmt_num, fmt_us, has_text, pass_label,
-                                      sort_sweeps)
+from moda_bench.reports.vocab import (
+    HEALTHY,
+    LADDER,
+    MISSING,
+    MIX_PROVIDER,
+    RUN_COLUMNS,
+    fmt_best,
+    fmt_ci,
+    fmt_config,
+    fmt_int,
+    fmt_ms,
+    fmt_num,
+    fmt_us,
+    has_text,
+    pass_label,
+    sort_sweeps,
+)
 
 # a trailing ' [lo-hi]' interval or ' (name)' of a numeric cell, ignored when deciding alignment
 CELL_SUFFIX = re.compile(r" (\[[^\]]*\]|\([^)]*\))$")
@@ -145,7 +159,8 @@ def timer_markdown(section: Section) -> str:
     """Eager beside graph times of the points measured by both timers, with the host share."""
     headers = ["sweep"] + list(section.show_config) + ["provider", "eager ms", "graph ms", "host share"]
     body = [[str(r["sweep"])] + [fmt_config(c, r[c]) for c in section.show_config]
-            + [str(r["provider"]), fmt_ms(r["eager_ms"]), fmt_ms(r["graph_ms"]), fmt_num(100 * r["host_share"], ".1f", "%")]
+            + [str(r["provider"]), fmt_ms(r["eager_ms"]), fmt_ms(r["graph_ms"]),
+               fmt_num(100 * r["host_share"], ".1f", "%")]
             for _, r in section.frame.iterrows()]
     heading = f"### {section.title}" + (f" ({section.caption})" if section.caption else "")
     return heading + section.heading_title[len(section.title):] + "\n\n" + md_table(headers, body)
@@ -174,7 +189,8 @@ def gpu_state_markdown(states: list[GpuState]) -> str:
     headers += ["host CPUs (rows)"] if has_cpus else []
     body, warnings = [], []
     for s in states:
-        cells = [s.folder, ", ".join(s.gpus) or MISSING, str(s.rows)] + [fmt_num(s.medians[c], spec) for _, c, spec in cols]
+        cells = ([s.folder, ", ".join(s.gpus) or MISSING, str(s.rows)]
+                 + [fmt_num(s.medians[c], spec) for _, c, spec in cols])
         if has_throttle:
             seen = ", ".join(f"{r} ({n})" for r, n in s.throttle.items())
             cells.append((seen or "none") if s.sampled else MISSING)
@@ -251,7 +267,10 @@ def decode_markdown(section: Section) -> str:
     from the metric timer's rows GB/s, the share of the copy rate (1 / of_floor) and the ratio to
     the fastest sequence-only decode with its interval; columns without data are left out."""
     f = section.frame
-    has = lambda col: col in f and bool(f[col].notna().any())
+
+    def has(col):
+        return col in f and bool(f[col].notna().any())
+
     cols = [(c, lambda r, c=c: fmt_config(c, r[c])) for c in section.show_config]
     cols += [("fastest", lambda r: r["fastest"] if has_text(r["fastest"]) else MISSING)] if has("fastest") else []
     for p in section.others:
@@ -272,7 +291,10 @@ def dattn_markdown(section: Section) -> str:
     """One Depth-Attention table: per S the fastest attention (name, ms), each method's time over
     it with its interval, and the mix kernel alone (ms, GB/s, share of the copy rate)."""
     f = section.frame
-    has = lambda col: col in f and bool(f[col].notna().any())
+
+    def has(col):
+        return col in f and bool(f[col].notna().any())
+
     mix = MIX_PROVIDER
     cols = [(c, lambda r, c=c: fmt_config(c, r[c])) for c in section.show_config]
     cols += [("fastest", lambda r: r["fastest"] if has_text(r["fastest"]) else MISSING),

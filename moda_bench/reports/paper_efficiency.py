@@ -1,5 +1,5 @@
 """The MoDA paper's efficiency table (its 13 rows, A100, bf16, fwd+bwd) beside ours, one table per
-GPU, each from ONE run (issue 58, item 1).
+GPU, each from ONE run.
 
 Extra time here is the paper's quantity, (M - F) / M x 100 (`schema.extra_time_paper`), with M
 the Triton MoDA (`moda`) and F the paper's baseline, a Triton FlashAttention-2 (our `fa2-triton`:

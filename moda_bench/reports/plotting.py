@@ -17,7 +17,7 @@ from moda_bench.reports.vocab import config_text
 RC = {"figure.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
 PNG_METADATA = {"Software": None}
 PNG_DPI = (150, 120, 100, 85, 72, 60)             # tried in turn until the PNG fits MAX_FIGURE_BYTES
-MAX_FIGURE_BYTES = 300_000                         # committed figures stay small (issue 57)
+MAX_FIGURE_BYTES = 300_000                         # committed figures stay small (<= 300 KB each)
 LOG_RANGE = 16.0                                  # use a log axis when max/min reaches this
 PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-torch", "flash-compatible",
                   "chunk-aware", "group-aware", "batched-tiles"]
@@ -25,7 +25,8 @@ PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-t
 SERIES_RANK = (["moda", "moda-nosplit"] + PROVIDER_ORDER[1:]
                + ["moda-fused", "moda-overlap", "moda-fa4", "fa4", "flashinfer", "dattn", "dattn-torch", "dattn-mix"])
 # providers added later, each clear of the colours the figures it appears in already use
-FIXED_COLORS = {"moda-fused": "#637939", "moda-overlap": "#393b79", "moda-fa4": "#ff7f0e", "fa4": "#17becf", "moda-nosplit": "#aec7e8", "flashinfer": "#e7ba52",
+FIXED_COLORS = {"moda-fused": "#637939", "moda-overlap": "#393b79", "moda-fa4": "#ff7f0e", "fa4": "#17becf",
+                "moda-nosplit": "#aec7e8", "flashinfer": "#e7ba52",
                 "dattn": "#d6616b", "dattn-torch": "#843c39", "dattn-mix": "#7b4173"}
 TIMER_STYLE = {"eager": "-", "graph": "--"}        # line style per timer where a figure draws both
 AXIS_LABEL = {"T": "sequence length T", "G": "GQA group size G (Hq = G * Hk)", "L": "depth L",

@@ -38,15 +38,47 @@ from pathlib import Path
 from typing import Optional
 
 from moda_bench.reports.inputs import Paper, Results, Warn, load_paper, load_results, match_columns
-from moda_bench.reports.markdown import (ablation_markdown, dattn_markdown, decode_markdown, efficiency_markdown,
-                                         gpu_state_markdown, own_clock_markdown, provenance_markdown,
-                                         repeat_markdown, timer_markdown, unhealthy_rows)
-from moda_bench.reports.tables import (DATTN, DECODE, TRAIN, Section, ablation_sections, efficiency_sections,
-                                       gpu_states, gpus_of, matmul_ceiling, of_gpu, own_clocks, pick_provider,
-                                       rows_of, timer_sections)
-from moda_bench.reports.vocab import (FA2_PROVIDERS, MISSING, MIX_PROVIDER, MODA_PROVIDERS, RATIO_BASELINE,
-                                      SEQUENCE_ONLY, TIMER_LABEL, ReportError, gpu_slug, sort_timers)
+from moda_bench.reports.markdown import (
+    ablation_markdown,
+    dattn_markdown,
+    decode_markdown,
+    efficiency_markdown,
+    gpu_state_markdown,
+    own_clock_markdown,
+    provenance_markdown,
+    repeat_markdown,
+    timer_markdown,
+    unhealthy_rows,
+)
+from moda_bench.reports.tables import (
+    DATTN,
+    DECODE,
+    TRAIN,
+    Section,
+    ablation_sections,
+    efficiency_sections,
+    gpu_states,
+    gpus_of,
+    matmul_ceiling,
+    of_gpu,
+    own_clocks,
+    pick_provider,
+    rows_of,
+    timer_sections,
+)
 from moda_bench.reports.tuning import tuning_markdown
+from moda_bench.reports.vocab import (
+    FA2_PROVIDERS,
+    MISSING,
+    MIX_PROVIDER,
+    MODA_PROVIDERS,
+    RATIO_BASELINE,
+    SEQUENCE_ONLY,
+    TIMER_LABEL,
+    ReportError,
+    gpu_slug,
+    sort_timers,
+)
 from moda_bench.reports.workloads import dattn_sections, decode_sections
 from moda_bench.results import default_warn, read_tuning
 

@@ -25,11 +25,32 @@ from dataclasses import dataclass, field
 
 from moda_bench import schema
 from moda_bench.reports.inputs import Paper, match_columns
-from moda_bench.reports.vocab import (ABLATION_SWEEP, ALWAYS_SHOWN, CEILING_PROVIDER, DATTN_PROVIDERS,
-                                      DEFAULT_CEILING_TFLOPS, ENV_COLUMNS, GPU_STATE_COLUMNS, LADDER, LEADING_OTHERS,
-                                      PROVIDER_RANK, RATIO_BASELINE, SEQUENCE_ONLY, TIMER_ORDER, ReportError,
-                                      config_item, config_text, gpu_suffix, has_text, pass_label, sort_gpus,
-                                      sort_passes, sort_sweeps, sort_timers, swept_axis)
+from moda_bench.reports.vocab import (
+    ABLATION_SWEEP,
+    ALWAYS_SHOWN,
+    CEILING_PROVIDER,
+    DATTN_PROVIDERS,
+    DEFAULT_CEILING_TFLOPS,
+    ENV_COLUMNS,
+    GPU_STATE_COLUMNS,
+    LADDER,
+    LEADING_OTHERS,
+    PROVIDER_RANK,
+    RATIO_BASELINE,
+    SEQUENCE_ONLY,
+    TIMER_ORDER,
+    ReportError,
+    config_item,
+    config_text,
+    gpu_suffix,
+    has_text,
+    pass_label,
+    sort_gpus,
+    sort_passes,
+    sort_sweeps,
+    sort_timers,
+    swept_axis,
+)
 
 
 @dataclass
@@ -107,7 +128,8 @@ def rows_of(rows, *kinds: str):
 def pick_provider(present: set[str], chosen: str | None, candidates: tuple[str, ...], role: str) -> str | None:
     if chosen is not None:
         if chosen not in present:
-            raise ReportError(f"{role} provider {chosen!r} not in the results (providers: {', '.join(sorted(present))})")
+            raise ReportError(f"{role} provider {chosen!r} not in the results "
+                              f"(providers: {', '.join(sorted(present))})")
         return chosen
     return next((p for p in candidates if p in present), None)
 
@@ -422,7 +444,7 @@ def own_clocks(rows) -> list[dict]:
     """Per GPU and provider, over the rows that carry their own GPU state (own_sm_clock_mhz: the
     polls taken while that provider's repetitions ran): rows, the median own SM clock, the median
     of own minus the point's SM clock (< 0: it ran slower clocked than its point's average), the
-    median own power. [] when no row has it (files from before 2026-11-26)."""
+    median own power. [] when no row has it (files written before these columns existed)."""
     part = rows[rows["own_sm_clock_mhz"].notna()]
     out = []
     for (gpu, provider), g in part.groupby(["gpu", "provider"], sort=True):

@@ -21,11 +21,13 @@ FA2_PROVIDERS = ("fa2", "fa2-triton")             # first present is the FA2 bas
 MODA_PROVIDERS = ("moda", "ours")
 ALWAYS_SHOWN = ["cudnn", "flex"]                  # efficiency columns present even when not measured
 RATIO_BASELINE = "fa2"                            # what the CSVs' ratio_to_fa2 (+ _lo/_hi) is measured against
-MODA_VARIANTS = ("moda-fused", "moda-overlap", "moda-fa4")     # MoDA on other kernels: shown with their ratio to the fastest
-LEADING_OTHERS = ("moda-fused", "moda-overlap", "moda-fa4", "fa4")  # efficiency columns placed before ALWAYS_SHOWN when measured
+# MoDA on other kernels: shown with their ratio to the fastest
+MODA_VARIANTS = ("moda-fused", "moda-overlap", "moda-fa4")
+# efficiency columns placed before ALWAYS_SHOWN when measured
+LEADING_OTHERS = ("moda-fused", "moda-overlap", "moda-fa4", "fa4")
 SEQUENCE_ONLY = ("fa2", "fa4", "cudnn", "fa2-triton")   # candidates of best_provider (no depth part)
-PROVIDER_RANK = ["moda", "ours", "moda-fused", "moda-overlap", "moda-fa4", "moda-nosplit", "dattn", "dattn-torch", "dattn-mix", "fa2", "fa4",
-                 "fa2-triton", "cudnn", "flex", "flashinfer"]
+PROVIDER_RANK = ["moda", "ours", "moda-fused", "moda-overlap", "moda-fa4", "moda-nosplit", "dattn", "dattn-torch",
+                 "dattn-mix", "fa2", "fa4", "fa2-triton", "cudnn", "flex", "flashinfer"]
 # decode (pass schema.DECODE_PASS): its providers in display order; the sequence-only ones are the
 # candidates of its best_provider
 DECODE_PROVIDERS = ("moda", "moda-nosplit", "fa2", "cudnn", "fa4", "flashinfer")

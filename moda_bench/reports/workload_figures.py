@@ -17,11 +17,17 @@ Rows without the columns a figure draws (older runs) are left out; a figure with
 from __future__ import annotations
 
 from moda_bench import schema
-from moda_bench.reports.plotting import (interval_err, new_grid, provider_color, series, set_x, timer_style,
-                                         wants_log)
+from moda_bench.reports.plotting import interval_err, new_grid, provider_color, series, set_x, timer_style, wants_log
 from moda_bench.reports.tables import DATTN, DECODE, rows_of
-from moda_bench.reports.vocab import (ABLATION_SWEEP, CEILING_PROVIDER, DATTN_METHODS, pass_label, sort_passes,
-                                      sort_sweeps, swept_axis)
+from moda_bench.reports.vocab import (
+    ABLATION_SWEEP,
+    CEILING_PROVIDER,
+    DATTN_METHODS,
+    pass_label,
+    sort_passes,
+    sort_sweeps,
+    swept_axis,
+)
 from moda_bench.reports.workloads import decode_timers
 
 

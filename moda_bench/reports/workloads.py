@@ -16,10 +16,30 @@ Rows of older files (no floor columns) leave those cells empty. `reports.markdow
 from __future__ import annotations
 
 from moda_bench import schema
-from moda_bench.reports.tables import (CAPTION_COLUMNS, DATTN, DECODE, Section, config_caption, gpu_column, gpus_of,
-                                       rows_of, varying)
-from moda_bench.reports.vocab import (DATTN_METHODS, DECODE_PROVIDERS, DECODE_TIMERS, MIX_PROVIDER, has_text,
-                                      sort_gpus, sort_passes, sort_providers, sort_sweeps, sort_timers, swept_axis)
+from moda_bench.reports.tables import (
+    CAPTION_COLUMNS,
+    DATTN,
+    DECODE,
+    Section,
+    config_caption,
+    gpu_column,
+    gpus_of,
+    rows_of,
+    varying,
+)
+from moda_bench.reports.vocab import (
+    DATTN_METHODS,
+    DECODE_PROVIDERS,
+    DECODE_TIMERS,
+    MIX_PROVIDER,
+    has_text,
+    sort_gpus,
+    sort_passes,
+    sort_providers,
+    sort_sweeps,
+    sort_timers,
+    swept_axis,
+)
 
 DECODE_SHOWN = ["B", "T", "Tq", "L"]                       # decode table lines: always these columns
 DECODE_CAPTION = ["Hq", "Hk", "d", "dtype", "depth_grad", "S"]

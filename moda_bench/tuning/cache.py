@@ -46,9 +46,20 @@ from typing import Iterator, Optional, Union
 import triton
 
 from moda_bench import schema
-from moda_bench.kernels.moda.config import (ENV_NO_TUNING, MoDAConfig, config_source, current_device_index,
-                                        current_gpu_name, default_config, dtype_name, op_prefix, set_config_source,
-                                        set_shipped, shipped_enabled, t_bucket)
+from moda_bench.kernels.moda.config import (
+    ENV_NO_TUNING,
+    MoDAConfig,
+    config_source,
+    current_device_index,
+    current_gpu_name,
+    default_config,
+    dtype_name,
+    op_prefix,
+    set_config_source,
+    set_shipped,
+    shipped_enabled,
+    t_bucket,
+)
 from moda_bench.kernels.moda.validate import MoDAShape
 from moda_bench.tuning.space import config_problems
 

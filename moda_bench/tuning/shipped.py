@@ -20,8 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from moda_bench.kernels.moda.config import (SHIPPED_SCHEMA_VERSION, MoDAConfig, op_prefix, read_shipped,
-                                        shipped_path, triton_minor)
+from moda_bench.kernels.moda.config import (
+    SHIPPED_SCHEMA_VERSION,
+    MoDAConfig,
+    op_prefix,
+    read_shipped,
+    shipped_path,
+    triton_minor,
+)
 from moda_bench.tuning.cache import atomic_write_json, read_entries
 from moda_bench.tuning.space import config_problems
 

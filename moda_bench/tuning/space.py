@@ -51,21 +51,26 @@ import random
 from dataclasses import fields
 from typing import Iterable, Optional
 
-
 from moda_bench.kernels.launch import next_pow2
-from moda_bench.kernels.moda.config import (BWD_DEPTH_MODES, FWD_DEPTH_MODES, MoDAConfig, auto_depth_sub,
-                                        check_config, dtype_name, group_pad)
+from moda_bench.kernels.moda.config import (
+    BWD_DEPTH_MODES,
+    FWD_DEPTH_MODES,
+    MoDAConfig,
+    auto_depth_sub,
+    check_config,
+    dtype_name,
+    group_pad,
+)
 from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_heads_possible, kv_one_fits, pass_options
 from moda_bench.kernels.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
 DEPTH_GROUPS = ("fwd_depth", "bwd_depth")
 OVERLAP_GROUPS = ("fwd_items", "fwd_ctas", "bwd_kernel", "bwd_items", "bwd_ctas")  # moda-overlap's knobs, in order
-# what `tune --op moda-overlap` searches unless --kernels names groups: the program counts only. With
-# the item groups too (H100, budget 8, 2026-11-25, results/h100/tuning-overlap-items) the per-pass
-# picks did not add up: G=2 0.980 [0.975-0.985] and L=256 0.998 of the heuristic's fwd+bwd time,
-# T=4096 1.082, where the counts alone won 0.954 and 0.956 (results/h100/tuning-overlap); the backward's
-# kernel (CuTe or Triton) since 2026-11-26: CuTe's program streams 1.5-2.2x Triton's bytes
+# what `tune --op moda-overlap` searches unless --kernels names groups: the program counts only (with
+# the item groups too the per-pass picks did not add up end to end: docs/DESIGN.md, "The overlap
+# route"), and the backward's kernel (CuTe or Triton: CuTe's program streams more bytes, so it moves
+# the best counts)
 OVERLAP_DEFAULT = ("fwd_ctas", "bwd_kernel", "bwd_ctas")
 KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order of moda and moda-fa4 (moda-overlap: OVERLAP_GROUPS)
 DEFAULT_BUDGET = 40
@@ -85,14 +90,14 @@ MAXNREG = (0, 168)  # registers per thread of a "tma" pass (0: the compiler's ch
 # after FA4 costs far more than a program too many, hence more factors above 1
 CTAS_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0, 3.0)
 # moda-overlap's streaming items (kernel_depth): folded rows per item (multiples of GP), depth steps
-# in flight, warps; the forward's items are larger (H100 probe: 128 rows, 3 stages best forward,
-# 64 rows backward, results/h100/overlap-probe)
+# in flight, warps; the forward's items are larger (docs/DESIGN.md, "The overlap route")
 ITEM_ROWS = {"fwd_items": (64, 128, 256), "bwd_items": (32, 64, 128)}
 ITEM_STAGES = (2, 3, 4)
 ITEM_WARPS = (4, 8)
 ZERO_OK = ("depth_sub", "fwd_maxnreg", "bwd_q_maxnreg", "bwd_kv_maxnreg", "depth_ctas", "bwd_depth_ctas",
            "exp_poly")  # 0 means "auto"/"no cap"/"none"
-MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items", "bwd_dq_heads")  # -1: "decided by the shape" (check_config's rule)
+# -1: "decided by the shape" (check_config's rule)
+MINUS_OK = ("bwd_kv_beside", "bwd_kv_chunk", "bwd_depth_items", "bwd_dq_heads")
 
 # Which MoDAConfig fields each kernel owns: (row block, column block, warps, stages).
 KERNEL_FIELDS = {

@@ -22,8 +22,18 @@ from typing import Callable, Iterable, Optional
 from moda_bench.kernels.moda.config import MoDAConfig, default_config
 from moda_bench.kernels.moda.validate import MoDAShape
 from moda_bench.timing import RoundRule, interleave
-from moda_bench.tuning.space import (DEFAULT_BUDGET, DEFAULT_SMEM_BYTES, DEPTH_GROUPS, KERNELS, OVERLAP_GROUPS,
-                                     candidate_configs, device_smem_limit, dtype_name, neighbours, prune_candidates)
+from moda_bench.tuning.space import (
+    DEFAULT_BUDGET,
+    DEFAULT_SMEM_BYTES,
+    DEPTH_GROUPS,
+    KERNELS,
+    OVERLAP_GROUPS,
+    candidate_configs,
+    device_smem_limit,
+    dtype_name,
+    neighbours,
+    prune_candidates,
+)
 
 DEFAULT_MIN_GAIN = 0.02  # the candidate must be at least this much faster (upper 95% bound)
 # Rounds of the candidate-vs-default comparison: at least 10, until the ratio's 95% interval is

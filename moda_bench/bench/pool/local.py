@@ -324,10 +324,11 @@ def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all"
     points it never started go to the other workers. `timeout_s` bounds the whole run (workers
     still running are killed). `point_timeout_s` bounds one point: a worker past it is killed, the
     point's rows get status=error with a 'timeout:' reason, and a fresh worker is started on that
-    GPU (at most `max_restarts` times per GPU) for the points left. Afterwards rows are split per sweep, ordered as a single-GPU run
-    orders them, carry the physical GPU in gpu_index, and are added to each sweep's CSV (rows
-    already there kept). Shard files are removed unless a worker failed or keep_shards. On
-    Ctrl-C the workers are stopped, the rows so far are written, and the shards kept.
+    GPU (at most `max_restarts` times per GPU) for the points left. Afterwards rows are split per
+    sweep, ordered as a single-GPU run orders them, carry the physical GPU in gpu_index, and are
+    added to each sweep's CSV (rows already there kept). Shard files are removed unless a worker
+    failed or keep_shards. On Ctrl-C the workers are stopped, the rows so far are written, and the
+    shards kept.
     """
     from rich.console import Console
     console = Console(stderr=True)
@@ -368,8 +369,14 @@ def run_pool(sweeps: Sequence[SweepPlan], spec, *, gpus: Union[str, int] = "all"
                   f"[{', '.join(str(w.slot.index) for w in workers)}], largest points first")
     bar, task_all, gpu_bars = None, None, {}
     if progress:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
         bar = Progress(TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[now]}"),
                        console=console, transient=False)

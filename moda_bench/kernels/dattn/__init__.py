@@ -11,8 +11,8 @@ HBM traffic) and the input check `check_dattn_inputs` / `DAttnShape`.
 """
 from moda_bench.kernels.dattn.attention import chain_backend, depth_attention, sequence_backend, torch_causal_attention
 from moda_bench.kernels.dattn.chained import chained_depth_attention
-from moda_bench.kernels.dattn.mix_triton import depth_mix, mix_bytes
 from moda_bench.kernels.dattn.mix_torch import depth_mix_torch
+from moda_bench.kernels.dattn.mix_triton import depth_mix, mix_bytes
 from moda_bench.kernels.dattn.reference import depth_attention_reference, mix_reference
 from moda_bench.kernels.dattn.validate import MAX_SOURCES, DAttnShape, check_dattn_inputs
 

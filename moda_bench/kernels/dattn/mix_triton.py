@@ -39,11 +39,12 @@ Design (memory-bound: every byte is read or written once):
   that backward's dq and dk (read, add in fp32, write): no separate gradient-sum kernels, and
   1.5 fewer q-sized passes over HBM than writing the share for autograd to add.
 * S = 0 is not launched: `depth_mix` returns v itself (alpha_own = 1).
-* Launches: both go through `ops.launch.CachedLaunch` (`_FWD_LAUNCH`, `_BWD_LAUNCH`), keyed by
+* Launches: both go through `kernels.launch.CachedLaunch` (`_FWD_LAUNCH`, `_BWD_LAUNCH`), keyed by
   `launch_key`: the dtypes of every tensor argument, every integer argument's value (rows, T,
   Hk, S, all strides), the constexprs and num_warps, or None (Triton's own path) unless every
   pointer is 16-byte aligned. A repeated key skips Triton's per-call binding and specialisation
-  (15-30 us of host time a launch) and calls the same compiled kernel.
+  (host time that bounds short calls; docs/DESIGN.md, "Depth-Attention") and calls the same
+  compiled kernel.
 """
 from __future__ import annotations
 

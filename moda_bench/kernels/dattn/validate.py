@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from moda_bench.kernels.checks import check_cuda, check_dtypes_devices, check_head_dim, shape_str
-
 from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 MAX_SOURCES = 64

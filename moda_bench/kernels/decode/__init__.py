@@ -16,9 +16,15 @@ This package's face:
   `flashinfer_decode` / `prepare_flashinfer_decode`, with their `*_unavailable` reasons.
 """
 from moda_bench.kernels.decode.interface import DecodeConfig, choose_num_splits, default_config, moda_decode
-from moda_bench.kernels.decode.peers import (fa4_decode, fa4_decode_unavailable, flashinfer_decode,
-                                         flashinfer_unavailable, prepare_flashinfer_decode, sdpa_decode,
-                                         sdpa_unavailable)
+from moda_bench.kernels.decode.peers import (
+    fa4_decode,
+    fa4_decode_unavailable,
+    flashinfer_decode,
+    flashinfer_unavailable,
+    prepare_flashinfer_decode,
+    sdpa_decode,
+    sdpa_unavailable,
+)
 from moda_bench.kernels.decode.reference import decode_reference
 from moda_bench.kernels.decode.validate import DecodeShape, check_decode_inputs, decode_bytes
 

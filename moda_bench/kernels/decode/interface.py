@@ -39,9 +39,9 @@ from typing import Optional
 
 import torch
 
+from moda_bench.kernels.counters import arrival_counters
 from moda_bench.kernels.decode.fwd_split import decode_combine_kernel, decode_split_kernel
 from moda_bench.kernels.decode.validate import MAX_SPLITS, DecodeShape, check_decode_inputs
-from moda_bench.kernels.counters import arrival_counters
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv, next_pow2
 from moda_bench.kernels.moda.triton.utils import dot_precision, interpreting
 from moda_bench.kernels.oplib import config_key, config_of, through_ops
@@ -66,20 +66,11 @@ class DecodeConfig:
     fused_combine: with S > 1, the last split program of each row block merges the partials
     itself (an int32 arrival counter per row block, `_counters`; the merge is the combine
     kernel's `merge_row`, row by row, combine_block_s splits a step), so one call is one launch.
-    Off by default: on an H100 (results/h100/session-logs-4/call14-*) a first version (its own
-    merge, the block's rows at once, one split a step) was slower at B=1, T=32K (best 44.8 us
-    against 41.8: the last program merges all S partials alone, and more splits make that tail
-    longer) and 0-2% faster at B=8 and 32. The shared merge (row by row: cross-warp reductions
-    per row, in series) is slower still on the H100 (experiments/decode_probe.py, bn=128 w=4, stages
-    2/3, splits 16/33/66): B=1 T=32K best 48.7 us against 42.1 for two launches, B=8 T=8K 70.9
-    against 66.8. A two-pass merge of the block's rows at once (lse of all splits, then o tiles
-    [splits, rows, d] with their final weights; not kept) was slower again
-    (results/h100/session-logs-4/call16-decode-fc-block-merge.txt): B=1 T=32K best 56.7 us
-    against 42.2, B=8 T=8K 67.2 against 66.0 at 4 splits, 94.4 against 70.0 at 33; its extra
-    time grew by ~0.45 us a split alike at 4 and 8 splits a step (2 and 4 warps), not
-    understood (no profile taken). In all those runs the first graph capture of a counter size
-    in a process allocated its counters inside the graph (a zero-fill node before the kernel at
-    every replay of that graph); now a capture takes a buffer an eager call made.
+    Off by default: the last program merges all S partials alone, a serial tail that grows with
+    the split count and costs more at long caches than the launch it saves; the shared row-by-row
+    merge and a two-pass merge of the block's rows at once were slower still (docs/DESIGN.md,
+    "Decode"). A graph capture takes the counters an eager call allocated, so no zero-fill node
+    runs before the kernel at every replay.
     pdl: launch the combine kernel with Programmatic Dependent Launch (calls with S > 1 and the
     combine as its own launch): it is scheduled while the split kernel runs and waits, before
     it reads a partial, until every split program has finished and its stores are visible, so
@@ -87,7 +78,7 @@ class DecodeConfig:
     capability >= 9 (Hopper on) and not under TRITON_INTERPRET; elsewhere it is silently a no-op
     (the kernels and launches of pdl=False). Not with fused_combine (one launch already:
     ValueError). Off by default; on in the H100's and H200's GPU_TILES, where it was measured
-    (experiments/decode_probe.py --pdl)."""
+    (experiments/decode_probe.py --pdl; docs/DESIGN.md, "Decode")."""
 
     block_n: int | None = None
     num_warps: int = 4
@@ -107,7 +98,8 @@ class DecodeConfig:
             val = getattr(cfg, name)
             if not isinstance(val, int) or val < 16 or val & (val - 1):
                 raise ValueError(f"DecodeConfig.{name}={val!r} must be a power of two >= 16")
-        if cfg.combine_block_s is not None and (cfg.combine_block_s < 1 or cfg.combine_block_s & (cfg.combine_block_s - 1)):
+        cbs = cfg.combine_block_s
+        if cbs is not None and (cbs < 1 or cbs & (cbs - 1)):
             raise ValueError(f"DecodeConfig.combine_block_s={cfg.combine_block_s!r} must be a power of two")
         for name in ("num_warps", "combine_warps"):
             if getattr(cfg, name) not in (1, 2, 4, 8, 16):
@@ -123,24 +115,14 @@ class DecodeConfig:
 DEFAULT_CONFIG = DecodeConfig()
 
 # Split-kernel tiles that beat DEFAULT_CONFIG on a GPU, by a substring of its device name, for
-# calls of at least `min_heads` (sequence, KV head) pairs B*Hk, from experiments/decode_probe.py grids
-# and decode preset runs against cuDNN at L=0 (results/<gpu>/session-logs-3/decode_grid*.txt,
-# results/h100/decode-tiles, results/h200/decode-w2s2).
-# H100: 2 warps, 2 stages ran B=8..128 at 1.034x cuDNN on average, the default 1.064x (two
-# 16 KiB stages leave shared memory for more programs per SM). H200: the same tiles won at
-# B=128 (B*Hk = 1024: 1.018-1.048x against 1.060-1.079x) and lost at B=8 and 32 (up to 13%
-# slower: its faster HBM wants more bytes in flight per program when programs are few).
-# The H200 reads through tensor descriptors (tma): in its grid with and without them
-# (results/h200/decode-tma, 2026-11-26) the descriptor loads were faster in all 44 cells of
-# block_n=128 with 2 or 3 stages (median 0.970x, 0.853-0.996; e.g. B=8 T=2K, 4 warps, 3 stages,
-# 4 splits: 22.2 against 23.2 us; B=1 T=32K, 16 splits: 32.0 against 33.0; at 4 stages they lost
-# 15 of 22), and the best tile of all four points took them. On the
-# H100 they were within about 1% of pointer loads (results/h100/session-logs-4), so it keeps
-# pointers. Both launch the combine with PDL (`pdl`): at each probe point's best split count the
-# step took 0-4% less on the H200 (B=1 T=32K 32.1 -> 31.7 us, B=1 T=8K 16.7 -> 16.0, B=8 T=2K
-# 22.3 -> 22.0, B=8 T=8K 49.8 either way; results/h200/decode-pdl) and 1-4% less on the H100 (42.0
-# -> 41.5, 19.3 -> 18.5, 27.3 -> 26.8, 66.1 -> 65.3; results/h100/decode-pdl), outputs bitwise
-# equal. The first entry that matches a device name and call size is taken.
+# calls of at least `min_heads` (sequence, KV head) pairs B*Hk, chosen from experiments/decode_probe.py
+# grids and decode preset runs against cuDNN at L=0 (the measurements: docs/DESIGN.md, "Decode").
+# H100: 2 warps, 2 stages (two 16 KiB stages leave shared memory for more programs per SM).
+# H200: the same tiles only for large calls (B*Hk >= 1024); with fewer programs its faster HBM
+# wants more bytes in flight per program. The H200 reads through tensor descriptors (tma), which
+# won its whole block_n=128 grid; on the H100 they were level with pointer loads, so it keeps
+# pointers. Both launch the combine with PDL (`pdl`; outputs bitwise equal). The first entry that
+# matches a device name and call size is taken.
 GPU_TILES: tuple = (("H100", {"num_warps": 2, "num_stages": 2, "pdl": True}, 0),
                     ("H200", {"num_warps": 2, "num_stages": 2, "tma": True, "pdl": True}, 1024),
                     ("H200", {"tma": True, "pdl": True}, 0))
@@ -342,7 +324,8 @@ def moda_decode(q, k_cache, v_cache, k_depth=None, v_depth=None, *, cache_seqlen
     no split, one launch). config: tile settings (`DecodeConfig`; None: `default_config` of q's
     device and B*Hk). check_values: read cache_seqlens / block_table to check their values:
     None (default) only when they are CPU tensors (no device sync); on the GPU unchecked bad
-    values give NaN rows, never a stray read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32; d in {16, 32, 64, 128}.
+    values give NaN rows, never a stray read. Returns (B, Tq, Hq, d) in q's dtype. bf16, fp16, fp32;
+    d in {16, 32, 64, 128}.
 
     Under torch.compile it is the torch custom op `torch.ops.moda_bench.moda_decode` (fake
     implementation: q's shape and dtype), one graph node; the config travels as its JSON key. The depth

@@ -1,7 +1,7 @@
 """Input checking for the MoDA decode operator, its sizes (`DecodeShape`) and the bytes one call
 must move (`decode_bytes`).
 
-Layouts (the issue's, FlashAttention's `flash_attn_with_kvcache` conventions):
+Layouts (FlashAttention's `flash_attn_with_kvcache` conventions):
 * q (B, Tq, Hq, d): the Tq newest tokens of each sequence;
 * k_cache, v_cache (B, Tk, Hk, d) dense, or (num_blocks, page_size, Hk, d) pages with a
   block_table (B, max_blocks) int32 (logical position t of sequence b lives in page
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from moda_bench.kernels.checks import check_cuda, check_depth_pair, check_dtypes_devices, shape_str
-
 from moda_bench.kernels.moda.validate import MAX_DEPTH, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 MAX_SPLITS = 256

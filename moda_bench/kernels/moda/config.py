@@ -33,7 +33,6 @@ import triton
 from moda_bench.kernels.launch import cdiv, cuda_calls, next_pow2
 from moda_bench.kernels.moda.validate import MoDAShape
 
-
 # Where the depth part of a pass can run (MoDAConfig.fwd_depth / bwd_depth), in the tuner's order; plus "tma"
 # (descriptor kernels: `kernel_fwd_tma`, the folded-row `kernel_bwd_tma`) and "persist" (`kernel_depth`).
 DEPTH_MODES = ("split", "stream", "fused", "overlap")
@@ -163,19 +162,18 @@ def auto_depth_sub(G: int, block_m: int) -> int:
     return max(1, min(block_m // gp, cdiv(16, gp)))
 
 
-# Up to this T the pointer kernels' depth phase stays fused (depth-only launches, side stream and
-# merge cost ~0.1-0.3 ms; H200, G=8, L=64, fwd+bwd: T=1024 fused 0.88 ms vs split/stream 1.14).
+# Up to this T the pointer kernels' depth phase stays fused: short sequences cannot hide the
+# depth-only launches, side-stream sync and merge (docs/PERFORMANCE.md, change 8).
 FUSED_DEPTH_MAX_T = 2048
 
 
 def tma_default(shape: MoDAShape, dtype=None) -> bool:
     """Whether the heuristic default runs the forward as "tma": a Hopper-or-newer GPU, a Triton with
-    device-side descriptors, 16-bit inputs, d <= 64 (H100, T=16384, G=8: 480 TFLOP/s at L=0 against 437
-    by pointers; paper rows G = 2..16 4-7% faster), G <= 16 or G <= 32 and T > 1024 (G=32, T=16384:
-    8-warp programs took 204 registers, 1.395x the pointer forward; 64 rows, 4 warps, 168 registers
-    0.917x, results/h100/s20-diag; fwd+bwd T=4096 0.978, 2048 0.984, 1024 1.003, g-big-s21); at T <=
-    FUSED_DEPTH_MAX_T only with L > 0 and G >= 2 (fwd+bwd, graph, results/h100/s21-short: T=1024 G=8
-    0.972, G=2 0.993, G=16 0.967, L=256 0.982, T=2048 0.940; G=1 1.050, L=0 1.069 / 1.022 at 1024 / 2048)."""
+    device-side descriptors, 16-bit inputs, d <= 64 (where it beat the pointer forward:
+    docs/PERFORMANCE.md, change 9), G <= 16 or G <= 32 and T > 1024 (the capped 64-row programs of
+    changes 26 and 29; at T = 1024 and G > 32 the pointer forward stays ahead); at T <=
+    FUSED_DEPTH_MAX_T only with L > 0 and G >= 2 (change 28: there the depth bytes stream in the same
+    program; at L = 0 or G = 1 the pointer forward is faster)."""
     big_g = shape.G > 32 or (shape.G > 16 and shape.T <= 1024)
     short = shape.T <= FUSED_DEPTH_MAX_T and (shape.L == 0 or shape.G < 2)
     if shape.d > 64 or big_g or short:
@@ -208,25 +206,26 @@ def _capability(idx: int) -> int:  # major compute capability of CUDA device idx
     return _capabilities[idx]
 
 
-# Descriptor forward tiles ("tma"; G=32: `default_config`): 64 rows, 4 warps (fwd+bwd 0.955-1.004x 128 on 8, s22-fwd64)
+# Descriptor forward tiles ("tma"; G=32: `default_config`): 64 rows, 4 warps, at least level with
+# 128 rows on 8 warps at every measured point (docs/PERFORMANCE.md, change 37)
 TMA_BLOCK_M, TMA_BLOCK_N, TMA_WARPS, TMA_STAGES = 64, 64, 4, 3
-# The backward's sequence tiles through descriptors by default: no (H100, T=16384, G=8, L=64, bwd
-# alone: 20.4 ms by pointers, 23.6 with bwd_tma, 24.4-25.0 wider; bit-identical; probes-bwd-tma).
+# The backward's sequence tiles through descriptors by default: no, slower than pointer loads with
+# bit-identical gradients (docs/PERFORMANCE.md, change 10); kept as a config field.
 BWD_TMA_DEFAULT = False
-# Registers a thread of the "tma" backward's passes (4 warps, d <= 64), only above T = 4096 (at 4096
-# the cap cost 7-9%). H100, T=16384, G=8, bwd alone: L=0 14.8 -> 14.1 ms, L=64 17.0 -> 15.4 (session-
-# logs-5); the L=0 dq pass at 175 (two programs an SM) fwd+bwd 8K 0.976, 16K 0.996 (l0-bwd-ncu-s16).
-# Uncapped (T <= 4096) the depth loop of the dq pass keeps 3 stages in flight, else 2. H100, fwd+bwd,
-# graph, 3 / 2 stages (results/h100/depth-stages-s17): G=8 L=64 T=1024 / 2048 / 4096 0.979 / 0.979 /
-# 0.982, G=1 T=1024 0.936, L=256 T=1024 0.979, G=2 T=4096 0.962; at T >= 8192 1.035-1.078.
+# Registers a thread of the "tma" backward's passes (4 warps, d <= 64), only above T = 4096: there
+# three programs share an SM and the passes gain; at 4096 and below the cap costs more than it
+# gives (docs/DESIGN.md, "The Triton kernel"; docs/PERFORMANCE.md, changes 11 and 16).
+# Uncapped (T <= 4096) the depth loop of the dq pass keeps 3 stages in flight, else 2: capped, the
+# third stage's shared memory costs a program an SM (docs/PERFORMANCE.md, change 19).
 BWD_TMA_MAXNREG, BWD_TMA_MAXNREG_MIN_T = 168, 4096
 
 
 def tma_block_l(G: int, block_m: int, rows: int = 256, max_cols: int = 64) -> int:
     """Depth columns per step of the descriptor kernels: S positions x BL entries each, with
     P*BL about `rows` depth rows (P = block_m // GP positions; BL at most 64; S*BL >= 16) and
-    S*BL <= max_cols. Forward: 256 rows; the backward's dq pass: 128 rows, 32 columns (H100, T=16K,
-    G=8, L=64: 128 rows 17.0 ms, 64 rows 17.2, 256 17.4; G=32: 64 columns spilled, 32 0.91-0.92x)."""
+    S*BL <= max_cols. Forward: 256 rows; the backward's dq pass: 128 rows (the fastest of 64, 128
+    and 256: docs/DESIGN.md, "The Triton kernel"), 32 columns (at G=32, 64 columns spilled:
+    docs/PERFORMANCE.md, change 24)."""
     gp = group_pad(G)
     P = max(1, block_m // gp)
     S = max(1, min(P, 16 // gp))
@@ -236,8 +235,7 @@ def tma_block_l(G: int, block_m: int, rows: int = 256, max_cols: int = 64) -> in
 def bwd_tma_default(shape: MoDAShape, dtype=None) -> bool:
     """Whether the heuristic default runs the backward as "tma" (`kernel_bwd_tma`): a Hopper-or-
     newer current GPU with device-side tensor descriptors, 16-bit inputs, d <= 64 (what was
-    measured; H100, backward alone against the pointer passes: T=16384 G=8 L=0 14.1 vs 19.2 ms,
-    L=64 15.4 vs 19.8, L=256 19.9 vs 25.5, G=2 5.1 vs 6.1, T=4096 L=64 1.39 vs 1.71)."""
+    measured: faster than the pointer passes at every measured shape, docs/PERFORMANCE.md, change 11)."""
     return shape.d <= 64 and _descriptor_gpu(dtype)
 
 

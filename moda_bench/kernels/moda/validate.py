@@ -54,7 +54,8 @@ def check_inputs(
     try:
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, need_cuda, dtypes,
                head_dims) + ((None,) if k_depth is None or v_depth is None else
-                             (k_depth.shape, v_depth.shape, k_depth.dtype, v_depth.dtype, k_depth.device, v_depth.device))
+                             (k_depth.shape, v_depth.shape, k_depth.dtype, v_depth.dtype,
+                              k_depth.device, v_depth.device))
         got = _CHECKED.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks below say what is wrong
         key = got = None

@@ -40,11 +40,11 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.utils import LayoutEnum
 from flash_attn.cute import ampere_helpers as sm80_helpers
 from flash_attn.cute import copy_utils as fa_copy
 from flash_attn.cute import utils as fa_utils
 from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned, to_cute_tensor
-from cutlass.utils import LayoutEnum
 from quack import layout_utils, sm90_utils
 
 from moda_bench.kernels.moda.validate import MoDAShape, cute_bwd_shape_problem
@@ -159,7 +159,7 @@ class DepthBwdSm90:
         sScr = st.sScr.get_tensor(sScr_layout)[None, None, wid]
         sStat = st.sStat.get_tensor(sStat_layout)[None, None, wid]
 
-        B, T, Hq = mQ.shape[0], mQ.shape[1], mQ.shape[2]
+        B, T = mQ.shape[0], mQ.shape[1]
         TL, Hk = mKd.shape[1], mKd.shape[2]
         slabs = (T + P - 1) // P
         n_units = slabs * B * Hk

@@ -28,9 +28,9 @@ from functools import partial
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
-from cutlass._mlir import ir
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute import ampere_helpers as sm80_helpers
 from flash_attn.cute import utils as fa_utils
@@ -40,7 +40,8 @@ ROWS_PER_GROUP = 64  # rows of one consumer warp group (one wgmma M)
 WARP_ROWS = 16  # rows of one warp (one mma.sync M)
 WARP_KEYS = (16, 32)  # depth keys of one warp step (the K of its P.V: one or two mma.sync K)
 PLACEMENTS = ("offset", "first", "spread")  # where a tile's depth steps go among its sequence blocks
-PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr", "unpaired")  # variants (MoDAForwardSm90.__init__)
+# variants (MoDAForwardSm90.__init__)
+PROBES = ("", "rows0", "nomath", "late", "noqk", "nomask", "nopv", "cellmask", "cuteaddr", "unpaired")
 ROW_BYTES = 128  # a 64-wide bf16 row of the shared tiles: one 128-byte swizzle row (Swizzle<3,4,3> on bytes)
 SWIZZLE_ROWS = 8  # rows of one swizzle period (1024 bytes); offsets by whole periods commute with the swizzle
 ROWS16_BYTES = 2 * SWIZZLE_ROWS * ROW_BYTES  # the next 16 rows of a tile: two whole swizzle periods further
@@ -363,9 +364,11 @@ class DepthSteps:
                 qk = partial(sm80_helpers.gemm, w["thr_qk"], tCrA=w["rQ"], tCrB=w["rK"], tCsA=w["sQ"],
                              tCsB=w["sK"][None, None, None, buf], smem_thr_copy_A=w["copy_q"],
                              smem_thr_copy_B=w["copy_k"])
-                pv = lambda rP: sm80_helpers.gemm_rs(
-                    w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
-                    w["sVt"][None, None, None, buf], w["copy_v"])
+
+                def pv(rP):
+                    return sm80_helpers.gemm_rs(w["thr_pv"], w["acc_O"], layout_utils.reshape_acc_to_frgA(rP), w["rVt"],
+                                                w["sVt"][None, None, None, buf], w["copy_v"])
+
             acc_S = cute.make_rmem_tensor(tiled_qk.partition_shape_C((ROWS_PER_GROUP, self.step_keys())), Float32)
             acc_S.fill(0.0)
             pipeline_kd.consumer_wait(d_state, pipeline_kd.consumer_try_wait(d_state))
@@ -431,8 +434,8 @@ def default_placement(T: int, d: int = 64) -> str:
 
 def default_depth_tile(d: int, placement: str = "offset") -> int:
     """Depth rows per group and stage: 64 at d <= 64; 32 at d = 128 (shared memory); per warp 32
-    for "spread" (H200, forward / FA4 at T=4096: 1.330 with 32 keys in one stage, 1.402 with 16
-    in two)."""
+    for "spread" (32 keys in one stage ran faster than 16 in two; docs/DESIGN.md, "The fused sm90
+    forward")."""
     if placement == "spread":
         return 32
     return 64 if d <= 64 else 32

@@ -50,8 +50,17 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, TileScheduler
 from quack import copy_utils, layout_utils, sm90_utils
 
 from moda_bench.kernels.moda.cute.fwd_depth_sm90 import (  # noqa: F401 - the placement policy is re-exported
-    PLACEMENTS, PROBES, ROWS_PER_GROUP, WARP_KEYS, WARP_ROWS, DepthSteps, default_depth_stages,
-    default_depth_tile, default_placement, placement_unavailable)
+    PLACEMENTS,
+    PROBES,
+    ROWS_PER_GROUP,
+    WARP_KEYS,
+    WARP_ROWS,
+    DepthSteps,
+    default_depth_stages,
+    default_depth_tile,
+    default_placement,
+    placement_unavailable,
+)
 
 
 class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
@@ -381,7 +390,8 @@ class MoDAForwardSm90(DepthSteps, FlashAttentionForwardSm90):
                 pair = []
                 for m, sm, atom, hd in ((mKd, sKd, tma_atom_Kd, self.tile_hdim),
                                         (mVd, sVd, tma_atom_Vd, self.tile_hdimv)):
-                    g = cute.local_tile(cute.domain_offset((row0 + h * self.depth_len, 0), m[None, None, head_idx, batch_idx]),
+                    g = cute.local_tile(cute.domain_offset((row0 + h * self.depth_len, 0),
+                                                           m[None, None, head_idx, batch_idx]),
                                         (rows, hd), (None, 0))
                     fn, _, g_part = copy_utils.tma_get_copy_fn(atom, 0, cute.make_layout(1), g, sm)
                     pair.append((fn, g_part, atom))

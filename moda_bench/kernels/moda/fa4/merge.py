@@ -37,11 +37,18 @@ import triton.language as tl
 
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv
 from moda_bench.kernels.moda.config import MoDAConfig, check_config, pointer_block_l, resolve_config
-from moda_bench.kernels.moda.triton.interface import (MERGE_BLOCK, Concurrent, launch_delta, moda_bwd, moda_fwd, pointer_bwd_config,
-                                        wants_depth_grad)
 from moda_bench.kernels.moda.triton.depth import depth_bwd, depth_fwd
-from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
+from moda_bench.kernels.moda.triton.interface import (
+    MERGE_BLOCK,
+    Concurrent,
+    launch_delta,
+    moda_bwd,
+    moda_fwd,
+    pointer_bwd_config,
+    wants_depth_grad,
+)
 from moda_bench.kernels.moda.triton.utils import lse_merge
+from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
 
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_DTYPES = (torch.float16, torch.bfloat16)
@@ -65,8 +72,8 @@ def fa4_unavailable(device=None) -> Optional[str]:
     """One line saying why FlashAttention-4 cannot run on `device` (default: the current CUDA
     device): flash-attn-4 not installed or not importable, no CUDA, a non-CUDA device, or a GPU
     that is not sm90/sm100. None when it can run. Never raises. Answered once per device and
-    process (what it reads does not change; the package metadata lookup alone costs ~0.3 ms, and
-    moda_fa4 asks on every call)."""
+    process (what it reads does not change; the package metadata lookup alone is slow next to a
+    short call, and moda_fa4 asks on every call)."""
     try:
         key = None if device is None else str(torch.device(device))
     except Exception as exc:  # a malformed device

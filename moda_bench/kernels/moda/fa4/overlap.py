@@ -30,25 +30,16 @@ FWD_SHARE, BWD_SHARE = 12 / 132, 24 / 132
 MIN_PROGRAMS = 8
 DETACHED_BWD = 0.6
 # The streaming kernels' items: folded row blocks of 256 rows on 8 warps (forward) and 64 rows on 4
-# warps (backward), three items' tiles in flight. A depth program issues one instruction every ~4-6
-# cycles with one warp per scheduler (ncu, H200: CPI 4.1 forward, 5.8 backward, long-scoreboard and
-# fixed-latency waits; results/h200/depth-profile), so its rate is flat from 1 to 24 programs and
-# more warps on a larger item raise it: forward 48 -> 59 GB/s a program at G=8, 67 -> 78 at G=2, 35
-# -> 45 at G=16, 68 -> 74 at L=256 (H200, T=16384, alone). Beside FA4, before and after in one
-# process (results/{h100,h200}/overlap-ab): forward at T=16384 1.187x -> 1.122x (H100) / 1.119x
-# (H200) FA4, fwd+bwd at T=4096 (graph timer) 1.443x -> 1.428x / 1.377x -> 1.352x, G=2 and L=256
-# within 1%. The backward's 128-row 8-warp items stream 37 against 32 GB/s alone but cost 7-10%
-# beside FA4 at G=2 and L=256, so the backward keeps 64 rows and 4 warps.
+# warps (backward), three items' tiles in flight. A depth program is a chain of small dependent
+# steps with one warp per scheduler, latency-bound rather than memory-bound (its rate is flat in the
+# program count), so more warps on a larger item raise its rate; the forward's 256-row items gain
+# beside FA4 too. The backward's 128-row 8-warp items stream faster alone but cost more beside FA4
+# at G=2 and L=256, so the backward keeps 64 rows and 4 warps (docs/DESIGN.md, "The overlap route").
 FWD_BLOCK_M, FWD_WARPS, BWD_BLOCK_M, BWD_WARPS, STAGES = 256, 8, 64, 4, 3
 # The backward's depth part as the CuTe kernel of independent warps (`depth_bwd_sm90`, where it takes
-# the shape): 52 against Triton's 29 GB/s a program at T=16384, G=8, L=64 (59 / 41 at G=2 and at
-# L=256, 45 / 21 at G=16; H100, alone, results/h100/depth-bwd-cute), so it needs fewer SMs beside
-# FA4. Beside FA4, fwd+bwd, H100, graph timer at T=4096: 96 programs 1.50x, 64 1.44x, 40 1.38x,
-# 32 1.34x, 24 1.35x, 16 1.79x (Triton's 96: 1.52x); T=16384 16-24 programs and T=32768 12 level
-# with Triton's within the intervals: a share of 8/132 at the calibration point, at least 12. After the
-# thirteenth session's cuts (54 GB/s a program; results/h100/fused-s13), moda-fused in one process each:
-# T=4096 (graph) 40 1.343x, 32 1.312x, 28 1.288x, 24 1.303x, but G=2 32 1.270x against 28 1.302x and
-# L=256 32 1.294x against 28 1.311x: no single share is best on all three, so 8/132 stays.
+# the shape): it streams about twice Triton's rate a program, so it needs fewer SMs beside FA4: a
+# share of 8/132 at the calibration point, at least 12 programs. No single share was best at T=4096
+# for G=8, G=2 and L=256 at once, so 8/132 stays (docs/DESIGN.md, "The depth backward in CuTe").
 CUTE_BWD_SHARE, CUTE_BWD_MIN = 8 / 132, 12
 
 

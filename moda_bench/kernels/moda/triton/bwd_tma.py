@@ -3,7 +3,8 @@ over group-folded rows with per-row softmax statistics in flat buffers, every ti
 a tensor descriptor (TMA on Hopper; built on the host at T <= 8192, `host_desc_bwd`, else by each
 program: `descriptors`) or, where descriptors are unusable, through masked pointers (USE_DESC=False,
 the same arithmetic). Launched by `kernel.moda_bwd` (through
-`moda_bwd_tma`); `experiments/bwd_tma_triton.py` times its variants (issue 21).
+`moda_bwd_tma`); `experiments/bwd_tma_triton.py` times its variants (docs/DESIGN.md, "The Triton
+kernel").
 
 q, o, do (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0), all
 contiguous; lse (B,T,Hq) float32, natural log. Returns (dq, dk, dv, dk_depth, dv_depth); the depth
@@ -15,17 +16,17 @@ Design:
   next_pow2(G); rows g >= G are padding). BM rows are P = BM/GP whole positions, loaded as one
   [1, P, GP, d] box of the (B,T,Hq,d) tensor, so a K/V tile serves the G heads at once. exp2
   with the scale folded in.
-* Query-major pass first (`_dq_kernel`, a program per (BM rows, batch*KV head), the last row
-  blocks first, or heavy and light blocks alternately at T <= 8192, `dq_mix`): it computes its rows' lse2 = lse*log2(e) (+inf on padding rows, so that their
-  probabilities are exactly 0 everywhere) and delta = rowsum(o*do) and stores them in flat
-  (B*Hk, RP) fp32 buffers for the key-major pass (no preprocessing launch; the last block also
-  fills the rows after it that the key-major pass's last steps read, so that pass loads them
-  unmasked: RP = rows of the dq blocks + kv_block_m); then dq over the
-  key tiles wholly below its first position (unmasked) and the diagonal ones; then the depth
-  part: the P positions in NB = P/S sub-tiles of S positions (R = S*GP >= 16 rows, one tensor-
-  core tile) against their own S*BL depth columns a step, a batched product, with dk_depth,
-  dv_depth of the block's positions stored by descriptor (a depth entry is read by the G rows
-  of its own position only: no atomics).
+* Query-major pass first (`_dq_kernel`, a program per (BM rows, batch*KV head), the last row blocks
+  first, or heavy and light blocks alternately at T <= 8192, `dq_mix`): it computes its rows' lse2 =
+  lse*log2(e) (+inf on padding rows, so that their probabilities are exactly 0 everywhere) and delta
+  = rowsum(o*do) and stores them in flat (B*Hk, RP) fp32 buffers for the key-major pass (no
+  preprocessing launch; the last block also fills the rows after it that the key-major pass's last
+  steps read, so that pass loads them unmasked: RP = rows of the dq blocks + kv_block_m); then dq
+  over the key tiles wholly below its first position (unmasked) and the diagonal ones; then the
+  depth part: the P positions in NB = P/S sub-tiles of S positions (R = S*GP >= 16 rows, one
+  tensor-core tile) against their own S*BL depth columns a step, a batched product, with dk_depth,
+  dv_depth of the block's positions stored by descriptor (a depth entry is read by the G rows of its
+  own position only: no atomics).
 * At L = 0, G a power of two above 1, the dq pass may take a query head a program (`_dq_head_kernel`).
 * Key-major pass (`_kv_kernel`, a program per (BN keys, batch*KV head), grid (B*Hk, n_tiles):
   the heaviest tiles of every head first, then the lighter ones, which balances the causal
@@ -37,13 +38,14 @@ Design:
 * Product order: where the key-major pass's registers are not capped its step issues dp^T =
   v do^T before the exponentials of its scores (DP_FIRST, `kernel_bwd_rules.dp_first`), so the
   tensor cores work while the exponential unit does; the dq pass keeps dp after them.
-* Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's choice); 168
-  at 4 warps lets three programs share an SM (H100: the dk/dv pass at T=16384, G=8, d=64 9.8 -> 8.7 ms).
+* Registers: `kv_maxnreg` / `q_maxnreg` cap a pass's registers per thread (0: the compiler's
+  choice); 168 at 4 warps lets three programs share an SM (`config.BWD_TMA_MAXNREG`; measured in
+  docs/DESIGN.md, "The Triton kernel").
 * One launch (`bwd_kv_beside` = 2; by default in eager calls at T <= 1024 where L > 0,
   `kernel_bwd_rules.kv_one`): `_one_kernel`'s grid holds the dq pass's row blocks first, each
   counting itself ready once its rows' statistics are stored, then the key-major items, which
   wait for their head's blocks: a launch and its host work fewer a call, where the host's issue
-  time bounds the call (issue 21's eager T=1024 row), at about the two launches' GPU time.
+  time bounds the call (short eager calls), at about the two launches' GPU time.
 The tile helpers live in `kernel_bwd_parts` and are re-exported here: experiments/bwd_tma_triton.py builds
 its variants (an atomic-dQ key-major pass) from them.
 """
@@ -55,15 +57,46 @@ import triton.language as tl
 
 from moda_bench.kernels.counters import arrival_counters, scratch, scratch_views, stream_state
 from moda_bench.kernels.launch import CachedLaunch, aligned16
-from moda_bench.kernels.moda.triton.bwd_tma_rules import (DQ_MIX_MAX_T, KV_BESIDE_MAX_G, KV_BESIDE_MAX_WAVES,  # noqa: F401
-                                                  KV_CHUNK_MIN_STEPS, KV_CHUNK_SLACK, KV_CHUNK_SLOTS, bwd_depth_geometry,
-                                                  bwd_plan, dq_mix, host_desc_bwd, kv_beside, kv_chunk, kv_depth_items,
-                                                  kv_items)
-from moda_bench.kernels.moda.triton.descriptors import (depth_desc, depth_descs, depth_hdesc, ensure_allocator,  # noqa: F401
-                                             keys_desc, keys_hdesc, keys_tile, rows_desc, rows_hdesc, rows_ptr,
-                                             rows_tile)
-from moda_bench.kernels.moda.triton.bwd_tma_tiles import (chunk_item, depth_item, depth_part, dq_block, dq_rows,  # noqa: F401
-                                                  dq_step, kv_item, row_stats, store_kv)
+from moda_bench.kernels.moda.triton.bwd_tma_rules import (  # noqa: F401
+    DQ_MIX_MAX_T,
+    KV_BESIDE_MAX_G,
+    KV_BESIDE_MAX_WAVES,
+    KV_CHUNK_MIN_STEPS,
+    KV_CHUNK_SLACK,
+    KV_CHUNK_SLOTS,
+    bwd_depth_geometry,
+    bwd_plan,
+    dq_mix,
+    host_desc_bwd,
+    kv_beside,
+    kv_chunk,
+    kv_depth_items,
+    kv_items,
+)
+from moda_bench.kernels.moda.triton.bwd_tma_tiles import (  # noqa: F401
+    chunk_item,
+    depth_item,
+    depth_part,
+    dq_block,
+    dq_rows,
+    dq_step,
+    kv_item,
+    row_stats,
+    store_kv,
+)
+from moda_bench.kernels.moda.triton.descriptors import (  # noqa: F401
+    depth_desc,
+    depth_descs,
+    depth_hdesc,
+    ensure_allocator,
+    keys_desc,
+    keys_hdesc,
+    keys_tile,
+    rows_desc,
+    rows_hdesc,
+    rows_ptr,
+    rows_tile,
+)
 from moda_bench.kernels.moda.triton.utils import interpreting
 
 LOG2E = 1.4426950408889634
@@ -258,10 +291,11 @@ def _dq_head_kernel(Q, K, V, O, DO, LSE, LSE2, DELTA, DQ, qk_scale, sm_scale, B,
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
 
 
+# the argument kv_chunk (a chunk length) shadows the rule kv_chunk re-exported above, which computes it
 def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m: int = 64, q_block_n: int = 64,
                  q_warps: int = 4, q_stages: int = 3, q_maxnreg: int = 0, kv_block_m: int = 64, kv_block_n: int = 64,
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
-                 use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,
+                 use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,  # noqa: F811
                  depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, heads: bool = False,
                  one: bool = False, state=None):
     """The folded backward's two launches (or one): returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
@@ -275,8 +309,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     items of the key-major grid (`depth_item`; off unless asked for, `kv_depth_items` says why).
     kv_sub: sub-groups of the key-major pass (a power of two dividing GP; not with beside or
     depth_items): a program takes GP // kv_sub heads of its key tile's rows, the sub-groups' dk,
-    dv summed by the last to finish (`_kv_kernel`). 1 in every default: fwd+bwd 0.974-0.994 at
-    G=8 and T >= 8192, 1.02-1.05 at G = 2, 16, 32 (H100, results/h100/s20-kv-sub).
+    dv summed by the last to finish (`_kv_kernel`). 1 in every default: it gained a little at G=8
+    and lost elsewhere (docs/DESIGN.md, "The Triton kernel").
     poly: `config.MoDAConfig.exp_poly`'s bits 2 (dq pass) and 4 (key-major pass): their sequence
     probabilities half on the FMA pipe (`exp2_mix`; 16-bit inputs only). heads (L = 0, G a power of
     two above 1): the dq pass a query head a program (`_dq_head_kernel`, `kernel_bwd_rules.dq_heads`).

@@ -4,7 +4,8 @@ whether the key-major pass runs beside the dq pass (`kv_beside`) or in one launc
 into chunks (`kv_chunk`, `kv_items`), whether the depth part runs as items of the key-major grid
 (`kv_depth_items`, off unless asked for), the dq pass's block order (`dq_mix`), the order of
 a step's products (`dp_first`) and whether the passes take host-side descriptors (`host_desc_bwd`).
-Each rule states the measurements it stands on; `MoDAConfig` fields override them (-1 means "by
+Each rule states the reason it stands on and where docs/PERFORMANCE.md records its measurements
+(the numbered changes); `MoDAConfig` fields override them (-1 means "by
 the rule"; `dp_first` and `host_desc_bwd` have none: `moda_bwd_tma`'s kwarg, the process switch).
 Also `moda_bwd_tma`'s plan (`bwd_plan`): its launches' grids, keys and constexprs for one set of
 sizes and arguments, memoised, so that a call only allocates and launches.
@@ -21,16 +22,13 @@ from moda_bench.kernels.moda.triton.descriptors import host_descriptors
 from moda_bench.kernels.moda.triton.fwd_tma import depth_geometry
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp_poly_share, launch_options
 
-
 # The key-major pass runs beside the dq pass (bwd_kv_beside = -1) inside a CUDA graph capture,
 # where the depth part makes the dq pass long (L > 0), its programs are short (G <= KV_BESIDE_MAX_G)
 # and the key-major grid, B*Hk*cdiv(T, bwd_kv_block_n) programs, is at most KV_BESIDE_MAX_WAVES a
-# multiprocessor. H100, fwd+bwd, Hk=8 (results/h100/kv-beside-s16, kv-beside-ab-s16): T=1024 (128
-# programs of up to 128 steps on 132 SMs) under the graph timer, interleaved, after / beside: G=8
-# L=64 1.048 [1.039-1.057], G=1 1.075, L=256 1.071; but eager, where these calls are host-bound and
-# the second stream's events and switches cost host time, 0.878 [0.863-0.894], 0.875 and 0.976, so
-# eager calls keep the order. Where it stays off under the graph too: G=16 574 -> 669 us, L=0
-# 213 -> 283, T=2048 L=0 531 -> 640 (L=64 830 -> 818), T=4096 1.95 -> 2.48 ms.
+# multiprocessor: there the two passes share the SMs instead of the key-major grid running after a
+# dq pass that leaves most of them idle. Eager calls keep the order: they are host-bound, and the
+# second stream's events and switches cost host time. Larger G, L = 0 and longer T lose beside
+# (docs/PERFORMANCE.md, change 14).
 KV_BESIDE_MAX_WAVES, KV_BESIDE_MAX_G = 1.0, 8
 
 
@@ -54,11 +52,8 @@ def kv_beside(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, n_sms: i
 
 # The dq pass visits its row blocks heavy and light alternately (MIX) instead of heaviest first
 # where L > 0 and T <= DQ_MIX_MAX_T: a light block is mostly depth bytes, a heavy one mostly
-# sequence math, and co-resident programs then overlap the two. H100, fwd+bwd, L=64 unless said,
-# interleaved, mixed / heavy-first (results/h100/dq-mix-s16): G=8 T=2048 0.970 [0.969-0.971],
-# T=4096 0.960 [0.957-0.962], T=8192 0.989 [0.980-0.999]; G=2 T=4096 0.991, T=8192 0.966; G=16
-# T=2048 0.980; L=256 T=4096 0.983; T=1024 eager 0.970 (graph 1.009); but T=16384 1.020 (L=256
-# 1.028, G=2 1.006, L=0 0.996): there the heaviest-first order's short last programs matter more.
+# sequence math, and co-resident programs then overlap the two. Above DQ_MIX_MAX_T the
+# heaviest-first order's short last programs matter more (docs/PERFORMANCE.md, change 15).
 DQ_MIX_MAX_T = 8192
 
 
@@ -67,12 +62,8 @@ DQ_MIX_MAX_T = 8192
 # n_sms * KV_CHUNK_SLOTS program slots; chunks of about that share, at least KV_CHUNK_MIN_STEPS
 # steps (a chunk's fp32 partials and the last one's sum cost about what a few steps do). A grid of
 # one program a key tile is otherwise as long as its first tile (T=1024, Hk=8: 128 programs of up
-# to 128 steps on 132 SMs, one program an SM). H100, fwd+bwd, G=8, L=64 unless said, interleaved,
-# graph timer, chunked / one program a tile (results/h100/kv-chunk-s17): T=2048 0.876 (eager 0.879
-# on one start, 1.017 [0.997-1.037] on another), L=0 T=1024 / 2048 0.808 / 0.816, G=16 T=1024
-# 0.816; T=1024 319.5 us against 343.8 unchunked beside the dq pass and 365.2 after it (the pass
-# alone 118.5 -> 73.2 us); T=4096 (not chunked by the rule) forced chunks 1.017-1.047; G=1 at
-# T=1024 (16 steps a tile) 4-step chunks 1.138: hence the minimum.
+# to 128 steps on 132 SMs, one program an SM). Where the grid is not short, forced chunks only add
+# the partials' cost; chunks below the minimum lost at G=1 (docs/PERFORMANCE.md, change 17).
 KV_CHUNK_SLOTS, KV_CHUNK_SLACK, KV_CHUNK_MIN_STEPS = 2, 1.5, 16
 
 
@@ -109,14 +100,10 @@ def _kv_chunk(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, n_sms: int) -> i
 
 # Both passes in one launch (bwd_kv_beside = 2, `kernel_bwd_tma._one_kernel`; -1: in eager calls,
 # not in a CUDA graph capture, where L > 0, T <= KV_ONE_MAX_T and `kv_one_fits`): a launch and its
-# host work fewer a call. H100, fwd+bwd, one process, interleaved with the two launches and FA2
-# (results/h100/one-launch-s28, `ONE_WAIT` order), one / two launches, eager then graph: T=1024 G=8
-# L=64 0.923 [0.893-0.954] / 1.025, G=1 0.954 / 0.973, G=16 0.937 / 1.025, L=256 0.963 / 0.986, L=0
-# 0.957 / 1.088 (there the dq pass a head a program is the default: not taken), T=2048 0.958 / 1.040,
-# T=4096 1.049 / 1.051. Eager moda / FA2 at T=1024, G=8, L=64: 1.502 [1.423-1.584] -> 1.370
-# [1.292-1.453]. Eager calls there are host-bound on the hosts measured; under a graph the GPU time
-# decides and the two launches stay. The key-major items first, computing their rows' statistics
-# themselves (ONE_WAIT = False), cost 1.11 (graph) at T=1024 and 1.31 at T=2048.
+# host work fewer a call, which pays where eager calls are host-bound (short T); under a graph the
+# GPU time decides and the two launches stay. The key-major items first, computing their rows'
+# statistics themselves (ONE_WAIT = False), make every step dearer and lost under the graph
+# (docs/PERFORMANCE.md, change 45).
 KV_ONE_MAX_T = 1024
 ONE_WAIT = True  # the one launch's order: dq blocks first, key-major items wait for their rows' statistics
 
@@ -160,15 +147,11 @@ def kv_items(T: int, block_n: int, chunk: int) -> tuple:
     return tpc * nch * (nch + 1) // 2 - (tpc * nch - n_tiles), nch
 
 
-# The depth part as items of the key-major grid (bwd_depth_items = 1; -1 leaves it off). Measured
-# on the H100 (results/h100/kv-depth-items-s17), fwd+bwd, graph timer, G=8, L=64 unless said, items
-# / depth part in the dq pass (two starts where two numbers): T=1024 0.995 and 1.022, T=2048 1.052
-# and 1.040, T=4096 1.053, G=1 1.055, G=16 1.010, G=2 T=2048 0.984, L=256 T=1024 0.976 and 0.992,
-# L=256 T=2048 0.996. The merged kernel takes 246 registers a thread (the key pass alone
-# 202): two programs an SM either way, and the depth part, which in the dq pass runs at the copy
-# rate (268 MB in ~95 us at T=1024) only with both slots of every SM loading, gets one of them
-# beside a key item: its bytes take as long again and nothing overlaps (key-major grid 177 us
-# against 74 + 95).
+# The depth part as items of the key-major grid (bwd_depth_items = 1; -1 leaves it off; the tuner
+# tries it). The merged kernel takes more registers than the key pass alone: two programs an SM
+# either way, and the depth part, which in the dq pass reaches the copy rate only with both slots
+# of every SM loading, gets one of them beside a key item: its bytes take as long again and
+# nothing overlaps (docs/PERFORMANCE.md, change 18).
 
 
 def kv_depth_items(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
@@ -180,11 +163,8 @@ def kv_depth_items(cfg: MoDAConfig, T: int, L: int, G: int) -> bool:
 # The dq pass at L = 0 a query head a program (`_dq_head_kernel`: BM positions of one head, not BM
 # folded rows of P positions x GP heads) where G is a power of two above 1 and T >= DQ_HEADS_MIN_T
 # (G = 2: DQ_HEADS_MIN_T_G2). Its 64 x 64 tiles take 122 registers a thread, no spill, 4 programs an
-# SM; the folded pass needs its 168 (capped at 128 it spills: the backward 1.27x). H100, fwd+bwd,
-# graph timer, interleaved, per head / folded (results/h100/dq-heads-s24, -s24b): G=8 T = 512 / 1024
-# / 2048 / 4096 / 8192 / 16384 / 32768 1.033 / 0.972 / 0.950 / 0.944 / 0.966 / 0.964 / 0.966; G=2
-# T=4096 1.010, T=16384 0.979; G=4 0.969, G=16 0.970, G=32 0.973 at 16K; G=16 T=2048 0.925. The
-# backward alone at T=16384, G=8: 0.963 (eager; 14.82 against 15.35 ms).
+# SM; the folded pass needs its 168 (capped at 128 it spills). Below the minimum T (for G = 2,
+# below DQ_HEADS_MIN_T_G2) the folded pass stays ahead (docs/PERFORMANCE.md, change 41).
 DQ_HEADS_MIN_T, DQ_HEADS_MIN_T_G2 = 1024, 8192
 
 
@@ -209,12 +189,9 @@ def dq_mix(T: int, L: int) -> bool:
 
 
 # The backward's passes take host-side tensor descriptors (`descriptors`) where T <= HOST_DESC_BWD_MAX_T;
-# above it they build theirs on the device. H100, interleaved, host / device-side descriptors, G=8,
-# L=64 unless said (results/h100/host-desc-s25, -s25b): fwd+bwd (graph) T = 1024 / 2048 / 4096
-# 0.849 / 0.886 / 0.898, T=8192 0.961 (eager); the backward alone at T=16384 1.019 [1.010-1.028], G=2
-# 1.070: there the passes are capped at 168 registers and spill more with the descriptors' parameters
-# (the dq pass at G=2: 46 -> 66 spills; key-major 8 -> 12), where their device-side builds are a
-# small share of long programs. The forward takes them at every T (T=16384 0.990, G=2 0.984, L=0 0.997).
+# above it they build theirs on the device: there the passes are capped at 168 registers and spill
+# more with the descriptors' parameters, while the device-side builds are a small share of long
+# programs. The forward takes them at every T (docs/PERFORMANCE.md, change 42).
 HOST_DESC_BWD_MAX_T = 8192
 
 
@@ -226,13 +203,8 @@ def host_desc_bwd(T: int) -> bool:
 # The key-major pass's step issues its dp^T product (v do^T) before the exponentials of its
 # scores, so the tensor cores compute it while the exponential unit works, where its registers
 # are not capped; with the cap (168 at T > 4096) the two score-sized fp32 tiles live at once and
-# the pass spills. The dq pass keeps dp after. H100, backward alone, 12 interleaved rounds, each
-# variant / dp after in both passes (results/h100/s18-dp-first, gradients bitwise the same):
-# - uncapped (T <= 4096): key-major dp first 0.963 at T=4096 G=8 L=64, 0.980 at T=2048 L=0,
-#   0.984 at G=2, 0.983 at L=256; T=1024 (host-bound repetitions) 1.008, inside its noise. The dq
-#   pass's dp first gains nothing (alone 0.992-1.001; with the key-major one 0.999-1.003) and is off.
-# - capped at 168: key-major dp first at T=16384 1.40 (L=0) and 1.35 (L=64); uncapped with dp
-#   first 1.022 and 1.045 against the capped default, 0.986 at T=8192 (not taken: 1.4%).
+# the pass spills; uncapping it to issue dp first was no faster. The dq pass keeps dp after: it
+# gains nothing there. Gradients are bitwise the same either way (docs/PERFORMANCE.md, change 20).
 def dp_first(maxnreg: int) -> bool:
     """Whether the key-major pass, with this register cap (0: none), issues dp^T before the exponentials."""
     return maxnreg == 0

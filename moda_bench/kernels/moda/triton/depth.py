@@ -1,4 +1,4 @@
-"""MoDA's depth part alone as persistent streaming kernels (issue 20's overlap design, the
+"""MoDA's depth part alone as persistent streaming kernels (the overlap design, the
 "persist" placement of `moda_fa4`, provider `moda-overlap`): a fixed number of programs walks
 every item (a block of folded rows of one KV head), so that a launch of a few programs beside the
 sequence kernel streams the depth bytes on a fixed share of the SMs for the whole pass.
@@ -7,10 +7,9 @@ Why: FA4's forward and backward are not persistent; launched after a capped dept
 highest-priority side stream, their programs take the SMs the depth programs leave, and the pass
 costs about max(sequence time * SMs / (SMs - n), depth time on n programs) plus the merge instead
 of their sum (docs/DESIGN.md, "The overlap route"). It pays only if one program streams
-fast. Measured on the H100 (T=16384, G=8, L=64, forward alone): the row-block depth-only launches
-of `kernel_fwd`, capped, 13.5 GB/s a program; items of one position with loads pipelined several
-items deep, 16 GB/s (bound by the latency of each item's chain of small products, ~1 us, whatever
-the stages or warps); these block items, 45 GB/s at 128 rows and 3 stages.
+fast: the capped row-block depth-only launches of `kernel_fwd` and items of one position (bound
+by the latency of each item's chain of small products, whatever the stages or warps) streamed a
+fraction of what these block items do (the rates: docs/DESIGN.md, "The overlap route").
 
 Layouts: q, o, do (B, T, Hq, d); k_depth, v_depth (B, T, L, Hk, d); lse (B, T, Hq) float32
 (natural log); all contiguous and 16-byte aligned. An item is BLOCK_M folded rows r = t*GP + g of
@@ -22,13 +21,13 @@ read neighbouring heads of the same positions.
 * Between items every warp meets at a CTA barrier (`tl.debug_barrier`): the next item's
   descriptor copies land in the shared buffers this item's tiles used. It was added when the
   tuner's full-tensor check at T=32768 (H100) saw results that varied; the cause turned out to be
-  the in-place merge after this kernel (`fa4._merge`, now out of place). These kernels are
-  bitwise equal across 4-132 programs and within 0.24% of fp32 on every row at T = 4099, 32768
-  and 65536 (results/h100/overlap-check); the barrier stays, as measured.
+  the in-place merge after this kernel (`fa4._merge`, now out of place; docs/DESIGN.md, "The
+  merge route"). With the barrier these kernels were checked bitwise equal across program counts
+  and within fp32 rounding of every row at long T; the barrier stays, as checked.
 * `depth_bwd`: given the merged out and lse (the whole MoDA softmax), the depth keys' share of dq
   and, with depth_grad, dk_depth and dv_depth, through the folded backward's `depth_part`; each
   row's lse2 and delta = rowsum(o * do) are computed here.
-* Both launch through `ops.launch.CachedLaunch`, keyed by every integer argument and constexpr
+* Both launch through `kernels.launch.CachedLaunch`, keyed by every integer argument and constexpr
   (moda-fa4 and moda-overlap launch them at every call, where short T makes the host the limit).
 """
 from __future__ import annotations
@@ -38,9 +37,9 @@ import triton
 import triton.language as tl
 
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv, next_pow2
-from moda_bench.kernels.moda.triton.descriptors import depth_descs, rows_ptr, rows_tile
-from moda_bench.kernels.moda.triton.bwd_tma_tiles import depth_part
 from moda_bench.kernels.moda.triton.bwd_tma_rules import bwd_depth_geometry
+from moda_bench.kernels.moda.triton.bwd_tma_tiles import depth_part
+from moda_bench.kernels.moda.triton.descriptors import depth_descs, rows_ptr, rows_tile
 from moda_bench.kernels.moda.triton.fwd_tma import depth_geometry as fwd_depth_geometry
 from moda_bench.kernels.moda.triton.fwd_tma import depth_phase, depth_rows_desc, ensure_allocator, rows_desc
 from moda_bench.kernels.moda.triton.utils import dot_precision

@@ -175,8 +175,8 @@ def moda_merge_kernel(O1, LSE1, O2, LSE2, O, LSE, n_rows, HEAD_DIM: tl.constexpr
     """(O, LSE) <- softmax merge of the two partials (O1, LSE1) and (O2, LSE2) over the flattened
     (B*T*Hq, d) rows (all six contiguous). The outputs are buffers of their own: merged in place
     (O = O1), a program's threads stored some rows before others had loaded them (Triton 3.6 gave
-    the load and the store different thread layouts; H100, T=32768: 8-84 rows in groups of 4 heads
-    differed from run to run, `experiments/overlap_check.py --lse`)."""
+    the load and the store different thread layouts: a few rows differed from run to run at long T,
+    `experiments/overlap_check.py --lse`; docs/DESIGN.md, "The merge route")."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = rows < n_rows

@@ -2,7 +2,7 @@
 program per block of folded rows does the causal sequence loop and the depth phase under one
 online softmax, every tile loaded through a tensor descriptor (the TMA copy engine on Hopper),
 built on the host where Triton has them, else by each program (`descriptors`). Launched by `kernel.moda_fwd`
-(through `moda_fwd_tma`); `experiments/fused_fwd_triton.py` times its variants (issue 20's route A,
+(through `moda_fwd_tma`); `experiments/fused_fwd_triton.py` times its variants (route A,
 docs/DESIGN.md).
 
 q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0), all contiguous.
@@ -40,9 +40,18 @@ import triton
 import triton.language as tl
 
 from moda_bench.kernels.launch import CachedLaunch, cdiv, next_pow2
-from moda_bench.kernels.moda.triton.descriptors import (aligned, depth_rows_desc, depth_rows_hdesc,  # noqa: F401
-                                             descriptors_available, ensure_allocator, host_descriptors, keys_desc,
-                                             keys_hdesc, rows_desc, rows_hdesc)
+from moda_bench.kernels.moda.triton.descriptors import (  # noqa: F401
+    aligned,
+    depth_rows_desc,
+    depth_rows_hdesc,
+    descriptors_available,
+    ensure_allocator,
+    host_descriptors,
+    keys_desc,
+    keys_hdesc,
+    rows_desc,
+    rows_hdesc,
+)
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp2_mix, launch_options, mm, mm_acc
 
 LOG2E = 1.4426950408889634

@@ -67,17 +67,43 @@ from torch import Tensor
 
 from moda_bench.kernels.counters import stream_state
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv
-from moda_bench.kernels.moda.config import (MoDAConfig, check_config, depth_only_sub, fused_depth_sub, group_pad,
-                                            pointer_block_l, pointer_bwd_depth, resolve_config)
-from moda_bench.kernels.moda.triton.bwd import (BWDQ_ADD, BWDQ_FUSED, BWDQ_SEQ, moda_bwd_delta_kernel, moda_bwd_kv_kernel,
-                                            moda_bwd_q_kernel)
-from moda_bench.kernels.moda.triton.fwd import (FWD_BOTH, FWD_DEPTH, FWD_FUSED, FWD_SEQ, FWD_SEQ_INIT, moda_fwd_kernel,
-                                            moda_merge_kernel)
-from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_one
+from moda_bench.kernels.moda.config import (
+    MoDAConfig,
+    check_config,
+    depth_only_sub,
+    fused_depth_sub,
+    group_pad,
+    pointer_block_l,
+    pointer_bwd_depth,
+    resolve_config,
+)
+from moda_bench.kernels.moda.triton.bwd import (
+    BWDQ_ADD,
+    BWDQ_FUSED,
+    BWDQ_SEQ,
+    moda_bwd_delta_kernel,
+    moda_bwd_kv_kernel,
+    moda_bwd_q_kernel,
+)
 from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
-from moda_bench.kernels.moda.triton.fwd_tma import aligned, descriptors_available, ensure_allocator, moda_fwd_tma, num_sms
-from moda_bench.kernels.moda.triton.streams import (Concurrent, depth_grid, run_beside,  # noqa: F401 (re-exported)
-                                                  side_stream)
+from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_one
+from moda_bench.kernels.moda.triton.fwd import (
+    FWD_BOTH,
+    FWD_DEPTH,
+    FWD_FUSED,
+    FWD_SEQ,
+    FWD_SEQ_INIT,
+    moda_fwd_kernel,
+    moda_merge_kernel,
+)
+from moda_bench.kernels.moda.triton.fwd_tma import (
+    aligned,
+    descriptors_available,
+    ensure_allocator,
+    moda_fwd_tma,
+    num_sms,
+)
+from moda_bench.kernels.moda.triton.streams import Concurrent, depth_grid, run_beside, side_stream  # noqa: F401 (re-exported)
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp_poly_share
 from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
 from moda_bench.kernels.oplib import config_key, config_of, through_ops
@@ -229,8 +255,8 @@ _MERGE, _DELTA = CachedLaunch(moda_merge_kernel), CachedLaunch(moda_bwd_delta_ke
 
 
 # The pointer backward's depth stages: MoDAConfig's default, not the 3 `default_config` gives the
-# "tma" dq pass at T <= 4096 (H100, experiments/overlap_probe.py, results/h100/fa4-depth-stages-s23: the
-# pointer depth-only launch alone 0.70x with 2 at T = 4096 and 2048; beside cuDNN's backward 0.89x / 0.85x)
+# "tma" dq pass at T <= 4096: the pointer depth-only launch is faster at 2, alone and beside the
+# sequence backward (docs/PERFORMANCE.md, change 38).
 POINTER_DEPTH_STAGES = MoDAConfig.bwd_depth_stages
 
 
