@@ -27,7 +27,7 @@ from moda_bench.kernels.launch import next_pow2
 from moda_bench.kernels.moda.triton.utils import dot_precision, mm
 from moda_bench.kernels.moda.validate import check_inputs
 
-NEG = -1.0e30
+NEG = tl.constexpr(-1.0e30)  # finite "minus infinity"; a jit function reads only constexpr globals
 MAX_TILE = 256 * 128   # padded L x d of one position's keys (and values) held at once: L = 256 at d = 128
 
 
