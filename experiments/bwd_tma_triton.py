@@ -365,50 +365,5 @@ def bwd_flops(B, T, Hq, d, L) -> float:
     return 2.5 * 4.0 * B * Hq * d * (T * (T + 1) / 2 + T * L)  # 2.5 x the forward's (the FA2/FA3 convention)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--T", default="16384,4096,32768", help="timing sequence lengths (B=1, Hk=8)")
-    ap.add_argument("--L", default="0,64", help="timing depth lengths")
-    ap.add_argument("--G", type=int, default=8)
-    ap.add_argument("--d", type=int, default=64)
-    ap.add_argument("--variants", default="all", help=f"'all' or a comma list of {','.join(VARIANTS)}")
-    ap.add_argument("--quick", action="store_true", help=f"T=16384 only, variants {','.join(QUICK)}")
-    ap.add_argument("--full-check", action="store_true", help="the full grid on every variant")
-    ap.add_argument("--no-time", action="store_true")
-    ap.add_argument("--no-check", action="store_true", help="time without the checks (an earlier run made them)")
-    ap.add_argument("--package", default="", help="variants also timed through the package's kernel_bwd_tma")
-    ap.add_argument("--verbose", action="store_true", help="full tracebacks")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.T, args.variants = "16384", ",".join(QUICK)
-    names = list(VARIANTS) if args.variants == "all" else [n for n in args.variants.split(",") if n]
-    if any(n not in VARIANTS for n in names):
-        print(f"BWD TMA: not run: unknown variants {[n for n in names if n not in VARIANTS]}; known: {list(VARIANTS)}")
-        return 0
-    args.T, args.L = ([int(x) for x in a.split(",") if x] for a in (args.T, args.L))
-    args.package = [n for n in args.package.split(",") if n in VARIANTS]
-    if not torch.cuda.is_available():
-        print("BWD TMA: not run: no CUDA device (the CPU interpreter path is tested by tests/test_bwd_tma_proto.py)")
-        return 0
-    print(f"{torch.cuda.get_device_name()} (sm{''.join(map(str, torch.cuda.get_device_capability()))}), "
-          f"torch {torch.__version__}, triton {triton.__version__}")
-    path = os.path.join(os.environ["OUT"], "bwd_tma.csv") if os.environ.get("OUT") else None
-    rows, t_all = Rows(path), time.time()
-    try:
-        print("correctness vs fp64 autograd of moda_reference (B=2, Hk=2; ||err||/||ref|| per gradient):")
-        ok = {n: True for n in names} if args.no_check else correctness(rows, names, args, "cuda")
-        if not args.no_time:
-            from bwd_tma_timing import timing  # tools/ is on sys.path (this file's folder)
-            timing(rows, names, ok, args, "cuda")
-    except Exception as exc:  # noqa: BLE001 - report, never exit non-zero
-        print(f"aborted: {one_line(exc)}")
-        traceback.print_exc()
-    if path:
-        print(f"rows appended to {path}")
-    from bwd_tma_timing import verdict
-    print(verdict(rows, t_all))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit("run experiments/bwd_tma_timing.py (its main checks and times these variants)")

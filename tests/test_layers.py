@@ -187,3 +187,30 @@ def test_walker_rejects_a_module_outside_the_layers(toy):
     _write(toy, "toy/stray.py", "")
     with pytest.raises(AssertionError, match="toy.stray: not in any layer"):
         violations(toy, "toy")
+
+
+def test_no_import_cycle_among_the_scripts():
+    """tools/ and experiments/ are folders of scripts that may import one another by module name
+    (their folder on sys.path): no cycle among them either."""
+    scripts = {f.stem: f for base in ("tools", "experiments") for f in (ROOT / base).glob("*.py")}
+    edges = {name: set() for name in scripts}
+    for name, f in scripts.items():
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            edges[name].update(n for n in names if n in scripts and n != name)
+    done, path = set(), []
+
+    def visit(u):
+        if u in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(u):] + [u]))
+        if u in done:
+            return
+        path.append(u)
+        for v in sorted(edges[u]):
+            visit(v)
+        path.pop()
+        done.add(u)
+
+    for name in sorted(scripts):
+        visit(name)
