@@ -143,3 +143,47 @@ def test_prefill_rows_count_the_prompt_tokens(tmp_path):
     for r in frame.to_dict("records"):
         assert r["tokens_per_s"] == pytest.approx(2 * 8 / (r["step_ms"] / 1e3))
         assert r["model_flops"] == pytest.approx(prefill_flops(spec.config(), r["provider"], 2, 8))
+
+
+def test_resume_keeps_finished_runs_refuses_another_commit_and_reruns_a_cut_one(tmp_path, monkeypatch):
+    """`model --resume`: a run whose CSV holds every variant is kept; rows of another commit are
+    refused with one line; a cut run (some variants missing) runs again from the start."""
+    from moda_bench.bench import runstate
+    meta = schema.run_metadata()
+    spec = bm.ModelSpec("smoke", ("vanilla", "moda", "moda-detached"), layers=2, seq_len=8)
+    csv = tmp_path / f"model_{spec.label}.csv"
+    assert bm.resume_state(spec, csv, gpu=meta["gpu"], commit=meta["git_commit"]) == "run"
+    bm.run_model(spec, csv, device="cpu", progress=False, timer=one_sample)
+    before = csv.read_text()
+    assert bm.resume_state(spec, csv, gpu=meta["gpu"], commit=meta["git_commit"]) == "done"
+    assert csv.read_text() == before
+    with pytest.raises(runstate.ResumeRefused, match="another commit|at commit .*add --allow-commit-change"):
+        bm.resume_state(spec, csv, gpu=meta["gpu"], commit="0123abc")
+    assert bm.resume_state(spec, csv, gpu=meta["gpu"], commit="0123abc", allow_commit_change=True) == "done"
+    lines = before.splitlines()
+    csv.write_text("\n".join(lines[:2]) + "\n")   # cut after the first variant's row
+    assert bm.resume_state(spec, csv, gpu=meta["gpu"], commit=meta["git_commit"]) == "run"
+    assert not csv.exists()
+
+
+def test_model_cli_resume_skips_done_runs_and_a_second_writer_is_refused(tmp_path):
+    from moda_bench.bench import runstate
+    args = ["model", "--model", "smoke", "--layers", "2", "--seq-len", "8", "--variants", "vanilla,moda",
+            "--quick", "--max-time-s", "1", "--out", str(tmp_path)]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(app, args + ["--resume"])
+    assert again.exit_code == 0 and "done in the run being resumed" in again.output, again.output
+    import subprocess
+    import sys
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        lock = runstate.RunLock(tmp_path, "another moda-bench model")
+        lock.info["pid"] = holder.pid
+        lock.acquire()
+        refused = CliRunner().invoke(app, args + ["--resume"])
+        assert refused.exit_code == 2 and "is being written by" in refused.output, refused.output
+    finally:
+        holder.kill()
+        (tmp_path / runstate.LOCK_NAME).unlink(missing_ok=True)
+    assert len(list(tmp_path.glob("model_*.csv"))) == 1

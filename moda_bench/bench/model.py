@@ -279,6 +279,27 @@ def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, 
     return pd.DataFrame(rows, columns=schema.MODEL_COLUMNS)
 
 
+def resume_state(spec: ModelSpec, csv_path: Path, *, gpu: str, commit: str, allow_commit_change: bool = False) -> str:
+    """What `--resume` does with this run (its own CSV, `model_<label>.csv`): 'done' when the CSV
+    holds a row of every variant, measured on this GPU and commit; else 'run' (no rows yet, or a
+    cut run: its partial CSV is removed and the run starts over). ResumeRefused for rows of another
+    GPU, or of another commit unless allow_commit_change."""
+    from moda_bench.bench.runstate import check_identity
+    csv_path = Path(csv_path)
+    if not csv_path.exists() or csv_path.stat().st_size == 0:
+        return "run"
+    frame = results.read_models([csv_path], warn=lambda text: None)
+    if not frame.empty:
+        check_identity(frame, str(csv_path), gpu, commit, allow_commit_change)
+        have = {(str(r["provider"]), int(r["depth_grad"])) for r in frame.to_dict("records")
+                if r["depth_grad"] == r["depth_grad"]}
+        want = {(name, int(grad)) for name, grad in map(model_variant, spec.variants)}
+        if want <= have:
+            return "done"
+    csv_path.unlink()
+    return "run"
+
+
 def stage(spec: ModelSpec, model, optimizer, inputs, name: str, row: dict, on_cuda: bool) -> Staged:
     """The variant's step, run once (compilation, lazy optimizer state), its peak memory read."""
     import torch

@@ -43,6 +43,14 @@ def summary_table(frame, title: str):
     return table
 
 
+def _title(spec) -> str:
+    cfg = spec.config()
+    return (f"{spec.label}: {cfg.name}, {cfg.layers}/{cfg.layers_total} layers, B={spec.batch}, T={cfg.seq_len}"
+            + (f", grad_accum={spec.grad_accum}" if spec.mode == "train" else "")
+            + (f", {spec.new_tokens} new tokens" if spec.mode == "generate" else "")
+            + (", compiled" if spec.compile else ", eager"))
+
+
 def model_command(
     model: Annotated[str, typer.Option("--model", help="Configuration: smoke, dattn-1.5b, dattn-3b, moda-700m, "
                                                        "moda-1.5b.")] = "smoke",
@@ -71,6 +79,11 @@ def model_command(
     profile: Annotated[bool, typer.Option("--profile", help="Also record where one step's time goes "
                                           "(torch.profiler).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and tokens.")] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out: runs "
+                                         "whose CSV holds every variant (same GPU and commit) are kept, the "
+                                         "others run again.")] = False,
+    allow_commit_change: Annotated[bool, typer.Option("--allow-commit-change", help="With --resume: keep runs "
+                                                      "measured at another commit.")] = False,
 ) -> None:
     """Time a whole decoder's training step, prefill or generation for each variant."""
     from rich.console import Console
@@ -101,16 +114,35 @@ def model_command(
         raise typer.BadParameter(str(exc)) from None
     import sys
     console = Console(width=None if sys.stdout.isatty() else 200)   # logs keep every column
-    for spec in specs:
-        hook = None
-        if profile:
-            from moda_bench.bench.model_profile import profile_hook
-            hook = profile_hook(spec, out / f"profile_{spec.label}.csv")
-        frame = bm.run_model(spec, out / f"model_{spec.label}.csv", console=console, on_model=hook)
-        cfg = spec.config()
-        title = (f"{spec.label}: {cfg.name}, {cfg.layers}/{cfg.layers_total} layers, B={spec.batch}, T={cfg.seq_len}"
-                 + (f", grad_accum={spec.grad_accum}" if spec.mode == "train" else "")
-                 + (f", {spec.new_tokens} new tokens" if spec.mode == "generate" else "")
-                 + (", compiled" if spec.compile else ", eager"))
-        console.print(summary_table(frame, title))
+    from moda_bench import schema
+    from moda_bench.bench import runstate
+    from moda_bench.cli.lifecycle import resume_command, take_lock
+    lock = take_lock(out, None, console)
+    meta = schema.run_metadata()
+    try:
+        with runstate.interrupts():
+            for spec in specs:
+                csv = out / f"model_{spec.label}.csv"
+                if resume:
+                    try:
+                        state = bm.resume_state(spec, csv, gpu=meta["gpu"], commit=meta["git_commit"],
+                                                allow_commit_change=allow_commit_change)
+                    except runstate.ResumeRefused as exc:
+                        console.print(f"[red]error:[/] {exc}", highlight=False)
+                        raise typer.Exit(2)
+                    if state == "done":
+                        console.print(f"[dim]{spec.label}: done in the run being resumed ({csv})[/]")
+                        continue
+                hook = None
+                if profile:
+                    from moda_bench.bench.model_profile import profile_hook
+                    hook = profile_hook(spec, out / f"profile_{spec.label}.csv")
+                frame = bm.run_model(spec, csv, console=console, on_model=hook)
+                console.print(summary_table(frame, _title(spec)))
+    except runstate.Interrupted as exc:
+        console.print(f"interrupted ({exc}): finished runs kept in {out}; resume with: "
+                      f"{resume_command(out, '--out' in sys.argv)}", markup=False, highlight=False)
+        raise typer.Exit(runstate.exit_code_of(exc))
+    finally:
+        lock.release()
     console.print(f"wrote {out}/model_*.csv")
