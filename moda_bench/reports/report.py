@@ -158,6 +158,9 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
         fig_links = {f.path.stem: os.path.relpath(f.path, out_dir).replace(os.sep, "/") for f in files}
         if draw:
             entries = {f.path.name: f.digest for f in files}
+            for extra in models:   # the model report's profile figures (deterministic bytes) share the manifest
+                if extra.suffix == ".png" and extra.parent == fig_dir:
+                    entries[extra.name] = manifest.digest(extra.name, extra.read_bytes())
             for stale in sorted(set(known) - set(entries)):
                 if Path(stale).name == stale and stale.endswith(".png"):   # only figures the manifest listed
                     (fig_dir / stale).unlink(missing_ok=True)
