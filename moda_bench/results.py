@@ -190,12 +190,7 @@ def read_tuning(paths, *, warn: Warn = default_warn):
             continue
         if not rows:
             continue
-        df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
-        for c in schema.TUNE_COLUMNS:
-            if c not in df.columns:
-                df[c] = ""
-        for c in schema.TUNE_NUMERIC:
-            df[c] = pd.to_numeric(df[c].str.strip().where(df[c].str.strip() != "", None), errors="coerce")
+        df = text_frame(header, rows, schema.TUNE_COLUMNS, schema.TUNE_NUMERIC)
         derived = (df["tuned_ms"] < df["default_ms"]).map({True: "faster median", False: "default"})
         df["decision"] = df["decision"].where(df["decision"].str.strip() != "", derived)
         shown = display if len(Path(display).parts) > 1 else f"{path.parent.name}/{display}"  # a run folder given
@@ -214,6 +209,20 @@ def empty_frame():
     df = pd.DataFrame(columns=schema.COLUMNS + ["_file", "_line"])
     for c in schema.NUMERIC_COLUMNS:
         df[c] = df[c].astype(float)
+    return df
+
+
+def text_frame(header: list[str], rows: list[tuple[int, list[str]]], columns, numeric):
+    """A frame of `_split_rows`' rows as text, every one of `columns` present (missing ones empty)
+    and the `numeric` ones as floats (blank -> NaN, unparsable -> NaN)."""
+    import pandas as pd
+    df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
+    for c in columns:
+        if c not in df.columns:
+            df[c] = ""
+    for c in numeric:
+        text = df[c].str.strip()
+        df[c] = pd.to_numeric(text.where(text != "", None), errors="coerce")
     return df
 
 
@@ -356,12 +365,7 @@ def read_profiles(paths, *, warn: Warn = default_warn):
         if not first or not all(c in first for c in schema.PROFILE_REQUIRED):
             continue
         header, rows = _split_rows(path.read_text(), display, warn)
-        df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
-        for c in schema.PROFILE_COLUMNS:
-            if c not in df.columns:
-                df[c] = ""
-        for c in ("ms", "share", "layers", "depth_grad", "compiled"):
-            df[c] = pd.to_numeric(df[c], errors="coerce")
+        df = text_frame(header, rows, schema.PROFILE_COLUMNS, ("ms", "share", "layers", "depth_grad", "compiled"))
         frames.append(df[schema.PROFILE_COLUMNS].assign(_file=display))
     if not frames:
         return pd.DataFrame(columns=schema.PROFILE_COLUMNS + ["_file"])
@@ -381,12 +385,7 @@ def read_models(paths, *, warn: Warn = default_warn):
         header, rows = _split_rows(path.read_text(), display, warn)
         if not rows:
             continue
-        df = pd.DataFrame([f for _, f in rows], columns=header, dtype=str)
-        for c in schema.MODEL_COLUMNS:
-            if c not in df.columns:
-                df[c] = ""
-        for c in schema.MODEL_NUMERIC:
-            df[c] = pd.to_numeric(df[c].str.strip().where(df[c].str.strip() != "", None), errors="coerce")
+        df = text_frame(header, rows, schema.MODEL_COLUMNS, schema.MODEL_NUMERIC)
         frames.append(df[schema.MODEL_COLUMNS].assign(_file=display, _line=[line for line, _ in rows]))
     if not frames:
         return pd.DataFrame(columns=schema.MODEL_COLUMNS + ["_file", "_line"])
