@@ -340,7 +340,7 @@ def run_tuning(spec, reporter: TuneReporter) -> TuneRun:
                              meta=meta, reason="; ".join(reasons)[:500], tuned_fields=changes))
         run.changes.append(changes)
     summary.restore_signals()
-    if spec.out:
+    if spec.out and not run.rows:   # Summary.add wrote every row as it came; an empty run still leaves its file
         write_summary(run.rows, spec.out)
     run.wall_s = time.perf_counter() - t_start
     return run

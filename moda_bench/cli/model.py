@@ -118,7 +118,7 @@ def model_command(
     from moda_bench.bench import runstate
     from moda_bench.cli.lifecycle import resume_command, take_lock
     lock = take_lock(out, None, console)
-    meta = schema.run_metadata()
+    meta = schema.run_metadata() if resume else {}
     try:
         with runstate.interrupts():
             for spec in specs:

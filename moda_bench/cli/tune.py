@@ -188,10 +188,8 @@ def tune_command(
         if spec.dropped:
             console.print(f"[dim]{op}: tuning {', '.join(spec.kernels)} only (its sequence part is FA4; "
                           f"{', '.join(spec.dropped)} do not apply)[/]")
-        import shlex
-        import sys
-        again = shlex.join(["moda-bench", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"]))
-        run = run_tuning(spec, RichReporter(resume_command=again))
+        from moda_bench.cli.lifecycle import resume_command
+        run = run_tuning(spec, RichReporter(resume_command=resume_command(out, True)))
     except SpecError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.option or None) from None
     except TuneError as exc:
