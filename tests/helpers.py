@@ -207,3 +207,31 @@ def cached_against_tritons(monkeypatch, step):
     monkeypatch.setattr(launch, "_hooks_idle", idle)
     same = len(ref) == len(got) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ref, got))
     return len(hits) - n, same
+
+
+def markdown_table(lines) -> tuple[list[str], list[list[str]]]:
+    """Header and body cells of the markdown table(s) in `lines` (the lines after a heading), up to
+    the next heading; a section split into several tables (its configuration columns repeated in
+    each) is joined back into one."""
+    import re
+    tables, tab = [], []
+    for line in lines:
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            tab.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])])   # '\|' is in a cell
+        elif tab:
+            tables.append(tab)
+            tab = []
+    if tab:
+        tables.append(tab)
+    header, body = tables[0][0], [list(r) for r in tables[0][2:]]
+    for t in tables[1:]:
+        if len(t) - 2 != len(body):
+            break
+        n = 0
+        while n < min(len(header), len(t[0])) and t[0][n] == header[n]:
+            n += 1
+        header = header + t[0][n:]
+        body = [r + extra[n:] for r, extra in zip(body, t[2:])]
+    return header, body

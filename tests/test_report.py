@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from helpers import markdown_table
 from typer.testing import CliRunner
 
 from moda_bench import schema
@@ -48,27 +49,7 @@ def table_rows(md: str, heading: str) -> tuple[list[str], list[list[str]]]:
     is joined back into one, up to the next heading."""
     lines = md.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith(heading))
-    tables, tab = [], []
-    for l in lines[start + 1:]:
-        if l.startswith("#"):
-            break
-        if l.startswith("|"):
-            tab.append([c.strip() for c in re.split(r"(?<!\\)\|", l.strip()[1:-1])])   # '\|' is in a cell
-        elif tab:
-            tables.append(tab)
-            tab = []
-    if tab:
-        tables.append(tab)
-    header, body = tables[0][0], [list(r) for r in tables[0][2:]]
-    for t in tables[1:]:
-        if len(t) - 2 != len(body):
-            break
-        n = 0
-        while n < min(len(header), len(t[0])) and t[0][n] == header[n]:
-            n += 1
-        header = header + t[0][n:]
-        body = [r + extra[n:] for r, extra in zip(body, t[2:])]
-    return header, body
+    return markdown_table(lines[start + 1:])
 
 
 def cell(header, body, first_col_value: str, column: str) -> str:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import markdown_table
 
 from moda_bench import floor, schema
 from moda_bench.reports.inputs import load_results
@@ -170,27 +171,7 @@ def table(md: str, heading: str) -> tuple[list[str], list[list[str]]]:
     lines = md.splitlines()
     matches = [i for i, line in enumerate(lines) if line == heading]
     assert len(matches) == 1, (heading, [line for line in lines if line.startswith("###")])
-    tables, tab = [], []
-    for line in lines[matches[0] + 1:]:
-        if line.startswith("#"):
-            break
-        if line.startswith("|"):
-            tab.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])])
-        elif tab:
-            tables.append(tab)
-            tab = []
-    if tab:
-        tables.append(tab)
-    header, body = tables[0][0], [list(r) for r in tables[0][2:]]
-    for t in tables[1:]:
-        if len(t) - 2 != len(body):
-            break
-        n = 0
-        while n < min(len(header), len(t[0])) and t[0][n] == header[n]:
-            n += 1
-        header = header + t[0][n:]
-        body = [r + extra[n:] for r, extra in zip(body, t[2:])]
-    return header, body
+    return markdown_table(lines[matches[0] + 1:])
 
 
 def at(header, body, column: str, **where) -> str:
