@@ -64,6 +64,19 @@ def test_one_run_per_gpu_and_a_missing_baseline_said_plainly():
     assert all(len(line.split("|")) - 2 <= 12 for line in md.splitlines() if line.startswith("|"))
 
 
+def test_the_canonical_run_is_the_table_and_a_gates_rows_never_are():
+    paper = load_paper(ROOT / "results" / "reference", []).efficiency
+    gate = pd.DataFrame(_rows("h100/gate-baseline", "H100", "2026-12-09T00:00:00+00:00", {"moda": 9.0}))
+    rows = pd.concat([pd.DataFrame(_rows("h100/paper-efficiency", "H100", "2026-11-01T00:00:00+00:00",
+                                         {"moda": 4.0, "fa2-triton": 3.0})),
+                      pd.DataFrame(_rows("h100/newer", "H100", "2026-12-01T00:00:00+00:00", {"moda": 2.0})),
+                      gate.assign(sweep="gate")])
+    run = paper_runs(rows, paper)[0]
+    assert run.folder == "h100/paper-efficiency" and run.lines[0]["m_ms"] == 4.0   # canonical beats newer
+    only_gate = paper_runs(gate.assign(sweep="gate"), paper)
+    assert only_gate == []                                                          # re-measured rows: no table
+
+
 def test_extra_time_figure_draws_the_papers_times_as_overhead():
     from moda_bench.reports.figures import extra_time_figure
     from moda_bench.reports.inputs import Paper

@@ -8,10 +8,11 @@ the MoDA kernel with L = 0), and the same quantity against `fa2` and `fa4`. The 
 here. Values are recomputed from the medians of the run's own rows (`schema.fill_extra_time`), so
 files written before the paper columns existed give the same table.
 
-Which run: per GPU, the results folder (the folder of a row's file) whose fwd+bwd eager rows of
+Which run: per GPU, the canonical folder `<gpu>/paper-efficiency` where it holds `moda` rows at the
+paper's points; else the results folder (the folder of a row's file) whose fwd+bwd eager rows of
 `moda` match most of the paper's configurations (T, G, Hq, Hk, L at B=1, d=64, bf16, depth
 gradients on), ties broken by the newest timestamp (the current kernel, not the run that happens
-to hold the baseline). Superseded rows
+to hold the baseline). A gate's re-measured rows (sweep `gate`) are never the table. Superseded rows
 count too: the run is read whole, whatever newer runs measured the same key. When that run has no
 fa2-triton rows the table says so in plain words.
 """
@@ -28,6 +29,7 @@ BASELINE = "fa2-triton"          # the paper's baseline: a Triton FlashAttention
 PEERS = ("fa2", "fa4")           # the same quantity against these sequence-only peers
 POINT = {"B": 1, "d": 64, "dtype": "bfloat16", "depth_grad": 1, "Tq": 0, "S": 0}
 PAPER_KEY = ["T", "G", "Hq", "Hk", "L"]
+CANONICAL_RUN = "paper-efficiency"   # results/<gpu>/<question>/ of the paper's table
 
 
 @dataclass
@@ -49,6 +51,8 @@ def run_folder(files) -> "object":
 def candidate_rows(rows, moda: str):
     """The fwd+bwd, eager, paper-point rows of the moda provider, its baseline and peers."""
     ok = (rows["pass"] == "fwdbwd") & (rows["timer"].fillna(schema.DEFAULT_TIMER) == schema.DEFAULT_TIMER)
+    if "sweep" in rows:
+        ok &= rows["sweep"].astype(str) != "gate"
     for c, v in POINT.items():
         ok &= rows[c] == v
     return rows[ok & rows["provider"].isin((moda, BASELINE) + PEERS)]
@@ -67,7 +71,7 @@ def pick_run(part, moda: str, paper_eff):
             return len({tuple(r) for r in got} & keys)
 
         newest = str(mine["timestamp"].astype(str).max())
-        score = (covered(moda), newest)
+        score = (posixpath.basename(folder) == CANONICAL_RUN, covered(moda), newest)
         if covered(moda) and (best is None or score > best[0]):
             best = (score, folder, mine)
     return (best[1], best[2]) if best else (None, None)
