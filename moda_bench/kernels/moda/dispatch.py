@@ -1,4 +1,5 @@
-"""Which MoDA implementation a `moda_attention(..., impl="auto")` call runs, and running it.
+"""`moda_attention`, the public MoDA entry point: which implementation a call runs (impl "auto": the
+fastest here) and running it.
 
 Implementations (`IMPLS`; the benchmark provider of each in `PROVIDER_OF`):
 * "triton": the fused Triton kernel (`triton.interface`), runs everywhere (CPU under TRITON_INTERPRET=1);
@@ -19,6 +20,8 @@ ranking the first implementation available here runs (`unavailable`: no CUDA, th
 FA4, not sm90, a dtype or shape an implementation refuses), else "triton". No rules for this GPU:
 "triton". `set_rules` (or MODA_BENCH_DISPATCH_RULES=<file>) replaces the shipped rules.
 
+The Triton kernel's own entry point (`triton.interface.moda_attention`, its custom op) is unchanged:
+this module sits above it and above the FA4 routes (which import the Triton kernel's launches).
 Under torch.compile "auto" is "triton" (its custom op traces as one graph node; the FA4 routes are
 autograd Functions around CuTe DSL kernels). The decision is made in Python before any op, so the
 custom op's signature is unchanged. Decisions are memoised per shape, dtype, device and flags.
@@ -34,8 +37,9 @@ from typing import Optional
 
 import torch
 
-from moda_bench.kernels.moda.config import dtype_name, gpu_slug
-from moda_bench.kernels.moda.validate import MoDAShape
+from moda_bench.kernels.moda.config import MoDAConfig, dtype_name, gpu_slug
+from moda_bench.kernels.moda.triton.interface import moda_attention as triton_moda_attention
+from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
 
 IMPLS = ("triton", "fa4", "overlap", "fused")
 PROVIDER_OF = {"triton": "moda-triton", "fa4": "moda-fa4", "overlap": "moda-overlap", "fused": "moda-fused"}
@@ -117,8 +121,8 @@ def shape_problem(impl: str, shape: MoDAShape, dtype) -> Optional[str]:
     if dtype not in (torch.float16, torch.bfloat16):
         return f"{impl}: FA4 takes fp16/bf16, not {dtype_name(dtype)}"
     if impl == "fused":
-        from moda_bench.kernels.moda.fa4.merge import _fused_shape_problem
-        return _fused_shape_problem(shape, dtype)
+        from moda_bench.kernels.moda.fa4.merge import fused_shape_problem
+        return fused_shape_problem(shape, dtype)
     return None
 
 
@@ -208,6 +212,32 @@ def _choose(shape, dtype, device, depth_grad, training, impl, gpu) -> Choice:
             return Choice(entry["impl"], f"{tag} rule: {_where(point)}{more}")
         skipped.append(entry["impl"])
     return Choice("triton", f"{tag} rule: {_where(point)}; {', '.join(skipped)} unavailable")
+
+
+def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, return_lse: bool = False,
+                   config: MoDAConfig | None = None, depth_grad: bool = True, impl: str = "auto"):
+    """Mixture-of-Depths Attention (autograd-enabled) by the fastest implementation here.
+
+    q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0: causal GQA). Each
+    query attends causally to the sequence keys and to the L depth keys of its own position, under
+    one softmax. Returns out (B,T,Hq,d) in q's dtype, and lse (B,T,Hq) float32 when return_lse.
+    depth_grad=False treats k_depth, v_depth as constants. Every implementation keeps this contract
+    (the Triton kernel's, `triton.interface.moda_attention`, documents it in full).
+
+    impl: "auto" (`choose`: this GPU's rules, the module docstring), or one of `IMPLS` ("triton",
+    "fa4", "overlap", "fused"); an implementation that cannot run the call here falls back to
+    "triton", never an error. `config`: with impl "auto" or "triton" the Triton kernel's config (and
+    then the Triton kernel runs); with another impl, that route's config (`moda_fa4`'s MoDAConfig).
+    """
+    if impl != "triton" and (config is None or impl != "auto") and not torch.compiler.is_compiling():
+        shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, k_depth, v_depth))
+        choice = choose(shape, q.dtype, q.device, depth_grad=depth_grad, training=grad, impl=impl)
+        if choice.impl != "triton":
+            return run(choice, q, k, v, k_depth, v_depth, scale=scale, return_lse=return_lse, depth_grad=depth_grad,
+                       config=config)
+    return triton_moda_attention(q, k, v, k_depth, v_depth, scale=scale, return_lse=return_lse, config=config,
+                                 depth_grad=depth_grad)
 
 
 def run(choice: Choice, q, k, v, k_depth, v_depth, *, scale, return_lse: bool, depth_grad: bool, config=None):

@@ -418,11 +418,8 @@ def wants_depth_grad(ctx, depth_grad: bool, kd_index: int = 3) -> bool:
 
 
 def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, return_lse: bool = False,
-                   config: MoDAConfig | None = None, depth_grad: bool = True, impl: str = "auto"):
-    """Mixture-of-Depths Attention (autograd-enabled): the fastest implementation here (impl "auto",
-    `dispatch.choose`: per-GPU rules, Triton where nothing else runs), or the one named ("triton",
-    "fa4", "overlap", "fused"; unavailable ones fall back to Triton). A `config` without impl is
-    the Triton kernel's. What follows is the Triton kernel's contract, which every impl keeps.
+                   config: MoDAConfig | None = None, depth_grad: bool = True):
+    """Mixture-of-Depths Attention (fused Triton kernel, autograd-enabled).
 
     q (B,T,Hq,d); k, v (B,T,Hk,d); k_depth, v_depth (B,T,L,Hk,d) or None (L = 0: causal GQA).
     Each query attends causally to the sequence keys and to the L depth keys of its own
@@ -452,15 +449,7 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     contiguous tensors of the slice's shape.
     """
     if not torch.compiler.is_compiling():  # one-line errors before any layout work (a memo hit when seen before)
-        shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
-        if impl != "triton" and (config is None or impl != "auto"):
-            from moda_bench.kernels.moda.dispatch import choose, run
-            grad = any(t is not None and t.requires_grad for t in (q, k, v, k_depth, v_depth))
-            choice = choose(shape, q.dtype, q.device, depth_grad=depth_grad, training=grad and torch.is_grad_enabled(),
-                            impl=impl)
-            if choice.impl != "triton":
-                return run(choice, q, k, v, k_depth, v_depth, scale=scale, return_lse=return_lse,
-                           depth_grad=depth_grad, config=config)
+        check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if k_depth is None or k_depth.shape[2] == 0:
         k_depth = v_depth = None
