@@ -21,14 +21,15 @@ def shape(T=4096, G=8, L=64, d=64, B=1, Hk=8):
     return MoDAShape(B=B, T=T, Hq=G * Hk, Hk=Hk, d=d, L=L)
 
 
-def point(T, ranking, G=8, L=64, d=64, pass_="fwdbwd", depth_grad=1):
-    return {"pass": pass_, "dtype": "bfloat16", "d": d, "G": G, "L": L, "T": T, "B": 1, "Hk": 8, "heads": 8,
-            "depth_grad": depth_grad, "ranking": [{"impl": i, "ms": 1.0} for i in ranking]}
+def point(T, ranking, G=8, L=64, d=64, pass_="fwdbwd", depth_grad=1, timer="eager"):
+    return {"timer": timer, "pass": pass_, "dtype": "bfloat16", "d": d, "G": G, "L": L, "T": T, "B": 1, "Hk": 8,
+            "heads": 8, "depth_grad": depth_grad, "ranking": [{"impl": i, "ms": 1.0} for i in ranking]}
 
 
 RULES = {"schema_version": 1, "gpu": H100, "timer": "eager", "command": "test", "sources": [], "points": [
     point(2048, ["triton", "fused"]), point(8192, ["fused", "overlap", "triton"]),
-    point(16384, ["overlap", "fused"], depth_grad=0), point(16384, ["fa4", "triton"], pass_="fwd")]}
+    point(16384, ["overlap", "fused"], depth_grad=0), point(16384, ["fa4", "triton"], pass_="fwd"),
+    point(4096, ["fa4", "fused"], timer="graph")]}
 
 
 @pytest.fixture
@@ -46,22 +47,23 @@ def gpu(monkeypatch):
     dispatch.set_rules(None)
 
 
-def pick(T=4096, dtype=torch.bfloat16, **kw):
-    training = kw.pop("training", True)
-    depth_grad = kw.pop("depth_grad", True)
-    return dispatch.choose(shape(T=T, **kw), dtype, "cuda:0", training=training, depth_grad=depth_grad)
+def pick(T=4096, dtype=torch.bfloat16, training=True, depth_grad=True, graph=False, **kw):
+    return dispatch.choose(shape(T=T, **kw), dtype, "cuda:0", training=training, depth_grad=depth_grad, graph=graph)
 
 
 def test_nearest_measured_point_in_log_T_decides(gpu):
     assert pick(T=1024).impl == "triton"                     # below the grid: the smallest T measured
     assert pick(T=2900).impl == "triton"                     # log2 2900 = 11.50: nearer 2048 (11) than 8192 (13)
-    assert pick(T=4200).impl == "fused"                      # log2 4200 = 12.04: nearer 8192
+    assert pick(T=5000).impl == "fused"                      # log2 5000 = 12.29: nearer 8192 (and 4096's graph
+    # point is 0.29 + W_TIMER = 0.79 away, farther than 8192's 0.71)
     assert pick(T=1 << 20).impl == "overlap"                 # beyond the grid: the largest T (16384) measured
     c = pick(T=8192)
     assert c.detail() == "auto -> fused (h100 rule: nearest measured fwdbwd T=8192 G=8 L=64 d=64 bfloat16)"
 
 
-def test_pass_and_depth_grad_select_their_points(gpu):
+def test_pass_timer_and_depth_grad_select_their_points(gpu):
+    assert pick(T=4096, graph=True).impl == "fa4"            # a captured call: the graph point there
+    assert pick(T=8192, graph=True).impl == "fused"          # no graph point near: eager's (1/2 farther)
     assert pick(T=16384, training=False).impl == "fa4"       # forward-only calls take the fwd points
     assert pick(T=16384, depth_grad=False).impl == "overlap"  # the detached point is nearer
     # attached at 16384: the detached point there (W_GRAD = 0.5 away) is nearer than T=8192's (1 away)
@@ -162,12 +164,14 @@ def test_rules_regenerated_from_a_sweep_csv(tmp_path):
                _row("moda", 8192, 4.0, "auto -> fused (...)"),                            # the dispatcher: left out
                _row("moda-fused", 8192, 9.0, stamp="2026-11-01T00:00:00+00:00"),          # superseded
                _row("moda-fused", 16384, 15.0), _row("moda-triton", 16384, 14.0, timer="graph"),  # one impl each
+               _row("moda-fused", 2048, 0.4, timer="graph"), _row("moda-triton", 2048, 0.5, timer="graph"),
                _row("moda-fused", 4096, 1.3, gpu=H200), _row("moda-triton", 4096, 1.5, gpu=H200)])
     rules = dispatch_rules.build_rules([tmp_path], command="moda-bench dispatch --rules-from x")
     assert sorted(rules) == [H100, H200]
     pts = rules[H100]["points"]
-    assert [(q["T"], [e["impl"] for e in q["ranking"]]) for q in pts] == [
-        (2048, ["triton", "fused"]), (8192, ["overlap", "fused", "triton"])]   # 4.02 ties 4.0: overlap first
+    assert [(q["timer"], q["T"], [e["impl"] for e in q["ranking"]]) for q in pts] == [
+        ("eager", 2048, ["triton", "fused"]), ("eager", 8192, ["overlap", "fused", "triton"]),  # 4.02 ties 4.0
+        ("graph", 2048, ["fused", "triton"])]
     assert rules[H100]["sources"] == ["sweep_T.csv"] and rules[H100]["command"].startswith("moda-bench dispatch")
     written = dispatch_rules.write_rules(rules, tmp_path / "out")
     assert [w.name for w in written] == ["nvidia-h100-80gb-hbm3.json", "nvidia-h200.json"]
@@ -175,10 +179,11 @@ def test_rules_regenerated_from_a_sweep_csv(tmp_path):
     try:
         assert dispatch.choose(shape(T=3000), torch.bfloat16, "cpu", gpu=H100).impl == "triton"
         assert dispatch.choose(shape(T=6000), torch.bfloat16, "cpu", gpu=H100).impl == "overlap"
+        assert dispatch.choose(shape(T=3000), torch.bfloat16, "cpu", gpu=H100, graph=True).impl == "fused"
     finally:
         dispatch.set_rules(None)
     with pytest.raises(dispatch_rules.RulesError, match="two or more"):
-        dispatch_rules.build_rules([p], timer="graph")
+        dispatch_rules.build_rules([tmp_path / "out"])
 
 
 def test_moda_provider_is_the_dispatcher_and_moda_triton_the_kernel():
@@ -197,3 +202,19 @@ def test_moda_provider_is_the_dispatcher_and_moda_triton_the_kernel():
     pinned = get_provider("moda").prepare(inputs, point, 16)
     assert pinned.impl_detail.startswith("auto -> triton (C=16 pinned: the Triton kernel's block_m); ")
     assert pinned.config["block_m"] == 16
+
+
+def test_dispatch_command_explains_and_regenerates(tmp_path):
+    from typer.testing import CliRunner
+
+    from moda_bench.cli import app
+    runner = CliRunner()
+    got = runner.invoke(app, ["dispatch", "--gpu", H200])
+    assert got.exit_code == 0 and got.output.startswith(f"as on {H200}")
+    assert len([line for line in got.output.splitlines() if " auto -> " in line]) == len(dispatch.STANDARD_SHAPES)
+    _write(tmp_path / "sweep_T.csv", [_row("moda-fused", 8192, 4.0), _row("moda-triton", 8192, 5.0)])
+    got = runner.invoke(app, ["dispatch", "--rules-from", str(tmp_path), "--out", str(tmp_path / "rules")])
+    assert got.exit_code == 0 and (tmp_path / "rules" / "nvidia-h100-80gb-hbm3.json").is_file()
+    assert "eager fwdbwd T=8192" in got.output and ": fused (fused 4, triton 5 ms)" in got.output
+    got = runner.invoke(app, ["dispatch", "--rules-from", str(tmp_path / "rules")])
+    assert got.exit_code == 2 and got.output.startswith("dispatch: no point under") and "Traceback" not in got.output

@@ -16,7 +16,7 @@ def dispatch_command(
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Folder for the rules files (<gpu-slug>.json); default the package's "
         "moda_bench/kernels/moda/dispatch_rules.")] = None,
-    timer: Annotated[str, typer.Option("--timer", help="Timer whose rows decide (eager or graph).")] = "eager",
+    graph: Annotated[bool, typer.Option("--graph", help="Explain calls captured into a CUDA graph.")] = False,
     inference: Annotated[bool, typer.Option("--inference", help="Explain forward-only calls (no grad).")] = False,
     detached: Annotated[bool, typer.Option("--detached", help="Explain calls with depth_grad=False.")] = False,
     gpu: Annotated[Optional[str], typer.Option(
@@ -27,20 +27,18 @@ def dispatch_command(
     from rich.console import Console
 
     from moda_bench.tuning.dispatch_rules import RULES_DIR, DispatchSpec, RulesError, build_rules, summary, write_rules
-    if timer not in ("eager", "graph"):
-        raise typer.BadParameter(f"timer must be eager or graph, got {timer!r}", param_hint="--timer")
-    spec = DispatchSpec(rules_from=tuple(rules_from or ()), out=out or RULES_DIR, timer=timer,
+    spec = DispatchSpec(rules_from=tuple(rules_from or ()), out=out or RULES_DIR, graph=graph,
                         training=not inference, depth_grad=not detached, gpu=gpu)
     console = Console(highlight=False, soft_wrap=True)
     if not spec.rules_from:
         from moda_bench.kernels.moda.dispatch import explain
-        for line in explain(training=spec.training, depth_grad=spec.depth_grad, gpu=spec.gpu):
+        for line in explain(training=spec.training, depth_grad=spec.depth_grad, gpu=spec.gpu, graph=spec.graph):
             console.print(line, markup=False)
         return
     command = "moda-bench dispatch " + " ".join(f"--rules-from {p}" for p in spec.rules_from) \
-        + ("" if out is None else f" --out {out}") + ("" if timer == "eager" else f" --timer {timer}")
+        + ("" if out is None else f" --out {out}")
     try:
-        rules = build_rules(spec.rules_from, spec.timer, command,
+        rules = build_rules(spec.rules_from, command,
                             warn=lambda m: console.print(f"[dim]warning: {m}[/]"))
     except (RulesError, ValueError) as exc:
         console.print(f"dispatch: {exc}", markup=False)

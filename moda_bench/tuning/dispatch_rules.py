@@ -2,15 +2,15 @@
 
 A rules file (read by `moda_bench.kernels.moda.dispatch`) lists, per measured point, the MoDA
 implementations timed there, fastest first. From the CSVs under the given paths (through the one
-reader, `moda_bench.results`): training passes fwd and fwdbwd, status ok, one timer (default
-"eager", what an eager call costs), the providers of `dispatch.IMPL_OF` (moda-triton, including the
-committed `moda` rows that were the Triton kernel, moda-fa4, moda-overlap, moda-fused; the
-dispatcher's own `moda` rows are not an implementation and are left out). A provider's newest row at
-a point counts, whichever run it came from; a point with fewer than two implementations measured
-decides nothing and is left out. Implementations within TIE (1%) of a point's fastest are tied, and
-the simpler one (`dispatch.IMPLS` order: triton, fa4, overlap, fused) is ranked first. One file per
-GPU name in the rows, `<gpu-slug>.json`; writing replaces that GPU's file (the rules are the whole
-evidence of the paths given).
+reader, `moda_bench.results`): training passes fwd and fwdbwd, status ok, both timers (a point of
+each: "eager" decides eager calls, "graph" calls captured into a CUDA graph), the providers of
+`dispatch.IMPL_OF` (moda-triton, including the committed `moda` rows that were the Triton kernel,
+moda-fa4, moda-overlap, moda-fused; the dispatcher's own `moda` rows are not an implementation and
+are left out). A provider's newest row at a point counts, whichever run it came from; a point with
+fewer than two implementations measured decides nothing and is left out. Implementations within
+TIE (1%) of a point's fastest are tied, and the simpler one (`dispatch.IMPLS` order: triton, fa4,
+overlap, fused) is ranked first. One file per GPU name in the rows, `<gpu-slug>.json`; writing
+replaces that GPU's file (the rules are the whole evidence of the paths given).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from moda_bench import results
 from moda_bench.kernels.moda.config import gpu_slug
 from moda_bench.kernels.moda.dispatch import IMPL_OF, IMPLS, RULES_DIR, RULES_SCHEMA_VERSION
 
-POINT_COLUMNS = ["pass", "dtype", "d", "G", "L", "T", "B", "Hk", "Hq", "depth_grad"]
+POINT_COLUMNS = ["timer", "pass", "dtype", "d", "G", "L", "T", "B", "Hk", "Hq", "depth_grad"]
 PASSES = ("fwd", "fwdbwd")
+TIMERS = ("eager", "graph")
 TIE = 0.01  # implementations within 1% of a point's fastest count as tied (`ranked`)
 
 
@@ -37,7 +38,7 @@ class DispatchSpec:
 
     rules_from: tuple = ()
     out: Path = RULES_DIR
-    timer: str = "eager"
+    graph: bool = False
     training: bool = True
     depth_grad: bool = True
     gpu: Optional[str] = None
@@ -52,9 +53,9 @@ def ranked(g, tie: float = TIE):
         .drop(columns=["_far", "_key"])
 
 
-def rules_from_frame(df, timer: str = "eager", command: str = "", gpu: Optional[str] = None) -> dict:
+def rules_from_frame(df, command: str = "", gpu: Optional[str] = None) -> dict:
     """{gpu name: rules dict} from a results frame (`results.read_results`); gpu: that GPU's only."""
-    df = df[df["pass"].isin(PASSES) & (df["status"] == "ok") & (df["timer"] == timer)
+    df = df[df["pass"].isin(PASSES) & (df["status"] == "ok") & df["timer"].isin(TIMERS)
             & df["provider"].isin(list(IMPL_OF)) & df["median_ms"].notna()]
     if gpu is not None:
         df = df[df["gpu"] == gpu]
@@ -65,24 +66,24 @@ def rules_from_frame(df, timer: str = "eager", command: str = "", gpu: Optional[
             continue
         g = ranked(g)
         point = dict(zip(POINT_COLUMNS, values))
-        point = {k: (v if k in ("pass", "dtype") else int(v)) for k, v in point.items()}
+        point = {k: (v if k in ("timer", "pass", "dtype") else int(v)) for k, v in point.items()}
         point["heads"] = point["B"] * point["Hk"]
         point["ranking"] = [{"impl": IMPL_OF[r["provider"]], "ms": round(float(r["median_ms"]), 4),
                              "file": r["_file"], "timestamp": r["timestamp"]} for r in g.to_dict("records")]
-        rules = out.setdefault(name, {"schema_version": RULES_SCHEMA_VERSION, "gpu": name, "timer": timer,
+        rules = out.setdefault(name, {"schema_version": RULES_SCHEMA_VERSION, "gpu": name, "timers": list(TIMERS),
                                       "command": command, "sources": [], "points": []})
         rules["points"].append(point)
         rules["sources"] = sorted(set(rules["sources"]) | {e["file"] for e in point["ranking"]})
     return out
 
 
-def build_rules(paths, timer: str = "eager", command: str = "", warn=results.default_warn) -> dict:
+def build_rules(paths, command: str = "", warn=results.default_warn) -> dict:
     """`rules_from_frame` of every results CSV under `paths` (RulesError when no point qualifies)."""
     df = results.read_results(paths, warn=warn)
-    rules = rules_from_frame(df, timer, command)
+    rules = rules_from_frame(df, command)
     if not rules:
         raise RulesError(f"no point under {', '.join(map(str, paths))} has two or more of "
-                         f"{', '.join(IMPL_OF)} measured (status ok, timer {timer}, passes {', '.join(PASSES)})")
+                         f"{', '.join(IMPL_OF)} measured (status ok, passes {', '.join(PASSES)})")
     return rules
 
 
@@ -105,8 +106,8 @@ def summary(rules: dict) -> list[str]:
         lines.append(f"{name}: {len(data['points'])} points from {len(data['sources'])} CSVs")
         for p in data["points"]:
             win = p["ranking"][0]
-            lines.append(f"  {p['pass']:<6} T={p['T']:<6} G={p['G']:<3} L={p['L']:<4} d={p['d']} {p['dtype']}"
-                         f"{'' if p['depth_grad'] else ' detached'}: {win['impl']} "
+            lines.append(f"  {p['timer']:<5} {p['pass']:<6} T={p['T']:<6} G={p['G']:<3} L={p['L']:<4} d={p['d']} "
+                         f"{p['dtype']}{'' if p['depth_grad'] else ' detached'}: {win['impl']} "
                          "(" + ", ".join(f"{e['impl']} {e['ms']:.3g}" for e in p["ranking"]) + " ms)")
     return lines
 

@@ -13,9 +13,10 @@ RESULTS... --out moda_bench/kernels/moda/dispatch_rules` (`moda_bench.tuning.dis
 file's "command" and "sources" name the command and CSVs it came from). A rules file lists measured
 points (pass, dtype, d, G, L, T, B*Hk, depth_grad) with the implementations timed there, fastest
 first. A call takes the nearest measured point (`distance`: log2 distance in T, G, L + 1, d and
-B*Hk, plus penalties for another dtype or depth_grad) of its pass (training: "fwdbwd"; no input
-requiring grad: "fwd" where the rules have such points, else "fwdbwd"), so between and beyond
-measured points the nearest one in log space decides; ties go to the earlier point. Of that point's
+B*Hk, plus penalties for another dtype, depth_grad, pass or timer: a training call's pass is
+"fwdbwd", a forward-only call's "fwd"; a call captured into a CUDA graph is timed by the "graph"
+timer, any other by "eager"), so between and beyond measured points the nearest one in log space
+decides, and a sparsely measured pass or timer borrows the other's points; ties go to the earlier point. Of that point's
 ranking the first implementation available here runs (`unavailable`: no CUDA, the interpreter, no
 FA4, not sm90, a dtype or shape an implementation refuses), else "triton". No rules for this GPU:
 "triton". `set_rules` (or MODA_BENCH_DISPATCH_RULES=<file>) replaces the shipped rules.
@@ -48,8 +49,8 @@ RULES_SCHEMA_VERSION = 1
 RULES_DIR = Path(__file__).with_name("dispatch_rules")  # package data; tests point it elsewhere
 ENV_RULES = "MODA_BENCH_DISPATCH_RULES"
 # distance weights: a doubling of T, G, L + 1 or B*Hk counts 1 (B*Hk 1/2), of d 2; another dtype 4,
-# another depth_grad 1/2
-W_HEADS, W_D, W_DTYPE, W_GRAD = 0.5, 2.0, 4.0, 0.5
+# another pass 1, another depth_grad or timer 1/2
+W_HEADS, W_D, W_DTYPE, W_GRAD, W_PASS, W_TIMER = 0.5, 2.0, 4.0, 0.5, 1.0, 0.5
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,11 @@ def unavailable(impl: str, shape: MoDAShape, dtype, device) -> Optional[str]:
     return merge.fused_fwd_unavailable(shape, dtype, device) if impl == "fused" else merge.fa4_unavailable(device)
 
 
-def point_of(shape: MoDAShape, dtype, depth_grad: bool) -> dict:
+def point_of(shape: MoDAShape, dtype, depth_grad: bool, training: bool = True, graph: bool = False) -> dict:
+    """A call as `distance` compares it with the rules' points."""
     return {"dtype": dtype_name(dtype), "d": shape.d, "G": shape.G, "L": shape.L, "T": shape.T,
-            "heads": shape.B * shape.Hk, "depth_grad": int(bool(depth_grad))}
+            "heads": shape.B * shape.Hk, "depth_grad": int(bool(depth_grad)),
+            "pass": "fwdbwd" if training else "fwd", "timer": "graph" if graph else "eager"}
 
 
 def distance(a: dict, b: dict) -> float:
@@ -150,40 +153,47 @@ def distance(a: dict, b: dict) -> float:
     return (abs(lg(max(a["T"], 1)) - lg(max(b["T"], 1))) + abs(lg(max(a["G"], 1)) - lg(max(b["G"], 1)))
             + abs(lg(a["L"] + 1) - lg(b["L"] + 1)) + W_D * abs(lg(a["d"]) - lg(b["d"]))
             + W_HEADS * abs(lg(max(a["heads"], 1)) - lg(max(b["heads"], 1)))
-            + W_DTYPE * (a["dtype"] != b["dtype"]) + W_GRAD * (int(a["depth_grad"]) != int(b["depth_grad"])))
+            + W_DTYPE * (a["dtype"] != b["dtype"]) + W_GRAD * (int(a["depth_grad"]) != int(b["depth_grad"]))
+            + W_PASS * (a.get("pass", "fwdbwd") != b.get("pass", "fwdbwd"))
+            + W_TIMER * (a.get("timer", "eager") != b.get("timer", "eager")))
 
 
-def nearest(rules: dict, call: dict, training: bool) -> Optional[dict]:
-    """The measured point of `rules` nearest to `call` for its pass (module docstring), or None."""
+def nearest(rules: dict, call: dict) -> Optional[dict]:
+    """The measured point of `rules` nearest to `call` (`point_of`; module docstring), or None."""
     points = rules.get("points", [])
-    wanted = "fwdbwd" if training else "fwd"
-    pool = [p for p in points if p.get("pass") == wanted] or [p for p in points if p.get("pass") == "fwdbwd"]
-    if not pool:
-        return None
-    return min(pool, key=lambda p: distance(call, p))
+    return min(points, key=lambda p: distance(call, p)) if points else None
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (the call will be replayed: device time
+    decides, the rules' "graph" points)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _where(p: dict) -> str:
-    return (f"nearest measured {p.get('pass')} T={p['T']} G={p['G']} L={p['L']} d={p['d']} {p['dtype']}"
+    timer = "" if p.get("timer", "eager") == "eager" else " graph"
+    return (f"nearest measured {p.get('pass')}{timer} T={p['T']} G={p['G']} L={p['L']} d={p['d']} {p['dtype']}"
             + ("" if p.get("depth_grad", 1) else " detached"))
 
 
 def choose(shape: MoDAShape, dtype, device, *, depth_grad: bool = True, training: bool = True,
-           impl: str = "auto", gpu: Optional[str] = None) -> Choice:
+           impl: str = "auto", gpu: Optional[str] = None, graph: bool = False) -> Choice:
     """The implementation `moda_attention(impl=impl)` runs for this call, with the reason. gpu (a GPU
     name): decide by that GPU's rules as if every implementation were installed there (only
-    `shape_problem` rules one out), whatever this machine has."""
-    key = (shape, dtype, str(device), bool(depth_grad), bool(training), impl, gpu, os.environ.get(ENV_RULES))
+    `shape_problem` rules one out), whatever this machine has. graph: the call is being captured
+    into a CUDA graph (`capturing`): the rules' graph-timer points are the nearer ones."""
+    key = (shape, dtype, str(device), bool(depth_grad), bool(training), impl, gpu, bool(graph),
+           os.environ.get(ENV_RULES))
     hit = _state["memo"].get(key)
     if hit is None:
-        hit = _choose(shape, dtype, device, depth_grad, training, impl, gpu)
+        hit = _choose(shape, dtype, device, depth_grad, training, impl, gpu, graph)
         if len(_state["memo"]) >= 1024:
             _state["memo"].clear()
         _state["memo"][key] = hit
     return hit
 
 
-def _choose(shape, dtype, device, depth_grad, training, impl, gpu) -> Choice:
+def _choose(shape, dtype, device, depth_grad, training, impl, gpu, graph) -> Choice:
     if gpu is None:
         def why_not(i):
             return unavailable(i, shape, dtype, device)
@@ -202,9 +212,9 @@ def _choose(shape, dtype, device, depth_grad, training, impl, gpu) -> Choice:
     tag = words[1] if len(words) > 1 else words[0]
     if rules is None:
         return Choice("triton", f"no dispatch rules for {gpu}")
-    point = nearest(rules, point_of(shape, dtype, depth_grad), training)
+    point = nearest(rules, point_of(shape, dtype, depth_grad, training, graph))
     if point is None:
-        return Choice("triton", f"{tag} rules have no {'fwdbwd' if training else 'fwd'} points")
+        return Choice("triton", f"{tag} rules have no points")
     skipped = []
     for entry in point["ranking"]:
         if why_not(entry["impl"]) is None:
@@ -232,7 +242,8 @@ def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None =
     if impl != "triton" and (config is None or impl != "auto") and not torch.compiler.is_compiling():
         shape = check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, k_depth, v_depth))
-        choice = choose(shape, q.dtype, q.device, depth_grad=depth_grad, training=grad, impl=impl)
+        choice = choose(shape, q.dtype, q.device, depth_grad=depth_grad, training=grad, impl=impl,
+                        graph=q.device.type == "cuda" and capturing())
         if choice.impl != "triton":
             return run(choice, q, k, v, k_depth, v_depth, scale=scale, return_lse=return_lse, depth_grad=depth_grad,
                        config=config)
@@ -264,7 +275,8 @@ STANDARD_SHAPES = tuple((T, G, L) for T in (1024, 2048, 4096, 8192, 16384, 32768
 
 
 def explain(shapes=STANDARD_SHAPES, device=None, dtype=torch.bfloat16, B: int = 1, Hk: int = 8, d: int = 64,
-            depth_grad: bool = True, training: bool = True, gpu: Optional[str] = None) -> list[str]:
+            depth_grad: bool = True, training: bool = True, gpu: Optional[str] = None,
+            graph: bool = False) -> list[str]:
     """One line per (T, G, L) of `shapes`: the implementation `moda_attention` would pick here (gpu:
     on that GPU with every implementation installed, `choose`)."""
     if device is None:
@@ -272,7 +284,7 @@ def explain(shapes=STANDARD_SHAPES, device=None, dtype=torch.bfloat16, B: int = 
     lines = [] if gpu is None else [f"as on {gpu} with flash-attn-4 installed (rules: {_source(gpu)})"]
     for T, G, L in shapes:
         shape = MoDAShape(B=B, T=T, Hq=Hk * G, Hk=Hk, d=d, L=L)
-        c = choose(shape, dtype, device, depth_grad=depth_grad, training=training, gpu=gpu)
+        c = choose(shape, dtype, device, depth_grad=depth_grad, training=training, gpu=gpu, graph=graph)
         lines.append(f"T={T:<6} G={G:<3} L={L:<4} d={d} {dtype_name(dtype)}: {c.detail()}")
     return lines
 
