@@ -218,3 +218,27 @@ def test_dispatch_command_explains_and_regenerates(tmp_path):
     assert "eager fwdbwd T=8192" in got.output and ": fused (fused 4, triton 5 ms)" in got.output
     got = runner.invoke(app, ["dispatch", "--rules-from", str(tmp_path / "rules")])
     assert got.exit_code == 2 and got.output.startswith("dispatch: no point under") and "Traceback" not in got.output
+
+
+def test_moda_attention_routes_the_choice(monkeypatch):
+    """moda_attention hands a non-Triton choice to `run` with the call's arguments, tells `choose`
+    whether the call trains, and runs the Triton kernel for impl="triton" or an auto call with a config."""
+    from moda_bench.kernels.moda import MoDAConfig, moda_attention
+    seen = []
+    monkeypatch.setattr(dispatch, "choose", lambda s, dt, dev, **kw: seen.append(("choose", kw)) or
+                        dispatch.Choice("fused", "test"))
+    monkeypatch.setattr(dispatch, "run", lambda c, *a, **kw: seen.append(("run", c.impl, kw)) or "ran")
+    q, k, v = torch.randn(1, 5, 4, 16), torch.randn(1, 5, 2, 16), torch.randn(1, 5, 2, 16)
+    kd, vd = torch.randn(1, 5, 3, 2, 16), torch.randn(1, 5, 3, 2, 16)
+    assert moda_attention(q, k, v, kd, vd, depth_grad=False, scale=0.5) == "ran"
+    assert seen[0] == ("choose", dict(depth_grad=False, training=False, impl="auto", graph=False))
+    assert seen[1] == ("run", "fused", dict(scale=0.5, return_lse=False, depth_grad=False, config=None))
+    with torch.no_grad():
+        moda_attention(q.requires_grad_(True), k, v, kd, vd)
+    assert seen[2][1]["training"] is False                   # no grad mode: a forward-only call
+    moda_attention(q, k, v, kd, vd)
+    assert seen[4][1]["training"] is True
+    n = len(seen)
+    assert moda_attention(q, k, v, kd, vd, impl="triton").shape == q.shape
+    assert moda_attention(q, k, v, kd, vd, config=MoDAConfig()).shape == q.shape
+    assert len(seen) == n                                     # neither asked the dispatcher
