@@ -242,3 +242,13 @@ def test_moda_attention_routes_the_choice(monkeypatch):
     assert moda_attention(q, k, v, kd, vd, impl="triton").shape == q.shape
     assert moda_attention(q, k, v, kd, vd, config=MoDAConfig()).shape == q.shape
     assert len(seen) == n                                     # neither asked the dispatcher
+
+
+def test_a_bad_rules_file_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "rules.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="rules.json: cannot read MoDA dispatch rules"):
+        dispatch.set_rules(bad)
+    bad.write_text('{"points": []}')
+    with pytest.raises(ValueError, match="not a MoDA dispatch rules file"):
+        dispatch.read_rules(bad)

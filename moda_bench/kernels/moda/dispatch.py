@@ -16,10 +16,10 @@ first. A call takes the nearest measured point (`distance`: log2 distance in T, 
 B*Hk, plus penalties for another dtype, depth_grad, pass or timer: a training call's pass is
 "fwdbwd", a forward-only call's "fwd"; a call captured into a CUDA graph is timed by the "graph"
 timer, any other by "eager"), so between and beyond measured points the nearest one in log space
-decides, and a sparsely measured pass or timer borrows the other's points; ties go to the earlier point. Of that point's
-ranking the first implementation available here runs (`unavailable`: no CUDA, the interpreter, no
-FA4, not sm90, a dtype or shape an implementation refuses), else "triton". No rules for this GPU:
-"triton". `set_rules` (or MODA_BENCH_DISPATCH_RULES=<file>) replaces the shipped rules.
+decides, and a sparsely measured pass or timer borrows the other's points; ties go to the earlier
+point. Of that point's ranking the first implementation available here runs (`unavailable`: no
+CUDA, the interpreter, no FA4, not sm90, a dtype or shape an implementation refuses), else
+"triton". No rules for this GPU: "triton". `set_rules` (or MODA_BENCH_DISPATCH_RULES=<file>) replaces the shipped rules.
 
 The Triton kernel's own entry point (`triton.interface.moda_attention`, its custom op) is unchanged:
 this module sits above it and above the FA4 routes (which import the Triton kernel's launches).
@@ -69,7 +69,10 @@ _state: dict = {"override": None, "tables": {}, "memo": {}}
 
 def read_rules(path) -> dict:
     """A rules file's dict, checked (ValueError naming the file when it is not one)."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read MoDA dispatch rules ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict) or data.get("schema_version") != RULES_SCHEMA_VERSION or "points" not in data:
         raise ValueError(f"{path}: not a MoDA dispatch rules file (schema_version {RULES_SCHEMA_VERSION})")
     return data
