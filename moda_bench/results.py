@@ -15,6 +15,11 @@ messages hold everywhere:
 skips as not being sweep files; `read_models` the model-step files of `moda-bench model`
 (`schema.MODEL_COLUMNS`), which `read_results` passes over silently.
 
+Rows of provider `moda` from before `moda` became the dispatcher (`moda_attention(impl="auto")`)
+timed the Triton kernel: a training row whose impl_detail starts with the Triton provider's
+"moda_attention " (the dispatcher's start with "auto") reads as provider `moda-triton`, so a
+report or gate baseline keeps meaning the kernel it measured (`LEGACY_MODA`).
+
 Columns added to the schema later (older files lack them) are filled with empty values, so
 committed results stay readable; a configuration column of the row key added later
 (`schema.CONFIG_DEFAULTS`: depth_grad, Tq, S) reads as the value every older row had.
@@ -41,6 +46,10 @@ from typing import Callable, Iterable, Optional
 from moda_bench import schema
 
 Warn = Callable[[str], None]
+
+
+# (provider the legacy `moda` rows read as, the impl_detail prefix that marks them): module docstring
+LEGACY_MODA = ("moda-triton", "moda_attention ")
 
 
 class ResultsError(ValueError):
@@ -106,6 +115,9 @@ def read_csv(path, *, display: Optional[str] = None, warn: Warn = default_warn):
         if c not in df.columns:
             df[c] = ""
     df["timer"] = df["timer"].where(df["timer"].str.strip() != "", schema.DEFAULT_TIMER)
+    legacy = (df["provider"] == "moda") & df["pass"].isin(schema.TRAIN_PASSES) \
+        & df["impl_detail"].str.startswith(LEGACY_MODA[1])
+    df.loc[legacy, "provider"] = LEGACY_MODA[0]
     for c, default in schema.CONFIG_DEFAULTS.items():   # configuration columns added later
         df[c] = df[c].where(df[c].astype(str).str.strip() != "", str(default))
     for c in schema.NUMERIC_COLUMNS:

@@ -101,7 +101,7 @@ def test_index_command_and_its_errors(tmp_path, monkeypatch):
     text = (root / "results" / INDEX).read_text(encoding="utf-8")
     assert text == index_markdown(root / "results")
     row = next(line for line in text.splitlines() if line.startswith("| [h200x2/multi-gpu]"))
-    assert "| NVIDIA H200 | 2026-11-22 | 02a2c215f112 | cudnn, fa2, fa2-triton, flex, moda | 130 |" in row
+    assert "| NVIDIA H200 | 2026-11-22 | 02a2c215f112 | cudnn, fa2, fa2-triton, flex, moda-triton | 130 |" in row
     assert "moda-bench sweep --preset paper --gpus all --out 2gpu" in text
     (root / "results" / "h200x2" / "multi-gpu" / "run.json").unlink()
     failed = runner.invoke(app, ["report", "--index"])

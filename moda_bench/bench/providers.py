@@ -211,9 +211,35 @@ def _moda_prepared(inputs, point, chunk, with_depth: bool) -> Prepared:
                     + _detail_depth(point, L), config=cfg.to_dict(), depth_utilization=eta)
 
 
-@register_provider("moda", unavailable=_needs_moda_kernel, description="fused Triton MoDA kernel")
-def _moda(inputs, point, chunk):
+@register_provider("moda-triton", unavailable=_needs_moda_kernel, description="fused Triton MoDA kernel")
+def _moda_triton(inputs, point, chunk):
     return _moda_prepared(inputs, point, chunk, with_depth=True)
+
+
+@register_provider("moda", unavailable=_needs_moda_kernel,
+                   description="moda_attention as a user calls it: the fastest implementation for the shape and GPU")
+def _moda(inputs, point, chunk):
+    """The dispatcher (`moda_attention(impl="auto")`, kernels.moda.dispatch): its row's impl_detail
+    names the implementation chosen and why, then that implementation's own detail, config and
+    depth utilisation. A pinned C is the Triton kernel's block_m, so it runs Triton."""
+    import torch
+
+    from moda_bench.kernels.moda import MoDAShape, moda_attention
+    from moda_bench.kernels.moda.dispatch import PROVIDER_OF, Choice, choose
+    q = inputs["q"]
+    shape = MoDAShape(B=point.B, T=point.T, Hq=point.Hq, Hk=point.Hk, d=point.d, L=point.L)
+    kw = depth_kw(point, point.L)
+    if chunk is not None:   # the Triton provider's forward: moda_attention with the pinned config
+        choice = Choice("triton", f"C={chunk} pinned: the Triton kernel's block_m")
+    else:
+        choice = choose(shape, q.dtype, q.device, depth_grad=kw.get("depth_grad", True),
+                        training=torch.is_grad_enabled() and q.requires_grad)
+    inner = get_provider(PROVIDER_OF[choice.impl]).prepare(inputs, point, chunk)
+    kd, vd = inputs["k_depth"], inputs["v_depth"]
+    forward = inner.forward if chunk is not None else (
+        lambda: moda_attention(q, inputs["k"], inputs["v"], kd, vd, **kw))
+    return Prepared(forward, impl_detail=f"{choice.detail()}; {inner.impl_detail}",
+                    config=dict(inner.config or {}, impl=choice.impl), depth_utilization=inner.depth_utilization)
 
 
 def _sdpa_prepared(inputs, backend_name: str, label: str) -> Prepared:

@@ -19,6 +19,7 @@ app = typer.Typer(
 
 def register() -> None:
     from moda_bench.cli.ablate import ablate_command
+    from moda_bench.cli.dispatch import dispatch_command
     from moda_bench.cli.doctor import doctor_command
     from moda_bench.cli.gate import gate_command
     from moda_bench.cli.model import model_command
@@ -33,6 +34,7 @@ def register() -> None:
     app.command("gate")(gate_command)
     app.command("merge")(merge_command)
     app.command("doctor")(doctor_command)
+    app.command("dispatch")(dispatch_command)
     app.command("model")(model_command)
 
 

@@ -22,10 +22,12 @@ LOG_RANGE = 16.0                                  # use a log axis when max/min 
 PROVIDER_ORDER = ["moda", "ours", "fa2", "fa2-triton", "cudnn", "flex", "naive-torch", "flash-compatible",
                   "chunk-aware", "group-aware", "batched-tiles"]
 # legend order; PROVIDER_ORDER (tab10 by position) and FIXED_COLORS fix the colours
-SERIES_RANK = (["moda", "moda-nosplit"] + PROVIDER_ORDER[1:]
+SERIES_RANK = (["moda", "moda-triton", "moda-nosplit"] + PROVIDER_ORDER[1:]
                + ["moda-fused", "moda-overlap", "moda-fa4", "fa4", "flashinfer", "dattn", "dattn-torch", "dattn-mix"])
 # providers added later, each clear of the colours the figures it appears in already use
-FIXED_COLORS = {"moda-fused": "#637939", "moda-overlap": "#393b79", "moda-fa4": "#ff7f0e", "fa4": "#17becf",
+# moda-triton keeps the blue the Triton kernel had when it was `moda`; the dispatcher `moda` is black
+FIXED_COLORS = {"moda": "#222222", "moda-triton": "#1f77b4",
+                "moda-fused": "#637939", "moda-overlap": "#393b79", "moda-fa4": "#ff7f0e", "fa4": "#17becf",
                 "moda-nosplit": "#aec7e8", "flashinfer": "#e7ba52",
                 "dattn": "#d6616b", "dattn-torch": "#843c39", "dattn-mix": "#7b4173"}
 TIMER_STYLE = {"eager": "-", "graph": "--"}        # line style per timer where a figure draws both

@@ -22,7 +22,8 @@ from moda_bench.reports.vocab import PAPER_AXES, ReportError, sort_providers
 HEADLINE_RUN = "paper"
 BEGIN, END = "<!-- moda-bench:headline:{name} -->", "<!-- /moda-bench:headline:{name} -->"
 MARKER = re.compile(r"<!-- moda-bench:headline:([A-Za-z0-9_.-]+) -->")
-FA2, FA4, MODA = "fa2", "fa4", "moda"
+FA2, FA4 = "fa2", "fa4"
+MODAS = ("moda", "moda-triton")   # the MoDA column: the entry point, else the Triton kernel's (older) rows
 LABEL = {"fa2": "FA2", "fa4": "FA4", "cudnn": "cuDNN"}
 
 
@@ -81,9 +82,10 @@ def headline_table(rows) -> str:
         raise ReportError("no fwd+bwd rows of the T, G or L sweeps")
     providers = set(part["provider"])
     base = FA4 if FA4 in providers else FA2
-    others = [p for p in sort_providers(providers) if p not in (FA2, FA4, MODA)]
+    moda = next((m for m in MODAS if m in providers), None)
+    others = [p for p in sort_providers(providers) if p not in (FA2, FA4, moda)]
     head = ["sweep", "T", "G", "L", "FA2 ms"] + (["FA4 ms"] if FA4 in providers else []) \
-        + (["moda / FA2 [95% CI]"] if MODA in providers else []) \
+        + ([f"{moda} / FA2 [95% CI]"] if moda in providers else []) \
         + [f"{LABEL.get(p, p)} / {LABEL[base]} [95% CI]" for p in others]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for sweep in [a for a in PAPER_AXES if a in set(part["sweep"])]:
@@ -93,8 +95,8 @@ def headline_table(rows) -> str:
             cells = [sweep] + [str(int(v)) for v in key] + [_ms(by.get(FA2))]
             if FA4 in providers:
                 cells.append(_ms(by.get(FA4)))
-            if MODA in providers:
-                cells.append(_cell(by.get(MODA), by.get(FA2), FA2))
+            if moda in providers:
+                cells.append(_cell(by.get(moda), by.get(FA2), FA2))
             cells += [_cell(by.get(p), by.get(base), base) for p in others]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

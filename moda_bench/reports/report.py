@@ -133,7 +133,8 @@ def generate_report(results_dirs: list[Path], out_dir: Path, *, paper_dir: Path 
     rows = results.rows
     measured = set(rows_of(rows, TRAIN, DATTN, DECODE)["provider"])
     fa2 = pick_provider(measured, fa2_provider, FA2_PROVIDERS, "FA2")
-    moda = pick_provider(measured, moda_provider, MODA_PROVIDERS, "MoDA")
+    trained = set(rows_of(rows, TRAIN, DATTN)["provider"])   # decode's `moda` is not the training entry point
+    moda = pick_provider(measured if moda_provider else trained, moda_provider, MODA_PROVIDERS, "MoDA")
     eff = efficiency_sections(rows, paper, fa2, moda)
     abl = ablation_sections(rows, paper)
     dec = decode_sections(rows)

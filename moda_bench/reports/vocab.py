@@ -16,9 +16,10 @@ RUN_COLUMNS = ENV_COLUMNS + ["timestamp"]
 PAPER_AXES = ["T", "G", "L"]                      # the axes the paper swept (schema.AXES adds C)
 ABLATION_SWEEP = "ablation"
 LADDER = ["naive-torch", "flash-compatible", "chunk-aware", "group-aware", "depth-bwd-in-dq", "shipped-kernel",
-          "batched-tiles", "tma-fwd", "tma-bwd", "ours", "moda"]
+          "batched-tiles", "tma-fwd", "tma-bwd", "ours", "moda-triton", "moda"]
 FA2_PROVIDERS = ("fa2", "fa2-triton")             # first present is the FA2 baseline unless chosen
-MODA_PROVIDERS = ("moda", "ours")
+# the MoDA entry point (`moda`, the dispatcher; committed rows of the Triton kernel read as moda-triton)
+MODA_PROVIDERS = ("moda", "moda-triton", "ours")
 ALWAYS_SHOWN = ["cudnn", "flex"]                  # efficiency columns present even when not measured
 RATIO_BASELINE = "fa2"                            # what the CSVs' ratio_to_fa2 (+ _lo/_hi) is measured against
 # MoDA on other kernels: shown with their ratio to the fastest
@@ -26,8 +27,8 @@ MODA_VARIANTS = ("moda-fused", "moda-overlap", "moda-fa4")
 # efficiency columns placed before ALWAYS_SHOWN when measured
 LEADING_OTHERS = ("moda-fused", "moda-overlap", "moda-fa4", "fa4")
 SEQUENCE_ONLY = ("fa2", "fa4", "cudnn", "fa2-triton")   # candidates of best_provider (no depth part)
-PROVIDER_RANK = ["moda", "ours", "moda-fused", "moda-overlap", "moda-fa4", "moda-nosplit", "dattn", "dattn-torch",
-                 "dattn-mix", "fa2", "fa4", "fa2-triton", "cudnn", "flex", "flashinfer"]
+PROVIDER_RANK = ["moda", "moda-triton", "ours", "moda-fused", "moda-overlap", "moda-fa4", "moda-nosplit", "dattn",
+                 "dattn-torch", "dattn-mix", "fa2", "fa4", "fa2-triton", "cudnn", "flex", "flashinfer"]
 # decode (pass schema.DECODE_PASS): its providers in display order; the sequence-only ones are the
 # candidates of its best_provider
 DECODE_PROVIDERS = ("moda", "moda-nosplit", "fa2", "cudnn", "fa4", "flashinfer")
@@ -36,7 +37,7 @@ DECODE_TIMERS = ("graph", "eager")                # a decode point's timers, dis
 # Depth-Attention: its providers (a sweep holding one is a Depth-Attention sweep), the methods its
 # table compares (overhead over the fastest attention) and the mix kernel timed alone
 DATTN_PROVIDERS = ("dattn", "dattn-torch", "dattn-mix")
-DATTN_METHODS = ("dattn", "dattn-composed", "dattn-torch", "moda", "moda-fa4", "moda-overlap")
+DATTN_METHODS = ("dattn", "dattn-composed", "dattn-torch", "moda", "moda-triton", "moda-fa4", "moda-overlap")
 MIX_PROVIDER = "dattn-mix"
 TIMER_ORDER = ["eager", "graph", "do_bench"]      # timer values of the sweeps, display order
 TIMER_LABEL = {"eager": "eager timer (host-inclusive)", "graph": "graph timer (CUDA-graph replays, device time)",

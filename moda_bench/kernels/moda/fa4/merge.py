@@ -283,10 +283,11 @@ def fused_fwd_unavailable(shape: MoDAShape, dtype, device=None) -> Optional[str]
     forward (`fused_sm90`) is FA4's sm90 kernel with the depth tiles of whole positions inside
     each 64-row consumer group, so it needs FA4, an sm_90 GPU, L >= 1, G dividing 64, d 64 or
     128 and fp16/bf16."""
-    return _fused_shape_problem(shape, dtype) or fa4_unavailable(device) or _sm90_problem(device)
+    return fused_shape_problem(shape, dtype) or fa4_unavailable(device) or _sm90_problem(device)
 
 
-def _fused_shape_problem(shape: MoDAShape, dtype) -> Optional[str]:
+def fused_shape_problem(shape: MoDAShape, dtype) -> Optional[str]:
+    """The shape or dtype part of `fused_fwd_unavailable` (what no machine changes), or None."""
     if shape.L < 1:
         return "L = 0 has no depth tiles (FA4 alone)"
     if 64 % shape.G:
@@ -317,7 +318,7 @@ def _fused_forward(q, k, v, kd, vd, scale, shape: MoDAShape):
     """The forward as one kernel (MoDAConfig.fa4_fused_fwd): o, lse (B,Hq,T), lse (B,T,Hq).
     FA4 itself was checked by `moda_fa4` (its backend needs FA4); only the shape and the GPU
     generation are checked here, not the package metadata again on every call."""
-    why = _fused_shape_problem(shape, q.dtype) or _sm90_problem(q.device)
+    why = fused_shape_problem(shape, q.dtype) or _sm90_problem(q.device)
     if why is not None:
         raise ValueError(f"MoDAConfig.fa4_fused_fwd: {why}")
     from moda_bench.kernels.moda.cute.fwd_sm90 import moda_fused_sm90_fwd
