@@ -35,6 +35,7 @@ from moda_bench.models.config import (
     RESIDUAL_OF,
     ModelConfig,
     check_variant,
+    dattn_buffer_entries,
     dattn_sources,
     moda_buffer_entries,
     moda_depth_entries,
@@ -105,7 +106,7 @@ class Decoder(nn.Module):
         if kind == "moda":
             return moda_buffer_entries(self.cfg.layers)
         if kind == "dattn":
-            return self.cfg.layers
+            return dattn_buffer_entries(self.cfg.layers, self.cfg.dattn_stride)
         return 0
 
     def depth_buffer(self, variant: str, B: int, T: int, attached: bool) -> Optional[DepthKVBuffer]:
@@ -121,6 +122,11 @@ class Decoder(nn.Module):
                                 attached=attached)
             self._buffers_by_shape[key] = buf
         return buf
+
+    def depth_buffer_bytes(self) -> tuple[int, int]:
+        """(K/V bytes, gradient-buffer bytes) of the depth-KV buffers this model holds now."""
+        held = list(self._buffers_by_shape.values())
+        return sum(b.nbytes() for b in held), sum(b.grad_nbytes() for b in held)
 
     def drop_buffers(self) -> None:
         self._buffers_by_shape.clear()

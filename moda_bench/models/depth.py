@@ -93,3 +93,7 @@ class DepthKVBuffer:
     def nbytes(self) -> int:
         """Bytes of the K and V slots (the gradient buffer, when attached, is as large again)."""
         return 2 * self.k.numel() * self.k.element_size()
+
+    def grad_nbytes(self) -> int:
+        """Bytes of the gradient buffer's K and V slots (0 when detached)."""
+        return self.nbytes() if self.attached else 0
