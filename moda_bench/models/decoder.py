@@ -28,7 +28,6 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.profiler import record_function
 
 from moda_bench.models.config import (
     ATTENTION_OF,
@@ -41,7 +40,15 @@ from moda_bench.models.config import (
     moda_depth_entries,
 )
 from moda_bench.models.depth import DepthKVBuffer
-from moda_bench.models.layers import RMSNorm, SwiGLU, apply_rope, decode_attention, rope_tables, sequence_attention
+from moda_bench.models.layers import (
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    decode_attention,
+    label,
+    rope_tables,
+    sequence_attention,
+)
 from moda_bench.models.residual import MHC, BlockAttnRes, DenseFormer
 
 LABELS = ("attention", "depth-kv", "projections", "ffn", "residual-mix", "lm-head")
@@ -135,7 +142,7 @@ class Decoder(nn.Module):
     def attention(self, i: int, x, st: Step):
         layer, cfg = self.layers[i], self.cfg
         B, T, D = x.shape
-        with record_function("projections"):
+        with label("projections"):
             q = layer.q_norm(layer.q_proj(x).view(B, T, cfg.heads, cfg.head_dim))
             k = layer.k_norm(layer.k_proj(x).view(B, T, cfg.kv_heads, cfg.head_dim))
             v = layer.v_proj(x).view(B, T, cfg.kv_heads, cfg.head_dim)
@@ -147,7 +154,7 @@ class Decoder(nn.Module):
             o = self._dattn(i, q, k, v, st)
         else:
             o = self._plain(q, k, v, st, i)
-        with record_function("projections"):
+        with label("projections"):
             return layer.o_proj(o.reshape(B, T, D))
 
     def _cache_write(self, st: Step, i: int, k, v) -> None:
@@ -156,7 +163,7 @@ class Decoder(nn.Module):
 
     def _plain(self, q, k, v, st: Step, i: int):
         self._cache_write(st, i, k, v)
-        with record_function("attention"):
+        with label("attention"):
             if st.decoding:
                 return decode_attention(q, st.cache.k[i], st.cache.v[i], st.pos + q.shape[1])
             return self.seq_attn(q, k, v)
@@ -167,16 +174,16 @@ class Decoder(nn.Module):
         n = moda_depth_entries(i)
         kd = vd = None
         if n:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 kd, vd = st.depth.read(slice(0, n))
         self._cache_write(st, i, k, v)
-        with record_function("attention"):
+        with label("attention"):
             if st.decoding:
                 o = moda_decode(q, st.cache.k[i], st.cache.v[i], kd, vd, cache_seqlens=st.seqlens)
             else:
                 o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad)
         if st.depth is not None and 2 * i < st.depth.entries:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 st.depth.write(2 * i, k, v)
         return o
 
@@ -186,9 +193,9 @@ class Decoder(nn.Module):
         src = dattn_sources(i, stride)
         ks = vs = None
         if src:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 ks, vs = st.depth.read(slice(src[0], i, stride))
-        with record_function("attention"):
+        with label("attention"):
             if st.decoding:
                 v_mixed = (depth_mix if fused else depth_mix_torch)(q, k, v, ks, vs) if src else v
                 self._cache_write(st, i, k, v_mixed)
@@ -202,7 +209,7 @@ class Decoder(nn.Module):
                 o, v_mixed = self.seq_attn(q, k, v), v
                 self._cache_write(st, i, k, v)
         if i + stride < self.cfg.layers:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 st.depth.write(i, k, v_mixed)
         return o
 
@@ -210,10 +217,10 @@ class Decoder(nn.Module):
         layer, cfg = self.layers[i], self.cfg
         if ATTENTION_OF[st.variant] == "moda" and layer.ffn_kv is not None:
             B, T, _ = x.shape
-            with record_function("depth-kv"):
-                kv = layer.ffn_kv(x).view(B, T, 2, cfg.kv_heads, cfg.head_dim)
-                st.depth.write(2 * i + 1, apply_rope(kv[:, :, 0], st.cos, st.sin), kv[:, :, 1])
-        with record_function("ffn"):
+            with label("depth-kv"):
+                kf, vf = layer.ffn_kv(x).view(B, T, 2, cfg.kv_heads, cfg.head_dim).unbind(2)   # backward: one stack
+                st.depth.write(2 * i + 1, apply_rope(kf, st.cos, st.sin), vf)
+        with label("ffn"):
             return layer.ffn(x)
 
     # ------------------------------------------------------------------ the stack
@@ -231,26 +238,26 @@ class Decoder(nn.Module):
             for i in range(L):
                 y = h + attn(i, h)
                 outputs.append(y + ffn(i, y))
-                with record_function("residual-mix"):
+                with label("residual-mix"):
                     h = self.dense.mix(i, outputs)
             return h
         if residual == "attnres":
             blocks, partial = [h], None
             for sub in range(2 * L):
-                with record_function("residual-mix"):
+                with label("residual-mix"):
                     u = self.attnres.aggregate(sub, blocks, partial)
                 out = (attn if sub % 2 == 0 else ffn)(sub // 2, u)
-                with record_function("residual-mix"):
+                with label("residual-mix"):
                     blocks, partial = self.attnres.after(sub, blocks, partial, out)
-            with record_function("residual-mix"):
+            with label("residual-mix"):
                 return self.attnres.aggregate(2 * L, blocks, partial)
         x = self.mhc.expand(h)
         for sub in range(2 * L):
-            with record_function("residual-mix"):
+            with label("residual-mix"):
                 pre, post, res = self.mhc.coefficients(sub, x)
                 u = (pre.unsqueeze(-1) * x).sum(-2)
             y = (attn if sub % 2 == 0 else ffn)(sub // 2, u)
-            with record_function("residual-mix"):
+            with label("residual-mix"):
                 x = torch.matmul(res, x) + post.unsqueeze(-1) * y.unsqueeze(-2)
         return self.mhc.collapse(x)
 
@@ -276,7 +283,7 @@ class Decoder(nn.Module):
         h = self.body(self.embed(tokens), st)
         if last_only:
             h = h[:, -1:]
-        with record_function("lm-head"):
+        with label("lm-head"):
             h = self.norm(h)
             logits = F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head(h)
         if cache is not None:
@@ -287,5 +294,5 @@ class Decoder(nn.Module):
         """Mean next-token cross entropy (in float32) of tokens (B, T + 1): the first T are the
         input, the last T the targets."""
         logits = self(tokens[:, :-1], variant, depth_grad=depth_grad)
-        with record_function("lm-head"):
+        with label("lm-head"):
             return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
