@@ -88,3 +88,34 @@ def test_a_bad_buffer_is_one_line_error(bad, match):
     shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
     with pytest.raises(ValueError, match=match):
         kernel_mod.moda_bwd(do, q, k, v, kd, vd, out, lse, 0.25, shape, cfg, depth_grad_into=bad(kd))
+
+
+def test_the_decoder_adds_depth_gradients_in_the_kernel(monkeypatch):
+    """MoDA's attached training step takes `moda_attention_into` for every layer that reads depth
+    (each backward gets its slice of the buffer's gradient slots) and gives the gradients of the
+    step without it (float32, relative error <= 1e-5: the additions round in another order)."""
+    from moda_bench.models import Decoder, ModelConfig
+    cfg = ModelConfig("tiny", hidden=32, intermediate=48, layers=4, heads=2, kv_heads=1, vocab=23, seq_len=9,
+                      dtype="float32", tie_embeddings=False, dattn_stride=1)
+    torch.manual_seed(0)
+    model = Decoder(cfg, ("moda",), init_std=0.3)
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.seq_len + 1))
+    seen = []
+    real = kernel_mod.moda_bwd
+
+    def spy(*args, depth_grad_into=None, **kw):
+        seen.append(None if depth_grad_into is None else depth_grad_into[0].shape[2])
+        return real(*args, depth_grad_into=depth_grad_into, **kw)
+
+    monkeypatch.setattr(kernel_mod, "moda_bwd", spy)
+    grads = {}
+    for on in (True, False):
+        monkeypatch.setattr(Decoder, "accumulate_depth_grads", on)
+        model.zero_grad(set_to_none=True)
+        seen.clear()
+        model.loss(tokens, "moda").backward()
+        grads[on] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        assert sorted(seen, key=lambda x: x or 0) == ([None] + [2, 4, 6] if on else [None] * 4)
+    assert grads[True].keys() == grads[False].keys() and any("ffn_kv" in n for n in grads[True])
+    for n, g in grads[True].items():
+        assert _rel(g, grads[False][n].double()) <= 1e-5, n
