@@ -92,3 +92,17 @@ def test_the_report_sets_measured_beside_formula_and_what_the_run_held():
     assert "measured vs formula" in text and "16.8 GB" in text
     assert f"| moda | {f:.3f} | {f:.3f} | {f:.3f} | {extra:.3f} |" in text
     assert "| moda (detached) |" in text and "| +0.100 |" in text and "| +0.000 |" in text
+
+
+def test_the_seed_presets_train_gpu_bound_batches_within_their_layers():
+    """A training micro-batch of at least 8192 tokens (B=1 steps are host-bound at these widths),
+    a depth the configuration has, and the generation run at the seed's batch and lengths."""
+    train = [s for name in ("seed002-train", "seed000-moda") for s in bm.preset_specs(name)]
+    assert {s.model for s in train} == {"dattn-1.5b", "dattn-3b", "moda-700m", "moda-1.5b"}
+    for s in train:
+        cfg = s.config()
+        assert s.mode == "train" and s.batch > 1 and s.batch * cfg.seq_len >= 8192, s
+        assert 1 <= cfg.layers <= cfg.layers_total
+    gen = bm.preset_specs("seed002-generate")[0]
+    assert (gen.batch, gen.config().seq_len, gen.new_tokens) == (64, 2048, 2048)
+    assert bm.preset_specs("seed002-train", layers=48)[0].config().layers == 48   # --layers still overrides
