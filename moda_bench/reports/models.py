@@ -150,7 +150,8 @@ def memory_markdown(frame) -> list[str]:
             rows.append([k["gpu"], k["model"], f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
                          _f(m["formula"], ".3f"), _f(m["buffer"], ".3f"), _f(m["grad"], ".3f"), _f(m["params"], ".3f"),
                          _f(m["accounted"], ".3f"), _f(m["measured"], ".3f"),
-                         _f(m["measured"] / m["formula"], ".2f"), _f(round(m["measured"] - m["accounted"], 3) + 0.0, "+.3f")])
+                         _f(m["measured"] / m["formula"], ".2f"),
+                         _f(round(m["measured"] - m["accounted"], 3) + 0.0, "+.3f")])
     if not rows:
         return []
     T, L, H, d, b = SEED001_EXAMPLE
@@ -162,10 +163,12 @@ def memory_markdown(frame) -> list[str]:
             "Why they differ: attached depth also holds a gradient buffer as large as the depth buffer (seed 004 "
             "detaches depth, so its formula has none); the variant's extra parameters (MoDA's FFN K/V projection) "
             "add their gradients and two AdamW moments; 'accounted' is those three. What is left ('unaccounted') "
-            "is the backward's transients at its peak: the kernel's depth gradients of the deepest layer's slice "
-            "before they are added into the gradient buffer (up to the buffer's size), and a backward that needs "
-            "contiguous depth K/V (the Hopper descriptor backward) copying the strided slice (as much again), "
-            "plus activations the variant saves that vanilla does not. Runs measured before the peak was read on "
+            "is the backward's transients at its peak: where the kernel does not add its depth gradients into the "
+            "gradient buffer itself (compiled MoDA, Depth-Attention's mix), the deepest layer's gradient tensor of "
+            "its slice (up to the buffer's size), and a backward that needs contiguous depth K/V (MoDA's Hopper "
+            "descriptor backward, taken without in-kernel accumulation) copying the strided slice (as much "
+            "again); plus activations the variant saves that vanilla does not. Runs measured before the peak was "
+            "read on "
             "the second step held no AdamW state in vanilla's measured step: their difference includes the "
             "optimizer state (2 x the parameters' bytes). "
             f"Seed 001's example (T={T}, L={L}, {H} KV heads, d={d}, {b} bytes) is {T * L * H * d * b * 2 / 1e9:.1f} "
