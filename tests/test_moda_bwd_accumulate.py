@@ -91,9 +91,10 @@ def test_a_bad_buffer_is_one_line_error(bad, match):
 
 
 def test_the_decoder_adds_depth_gradients_in_the_kernel(monkeypatch):
-    """MoDA's attached training step takes `moda_attention_into` for every layer that reads depth
-    (each backward gets its slice of the buffer's gradient slots) and gives the gradients of the
-    step without it (float32, relative error <= 1e-5: the additions round in another order)."""
+    """MoDA's attached training step with the addition in the kernel hands every layer that reads
+    depth its slice of the buffer's gradient slots (`moda_bwd`'s depth_grad_into); after the
+    kernel, none; both give the same gradients (float32, relative error <= 1e-5: the additions
+    round in another order)."""
     from moda_bench.models import Decoder, ModelConfig
     cfg = ModelConfig("tiny", hidden=32, intermediate=48, layers=4, heads=2, kv_heads=1, vocab=23, seq_len=9,
                       dtype="float32", tie_embeddings=False, dattn_stride=1)
@@ -110,7 +111,7 @@ def test_the_decoder_adds_depth_gradients_in_the_kernel(monkeypatch):
     monkeypatch.setattr(kernel_mod, "moda_bwd", spy)
     grads = {}
     for on in (True, False):
-        monkeypatch.setattr(Decoder, "accumulate_depth_grads", on)
+        monkeypatch.setattr(Decoder, "depth_grad_in_kernel", on)
         model.zero_grad(set_to_none=True)
         seen.clear()
         model.loss(tokens, "moda").backward()
@@ -119,3 +120,35 @@ def test_the_decoder_adds_depth_gradients_in_the_kernel(monkeypatch):
     assert grads[True].keys() == grads[False].keys() and any("ffn_kv" in n for n in grads[True])
     for n, g in grads[True].items():
         assert _rel(g, grads[False][n].double()) <= 1e-5, n
+
+
+@pytest.mark.parametrize("placement, in_kernel", [("fused", None), ("fused", False), ("tma", None), ("tma", True)])
+def test_moda_attention_into_adds_to_the_buffer_in_or_after_the_kernel(monkeypatch, placement, in_kernel):
+    """`moda_attention_into`: q, k, v get their gradients, the depth K/V none, and the buffer
+    slices what they held plus the depth gradients (fp64 reference, relative error <= 1e-4);
+    by default in the kernel unless the backward is the descriptor one ("tma")."""
+    from moda_bench.kernels.moda.triton.accumulate import moda_attention_into
+    B, T, Hq, Hk, d, L, E = 1, 11, 4, 2, 16, 3, 5
+    q, k, v, _, _, do = random_inputs(B, T, Hq, Hk, d, 0, torch.float32, seed=7)
+    g = torch.Generator().manual_seed(3)
+    bk, bv = (torch.randn(B, T, E, Hk, d, generator=g) for _ in range(2))
+    gk0, gv0 = (torch.randn(B, T, E, Hk, d, generator=g) for _ in range(2))
+    gk, gv = gk0.clone(), gv0.clone()
+    kd = bk[:, :, :L].detach().requires_grad_(True)
+    vd = bv[:, :, :L].detach().requires_grad_(True)
+    calls = []
+    real = kernel_mod.moda_bwd
+    monkeypatch.setattr(kernel_mod, "moda_bwd", lambda *a, **kw: calls.append(kw.get("depth_grad_into")) or
+                        real(*a, **kw))
+    out = moda_attention_into(q, k, v, kd, vd, gk[:, :, :L], gv[:, :, :L], config=_cfg(placement),
+                              in_kernel=in_kernel)
+    out.backward(do)
+    assert (calls[0] is not None) == (in_kernel if in_kernel is not None else placement != "tma")
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v, kd, vd)]
+    moda_reference(*leaves).backward(do.double())
+    for got, want in zip((q.grad, k.grad, v.grad), leaves[:3]):
+        assert _rel(got, want.grad) <= TOL
+    assert kd.grad is None and vd.grad is None
+    assert _rel(gk[:, :, :L] - gk0[:, :, :L], leaves[3].grad) <= TOL
+    assert _rel(gv[:, :, :L] - gv0[:, :, :L], leaves[4].grad) <= TOL
+    assert torch.equal(gk[:, :, L:], gk0[:, :, L:])

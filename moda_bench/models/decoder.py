@@ -12,7 +12,8 @@ Attention per variant (`config.ATTENTION_OF`):
 - moda: `moda_attention` over the layer's sequence K/V and its depth slice of the model's one
   `DepthKVBuffer` (slot 2i: layer i's attention K/V, slot 2i + 1: its FFN's K/V projection of
   the FFN input, rotated like a key of the same position); attached depth in eager mode through
-  `moda_attention_into` (the kernel adds the depth gradients into the buffer's gradient slots);
+  `moda_attention_into` (the depth gradients added into the buffer's gradient slots, by the
+  backward kernel where it takes the pointer passes);
   detached depth with depth_grad=False;
 - depth-attention (-torch): `depth_attention` with the fused (plain-PyTorch) mix over the
   stride's source layers, whose keys and mixed values sit in a buffer slot per layer.
@@ -89,9 +90,10 @@ class Layer(nn.Module):
 
 
 class Decoder(nn.Module):
-    # MoDA with attached depth, eager: the kernel adds each layer's depth gradients into the depth
-    # buffer's gradient slots (`moda_attention_into`), not a gradient tensor the buffer adds again
-    accumulate_depth_grads = True
+    # MoDA with attached depth, eager: `moda_attention_into` adds each layer's depth gradients into
+    # the depth buffer's gradient slots; in its backward kernel (True), after it (False), or where
+    # the backward takes the pointer passes anyway (None: `accumulate.in_kernel_default`)
+    depth_grad_in_kernel = None
 
     def __init__(self, cfg: ModelConfig, variants=("vanilla",), *, dtype=torch.float32, device="cpu",
                  init_std: float = 0.01):
@@ -187,9 +189,9 @@ class Decoder(nn.Module):
         with label("attention"):
             if st.decoding:
                 o = moda_decode(q, st.cache.k[i], st.cache.v[i], kd, vd, cache_seqlens=st.seqlens)
-            elif n and self.accumulate_depth_grads and st.depth.reads_attached() \
-                    and not torch.compiler.is_compiling():
-                o = moda_attention_into(q, k, v, kd, vd, *st.depth.grad_slices(slice(0, n)))
+            elif n and st.depth.reads_attached() and not torch.compiler.is_compiling():
+                o = moda_attention_into(q, k, v, kd, vd, *st.depth.grad_slices(slice(0, n)),
+                                        in_kernel=self.depth_grad_in_kernel)
             else:
                 o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad)
         if st.depth is not None and 2 * i < st.depth.entries:
