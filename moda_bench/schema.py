@@ -129,14 +129,20 @@ BASE_POINT = {"T": 16384, "G": 8, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64, "d
 # backward, AdamW step over grad_accum micro-batches), a prefill, a generation (prompt + new
 # tokens through a KV cache). step_ms: median of the mode's wall time (a whole generation for
 # 'generate'); tokens_per_s: tokens processed per second (generated tokens for 'generate');
-# peak_mem_gb: the CUDA allocator's peak during one step; model_flops: the step's model FLOPs
+# peak_mem_gb: the CUDA allocator's peak during one step (the variant's second step, so its AdamW
+# state exists as in a timed step);
+# peak_over_vanilla_gb: that peak minus vanilla's in the same run; depth_kv_gb: seed 004's
+# retained depth-KV formula for this shape and the slots the variant keeps (models.flops.depth_slots);
+# depth_buffer_gb / depth_grad_buffer_gb: the bytes of the model's depth-KV buffer and of its
+# gradient buffer (attached depth) as allocated; model_flops: the step's model FLOPs
 # (moda_bench.models.flops: 6 N per trained token + attention and depth terms); mfu:
 # model_flops / step time / peak_tflops (the doctor's table number of the GPU).
 MODEL_MODES = ("train", "prefill", "generate")
 MODEL_CONFIG_COLUMNS = ["model", "layers", "layers_total", "B", "T", "grad_accum", "new_tokens", "dtype",
                         "depth_grad", "compiled"]
 MODEL_MEASURE_COLUMNS = ["step_ms", "step_p20_ms", "step_p80_ms", "ratio_to_vanilla", "ratio_to_vanilla_lo",
-                         "ratio_to_vanilla_hi", "tokens_per_s", "peak_mem_gb", "depth_kv_gb", "params",
+                         "ratio_to_vanilla_hi", "tokens_per_s", "peak_mem_gb", "peak_over_vanilla_gb", "depth_kv_gb",
+                         "depth_buffer_gb", "depth_grad_buffer_gb", "params",
                          "model_flops", "mfu", "peak_tflops", "samples", "noise_pct"]
 MODEL_COLUMNS = (["sweep", "provider", "impl_detail", "pass"] + MODEL_CONFIG_COLUMNS + MODEL_MEASURE_COLUMNS
                  + ["status", "reason", "timer", "stop_reason", "health"] + META_COLUMNS)

@@ -137,9 +137,9 @@ def base_row(spec: ModelSpec, cfg: ModelConfig, run_variant: str, meta: dict) ->
     row["params"] = flops.param_count(cfg, variant)
     row["model_flops"] = step_flops(spec, cfg, variant)
     row["peak_tflops"] = peak_tflops(str(meta.get("gpu", "")))
-    if variant == "moda":
+    if flops.depth_slots(cfg, variant) and spec.mode != "generate":
         size = torch_dtype(row["dtype"]).itemsize
-        row["depth_kv_gb"] = flops.depth_kv_bytes(cfg, spec.batch, cfg.seq_len, size) / 1e9
+        row["depth_kv_gb"] = flops.depth_kv_bytes(cfg, spec.batch, cfg.seq_len, size, variant) / 1e9
     return row
 
 
@@ -301,29 +301,40 @@ def resume_state(spec: ModelSpec, csv_path: Path, *, gpu: str, commit: str, allo
 
 
 def stage(spec: ModelSpec, model, optimizer, inputs, name: str, row: dict, on_cuda: bool) -> Staged:
-    """The variant's step, run once (compilation, lazy optimizer state), its peak memory read."""
+    """The variant's step, run once (compilation, lazy optimizer state), then on CUDA once more
+    with its peak memory read: the first step creates the variant's AdamW state inside it (a
+    measure of it would hold no state during the forward and backward, while a later variant's
+    holds all before it), the second runs as a timed step does. Its depth buffers' sizes are
+    read after the step (only its own: the others' are dropped first)."""
     import torch
     fn = make_step(spec, model, optimizer, inputs, name)
     model.drop_buffers()
-    if on_cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
     fn()
     if on_cuda:
+        model.drop_buffers()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
         torch.cuda.synchronize()
         row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    if spec.mode != "generate":
+        kv, grad = model.depth_buffer_bytes()
+        row["depth_buffer_gb"], row["depth_grad_buffer_gb"] = kv / 1e9, grad / 1e9
     return Staged(row, fn, row["model_flops"])
 
 
 def fill_model_columns(staged: dict, result, spec: ModelSpec, cfg: ModelConfig) -> None:
-    """step_ms (+ p20/p80), tokens/s, MFU and the ratio to vanilla (with its paired-round
-    interval on CUDA) of every timed row."""
+    """step_ms (+ p20/p80), tokens/s, MFU, peak memory over vanilla's and the ratio to vanilla
+    (with its paired-round interval on CUDA) of every timed row."""
     from moda_bench.timing import ratio_ci
     tokens = step_tokens(spec, cfg)
     for name, st in staged.items():
         row = st.row
         if row.get("status") != schema.OK:
             continue
+        base = staged.get(BASELINE)
+        if base is not None and base.row.get("status") == schema.OK:
+            row["peak_over_vanilla_gb"] = row.get("peak_mem_gb", math.nan) - base.row.get("peak_mem_gb", math.nan)
         ms = row.get("median_ms", math.nan)
         row.update(step_ms=ms, step_p20_ms=row.get("p20_ms"), step_p80_ms=row.get("p80_ms"),
                    tokens_per_s=tokens / (ms / 1e3) if ms and ms > 0 else math.nan)

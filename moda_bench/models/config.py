@@ -126,6 +126,12 @@ def moda_buffer_entries(layers: int) -> int:
     return moda_depth_entries(layers - 1)
 
 
+def dattn_buffer_entries(layers: int, stride: int) -> int:
+    """Entries of Depth-Attention's buffer: layer i's keys and mixed values are kept only where a
+    later layer reads them (i + stride < layers), and those are the layers i < layers - stride."""
+    return max(0, layers - stride)
+
+
 def dattn_sources(layer: int, stride: int) -> list[int]:
     """Depth-Attention's source layers of `layer`: layer - s, layer - 2s, ... >= 0, ascending."""
     return list(range(layer % stride, layer, stride)) if stride >= 1 else []

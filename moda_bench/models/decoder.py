@@ -11,7 +11,10 @@ Attention per variant (`config.ATTENTION_OF`):
 - vanilla: `layers.sequence_attention` (FA4 where it runs, else SDPA);
 - moda: `moda_attention` over the layer's sequence K/V and its depth slice of the model's one
   `DepthKVBuffer` (slot 2i: layer i's attention K/V, slot 2i + 1: its FFN's K/V projection of
-  the FFN input, rotated like a key of the same position); detached depth with depth_grad=False;
+  the FFN input, rotated like a key of the same position); attached depth in eager mode through
+  `moda_attention_into` (the depth gradients added into the buffer's gradient slots, by the
+  backward kernel where it takes the pointer passes);
+  detached depth with depth_grad=False;
 - depth-attention (-torch): `depth_attention` with the fused (plain-PyTorch) mix over the
   stride's source layers, whose keys and mixed values sit in a buffer slot per layer.
 With a `generate.KVCache` a call is a prefill (cache empty) or a decode step: MoDA through
@@ -28,19 +31,27 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.profiler import record_function
 
 from moda_bench.models.config import (
     ATTENTION_OF,
     RESIDUAL_OF,
     ModelConfig,
     check_variant,
+    dattn_buffer_entries,
     dattn_sources,
     moda_buffer_entries,
     moda_depth_entries,
 )
 from moda_bench.models.depth import DepthKVBuffer
-from moda_bench.models.layers import RMSNorm, SwiGLU, apply_rope, decode_attention, rope_tables, sequence_attention
+from moda_bench.models.layers import (
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    decode_attention,
+    label,
+    rope_tables,
+    sequence_attention,
+)
 from moda_bench.models.residual import MHC, BlockAttnRes, DenseFormer
 
 LABELS = ("attention", "depth-kv", "projections", "ffn", "residual-mix", "lm-head")
@@ -79,6 +90,11 @@ class Layer(nn.Module):
 
 
 class Decoder(nn.Module):
+    # MoDA with attached depth, eager: `moda_attention_into` adds each layer's depth gradients into
+    # the depth buffer's gradient slots; in its backward kernel (True), after it (False), or where
+    # the backward takes the pointer passes anyway (None: `accumulate.in_kernel_default`)
+    depth_grad_in_kernel = None
+
     def __init__(self, cfg: ModelConfig, variants=("vanilla",), *, dtype=torch.float32, device="cpu",
                  init_std: float = 0.01):
         super().__init__()
@@ -105,7 +121,7 @@ class Decoder(nn.Module):
         if kind == "moda":
             return moda_buffer_entries(self.cfg.layers)
         if kind == "dattn":
-            return self.cfg.layers
+            return dattn_buffer_entries(self.cfg.layers, self.cfg.dattn_stride)
         return 0
 
     def depth_buffer(self, variant: str, B: int, T: int, attached: bool) -> Optional[DepthKVBuffer]:
@@ -122,6 +138,11 @@ class Decoder(nn.Module):
             self._buffers_by_shape[key] = buf
         return buf
 
+    def depth_buffer_bytes(self) -> tuple[int, int]:
+        """(K/V bytes, gradient-buffer bytes) of the depth-KV buffers this model holds now."""
+        held = list(self._buffers_by_shape.values())
+        return sum(b.nbytes() for b in held), sum(b.grad_nbytes() for b in held)
+
     def drop_buffers(self) -> None:
         self._buffers_by_shape.clear()
 
@@ -129,7 +150,7 @@ class Decoder(nn.Module):
     def attention(self, i: int, x, st: Step):
         layer, cfg = self.layers[i], self.cfg
         B, T, D = x.shape
-        with record_function("projections"):
+        with label("projections"):
             q = layer.q_norm(layer.q_proj(x).view(B, T, cfg.heads, cfg.head_dim))
             k = layer.k_norm(layer.k_proj(x).view(B, T, cfg.kv_heads, cfg.head_dim))
             v = layer.v_proj(x).view(B, T, cfg.kv_heads, cfg.head_dim)
@@ -141,7 +162,7 @@ class Decoder(nn.Module):
             o = self._dattn(i, q, k, v, st)
         else:
             o = self._plain(q, k, v, st, i)
-        with record_function("projections"):
+        with label("projections"):
             return layer.o_proj(o.reshape(B, T, D))
 
     def _cache_write(self, st: Step, i: int, k, v) -> None:
@@ -150,7 +171,7 @@ class Decoder(nn.Module):
 
     def _plain(self, q, k, v, st: Step, i: int):
         self._cache_write(st, i, k, v)
-        with record_function("attention"):
+        with label("attention"):
             if st.decoding:
                 return decode_attention(q, st.cache.k[i], st.cache.v[i], st.pos + q.shape[1])
             return self.seq_attn(q, k, v)
@@ -158,19 +179,23 @@ class Decoder(nn.Module):
     def _moda(self, i: int, q, k, v, st: Step):
         from moda_bench.kernels.decode import moda_decode
         from moda_bench.kernels.moda import moda_attention
+        from moda_bench.kernels.moda.triton.accumulate import moda_attention_into
         n = moda_depth_entries(i)
         kd = vd = None
         if n:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 kd, vd = st.depth.read(slice(0, n))
         self._cache_write(st, i, k, v)
-        with record_function("attention"):
+        with label("attention"):
             if st.decoding:
                 o = moda_decode(q, st.cache.k[i], st.cache.v[i], kd, vd, cache_seqlens=st.seqlens)
+            elif n and st.depth.reads_attached() and not torch.compiler.is_compiling():
+                o = moda_attention_into(q, k, v, kd, vd, *st.depth.grad_slices(slice(0, n)),
+                                        in_kernel=self.depth_grad_in_kernel)
             else:
                 o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad)
         if st.depth is not None and 2 * i < st.depth.entries:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 st.depth.write(2 * i, k, v)
         return o
 
@@ -180,9 +205,9 @@ class Decoder(nn.Module):
         src = dattn_sources(i, stride)
         ks = vs = None
         if src:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 ks, vs = st.depth.read(slice(src[0], i, stride))
-        with record_function("attention"):
+        with label("attention"):
             if st.decoding:
                 v_mixed = (depth_mix if fused else depth_mix_torch)(q, k, v, ks, vs) if src else v
                 self._cache_write(st, i, k, v_mixed)
@@ -196,7 +221,7 @@ class Decoder(nn.Module):
                 o, v_mixed = self.seq_attn(q, k, v), v
                 self._cache_write(st, i, k, v)
         if i + stride < self.cfg.layers:
-            with record_function("depth-kv"):
+            with label("depth-kv"):
                 st.depth.write(i, k, v_mixed)
         return o
 
@@ -204,10 +229,10 @@ class Decoder(nn.Module):
         layer, cfg = self.layers[i], self.cfg
         if ATTENTION_OF[st.variant] == "moda" and layer.ffn_kv is not None:
             B, T, _ = x.shape
-            with record_function("depth-kv"):
-                kv = layer.ffn_kv(x).view(B, T, 2, cfg.kv_heads, cfg.head_dim)
-                st.depth.write(2 * i + 1, apply_rope(kv[:, :, 0], st.cos, st.sin), kv[:, :, 1])
-        with record_function("ffn"):
+            with label("depth-kv"):
+                kf, vf = layer.ffn_kv(x).view(B, T, 2, cfg.kv_heads, cfg.head_dim).unbind(2)   # backward: one stack
+                st.depth.write(2 * i + 1, apply_rope(kf, st.cos, st.sin), vf)
+        with label("ffn"):
             return layer.ffn(x)
 
     # ------------------------------------------------------------------ the stack
@@ -225,26 +250,26 @@ class Decoder(nn.Module):
             for i in range(L):
                 y = h + attn(i, h)
                 outputs.append(y + ffn(i, y))
-                with record_function("residual-mix"):
+                with label("residual-mix"):
                     h = self.dense.mix(i, outputs)
             return h
         if residual == "attnres":
             blocks, partial = [h], None
             for sub in range(2 * L):
-                with record_function("residual-mix"):
+                with label("residual-mix"):
                     u = self.attnres.aggregate(sub, blocks, partial)
                 out = (attn if sub % 2 == 0 else ffn)(sub // 2, u)
-                with record_function("residual-mix"):
+                with label("residual-mix"):
                     blocks, partial = self.attnres.after(sub, blocks, partial, out)
-            with record_function("residual-mix"):
+            with label("residual-mix"):
                 return self.attnres.aggregate(2 * L, blocks, partial)
         x = self.mhc.expand(h)
         for sub in range(2 * L):
-            with record_function("residual-mix"):
+            with label("residual-mix"):
                 pre, post, res = self.mhc.coefficients(sub, x)
                 u = (pre.unsqueeze(-1) * x).sum(-2)
             y = (attn if sub % 2 == 0 else ffn)(sub // 2, u)
-            with record_function("residual-mix"):
+            with label("residual-mix"):
                 x = torch.matmul(res, x) + post.unsqueeze(-1) * y.unsqueeze(-2)
         return self.mhc.collapse(x)
 
@@ -270,7 +295,7 @@ class Decoder(nn.Module):
         h = self.body(self.embed(tokens), st)
         if last_only:
             h = h[:, -1:]
-        with record_function("lm-head"):
+        with label("lm-head"):
             h = self.norm(h)
             logits = F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head(h)
         if cache is not None:
@@ -281,5 +306,5 @@ class Decoder(nn.Module):
         """Mean next-token cross entropy (in float32) of tokens (B, T + 1): the first T are the
         input, the last T the targets."""
         logits = self(tokens[:, :-1], variant, depth_grad=depth_grad)
-        with record_function("lm-head"):
+        with label("lm-head"):
             return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())

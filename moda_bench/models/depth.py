@@ -13,8 +13,9 @@ slots (the slots a layer read are never written again within a step).
 Gradients (`attached`): reads and writes are autograd nodes chained by a zero-size token
 (every write takes the previous token, a read the newest), so the backward of a read runs
 before that of every write whose slot it read. A read's backward adds its depth gradients
-into a gradient buffer of the same layout; a write's backward hands its slot's sum to the
-K/V that was written. Detached (production stacks' default, seed 004): no nodes, no gradient
+into a gradient buffer of the same layout (or the reader's kernel has added them there itself,
+`grad_slices`, and the read gets none); a write's backward hands its slot's sum to the K/V
+that was written. Detached (production stacks' default, seed 004): no nodes, no gradient
 buffer; the kernels get depth_grad=False.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ class _Read(torch.autograd.Function):
     @staticmethod
     def forward(ctx, token, store, sl):
         ctx.store, ctx.sl = store, sl
+        ctx.set_materialize_grads(False)   # a reader that added its gradients itself passes none
         return store.k[:, :, sl], store.v[:, :, sl]
 
     @staticmethod
@@ -90,6 +92,19 @@ class DepthKVBuffer:
             return _Read.apply(self.token, self, sl)
         return self.k[:, :, sl], self.v[:, :, sl]
 
+    def reads_attached(self) -> bool:
+        """Whether `read` now returns autograd nodes (attached, gradients on, a token chain)."""
+        return self.attached and torch.is_grad_enabled() and self.token is not None
+
+    def grad_slices(self, sl: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradient buffer's slots `sl` (views): where a reader that adds its depth gradients
+        itself (`moda_attention_into`) puts them, instead of returning them to `read`'s node."""
+        return self.grad_k[:, :, sl], self.grad_v[:, :, sl]
+
     def nbytes(self) -> int:
         """Bytes of the K and V slots (the gradient buffer, when attached, is as large again)."""
         return 2 * self.k.numel() * self.k.element_size()
+
+    def grad_nbytes(self) -> int:
+        """Bytes of the gradient buffer's K and V slots (0 when detached)."""
+        return self.nbytes() if self.attached else 0

@@ -11,6 +11,8 @@ over R block representations (4 R D per token and sublayer) and mHC's coefficien
 and stream mixing (2 n D (n^2 + 2n) + 2 n^2 D + 4 n D per token and sublayer). A prefill is the
 forward alone (the LM head on the last position only); a generation adds one forward of every
 new token over its cache (4 Hq d n per layer for a cache of n positions).
+
+Memory: `depth_kv_bytes` is seed 004's retained depth-KV formula for the slots a variant keeps.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from moda_bench.models.config import (
     RESIDUAL_OF,
     ModelConfig,
     attnres_block_size,
+    dattn_buffer_entries,
     dattn_sources,
     moda_buffer_entries,
     moda_depth_entries,
@@ -113,7 +116,20 @@ def generate_flops(cfg: ModelConfig, variant: str, B: int, T: int, new_tokens: i
     return total
 
 
-def depth_kv_bytes(cfg: ModelConfig, B: int, T: int, bytes_per_element: int) -> int:
+def depth_slots(cfg: ModelConfig, variant: str) -> int:
+    """Depth-KV slots a variant keeps per position: MoDA's attention K/V and FFN K/V projection of
+    every layer but the last (2 a layer), Depth-Attention's keys and mixed values of the layers a
+    later layer reads (`dattn_buffer_entries`); 0 for the others."""
+    kind = ATTENTION_OF[variant]
+    if kind == "moda":
+        return moda_buffer_entries(cfg.layers)
+    if kind == "dattn":
+        return dattn_buffer_entries(cfg.layers, cfg.dattn_stride)
+    return 0
+
+
+def depth_kv_bytes(cfg: ModelConfig, B: int, T: int, bytes_per_element: int, variant: str = "moda") -> int:
     """Seed 004's retained depth-KV memory: batch x sequence x contributing layers x KV heads x
-    head dim x bytes x 2 (K and V); MoDA's contributing entries are the buffer's slots."""
-    return B * T * moda_buffer_entries(cfg.layers) * cfg.kv_heads * cfg.head_dim * bytes_per_element * 2
+    head dim x bytes x 2 (K and V), the contributing layers counted as the slots the variant keeps
+    (`depth_slots`: MoDA keeps two per earlier layer)."""
+    return B * T * depth_slots(cfg, variant) * cfg.kv_heads * cfg.head_dim * bytes_per_element * 2

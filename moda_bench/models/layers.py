@@ -1,6 +1,7 @@
 """The decoder's building blocks in plain PyTorch and the attention calls every variant shares.
 
-RMSNorm, rotary embeddings (`rope_tables`, `apply_rope`), the SwiGLU FFN, and the sequence
+RMSNorm, rotary embeddings (`rope_tables`, `apply_rope`), the SwiGLU FFN, the profiler ranges
+the decoder labels its work with (`label`: free when no profiler records), and the sequence
 attention of vanilla layers: `sequence_attention(device, dtype)` picks the fastest causal
 attention that runs here (FlashAttention-4 where it runs, else SDPA: flash / cuDNN / efficient
 kernels on the GPU, the math path on the CPU) and names it; `decode_attention` is its
@@ -8,6 +9,7 @@ counterpart over a KV cache (FA4's decode, else SDPA with the bottom-right causa
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Callable
@@ -15,10 +17,13 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.profiler import record_function
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last dimension (computed in float32, returned in x's dtype)."""
+    """x / rms(x) * weight over the last dimension: torch's `F.rms_norm` (one fused kernel where
+    torch has one, its float accumulation for 16-bit inputs), not the eight elementwise ops and
+    their backward nodes a hand-written form launches per norm, six norms a layer."""
 
     def __init__(self, dim: int, eps: float = 1e-5, dtype=None, device=None):
         super().__init__()
@@ -26,14 +31,24 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rms(x, eps: float = 1e-6):
-    """Parameter-free RMS normalisation over the last dimension."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    """Parameter-free RMS normalisation over the last dimension (`F.rms_norm`)."""
+    return F.rms_norm(x, x.shape[-1:], None, eps)
+
+
+_QUIET = contextlib.nullcontext()
+
+
+def label(name: str):
+    """torch.profiler's record_function(name) while a profiler records (and under torch.compile),
+    else a no-op context: a range is two dispatcher calls, host time an eager step would pay on
+    every labelled range of every layer with nobody recording."""
+    if torch.compiler.is_compiling() or torch.autograd._profiler_enabled():
+        return record_function(name)
+    return _QUIET
 
 
 class SwiGLU(nn.Module):
@@ -51,18 +66,21 @@ class SwiGLU(nn.Module):
 
 
 def rope_tables(positions: torch.Tensor, d: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (T, 1, d) of rotary embeddings (half-split layout) at the given positions."""
+    """cos, signed sin (T, 1, d) of rotary embeddings (half-split layout) at the given positions:
+    sin's first half negated, so that `apply_rope` rotates by a roll instead of rotate_half."""
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))
     ang = positions.float()[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)[:, None, :]
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+    sign = torch.ones(d, device=positions.device)
+    sign[: d // 2] = -1
+    return ang.cos().to(dtype), (ang.sin() * sign).to(dtype)
 
 
 def apply_rope(x, cos, sin):
-    """x (B, T, H, d) rotated: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """x (B, T, H, d) rotated: x * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as
+    roll(x, d/2) * signed sin (`rope_tables`): four kernels forward and four backward, where
+    rotate_half's slices, negation and concatenation take five forward and nine backward."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 def sdpa_causal(q, k, v):

@@ -3,9 +3,10 @@ the `moda-bench model` CSVs (`results.read_models`, `results.read_profiles`).
 
 Per GPU: the training step-cost table beside seed 002's Table 3 (its plain-PyTorch seconds per
 step and overhead over vanilla) and seed 000's FLOP counts; the generation table beside seed
-002's run; the depth-KV memory table (the MoDA row's peak over vanilla's against seed 004's
-formula, and seed 001's 128K example); the profile figure (each variant's step split into
-attention, depth-KV handling, projections, FFN, residual mixing, LM head, optimizer, other).
+002's run; the depth-KV memory table (each depth variant's peak over vanilla's against seed 004's
+formula and against what the run held for depth, and seed 001's 128K example); the profile
+figure (each variant's step split into attention, depth-KV handling, projections, FFN, residual
+mixing, LM head, optimizer, other).
 A run of fewer layers than its configuration says so, with the step scaled by layers_total /
 layers (the per-layer cost; the embedding and head are counted with it, so it overestimates).
 """
@@ -114,29 +115,66 @@ def generate_markdown(frame) -> list[str]:
     return out
 
 
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def memory_row(r: dict, vanilla: dict) -> dict:
+    """A depth variant's memory over vanilla's in GB: seed 004's formula, what the run held for
+    depth (its buffer, the gradient buffer when attached, its extra parameters' gradients and two
+    AdamW moments), their sum ('accounted') and the measured peak over vanilla's."""
+    measured = r.get("peak_over_vanilla_gb", math.nan)
+    if measured != measured:   # a file written before that column: the two peaks
+        measured = r["peak_mem_gb"] - vanilla["peak_mem_gb"]
+    buffer = r.get("depth_buffer_gb", math.nan)
+    grad = r.get("depth_grad_buffer_gb", math.nan)
+    # detached MoDA's FFN K/V projection feeds only the detached buffer: no gradient, no AdamW step
+    params = 3 * (r["params"] - vanilla["params"]) * DTYPE_BYTES.get(str(r["dtype"]), 2) / 1e9 if r["depth_grad"] \
+        else 0.0
+    return {"formula": r["depth_kv_gb"], "buffer": buffer, "grad": grad, "params": params,
+            "accounted": buffer + grad + params, "measured": measured}
+
+
 def memory_markdown(frame) -> list[str]:
     rows = []
     for k, g in _groups(frame, "train"):
         base = g[g["provider"] == "vanilla"]
         if base.empty:
             continue
-        for r in g[g["provider"] == "moda"].to_dict("records"):
-            delta = r["peak_mem_gb"] - float(base["peak_mem_gb"].iloc[0])
-            if math.isnan(delta):   # no CUDA peak measured
+        vanilla = base.iloc[0].to_dict()
+        for r in g.to_dict("records"):
+            if not r["depth_kv_gb"] > 0:
+                continue
+            m = memory_row(r, vanilla)
+            if math.isnan(m["measured"]):   # no CUDA peak measured
                 continue
             rows.append([k["gpu"], k["model"], f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
-                         _f(r["depth_kv_gb"], ".3f"), _f(delta, ".3f"),
-                         _f(delta / r["depth_kv_gb"] if r["depth_kv_gb"] else math.nan, ".2f")])
+                         _f(m["formula"], ".3f"), _f(m["buffer"], ".3f"), _f(m["grad"], ".3f"), _f(m["params"], ".3f"),
+                         _f(m["accounted"], ".3f"), _f(m["measured"], ".3f"),
+                         _f(m["measured"] / m["formula"], ".2f"),
+                         _f(round(m["measured"] - m["accounted"], 3) + 0.0, "+.3f")])
     if not rows:
         return []
     T, L, H, d, b = SEED001_EXAMPLE
-    return ["### Depth-KV memory (training step)",
-            "Seed 004's retained depth-KV memory B x T x contributing entries x Hk x d x bytes x 2 (here the buffer's "
-            "slots, 2 per earlier layer) beside the MoDA row's peak over vanilla's in the same run. Attached depth "
-            "also holds a gradient buffer as large, and a kernel that copies its strided depth slice holds the "
-            f"copies for the backward. Seed 001's example (T={T}, L={L}, {H} KV heads, d={d}, {b} bytes) is "
-            f"{T * L * H * d * b * 2 / 1e9:.1f} GB by the same formula.",
-            md_table(["GPU", "model", "layers", "B x T", "variant", "formula GB", "measured GB", "measured / formula"],
+    return ["### Depth-KV memory (training step): measured vs formula",
+            "Formula: seed 004's retained depth-KV memory B x T x contributing entries x Hk x d x bytes x 2, the "
+            "entries counted as the slots the run keeps (MoDA: 2 per earlier layer, the attention K/V and the FFN's "
+            "K/V projection; Depth-Attention: the layers a later layer reads). Measured: the variant's step peak "
+            "minus vanilla's in the same run (each the second step of its variant, so AdamW state exists in both). "
+            "Why they differ: attached depth also holds a gradient buffer as large as the depth buffer (seed 004 "
+            "detaches depth, so its formula has none); the variant's extra parameters (MoDA's FFN K/V projection) "
+            "add their gradients and two AdamW moments; 'accounted' is those three. What is left ('unaccounted') "
+            "is the backward's transients at its peak: where the kernel does not add its depth gradients into the "
+            "gradient buffer itself (compiled MoDA, Depth-Attention's mix), the deepest layer's gradient tensor of "
+            "its slice (up to the buffer's size), and a backward that needs contiguous depth K/V (MoDA's Hopper "
+            "descriptor backward, taken without in-kernel accumulation) copying the strided slice (as much "
+            "again); plus activations the variant saves that vanilla does not. Runs measured before the peak was "
+            "read on "
+            "the second step held no AdamW state in vanilla's measured step: their difference includes the "
+            "optimizer state (2 x the parameters' bytes). "
+            f"Seed 001's example (T={T}, L={L}, {H} KV heads, d={d}, {b} bytes) is {T * L * H * d * b * 2 / 1e9:.1f} "
+            "GB by the same formula.",
+            md_table(["GPU", "model", "layers", "B x T", "variant", "formula GB", "buffer GB", "grad buffer GB",
+                      "extra params GB", "accounted GB", "measured GB", "measured / formula", "unaccounted GB"],
                      rows)]
 
 

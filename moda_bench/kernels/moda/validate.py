@@ -1,5 +1,6 @@
 """Input checking shared by every MoDA implementation, and the shapes a specialised kernel takes
-(`cute_bwd_shape_problem`: the CuTe depth backward, kept here so that it is known without cutlass).
+(`cute_bwd_shape_problem`: the CuTe depth backward, kept here so that it is known without cutlass),
+and the check of a caller's depth gradient buffer (`check_depth_grad_into`, the backward's option).
 
 Layouts (spec section 1): q (B, T, Hq, d); k, v (B, T, Hk, d);
 k_depth, v_depth (B, T, L, Hk, d) or both None (L = 0).
@@ -120,3 +121,18 @@ def cute_bwd_shape_problem(shape: MoDAShape, dtype) -> str | None:
     if max(shape.B * shape.T * shape.L * shape.Hk, shape.B * shape.T * shape.Hq) * shape.d > 2 ** 31:
         return "the CuTe depth backward indexes with 32-bit offsets: a tensor of more than 2^31 elements"
     return None
+
+
+def check_depth_grad_into(into, kd) -> None:
+    """ValueError unless `into` is a pair (gk, gv) the kernels can add kd's gradients to: kd's
+    shape, dtype and device, one set of strides with a unit last stride."""
+    if not (isinstance(into, (tuple, list)) and len(into) == 2 and all(isinstance(t, torch.Tensor) for t in into)):
+        raise ValueError("depth_grad_into must be a pair (gk, gv) of tensors")
+    gk, gv = into
+    for name, t in (("gk", gk), ("gv", gv)):
+        if t.shape != kd.shape or t.dtype != kd.dtype or t.device != kd.device:
+            raise ValueError(f"depth_grad_into {name} must match k_depth {tuple(kd.shape)} {kd.dtype} on {kd.device}, "
+                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+    if gk.stride() != gv.stride() or gk.stride(-1) != 1:
+        raise ValueError(f"depth_grad_into gk, gv must share one set of strides with a unit last stride, got "
+                         f"{gk.stride()} and {gv.stride()}")

@@ -101,11 +101,13 @@ def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, gbase, t_l
                      qk_scale, sm_scale,
                      NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
-                     DEPTH_GRAD: tl.constexpr):
+                     DEPTH_GRAD: tl.constexpr, DEPTH_ACC: tl.constexpr):
     """Depth part of the backward for one block of rows: adds the depth keys' (unscaled) dq
     contribution to dq and, with DEPTH_GRAD, writes dk_depth, dv_depth of the block's positions
     (each depth entry is read by the rows of its own position only, so no other program touches
     it). Without DEPTH_GRAD only the dq share is computed: nothing is written to DKD, DVD.
+    DEPTH_ACC: DKD, DVD already hold gradients (a caller's buffer), and this call's are added to
+    them (load, add in float32, store: the entry's one owner, no atomics).
     KD, VD are read at dbase with strides (sdt, sdl); DKD, DVD written at gbase with (sgt, sgl): a
     strided depth slice (one model-wide buffer) is read in place, its gradients go to buffers of
     their own layout."""
@@ -127,6 +129,9 @@ def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, gbase, t_l
             dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC)
             dkd = mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale
             goffs = depth_tile(t_lo, f0, T, L, sgt, sgl, NB, S, R, GP, BLOCK_L, HEAD_DIM)[0]
+            if DEPTH_ACC:
+                dkd += tl.load(DKD + gbase + goffs, mask=ld_ok, other=0.0).to(tl.float32)
+                dvd += tl.load(DVD + gbase + goffs, mask=ld_ok, other=0.0).to(tl.float32)
             tl.store(DKD + gbase + goffs, dkd.to(DKD.dtype.element_ty), mask=ld_ok)
             tl.store(DVD + gbase + goffs, dvd.to(DVD.dtype.element_ty), mask=ld_ok)
     return dq
@@ -140,7 +145,7 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
                    SEQ: tl.constexpr, DEPTH: tl.constexpr, ADD: tl.constexpr, S: tl.constexpr,
                    BLOCK_L: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
                    DEPTH_GRAD: tl.constexpr, O, DELTA_INLINE: tl.constexpr,
-                   kdesc=None, vdesc=None, DESC: tl.constexpr = False):
+                   kdesc=None, vdesc=None, DESC: tl.constexpr = False, DEPTH_ACC: tl.constexpr = False):
     """Query-major work of one block of BLOCK_M folded rows: dq from the sequence keys (SEQ)
     and/or from the depth keys plus (DEPTH_GRAD) dk_depth, dv_depth (DEPTH). ADD adds the
     partial dq already in DQ (written by a depth-only program) to this one's. DELTA_INLINE:
@@ -163,7 +168,7 @@ def _bwd_q_program(pid_m, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, q
     if DEPTH:
         dq = _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, b * sdb + j * sdh, b * sgb + j * sgh, t_lo,
                               T, L, sdt, sdl, sgt, sgl, qk_scale, sm_scale, P // S, S, S * GP, GP, BLOCK_M, BLOCK_L,
-                              HEAD_DIM, PREC, DEPTH_STAGES, DEPTH_GRAD)
+                              HEAD_DIM, PREC, DEPTH_STAGES, DEPTH_GRAD, DEPTH_ACC)
     dq_ptrs = row_ptrs(DQ, b, j, rows, offs_d, G, sqb, sqt, sqh, GP)
     dq = dq * sm_scale
     if ADD:
@@ -187,12 +192,13 @@ def moda_bwd_q_kernel(
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     MODE: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr, PREC: tl.constexpr,
     DEPTH_STAGES: tl.constexpr, REVERSE: tl.constexpr, DEPTH_GRAD: tl.constexpr, DELTA_INLINE: tl.constexpr,
-    DESC: tl.constexpr = False,
+    DESC: tl.constexpr = False, DEPTH_ACC: tl.constexpr = False,
 ):
     """Query-major pass (MODE: one of BWDQ_*). DO/DQ share q's strides (sqb...), LSE/DELTA
     share (slb, slt, slh); KD, VD share one set of strides (sdb...; unit last stride: a strided
     depth slice is read in place), DKD, DVD another (sgb...).
     DEPTH_GRAD (BWDQ_FUSED only): write dk_depth, dv_depth; False skips them (detached depth).
+    DEPTH_ACC: add them to what DKD, DVD hold (a caller's gradient buffer) instead of storing.
     DELTA_INLINE: compute delta = rowsum(o * do) from O (do's strides) and store it to DELTA for
     the key-major pass launched after this one; else DELTA holds it already (O unused).
     DESC: the sequence K/V tiles come through tensor descriptors ([BLOCK_N, d] boxes of the
@@ -211,7 +217,7 @@ def moda_bwd_q_kernel(
                    qk_scale, sm_scale, T, L, G,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh, sgb, sgt, sgl, sgh,
                    sob, sot, soh, slb, slt, slh, GP, BLOCK_M, BLOCK_N, HEAD_DIM, True, MODE == 1, MODE == 2, S, BLOCK_L,
-                   PREC, DEPTH_STAGES, DEPTH_GRAD, O, DELTA_INLINE, kdesc, vdesc, DESC)
+                   PREC, DEPTH_STAGES, DEPTH_GRAD, O, DELTA_INLINE, kdesc, vdesc, DESC, DEPTH_ACC)
 
 
 @triton.jit
@@ -282,12 +288,14 @@ def moda_bwd_kv_kernel(
     GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV: tl.constexpr, DEPTH: tl.constexpr, DBLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_L: tl.constexpr,
     PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DESC: tl.constexpr = False,
+    DEPTH_ACC: tl.constexpr = False,
 ):
     """Key-major pass. With KV, programs [0, n_kv) compute dk, dv (DK/DV share k's strides);
     with DEPTH the remaining programs each take DBLOCK_M folded rows and write their depth dq
     partial to DQ and, with DEPTH_GRAD, dk_depth, dv_depth (so the depth traffic overlaps the
     dk/dv compute). DESC (KV programs): q and do come through tensor descriptors ([1, P, GP, d]
-    boxes of the contiguous (B, T, Hq, d) tensors; BLOCK_M a multiple of GP)."""
+    boxes of the contiguous (B, T, Hq, d) tensors; BLOCK_M a multiple of GP). DEPTH_ACC: the
+    depth programs add dk_depth, dv_depth to what DKD, DVD hold (a caller's gradient buffer)."""
     qdesc = None
     dodesc = None
     if DESC:
@@ -305,7 +313,8 @@ def moda_bwd_kv_kernel(
             _bwd_q_program(w // n_bh, pid_bh // Hk, pid_bh % Hk, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD,
                            qk_scale, sm_scale, T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl,
                            sdh, sgb, sgt, sgl, sgh, sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
+                           False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False,
+                           DEPTH_ACC=DEPTH_ACC)
     else:
         pid0 = tl.program_id(0)
         pid_bh = tl.program_id(1)
@@ -320,7 +329,8 @@ def moda_bwd_kv_kernel(
                 _bwd_q_program(pid0 - n_kv, b, j, Q, K, V, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, qk_scale, sm_scale,
                                T, L, G, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdl, sdh,
                                sgb, sgt, sgl, sgh, sob, sot, soh, slb, slt, slh, GP, DBLOCK_M, BLOCK_N, HEAD_DIM,
-                               False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False)
+                               False, True, False, S, BLOCK_L, PREC, DEPTH_STAGES, DEPTH_GRAD, DO, False,
+                           DEPTH_ACC=DEPTH_ACC)
         else:
             _bwd_kv_program(pid0, b, j, Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, T, G,
                             sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slt, slh,

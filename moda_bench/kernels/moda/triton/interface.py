@@ -105,7 +105,7 @@ from moda_bench.kernels.moda.triton.fwd_tma import (
 )
 from moda_bench.kernels.moda.triton.streams import Concurrent, depth_grid, run_beside, side_stream  # noqa: F401 (re-exported)
 from moda_bench.kernels.moda.triton.utils import dot_precision, exp_poly_share
-from moda_bench.kernels.moda.validate import MoDAShape, check_inputs
+from moda_bench.kernels.moda.validate import MoDAShape, check_depth_grad_into, check_inputs
 from moda_bench.kernels.oplib import config_key, config_of, through_ops
 
 LOG2E = 1.4426950408889634
@@ -294,18 +294,26 @@ def tma_route(cfg: MoDAConfig, B: int, T: int, Hk: int, G: int, L: int, device, 
 
 
 def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConfig, depth_only: bool = False,
-             delta=None, depth_grad: bool = True, usable=None):
+             delta=None, depth_grad: bool = True, usable=None, depth_grad_into=None):
     """The backward's launches for `cfg`: returns (dq, dk, dv, dkd, dvd). delta: rowsum(o * do),
     (B, T, Hq) float32, where the caller has it (else computed here). depth_only (bwd_depth
     "split" only) runs the depth-only launch alone and returns (dq partial, None, None, dkd, dvd);
     without a delta it is left uninitialised then, which only timing may do. depth_grad=False
     treats kd, vd as constants: dkd = dvd = None, never allocated nor computed (the depth part
-    still adds its share of dq). usable: the forward's `tma_usable` of q, k, v, kd, vd (None: asked here)."""
+    still adds its share of dq). usable: the forward's `tma_usable` of q, k, v, kd, vd (None: asked here).
+    depth_grad_into (off by default): (gk, gv) of kd's shape, e.g. slices of a model's depth
+    gradient buffer (strided, unit last stride, one set of strides for both): the depth gradients
+    are added to them in the kernel (`DEPTH_ACC`) and they are returned as dkd, dvd, so no
+    gradient tensor is allocated and none is read and added again by the caller. It takes the
+    pointer passes (the descriptor backward stores flat contiguous rows)."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
     do = do.contiguous()
-    if cfg.bwd_depth == "tma" and not depth_only and delta is None:
+    acc = depth_grad_into is not None and bool(depth_grad) and L > 0
+    if acc:
+        check_depth_grad_into(depth_grad_into, kd)
+    if cfg.bwd_depth == "tma" and not depth_only and delta is None and not acc:
         o = o.contiguous()
         if L > 0 and not (kd.is_contiguous() and vd.is_contiguous()):
             # its passes address the depth K/V as flat contiguous (B*T*L*Hk, d) rows: a strided
@@ -339,7 +347,9 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     dv = torch.empty_like(v)
     depth_grad = bool(depth_grad) and L > 0
     kd_, vd_ = (kd, vd) if L > 0 else (k.unsqueeze(2), v.unsqueeze(2))
-    if depth_grad:  # contiguous buffers of the slice's shape, whatever kd's strides
+    if acc:  # the caller's buffers, added to in place
+        dkd_, dvd_ = dkd, dvd = depth_grad_into
+    elif depth_grad:  # contiguous buffers of the slice's shape, whatever kd's strides
         dkd = torch.empty(kd.shape, device=kd.device, dtype=kd.dtype)
         dvd = torch.empty(vd.shape, device=vd.device, dtype=vd.dtype)
         dkd_, dvd_ = dkd, dvd
@@ -360,8 +370,8 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
             ensure_allocator()
 
     # dq, dk, dv, dkd, dvd and delta (unless the caller's) are allocated here; the rest must be aligned
-    key = _shape_key(q, kd_, shape, st, q, k, v, kd_, vd_, do, lse, o, delta)
-    key = key and (key, cfg, depth_grad, inline, q_desc, kv_desc)
+    key = _shape_key(q, kd_, shape, st, q, k, v, kd_, vd_, do, lse, o, delta, *((dkd_, dvd_) if acc else ()))
+    key = key and (key, cfg, depth_grad, inline, q_desc, kv_desc, acc)
 
     def kv_launch(KV, DEPTH, **meta):
         dbm = cfg.bwd_depth_block_m
@@ -377,7 +387,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                     lambda: dict(GP=gp, BLOCK_M=cfg.bwd_kv_block_m, BLOCK_N=cfg.bwd_kv_block_n, HEAD_DIM=d, KV=KV,
                                  DEPTH=DEPTH, DBLOCK_M=dbm, S=depth_only_sub(cfg, G, dbm), BLOCK_L=cfg.bwd_block_l,
                                  PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages, DEPTH_GRAD=depth_grad or not DEPTH,
-                                 DESC=kv_desc and KV, **meta))
+                                 DESC=kv_desc and KV, DEPTH_ACC=acc and DEPTH, **meta))
 
     def q_launch(MODE):
         grid = (cdiv(T * gp, cfg.bwd_q_block_m), B * Hk)
@@ -386,7 +396,8 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                                 S=fused_depth_sub(cfg, G, cfg.bwd_q_block_m) if MODE == BWDQ_FUSED else 1,
                                 BLOCK_L=cfg.bwd_block_l, PREC=prec, DEPTH_STAGES=cfg.bwd_depth_stages,
                                 REVERSE=cfg.reverse, DEPTH_GRAD=depth_grad or MODE != BWDQ_FUSED,
-                                DELTA_INLINE=inline, DESC=q_desc, num_warps=cfg.bwd_q_warps,
+                                DELTA_INLINE=inline, DESC=q_desc, DEPTH_ACC=acc and MODE == BWDQ_FUSED,
+                                num_warps=cfg.bwd_q_warps,
                                 num_stages=cfg.bwd_q_stages))
 
     # DEPTH_GRAD is pinned True where a launch has no depth work, so those share one compiled variant
