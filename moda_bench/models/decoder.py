@@ -131,15 +131,21 @@ class Decoder(nn.Module):
             self._buffers_by_shape[key] = buf
         return buf
 
+    def depth_buffers(self) -> list:
+        """The depth buffers allocated so far."""
+        return list(self._buffers_by_shape.values())
+
     def drop_buffers(self) -> None:
         self._buffers_by_shape.clear()
 
-    def prepare(self, variant: str, B: int, T: int, *, depth_grad: bool = True, grad: bool = True) -> None:
-        """Allocate the depth buffer a call of `variant` on (B, T) tokens uses (T: the model's
-        input length; `loss` takes T + 1 tokens), with autograd enabled (grad) or not. A
-        compiled call needs it done first: the buffer is the model's state, not the graph's."""
+    def prepare(self, variant: str, B: int, T: int, *, depth_grad: bool = True,
+                grad: bool = True) -> Optional[DepthKVBuffer]:
+        """The depth buffer a call of `variant` on (B, T) tokens uses (T: the model's input
+        length; `loss` takes T + 1 tokens), with autograd enabled (grad) or not, allocated if
+        need be (None: the variant has none). A compiled call needs it done first: the buffer is
+        the model's state, not the graph's."""
         attached = grad and (bool(depth_grad) or ATTENTION_OF[check_variant(variant)] == "dattn")
-        self.depth_buffer(variant, B, T, attached)
+        return self.depth_buffer(variant, B, T, attached)
 
     # ------------------------------------------------------------------ sublayers
     def attention(self, i: int, x, st: Step):
