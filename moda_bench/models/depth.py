@@ -95,16 +95,10 @@ class _Read(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------ the custom ops
-def _fake_slots(buf: Tensor, device, start: int, stop: int | None = None, step: int = 1) -> Tensor:
-    """An empty tensor laid out as buf[:, :, start:stop:step] (stop None: buf[:, :, start]),
-    computed from sizes alone (a fake implementation may not run ops on the real buffer)."""
-    B, T, _, Hk, d = buf.shape
-    s = buf.stride()
-    if stop is None:
-        shape, stride = (B, T, Hk, d), (s[0], s[1], s[3], s[4])
-    else:
-        shape, stride = (B, T, len(range(start, stop, step)), Hk, d), (s[0], s[1], s[2] * step, s[3], s[4])
-    return torch.empty_strided(shape, stride, dtype=buf.dtype, device=device)
+def _fake_slots(buf: Tensor, device, sl) -> Tensor:
+    """A fake buf[:, :, sl] (sl: a slice or a slot index): the same sizes, strides and storage
+    offset, built from buf's layout alone (a fake implementation may not run ops on the real buffer)."""
+    return torch.empty_strided(buf.shape, buf.stride(), dtype=buf.dtype, device=device)[:, :, sl]
 
 
 @torch.library.custom_op("moda_bench::depth_start", mutates_args=())
@@ -156,8 +150,8 @@ def depth_read_op(token: Tensor, handle: int, start: int, stop: int, step: int) 
 @depth_read_op.register_fake
 def _(token, handle, start, stop, step):
     store = _store(handle)
-    return (_fake_slots(store.k, token.device, start, stop, step),
-            _fake_slots(store.v, token.device, start, stop, step))
+    sl = slice(start, stop, step)
+    return _fake_slots(store.k, token.device, sl), _fake_slots(store.v, token.device, sl)
 
 
 @torch.library.custom_op("moda_bench::depth_read_bwd", mutates_args=())
