@@ -6,6 +6,8 @@ equal eager's (aot_eager: to 1e-6 relative; inductor, slow: to 1e-5 relative, fp
 step's MoDA kernels read the depth buffer in place; a compiled prefill equals eager's."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -118,3 +120,35 @@ def test_a_compiled_call_without_prepare_says_so():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="Decoder.prepare"):
         torch.compile(lambda t: model.loss(t, "moda"), fullgraph=True, backend="aot_eager")(tokens)
+
+
+def test_compile_check_tool_strided_depth_is_exact():
+    """tools/compile_check.py's strided check (small, fp32): a depth slice equals its contiguous copy."""
+    from helpers import load_tool as tool
+    assert tool("compile_check").strided_depth_check("cpu", torch.float32, T=9, Hk=2, G=2, d=16, entries=5,
+                                                     L=3)["max_abs_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_compile_check_tool_writes_a_row_per_variant(tmp_path):
+    from helpers import load_tool as tool
+    rc = tool("compile_check").main(["--out", str(tmp_path), "--device", "cpu", "--dtype", "float32", "--cases",
+                                     "smoke:2:8", "--variants", "moda,depth-attention-torch", "--backend", "aot_eager",
+                                     "--no-strided"])
+    rows = json.loads((tmp_path / "compile_check.json").read_text())["rows"]
+    assert rc == 0 and [r["variant"] for r in rows] == ["moda", "depth-attention-torch"]
+    assert all(r["graph_breaks"] == 0 and r["grad_max_rel_err"] <= 1e-6 for r in rows)
+
+
+@pytest.mark.gpu
+def test_compile_check_on_the_gpu_smoke_bf16(tmp_path):
+    """The GPU check at smoke size in bf16 under inductor: no graph break, no failure, compiled loss
+    within 2e-2 and every gradient within 5e-2 (relative norms; bf16 rounding of differently fused
+    kernels) of eager; the strided depth slice exact."""
+    from helpers import load_tool as tool
+    tool("compile_check").main(["--out", str(tmp_path), "--cases", "smoke::256"])
+    report = json.loads((tmp_path / "compile_check.json").read_text())
+    for r in report["rows"]:
+        assert not r.get("error") and r["graph_breaks"] == 0, r
+        assert r["loss_rel_err"] <= 2e-2 and r["grad_max_rel_err"] <= 5e-2, r
+    assert report["strided_depth"]["max_abs_diff"] == 0.0
