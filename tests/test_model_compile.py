@@ -79,7 +79,8 @@ def test_compiled_baselines_equal_eager(run_variant):
     _compiled_matches_eager(CFG, run_variant, "aot_eager", 1e-6)
 
 
-def test_compiled_step_reads_the_depth_buffer_in_place(monkeypatch):
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_step_reads_the_depth_buffer_in_place(monkeypatch, backend):
     """The MoDA forward launches of the compiled step get pointers into the model's depth
     buffer (layer i > 0: the buffer's first slot), as in eager."""
     from moda_bench.kernels.moda.triton import interface as kernel_mod
@@ -93,11 +94,23 @@ def test_compiled_step_reads_the_depth_buffer_in_place(monkeypatch):
 
     monkeypatch.setattr(kernel_mod, "_FWD_PTR", spy)
     torch._dynamo.reset()
-    torch.compile(fn, fullgraph=True, backend="aot_eager")(tokens).backward()
-    (buf,) = model._buffers_by_shape.values()
+    torch.compile(fn, fullgraph=True, backend=backend)(tokens).backward()
+    (buf,) = model.depth_buffers()
     with_depth = [p for p in ptrs if p[2] > 0]
     assert len(with_depth) == CFG.layers - 1
     assert all(p[:2] == (buf.k.data_ptr(), buf.v.data_ptr()) for p in with_depth)
+
+
+@pytest.mark.parametrize("run_variant", ("moda", "moda-detached", "depth-attention"))
+def test_eager_step_through_the_ops_equals_the_functions(monkeypatch, run_variant):
+    """Eager through the custom ops (`set_eager_ops`, the path compiled code takes) and through the
+    autograd Functions: the same loss and gradients, bit for bit."""
+    from moda_bench.kernels import oplib
+    model, tokens, fn = _model(CFG, run_variant)
+    want = _loss_and_grads(model, fn, tokens)
+    monkeypatch.setattr(oplib, "_EAGER_OPS", True)
+    got = _loss_and_grads(model, fn, tokens)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("variant", ("moda", "depth-attention"))
