@@ -18,6 +18,11 @@ With a `generate.KVCache` a call is a prefill (cache empty) or a decode step: Mo
 `moda_decode` with this step's depth buffer, Depth-Attention storing its mixed values in the
 V cache, the others through `layers.decode_attention`.
 
+Under torch.compile every variant's `loss` traces as one graph: the depth buffer (model state,
+not a graph input) is allocated by `prepare` before the compiled call, Depth-Attention's chained
+backend is resolved here at construction, and the buffer's reads and writes are custom ops
+ordered by the token `Step` carries (depth.py).
+
 Time is labelled with torch.profiler ranges (`LABELS`) for `bench.model`'s breakdown.
 """
 from __future__ import annotations
