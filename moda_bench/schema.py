@@ -136,14 +136,15 @@ BASE_POINT = {"T": 16384, "G": 8, "Hk": 8, "L": 64, "B": 1, "d": 64, "C": 64, "d
 # depth_buffer_gb / depth_grad_buffer_gb: the bytes of the model's depth-KV buffer and of its
 # gradient buffer (attached depth) as allocated; model_flops: the step's model FLOPs
 # (moda_bench.models.flops: 6 N per trained token + attention and depth terms); mfu:
-# model_flops / step time / peak_tflops (the doctor's table number of the GPU).
+# model_flops / step time / peak_tflops (the doctor's table number of the GPU); graph_breaks: the
+# compiled step's graph breaks (torch._dynamo.explain before timing; blank when not compiled).
 MODEL_MODES = ("train", "prefill", "generate")
 MODEL_CONFIG_COLUMNS = ["model", "layers", "layers_total", "B", "T", "grad_accum", "new_tokens", "dtype",
                         "depth_grad", "compiled"]
 MODEL_MEASURE_COLUMNS = ["step_ms", "step_p20_ms", "step_p80_ms", "ratio_to_vanilla", "ratio_to_vanilla_lo",
                          "ratio_to_vanilla_hi", "tokens_per_s", "peak_mem_gb", "peak_over_vanilla_gb", "depth_kv_gb",
                          "depth_buffer_gb", "depth_grad_buffer_gb", "params",
-                         "model_flops", "mfu", "peak_tflops", "samples", "noise_pct"]
+                         "model_flops", "mfu", "peak_tflops", "samples", "noise_pct", "graph_breaks"]
 MODEL_COLUMNS = (["sweep", "provider", "impl_detail", "pass"] + MODEL_CONFIG_COLUMNS + MODEL_MEASURE_COLUMNS
                  + ["status", "reason", "timer", "stop_reason", "health"] + META_COLUMNS)
 MODEL_KEY = ["sweep", "gpu", "provider", "pass"] + MODEL_CONFIG_COLUMNS

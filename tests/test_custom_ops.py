@@ -141,3 +141,19 @@ def test_compiled_tiny_model_has_no_graph_break_and_matches_eager():
     loss.backward()
     for a, b in zip([loss, step] + [p.grad for p in model.parameters()], eager):
         _close(a, b, 1e-4)
+
+
+def test_opcheck_depth_buffer_ops():
+    """The depth buffer's ops (moda_bench.models.depth): schema, fake layouts (strided slices of the
+    buffer), autograd registration and AOT dispatch, at odd sizes."""
+    from moda_bench.models.depth import DepthKVBuffer, depth_read_op, depth_write_bwd_op, depth_write_op
+    buf = DepthKVBuffer(1, 5, 7, 2, 4, dtype=torch.float32, device="cpu", attached=True)
+    g = torch.Generator().manual_seed(4)
+    buf.k.copy_(torch.randn(buf.k.shape, generator=g))
+    buf.v.copy_(torch.randn(buf.v.shape, generator=g))
+    token = torch.zeros(1, requires_grad=True)
+    k, v = (torch.randn(1, 5, 2, 4, generator=g, requires_grad=True) for _ in range(2))
+    torch.library.opcheck(depth_write_op, (k, v, token, buf.handle, 6), test_utils=CHECKS)
+    for start, stop, step in ((0, 3, 1), (1, 6, 2)):
+        torch.library.opcheck(depth_read_op, (token, buf.handle, start, stop, step), test_utils=CHECKS)
+    torch.library.opcheck(depth_write_bwd_op, (torch.zeros(1), buf.handle, 3), test_utils=CHECKS[:3])

@@ -166,7 +166,12 @@ def test_moda_detached_depth_gets_no_gradient_through_depth():
     assert _check_variant("moda", depth_grad=False) >= 4 * TINY.layers
 
 
-def test_depth_buffer_reads_are_views_of_one_buffer_and_route_gradients():
+@pytest.mark.parametrize("ops", [False, True])
+def test_depth_buffer_reads_are_views_of_one_buffer_and_route_gradients(monkeypatch, ops):
+    """Eager (autograd Functions) and through the custom ops (`oplib.set_eager_ops`): reads are
+    views of the one buffer, and the gradients equal those of stacked copies."""
+    from moda_bench.kernels import oplib
+    monkeypatch.setattr(oplib, "_EAGER_OPS", ops)
     B, T, E, H, d = 2, 3, 5, 2, 4
     buf = DepthKVBuffer(B, T, E, H, d, dtype=torch.float64, device="cpu", attached=True)
     ks = [torch.randn(B, T, H, d, dtype=torch.float64, requires_grad=True) for _ in range(E)]
@@ -175,11 +180,11 @@ def test_depth_buffer_reads_are_views_of_one_buffer_and_route_gradients():
     def run(use_buffer):
         loss = 0.0
         if use_buffer:
-            buf.start()
+            token = buf.start(ks[0])
         for e in range(E):
             if e:
                 if use_buffer:
-                    kd, vd = buf.read(slice((e - 1) % 2, e, 2))   # every other slot: a strided view
+                    kd, vd = buf.read(token, slice((e - 1) % 2, e, 2))   # every other slot: a strided view
                     assert kd.untyped_storage().data_ptr() == buf.k.untyped_storage().data_ptr()
                     assert kd.data_ptr() == buf.k[:, :, (e - 1) % 2].data_ptr()
                     assert kd.stride() == buf.k[:, :, ::2].stride()
@@ -187,7 +192,7 @@ def test_depth_buffer_reads_are_views_of_one_buffer_and_route_gradients():
                     kd, vd = torch.stack(ks[(e - 1) % 2:e:2], 2), torch.stack(vs[(e - 1) % 2:e:2], 2)
                 loss = loss + (kd * vd.sin()).sum() * (e + 1)
             if use_buffer:
-                buf.write(e, ks[e], vs[e])
+                token = buf.write(token, e, ks[e], vs[e])
         return loss
 
     got = run(True)

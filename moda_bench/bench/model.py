@@ -151,17 +151,31 @@ class Staged:
         self.row, self.fn, self.grads, self.flops, self.work, self.rates = row, fn, [], flops, None, None
 
 
-def make_step(spec: ModelSpec, model, optimizer, inputs, run_variant: str) -> Callable[[], object]:
-    """The timed callable of a mode for one variant."""
+def graph_breaks(fn, *args) -> int:
+    """Graph breaks of torch.compile(fn) on args (`torch._dynamo.explain`; runs fn once)."""
+    import torch
+    return int(torch._dynamo.explain(fn)(*args).graph_break_count)
+
+
+def make_step(spec: ModelSpec, model, optimizer, inputs, run_variant: str, row: Optional[dict] = None):
+    """The timed callable of a mode for one variant. Compiled (train, prefill): the depth buffer
+    is allocated first (`Decoder.prepare`), the graph breaks are counted into row["graph_breaks"]
+    (a variant that breaks still runs, compiled in pieces)."""
     import torch
     from torch.profiler import record_function
 
     from moda_bench.models import generate, prefill
     variant, depth_grad = model_variant(run_variant)
+    row = {} if row is None else row
+    B, T = inputs[0].shape[0], inputs[0].shape[1] - 1
     if spec.mode == "train":
         def loss_of(tokens):
             return model.loss(tokens, variant, depth_grad=depth_grad)
-        loss_fn = torch.compile(loss_of) if spec.compile else loss_of
+        loss_fn = loss_of
+        if spec.compile:
+            model.prepare(variant, B, T, depth_grad=depth_grad)
+            row["graph_breaks"] = graph_breaks(loss_of, inputs[0])
+            loss_fn = torch.compile(loss_of)
         params = [p for p in model.parameters()]
 
         def train_step():
@@ -174,7 +188,12 @@ def make_step(spec: ModelSpec, model, optimizer, inputs, run_variant: str) -> Ca
         return train_step
     prompt = inputs[0][:, :-1]
     if spec.mode == "prefill":
-        fwd = torch.compile(model) if spec.compile else model
+        fwd = model
+        if spec.compile:
+            model.prepare(variant, B, T, grad=False)
+            with torch.no_grad():
+                row["graph_breaks"] = graph_breaks(lambda p: model(p, variant, last_only=True), prompt)
+            fwd = torch.compile(model)
         return lambda: prefill(fwd, prompt, variant)
     return lambda: generate(model, prompt, variant, spec.new_tokens)
 
@@ -219,6 +238,9 @@ def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, 
     from moda_bench.models import Decoder
 
     cfg = spec.config()
+    if spec.compile:   # every variant compiles the same step code: one cache entry each (plus explain's)
+        torch._dynamo.reset()
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(spec.variants))
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     on_cuda = str(device).startswith("cuda")
@@ -304,23 +326,40 @@ def stage(spec: ModelSpec, model, optimizer, inputs, name: str, row: dict, on_cu
     """The variant's step, run once (compilation, lazy optimizer state), then on CUDA once more
     with its peak memory read: the first step creates the variant's AdamW state inside it (a
     measure of it would hold no state during the forward and backward, while a later variant's
-    holds all before it), the second runs as a timed step does. Its depth buffers' sizes are
-    read after the step (only its own: the others' are dropped first)."""
+    holds all before it), the second runs as a timed step does. Eager, the other variants' depth
+    buffers are dropped first (each step allocates its own again); compiled, they stay (the
+    compiled steps of the variants staged before use them) and their bytes are left out of this
+    variant's peak. Its depth buffers' sizes are read after the step."""
     import torch
-    fn = make_step(spec, model, optimizer, inputs, name)
-    model.drop_buffers()
+    if not spec.compile:
+        model.drop_buffers()
+    fn = make_step(spec, model, optimizer, inputs, name, row)
+    others, own = 0, None
+    if spec.compile:
+        variant, depth_grad = model_variant(name)
+        own = model.prepare(variant, inputs[0].shape[0], inputs[0].shape[1] - 1, depth_grad=depth_grad,
+                            grad=spec.mode == "train")
+        others = sum(buffer_bytes(b) for b in model.depth_buffers() if b is not own)
     fn()
     if on_cuda:
-        model.drop_buffers()
+        if not spec.compile:
+            model.drop_buffers()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         fn()
         torch.cuda.synchronize()
-        row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        row["peak_mem_gb"] = (torch.cuda.max_memory_allocated() - others) / 1e9
     if spec.mode != "generate":
-        kv, grad = model.depth_buffer_bytes()
+        held = ([own] if own is not None else []) if spec.compile else model.depth_buffers()
+        kv, grad = sum(b.nbytes() for b in held), sum(b.grad_nbytes() for b in held)
         row["depth_buffer_gb"], row["depth_grad_buffer_gb"] = kv / 1e9, grad / 1e9
     return Staged(row, fn, row["model_flops"])
+
+
+def buffer_bytes(buf) -> int:
+    """Bytes a depth buffer holds: its K/V slots and, attached, its gradient buffer."""
+    return sum(t.numel() * t.element_size() for t in (buf.k, buf.v, getattr(buf, "grad_k", None),
+                                                      getattr(buf, "grad_v", None)) if t is not None)
 
 
 def fill_model_columns(staged: dict, result, spec: ModelSpec, cfg: ModelConfig) -> None:

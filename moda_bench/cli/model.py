@@ -38,9 +38,17 @@ def summary_table(frame, title: str):
         depth = ("attached" if r["depth_grad"] else "detached") if r["provider"] == "moda" else "-"
         table.add_row(r["provider"], depth, str(r["status"]), _fmt(ms, ".2f"),
                       ratio, _fmt(r["tokens_per_s"], ".0f"), _fmt(r["peak_mem_gb"], ".2f"), _fmt(tflops, ".1f"),
-                      _fmt(r["mfu"], ".3f"), _fmt(r["params"] / 1e6, ".1f"),
-                      r["reason"] if isinstance(r["reason"], str) else "")
+                      _fmt(r["mfu"], ".3f"), _fmt(r["params"] / 1e6, ".1f"), _note(r))
     return table
+
+
+def _note(r: dict) -> str:
+    """The row's reason, after its graph-break count where it was compiled."""
+    reason = r["reason"] if isinstance(r["reason"], str) else ""
+    breaks = r.get("graph_breaks", math.nan)
+    if breaks != breaks:   # NaN: not compiled
+        return reason
+    return f"{int(breaks)} graph breaks" + (f"; {reason}" if reason else "")
 
 
 def _title(spec) -> str:

@@ -21,6 +21,11 @@ With a `generate.KVCache` a call is a prefill (cache empty) or a decode step: Mo
 `moda_decode` with this step's depth buffer, Depth-Attention storing its mixed values in the
 V cache, the others through `layers.decode_attention`.
 
+Under torch.compile every variant's `loss` traces as one graph: the depth buffer (model state,
+not a graph input) is allocated by `prepare` before the compiled call, Depth-Attention's chained
+backend is resolved here at construction, and the buffer's reads and writes are custom ops
+ordered by the token `Step` carries (depth.py).
+
 Time is labelled with torch.profiler ranges (`LABELS`) for `bench.model`'s breakdown.
 """
 from __future__ import annotations
@@ -69,6 +74,7 @@ class Step:
     cache: object = None
     pos: int = 0
     seqlens: Optional[torch.Tensor] = None
+    token: Optional[torch.Tensor] = None   # the depth buffer's newest token (depth.py)
 
     @property
     def decoding(self) -> bool:
@@ -113,6 +119,11 @@ class Decoder(nn.Module):
             if p.dim() == 2 and "mhc" not in name:
                 nn.init.normal_(p, std=init_std)
         self.seq_attn, self.seq_attn_name = sequence_attention(torch.device(device), dtype)
+        # Depth-Attention's chained sequence backend (FA4's where it runs, else None: composed),
+        # resolved here so that no compiled step looks up packages or devices
+        from moda_bench.kernels.dattn import chain_backend
+        self.dattn_chain = chain_backend(torch.device(device), dtype) if any(
+            ATTENTION_OF[v] == "dattn" for v in self.variants) else None
         self._buffers_by_shape: dict = {}
 
     # ------------------------------------------------------------------ depth buffers
@@ -132,6 +143,9 @@ class Decoder(nn.Module):
         key = (ATTENTION_OF[variant], B, T, attached)
         buf = self._buffers_by_shape.get(key)
         if buf is None:
+            if torch.compiler.is_compiling():
+                raise RuntimeError(f"no depth buffer for {variant} at B={B}, T={T}: call Decoder.prepare before a "
+                                   f"compiled call")
             w = self.embed.weight
             buf = DepthKVBuffer(B, T, entries, self.cfg.kv_heads, self.cfg.head_dim, dtype=w.dtype, device=w.device,
                                 attached=attached)
@@ -140,11 +154,24 @@ class Decoder(nn.Module):
 
     def depth_buffer_bytes(self) -> tuple[int, int]:
         """(K/V bytes, gradient-buffer bytes) of the depth-KV buffers this model holds now."""
-        held = list(self._buffers_by_shape.values())
+        held = self.depth_buffers()
         return sum(b.nbytes() for b in held), sum(b.grad_nbytes() for b in held)
+
+    def depth_buffers(self) -> list:
+        """The depth buffers allocated so far."""
+        return list(self._buffers_by_shape.values())
 
     def drop_buffers(self) -> None:
         self._buffers_by_shape.clear()
+
+    def prepare(self, variant: str, B: int, T: int, *, depth_grad: bool = True,
+                grad: bool = True) -> Optional[DepthKVBuffer]:
+        """The depth buffer a call of `variant` on (B, T) tokens uses (T: the model's input
+        length; `loss` takes T + 1 tokens), with autograd enabled (grad) or not, allocated if
+        need be (None: the variant has none). A compiled call needs it done first: the buffer is
+        the model's state, not the graph's."""
+        attached = grad and (bool(depth_grad) or ATTENTION_OF[check_variant(variant)] == "dattn")
+        return self.depth_buffer(variant, B, T, attached)
 
     # ------------------------------------------------------------------ sublayers
     def attention(self, i: int, x, st: Step):
@@ -184,45 +211,45 @@ class Decoder(nn.Module):
         kd = vd = None
         if n:
             with label("depth-kv"):
-                kd, vd = st.depth.read(slice(0, n))
+                kd, vd = st.depth.read(st.token, slice(0, n))
         self._cache_write(st, i, k, v)
         with label("attention"):
             if st.decoding:
                 o = moda_decode(q, st.cache.k[i], st.cache.v[i], kd, vd, cache_seqlens=st.seqlens)
-            elif n and st.depth.reads_attached() and not torch.compiler.is_compiling():
+            elif n and st.depth.reads_attached(st.token) and not torch.compiler.is_compiling():
                 o = moda_attention_into(q, k, v, kd, vd, *st.depth.grad_slices(slice(0, n)),
                                         in_kernel=self.depth_grad_in_kernel)
             else:
                 o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad)
         if st.depth is not None and 2 * i < st.depth.entries:
             with label("depth-kv"):
-                st.depth.write(2 * i, k, v)
+                st.token = st.depth.write(st.token, 2 * i, k, v)
         return o
 
     def _dattn(self, i: int, q, k, v, st: Step):
-        from moda_bench.kernels.dattn import chain_backend, depth_attention, depth_mix, depth_mix_torch
+        from moda_bench.kernels.dattn import depth_attention, depth_mix, depth_mix_torch
         stride, fused = self.cfg.dattn_stride, st.variant == "depth-attention"
         src = dattn_sources(i, stride)
         ks = vs = None
         if src:
             with label("depth-kv"):
-                ks, vs = st.depth.read(slice(src[0], i, stride))
+                ks, vs = st.depth.read(st.token, slice(src[0], i, stride), copy=not fused)
         with label("attention"):
             if st.decoding:
                 v_mixed = (depth_mix if fused else depth_mix_torch)(q, k, v, ks, vs) if src else v
                 self._cache_write(st, i, k, v_mixed)
                 o = decode_attention(q, st.cache.k[i], st.cache.v[i], st.pos + q.shape[1])
             elif src:
-                chained = fused and chain_backend(q.device, q.dtype) is not None
+                chained = fused and self.dattn_chain is not None
                 o, v_mixed = depth_attention(q, k, v, ks, vs, mix="triton" if fused else "torch", return_mixed=True,
-                                             attention=None if chained else self.seq_attn)
+                                             attention=self.dattn_chain if chained else self.seq_attn)
                 self._cache_write(st, i, k, v_mixed)
             else:
                 o, v_mixed = self.seq_attn(q, k, v), v
                 self._cache_write(st, i, k, v)
         if i + stride < self.cfg.layers:
             with label("depth-kv"):
-                st.depth.write(i, k, v_mixed)
+                st.token = st.depth.write(st.token, i, k, v_mixed)
         return o
 
     def ffn(self, i: int, x, st: Step):
@@ -231,7 +258,7 @@ class Decoder(nn.Module):
             B, T, _ = x.shape
             with label("depth-kv"):
                 kf, vf = layer.ffn_kv(x).view(B, T, 2, cfg.kv_heads, cfg.head_dim).unbind(2)   # backward: one stack
-                st.depth.write(2 * i + 1, apply_rope(kf, st.cos, st.sin), vf)
+                st.token = st.depth.write(st.token, 2 * i + 1, apply_rope(kf, st.cos, st.sin), vf)
         with label("ffn"):
             return layer.ffn(x)
 
@@ -286,12 +313,12 @@ class Decoder(nn.Module):
         depth_grad = bool(depth_grad) or ATTENTION_OF[variant] == "dattn"
         attached = torch.is_grad_enabled() and depth_grad
         depth = self.depth_buffer(variant, B, T, attached)
-        if depth is not None:
-            depth.start()
         seqlens = None
         if cache is not None and pos > 0 and ATTENTION_OF[variant] == "moda":
             seqlens = torch.full((B,), pos + T, dtype=torch.int32, device=dev)
         st = Step(variant, cos, sin, depth, depth_grad, cache, pos, seqlens)
+        if depth is not None:
+            st.token = depth.start(cos)
         h = self.body(self.embed(tokens), st)
         if last_only:
             h = h[:, -1:]
