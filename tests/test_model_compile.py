@@ -67,9 +67,11 @@ def test_compiled_loss_and_gradients_equal_eager(run_variant):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run_variant", RUN_VARIANTS)
+@pytest.mark.parametrize("run_variant", ("moda", "moda-detached", "depth-attention"))
 def test_inductor_loss_and_gradients_equal_eager(run_variant):
-    """Inductor (C++ on the CPU, the ops as fallback kernels): 4 layers, every slot read by several layers."""
+    """Inductor (C++ on the CPU, the ops as fallback kernels): 4 layers, every slot read by several layers.
+    The variants that call the custom ops; the plain-torch ones are traced (no graph break) and
+    compared under aot_eager above, and the GPU check (tools/compile_check.py) runs them all."""
     _compiled_matches_eager(CFG4, run_variant, "inductor", 1e-5)
 
 

@@ -21,6 +21,9 @@
 #   precision   the paper preset in FP16 and at d = 128 (paper-fp16/, paper-d128/)
 #   ladder      the cumulative ablation ladder with Nsight Compute counters (tools/ladder_profile.sh)
 #   model       `moda-bench model` presets seed002-train and seed000-moda (model/), LAYERS layers each
+#   compile     tools/compile_check.py: graph breaks, compile time and error against eager of every variant
+#   dispatch    the fastest-MoDA check: every MoDA route and FA4 over T (eager and graph timers), then the
+#               per-GPU dispatch rules regenerated from it into dispatch/rules/ (`moda-bench dispatch --rules-from`)
 # MAX_TIME (default 2) is `--max-time` of the sweeps; each stage is capped at STAGE_TIMEOUT s (default 560).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +79,11 @@ for s in "$@"; do
     ladder) stage ladder env OUT="$R/ablation" bash tools/ladder_profile.sh ;;
     model) stage model-train $MB model --preset seed002-train --layers "$LAYERS" --profile --out "$R/model"
            stage model-moda $MB model --preset seed000-moda --layers "$LAYERS" --profile --out "$R/model" ;;
+    compile) stage compile python3 tools/compile_check.py --out "$R/compile-check" ;;
+    dispatch) stage dispatch-sweep $MB sweep --require fa4,moda-fused --vary T \
+                  --values 1024,2048,4096,8192,16384,32768,65536 --timer eager,graph \
+                  --providers moda,moda-triton,moda-fa4,moda-overlap,moda-fused,fa4 --max-time "$MAX_TIME" --out "$R/dispatch"
+              stage dispatch-rules $MB dispatch --rules-from "$R/dispatch" --out "$R/dispatch/rules" ;;
     *) echo "unknown stage: $s (see the header of $0)"; exit 2 ;;
     esac
 done
