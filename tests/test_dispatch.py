@@ -56,7 +56,11 @@ def test_nearest_measured_point_in_log_T_decides(gpu):
     assert pick(T=2900).impl == "triton"                     # log2 2900 = 11.50: nearer 2048 (11) than 8192 (13)
     assert pick(T=5000).impl == "fused"                      # log2 5000 = 12.29: nearer 8192 (and 4096's graph
     # point is 0.29 + W_TIMER = 0.79 away, farther than 8192's 0.71)
-    assert pick(T=1 << 20).impl == "overlap"                 # beyond the grid: the largest T (16384) measured
+    assert pick(T=32768).impl == "overlap"                   # beyond the grid: the largest T (16384) measured,
+    # 1 doubling + W_GRAD (its point is detached) = MAX_DISTANCE away
+    far = pick(T=1 << 20)                                    # farther than MAX_DISTANCE from every point: no guess
+    assert far.impl == "triton" and far.reason.startswith("h100 rules: nothing measured near this call")
+    assert pick(T=4096, d=128).impl == "triton"              # no head dim 128 measured (W_D = 2 away)
     c = pick(T=8192)
     assert c.detail() == "auto -> fused (h100 rule: nearest measured fwdbwd T=8192 G=8 L=64 d=64 bfloat16)"
 

@@ -17,7 +17,7 @@ B*Hk, plus penalties for another dtype, depth_grad, pass or timer: a training ca
 "fwdbwd", a forward-only call's "fwd"; a call captured into a CUDA graph is timed by the "graph"
 timer, any other by "eager"), so between and beyond measured points the nearest one in log space
 decides, and a sparsely measured pass or timer borrows the other's points; ties go to the earlier
-point. Of that point's ranking the first implementation available here runs (`unavailable`: no
+point. A call farther than `MAX_DISTANCE` from every point is not guessed at: it runs "triton". Of that point's ranking the first implementation available here runs (`unavailable`: no
 CUDA, the interpreter, no FA4, not sm90, a dtype or shape an implementation refuses), else
 "triton". No rules for this GPU: "triton". `set_rules` (or MODA_BENCH_DISPATCH_RULES=<file>) replaces the shipped rules.
 
@@ -51,6 +51,10 @@ ENV_RULES = "MODA_BENCH_DISPATCH_RULES"
 # distance weights: a doubling of T, G, L + 1 or B*Hk counts 1 (B*Hk 1/2), of d 2; another dtype 4,
 # another pass 1, another depth_grad or timer 1/2
 W_HEADS, W_D, W_DTYPE, W_GRAD, W_PASS, W_TIMER = 0.5, 2.0, 4.0, 0.5, 1.0, 0.5
+# a call farther than this from every measured point runs "triton" (the route that runs everywhere
+# and whose cost is known at every shape): one and a half doublings, e.g. T half the smallest T
+# measured, or another head dim or dtype than any measured
+MAX_DISTANCE = 1.5
 
 
 @dataclass(frozen=True)
@@ -215,9 +219,12 @@ def _choose(shape, dtype, device, depth_grad, training, impl, gpu, graph) -> Cho
     tag = words[1] if len(words) > 1 else words[0]
     if rules is None:
         return Choice("triton", f"no dispatch rules for {gpu}")
-    point = nearest(rules, point_of(shape, dtype, depth_grad, training, graph))
+    call = point_of(shape, dtype, depth_grad, training, graph)
+    point = nearest(rules, call)
     if point is None:
         return Choice("triton", f"{tag} rules have no points")
+    if distance(call, point) > MAX_DISTANCE:
+        return Choice("triton", f"{tag} rules: nothing measured near this call; {_where(point)}")
     skipped = []
     for entry in point["ranking"]:
         if why_not(entry["impl"]) is None:
