@@ -17,7 +17,8 @@ B*Hk, plus penalties for another dtype, depth_grad, pass or timer: a training ca
 "fwdbwd", a forward-only call's "fwd"; a call captured into a CUDA graph is timed by the "graph"
 timer, any other by "eager"), so between and beyond measured points the nearest one in log space
 decides, and a sparsely measured pass or timer borrows the other's points; ties go to the earlier
-point. A call farther than `MAX_DISTANCE` from every point is not guessed at: it runs "triton". Of that point's ranking the first implementation available here runs (`unavailable`: no
+point. A call farther than `MAX_DISTANCE` from every point is not guessed at: it runs "triton".
+Of that point's ranking the first implementation available here runs (`unavailable`: no
 CUDA, the interpreter, no FA4, not sm90, a dtype or shape an implementation refuses), else
 "triton". No rules for this GPU: "triton". `set_rules` (or MODA_BENCH_DISPATCH_RULES=<file>) replaces the shipped rules.
 
