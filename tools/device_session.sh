@@ -14,7 +14,8 @@
 #   fa4-small   install the small wheels into /tmp/fa4site, keep part00 in /tmp
 #   fa4-big     join part00 + part01, unpack into /tmp/fa4site, check that FA4 imports
 #   doctor      `moda-bench doctor` (GPU, clocks, health, what is installed)
-#   tests       GPU-marked tests of every kernel (MoDA Triton and fused, depth-sep, decode, Depth-Attention)
+#   tests       GPU-marked tests of every kernel (MoDA Triton and fused, depth-sep, decode, Depth-Attention) and
+#               of every route behind moda_attention's dispatcher against fp64 (tests/test_dispatch_gpu.py, ~3 min)
 #   paper       the paper's efficiency table with every peer (paper-efficiency/), merged into the gate
 #               baseline (gate-baseline/<gpu>_gate_baseline.csv)
 #   gate        the gate against that baseline in a second process (gate-baseline/gate.md)
