@@ -15,6 +15,8 @@ What runs where:
   slice, and the contiguous call's result (bit for bit where the route copies the slice: out, lse and
   the depth gradients of the FA4 routes; within `ATOMIC_TOL` else: the Triton descriptor forward
   takes contiguous depth only, so a slice runs the pointer kernel, fp32 rounding apart).
+  `test_gpu_route_falls_back_or_runs`: at d=32 (the Triton kernel's, not FA4's) each impl runs its
+  route or, where `dispatch.unavailable` says why not, Triton's, right either way (never an error).
 * Route check (`routes` fixture): spies on `dispatch.run`, the Triton kernel's forward and backward
   (`triton.interface._forward`, `_gradients`), the FA4 routes' forward and backward
   (`fa4.merge._forward`, `_backward`: their config's placement and sequence backend) and the fused
@@ -28,13 +30,12 @@ What runs where:
 
 Budget (H100, estimate): the kernels' own time is negligible (the largest call, T=4099 with 16 query
 heads, is about a millisecond), and so is the fp64 reference's (at most ~0.5 TFLOP of fp64 GEMM and
-~40 GB of elementwise traffic over all cases, under a second); compiling dominates: Triton
-specialisations (~1-2 s each), FA4's forward and backward per dtype, head dim and G, the fused
-forward per (dtype, d, G, L) and the CuTe depth backward per (dtype, G, L, depth_grad) (~5-15 s each;
-test_depth_grad's 64 moda-fa4 GPU tests took 113 s, test_fused_sm90's fused cases ~10-15 s each).
-8 cases x 4 routes + 4 strided + 4 auto calls: about 20 s Triton, 40 s fa4, 40 s overlap, 60-80 s
-fused, 20 s strided and auto: 3 minutes, 3.5 at worst. The route tests run with the shapes' compile
-keys shared where possible (the strided and auto shapes reuse case F's (dtype, d, G, L)).
+~40 GB of elementwise traffic over all cases, under a second; its largest score matrix 2.2 GB);
+compiling dominates: Triton specialisations (~1-2 s each), FA4's forward and backward per dtype, head
+dim and G, the fused forward per (dtype, d, G, L) and the CuTe depth backward per (dtype, G, L,
+depth_grad) (~5-15 s each). 8 cases x 4 routes + 4 strided + 4 auto + 4 d=32 calls: about 20 s
+Triton, 40 s fa4, 40 s overlap, 60-80 s fused, 30 s strided, auto and d=32: 3 minutes, 3.5 at worst.
+The strided and auto shapes reuse case F's compile keys (dtype, d, G, L) where they can.
 """
 from __future__ import annotations
 
@@ -289,6 +290,26 @@ def test_gpu_strided_depth(routes, impl):
         assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
         _same_grads(impl, got, want[2])
     print(f"{impl} strided: {_errs(errs)}")
+
+
+# ------------------------------------------------------------------ GPU: a shape a route may refuse
+# a head dim the Triton kernel takes and FA4's kernels may not (sm90: 64, 96, 128): the dispatcher's
+# contract is that such a call falls back to "triton" (dispatch.unavailable says why), never an error
+ODD_D = Case(1, 67, 2, 2, 7, 32, BF16, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", dispatch.IMPLS)
+def test_gpu_route_falls_back_or_runs(routes, impl):
+    """At d=32 each impl either runs its route or, where `dispatch.unavailable` names a reason, Triton's,
+    right against fp64 either way. A failure inside FA4 here is a shape `dispatch.shape_problem` misses."""
+    s = ODD_D.shape
+    device = torch.device("cuda", torch.cuda.current_device())
+    why = dispatch.unavailable(impl, s, ODD_D.dtype, device)
+    errs = check_against_reference(_call(impl), s.B, s.T, s.Hq, s.Hk, s.d, s.L, ODD_D.dtype, seed=5,
+                                   return_lse=True, depth_grad=True)
+    assert_ran(routes, impl if why is None else "triton")
+    print(f"{impl} d=32 ({why or 'runs'}): {_errs(errs)}")
 
 
 # ------------------------------------------------------------------ CPU: the claims above hold
