@@ -129,6 +129,8 @@ def shape_problem(impl: str, shape: MoDAShape, dtype) -> Optional[str]:
         return None
     if dtype not in (torch.float16, torch.bfloat16):
         return f"{impl}: FA4 takes fp16/bf16, not {dtype_name(dtype)}"
+    if shape.d % 8 or not 8 <= shape.d <= 256:
+        return f"{impl}: FA4 takes head dims that are multiples of 8 in [8, 256], not {shape.d}"
     if impl == "fused":
         from moda_bench.kernels.moda.fa4.merge import fused_shape_problem
         return fused_shape_problem(shape, dtype)
