@@ -188,6 +188,18 @@ def test_doctor_prints_the_verdict_and_exits_by_it(monkeypatch, matmul, code, wo
     assert seen == {"device": 1, "record": False, "strict": True, "cache_path": None}
     assert word in res.output and "580.1" in res.output and f"{matmul:.0f} TFLOP/s" in res.output
     assert "host canary (median host us" in res.output and "CPU affinity: " in res.output   # beside the GPU's
+    assert "MoDA routes" in res.output                    # which implementation moda_attention runs here
+
+
+def test_doctor_names_the_moda_route_of_each_standard_shape(monkeypatch):
+    from moda_bench.kernels.moda import dispatch
+    monkeypatch.setattr(dispatch, "device_gpu", lambda device: H200)
+    text = doctor.routes_text(0)
+    lines = text.splitlines()
+    assert lines[0].startswith("MoDA routes on cuda:0") and len(lines) == 1 + len(doctor.ROUTE_SHAPES)
+    assert all("auto -> " in ln for ln in lines[1:])      # on this CPU machine every route falls back to triton
+    monkeypatch.setattr(dispatch, "explain", lambda *a, **k: 1 / 0)
+    assert doctor.routes_text(0).startswith("MoDA routes: cannot tell (ZeroDivisionError")
 
 
 def test_doctor_turns_a_canary_crash_into_one_line(monkeypatch):

@@ -71,6 +71,21 @@ def host_table(values: dict, affinity: str):
     return table
 
 
+ROUTE_SHAPES = ((4096, 8, 64), (16384, 8, 64), (65536, 8, 64))   # (T, G, L) at B=1, Hk=8, d=64, bf16
+
+
+def routes_text(device: int) -> str:
+    """Which MoDA implementation `moda_attention` (impl "auto") runs here at a few standard shapes
+    (training, depth gradients on), one line each; never raises."""
+    from moda_bench.kernels.moda import dispatch
+    try:
+        lines = dispatch.explain(ROUTE_SHAPES, device=f"cuda:{device}")
+    except Exception as exc:   # noqa: BLE001 - a report line, not a failure of the check
+        return f"MoDA routes: cannot tell ({type(exc).__name__}: {exc})"
+    return "\n".join([f"MoDA routes on cuda:{device} (moda_attention, impl='auto'; `moda-bench dispatch` for more):"]
+                     + ["  " + ln for ln in lines])
+
+
 def doctor_command(
     device: int = typer.Option(0, "--device", "-d", help="CUDA device index to check."),
     strict: bool = typer.Option(False, "--strict", help="Tighter thresholds (90% of the reference) and fail "
@@ -98,6 +113,7 @@ def doctor_command(
     values = host.host_canary(device=device)   # never raises: NaN for what it cannot measure
     cpus = host.host_cpus()
     console.print(host_table(values, cpus if cpus != host.UNPINNED else f"all ({os.cpu_count()} CPUs)"))
+    console.print(routes_text(device), markup=False, highlight=False, soft_wrap=True)
     style = {"healthy": "bold green", "degraded": "bold red", "shared": "bold yellow"}.get(v.status, "bold")
     console.print(f"[{style}]{v.status}[/]: ", end="")
     console.print(v.reason, markup=False, highlight=False, soft_wrap=True)
