@@ -78,7 +78,7 @@ def test_pass_timer_and_depth_grad_select_their_points(gpu):
 def test_unavailable_implementations_fall_back_in_rank_order(gpu):
     gpu.missing = {"fused"}
     c = pick(T=8192)
-    assert (c.impl, c.reason.endswith("; fused unavailable")) == ("overlap", True)
+    assert (c.impl, c.reason.endswith("; fused unavailable (fused missing)")) == ("overlap", True)   # and why
     gpu.missing = {"fused", "overlap"}
     dispatch.set_rules(RULES)   # clears the memo
     assert pick(T=8192).impl == "triton"

@@ -228,13 +228,17 @@ def _choose(shape, dtype, device, depth_grad, training, impl, gpu, graph) -> Cho
         return Choice("triton", f"{tag} rules have no points")
     if distance(call, point) > MAX_DISTANCE:
         return Choice("triton", f"{tag} rules: nothing measured near this call; {_where(point)}")
-    skipped = []
+    skipped, first_why = [], None
     for entry in point["ranking"]:
-        if why_not(entry["impl"]) is None:
-            more = f"; {', '.join(skipped)} unavailable" if skipped else ""
-            return Choice(entry["impl"], f"{tag} rule: {_where(point)}{more}")
+        why = why_not(entry["impl"])
+        if why is None:
+            break
         skipped.append(entry["impl"])
-    return Choice("triton", f"{tag} rule: {_where(point)}; {', '.join(skipped)} unavailable")
+        first_why = first_why or why
+    else:
+        entry = {"impl": "triton"}
+    more = f"; {', '.join(skipped)} unavailable ({first_why})" if skipped else ""
+    return Choice(entry["impl"], f"{tag} rule: {_where(point)}{more}")
 
 
 def moda_attention(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None, return_lse: bool = False,
