@@ -196,6 +196,9 @@ def test_check_inputs_memo_answers_passing_calls_only():
         check_inputs(good[0], good[1].half(), *good[2:])
     with pytest.raises(ValueError, match="both be given"):
         check_inputs(*good[:4], None)
+    check_inputs(*good[:3], None, None)                 # an L = 0 call passes and is kept ...
+    with pytest.raises(ValueError, match="both be given"):
+        check_inputs(*good[:3], None, good[4])          # ... and half a pair is never its memo's answer
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         check_inputs(good[0].tolist(), *good[1:])
 

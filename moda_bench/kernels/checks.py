@@ -1,6 +1,7 @@
 """Input checks every operator's validation shares (ops/moda, ops/decode, ops/dattn): one wording
 for shapes, dtypes, devices, head dims and the CUDA requirement, so a user gets the same one-line
-ValueError / TypeError from each operator.
+ValueError / TypeError from each operator; and the memo of passing checks (`CheckMemo`) both
+training operators put in front of theirs.
 """
 from __future__ import annotations
 
@@ -55,3 +56,34 @@ def check_depth_pair(k_depth: Optional[torch.Tensor], v_depth: Optional[torch.Te
     if L > max_depth:
         raise ValueError(f"k_depth has L={L} depth entries; at most {max_depth} are supported")
     return L
+
+
+class CheckMemo:
+    """Passing input checks of one operator, by the shapes, dtypes and devices of (q, k, v) and an
+    optional (a, b) pair plus the check's options: a call like one that passed before gets that
+    call's answer without checking again (every layer of a model checks its inputs several times:
+    host time an eager step pays on every layer). A pair given half (one None) is never looked
+    up, so the check says what is wrong; off CUDA with need_cuda nothing is kept (that check reads
+    the environment). At most `size` entries (then it starts over)."""
+
+    def __init__(self, size: int = 256):
+        self.size, self.table = size, {}
+
+    def check(self, run, q, k, v, a, b, need_cuda: bool, dtypes, head_dims):
+        """run(q, k, v, a, b, need_cuda, dtypes, head_dims)'s answer, from the memo where it can."""
+        try:
+            key = None if (a is None) != (b is None) else (
+                (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, need_cuda,
+                 dtypes, head_dims) + ((None,) if a is None else (a.shape, b.shape, a.dtype, b.dtype, a.device,
+                                                                   b.device)))
+            got = None if key is None else self.table.get(key)
+        except (AttributeError, TypeError):  # not tensors, or unhashable options: the check says what is wrong
+            key = got = None
+        if got is not None:
+            return got
+        answer = run(q, k, v, a, b, need_cuda, dtypes, head_dims)
+        if key is not None and (q.device.type == "cuda" or not need_cuda):
+            if len(self.table) >= self.size:
+                self.table.clear()
+            self.table[key] = answer
+        return answer

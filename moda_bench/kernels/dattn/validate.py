@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moda_bench.kernels.checks import check_cuda, check_dtypes_devices, check_head_dim, shape_str
+from moda_bench.kernels.checks import CheckMemo, check_cuda, check_dtypes_devices, check_head_dim, shape_str
 from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 MAX_SOURCES = 64
@@ -50,25 +50,10 @@ def check_dattn_inputs(q, k, v, k_src=None, v_src=None, *, need_cuda: bool = Fal
     answer from a memo: a model layer's call is checked by the wrapper, the mix and its backward
     (four times a layer), host time an eager step pays on every layer.
     """
-    try:
-        key = None if (k_src is None) != (v_src is None) else (
-            (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, need_cuda, dtypes,
-             head_dims) + ((None,) if k_src is None else
-                           (k_src.shape, v_src.shape, k_src.dtype, v_src.dtype, k_src.device, v_src.device)))
-        got = None if key is None else _CHECKED.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks below say what is wrong
-        key = got = None
-    if got is not None:
-        return got
-    shape = _check(q, k, v, k_src, v_src, need_cuda, dtypes, head_dims)
-    if key is not None and (q.device.type == "cuda" or not need_cuda):  # off CUDA the check reads the environment
-        if len(_CHECKED) >= 256:
-            _CHECKED.clear()
-        _CHECKED[key] = shape
-    return shape
+    return _MEMO.check(_check, q, k, v, k_src, v_src, need_cuda, dtypes, head_dims)
 
 
-_CHECKED: dict = {}  # check_dattn_inputs' memo: key of a passing call -> its DAttnShape
+_MEMO = CheckMemo()  # check_dattn_inputs' passing calls
 
 
 def _check(q, k, v, k_src, v_src, need_cuda, dtypes, head_dims) -> DAttnShape:

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from moda_bench.kernels.checks import check_cuda, check_depth_pair, check_dtypes_devices, check_head_dim, shape_str
+from moda_bench.kernels.checks import (
+    CheckMemo,
+    check_cuda,
+    check_depth_pair,
+    check_dtypes_devices,
+    check_head_dim,
+    shape_str,
+)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -52,25 +59,10 @@ def check_inputs(
     shapes, dtypes, devices and options of one that passed before returns its answer from a memo
     (every operator call checks its inputs: about a third of the checks' host time).
     """
-    try:
-        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, need_cuda, dtypes,
-               head_dims) + ((None,) if k_depth is None or v_depth is None else
-                             (k_depth.shape, v_depth.shape, k_depth.dtype, v_depth.dtype,
-                              k_depth.device, v_depth.device))
-        got = _CHECKED.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks below say what is wrong
-        key = got = None
-    if got is not None:
-        return got
-    shape = _check_inputs(q, k, v, k_depth, v_depth, need_cuda, dtypes, head_dims)
-    if key is not None and (q.device.type == "cuda" or not need_cuda):  # off CUDA the check reads the environment
-        if len(_CHECKED) >= 256:
-            _CHECKED.clear()
-        _CHECKED[key] = shape
-    return shape
+    return _MEMO.check(_check_inputs, q, k, v, k_depth, v_depth, need_cuda, dtypes, head_dims)
 
 
-_CHECKED: dict = {}  # check_inputs' memo: key of a passing call -> its MoDAShape
+_MEMO = CheckMemo()  # check_inputs' passing calls
 
 
 def _check_inputs(q, k, v, k_depth, v_depth, need_cuda, dtypes, head_dims) -> MoDAShape:
