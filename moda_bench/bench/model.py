@@ -339,7 +339,7 @@ def stage(spec: ModelSpec, model, optimizer, inputs, name: str, row: dict, on_cu
         variant, depth_grad = model_variant(name)
         own = model.prepare(variant, inputs[0].shape[0], inputs[0].shape[1] - 1, depth_grad=depth_grad,
                             grad=spec.mode == "train")
-        others = sum(buffer_bytes(b) for b in model.depth_buffers() if b is not own)
+        others = sum(b.nbytes() + b.grad_nbytes() for b in model.depth_buffers() if b is not own)
     fn()
     if on_cuda:
         if not spec.compile:
@@ -354,12 +354,6 @@ def stage(spec: ModelSpec, model, optimizer, inputs, name: str, row: dict, on_cu
         kv, grad = sum(b.nbytes() for b in held), sum(b.grad_nbytes() for b in held)
         row["depth_buffer_gb"], row["depth_grad_buffer_gb"] = kv / 1e9, grad / 1e9
     return Staged(row, fn, row["model_flops"])
-
-
-def buffer_bytes(buf) -> int:
-    """Bytes a depth buffer holds: its K/V slots and, attached, its gradient buffer."""
-    return sum(t.numel() * t.element_size() for t in (buf.k, buf.v, getattr(buf, "grad_k", None),
-                                                      getattr(buf, "grad_v", None)) if t is not None)
 
 
 def fill_model_columns(staged: dict, result, spec: ModelSpec, cfg: ModelConfig) -> None:

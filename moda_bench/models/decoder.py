@@ -42,12 +42,11 @@ from moda_bench.models.config import (
     RESIDUAL_OF,
     ModelConfig,
     check_variant,
-    dattn_buffer_entries,
     dattn_sources,
-    moda_buffer_entries,
     moda_depth_entries,
 )
 from moda_bench.models.depth import DepthKVBuffer
+from moda_bench.models.flops import depth_slots
 from moda_bench.models.layers import (
     RMSNorm,
     SwiGLU,
@@ -128,12 +127,8 @@ class Decoder(nn.Module):
 
     # ------------------------------------------------------------------ depth buffers
     def depth_entries(self, variant: str) -> int:
-        kind = ATTENTION_OF[variant]
-        if kind == "moda":
-            return moda_buffer_entries(self.cfg.layers)
-        if kind == "dattn":
-            return dattn_buffer_entries(self.cfg.layers, self.cfg.dattn_stride)
-        return 0
+        """Slots of the variant's depth buffer (`flops.depth_slots`, the count the memory formula uses)."""
+        return depth_slots(self.cfg, variant)
 
     def depth_buffer(self, variant: str, B: int, T: int, attached: bool) -> Optional[DepthKVBuffer]:
         """The model's depth-KV buffer for this variant and shape (allocated once, then reused)."""
