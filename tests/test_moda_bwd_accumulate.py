@@ -59,13 +59,18 @@ def test_depth_gradients_are_added_to_the_callers_buffer(placement, L):
     assert torch.equal(gk[:, :, outside], gk0[:, :, outside]) and torch.equal(gv[:, :, outside], gv0[:, :, outside])
 
 
-def test_without_depth_grad_the_buffer_is_left_alone():
-    B, T, Hq, Hk, d, L = 1, 9, 2, 1, 16, 3
-    q, k, v, kd, vd, do = random_inputs(B, T, Hq, Hk, d, L, torch.float32, seed=2)
+def _forward_saved(T: int, L: int, seed: int):
+    """(q, k, v, kd, vd, do, out, lse, shape, cfg) of a small float32 call, the forward run with the
+    "fused" pointer placement: what `moda_bwd` takes."""
+    q, k, v, kd, vd, do = random_inputs(1, T, 2, 1, 16, L, torch.float32, seed=seed)
     cfg = _cfg("fused")
     with torch.no_grad():
         out, lse = moda_attention(q, k, v, kd, vd, return_lse=True, config=cfg)
-    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+    return q, k, v, kd, vd, do, out, lse, check_inputs(q, k, v, kd, vd, need_cuda=True), cfg
+
+
+def test_without_depth_grad_the_buffer_is_left_alone():
+    q, k, v, kd, vd, do, out, lse, shape, cfg = _forward_saved(T=9, L=3, seed=2)
     gk, gv = torch.ones_like(kd), torch.ones_like(vd)
     res = kernel_mod.moda_bwd(do, q, k, v, kd, vd, out, lse, 0.25, shape, cfg, depth_grad=False,
                               depth_grad_into=(gk, gv))
@@ -80,12 +85,7 @@ def test_without_depth_grad_the_buffer_is_left_alone():
     (lambda kd: (torch.zeros_like(kd), torch.zeros(kd.shape[:2] + (3,) + kd.shape[3:])[:, :, :2]), "set of strides"),
 ])
 def test_a_bad_buffer_is_one_line_error(bad, match):
-    B, T, Hq, Hk, d, L = 1, 5, 2, 1, 16, 2
-    q, k, v, kd, vd, do = random_inputs(B, T, Hq, Hk, d, L, torch.float32, seed=4)
-    cfg = _cfg("fused")
-    with torch.no_grad():
-        out, lse = moda_attention(q, k, v, kd, vd, return_lse=True, config=cfg)
-    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+    q, k, v, kd, vd, do, out, lse, shape, cfg = _forward_saved(T=5, L=2, seed=4)
     with pytest.raises(ValueError, match=match):
         kernel_mod.moda_bwd(do, q, k, v, kd, vd, out, lse, 0.25, shape, cfg, depth_grad_into=bad(kd))
 
