@@ -27,15 +27,6 @@ from moda_bench.kernels.moda.validate import check_depth_grad_into, check_inputs
 from moda_bench.kernels.oplib import config_key
 
 
-def _plan(q, k, v, kd, vd, key: str):
-    """(shape, config, descriptor forward usable) of a call whose tensors are laid out as the
-    launches take them (`moda_attention`'s own layout rules, done by the caller here)."""
-    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
-    cfg = interface.resolved(shape, q.dtype, key)
-    usable = (cfg.fwd_depth == "tma" or cfg.bwd_depth == "tma") and interface.tma_usable(q, k, v, kd, vd, shape.L)
-    return shape, cfg, usable
-
-
 def in_kernel_default(cfg: MoDAConfig) -> bool:
     """Whether a call adds its depth gradients in the kernel when not told: where its backward
     takes the pointer passes anyway. The descriptor backward ("tma", Hopper's default, much the
@@ -47,7 +38,7 @@ def in_kernel_default(cfg: MoDAConfig) -> bool:
 class _MoDAInto(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, kd, vd, gk, gv, scale, config, in_kernel):
-        shape, cfg, usable = _plan(q, k, v, kd, vd, config)
+        q, k, v, kd, vd, (shape, cfg, usable) = interface._prepared(q, k, v, kd, vd, config)   # the op's own plan
         o, lse = interface.moda_fwd(q, k, v, kd, vd, scale, shape, cfg, usable=usable)
         ctx.save_for_backward(q, k, v, kd, vd, o, lse)
         in_kernel = in_kernel_default(cfg) if in_kernel is None else bool(in_kernel)
