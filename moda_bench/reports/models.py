@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from moda_bench.floor import DTYPE_BYTES
 from moda_bench.reports.markdown import md_table
 
 # seed 002 Table 3: seconds per training step (plain PyTorch, FP16, T=2048)
@@ -113,9 +114,6 @@ def generate_markdown(frame) -> list[str]:
                          _f(r["tokens_per_s"], ".0f"), _f(r["peak_mem_gb"], ".2f")])
         out += [_heading(k, "Generation"), md_table(headers, rows)]
     return out
-
-
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def memory_row(r: dict, vanilla: dict) -> dict:

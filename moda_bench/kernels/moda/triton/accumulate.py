@@ -38,7 +38,7 @@ def in_kernel_default(cfg: MoDAConfig) -> bool:
 class _MoDAInto(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, kd, vd, gk, gv, scale, config, in_kernel):
-        q, k, v, kd, vd, (shape, cfg, usable) = interface._prepared(q, k, v, kd, vd, config)   # the op's own plan
+        q, k, v, kd, vd, (shape, cfg, usable) = interface.prepared(q, k, v, kd, vd, config)   # the op's own plan
         o, lse = interface.moda_fwd(q, k, v, kd, vd, scale, shape, cfg, usable=usable)
         ctx.save_for_backward(q, k, v, kd, vd, o, lse)
         in_kernel = in_kernel_default(cfg) if in_kernel is None else bool(in_kernel)

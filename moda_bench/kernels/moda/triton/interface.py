@@ -485,7 +485,7 @@ def resolved(shape, dtype, key: str) -> MoDAConfig:
     return cfg
 
 
-def _prepared(q, k, v, kd, vd, key: str, plan=None):
+def prepared(q, k, v, kd, vd, key: str, plan=None):
     """(q, k, v, kd, vd, plan) as the launches take them, plan = (shape, cfg, `tma_usable`): the
     wrapper's layout rules again, so the op is right for any strides it is handed (e.g. by
     opcheck). A plan given (the eager Function's forward kept it) is reused: the backward reads
@@ -506,7 +506,7 @@ def _prepared(q, k, v, kd, vd, key: str, plan=None):
 def _forward(q, k, v, k_depth, v_depth, scale: float, config: str, ctx=None):
     """out, lse of one call (`moda_fwd`): the op's implementation and the eager Function's forward
     (ctx: that Function's, which keeps the plan for its backward)."""
-    q, k, v, kd, vd, plan = _prepared(q, k, v, k_depth, v_depth, config)
+    q, k, v, kd, vd, plan = prepared(q, k, v, k_depth, v_depth, config)
     if ctx is not None:
         ctx.plan = plan
     return moda_fwd(q, k, v, kd, vd, scale, plan[0], plan[1], usable=plan[2])
@@ -514,7 +514,7 @@ def _forward(q, k, v, k_depth, v_depth, scale: float, config: str, ctx=None):
 
 def _gradients(do, q, k, v, k_depth, v_depth, o, lse, scale: float, depth_grad: bool, config: str, plan=None):
     """(dq, dk, dv, dkd, dvd) of one call (`moda_bwd`); dkd = dvd = None without depth_grad or at L = 0."""
-    q, k, v, kd, vd, (shape, cfg, usable) = _prepared(q, k, v, k_depth, v_depth, config, plan)
+    q, k, v, kd, vd, (shape, cfg, usable) = prepared(q, k, v, k_depth, v_depth, config, plan)
     return moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape, cfg, depth_grad=depth_grad and shape.L > 0,
                     usable=usable)
 
