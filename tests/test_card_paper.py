@@ -61,7 +61,7 @@ def test_one_run_per_gpu_and_a_missing_baseline_said_plainly():
     assert runs["H100"].lines[0]["extra_fa2_pct"] == pytest.approx(50.0)
     md = paper_efficiency_markdown(rows, paper)
     assert "**This run has no `fa2-triton` rows" in md and md.count("### The paper's efficiency table") == 2
-    assert all(len(line.split("|")) - 2 <= 12 for line in md.splitlines() if line.startswith("|"))
+    assert all(len(line.split("|")) - 2 <= 13 for line in md.splitlines() if line.startswith("|"))
 
 
 def test_the_canonical_run_is_the_table_and_a_gates_rows_never_are():
@@ -86,3 +86,16 @@ def test_extra_time_figure_draws_the_papers_times_as_overhead():
     assert list(line.get_xdata())[0] == 4096
     assert line.get_ydata()[0] == pytest.approx((10.750 / 7.970 - 1) * 100)   # not the printed 25.86
     assert "overhead" in fig.axes[0].get_ylabel()
+
+
+def test_the_triton_kernel_alone_gets_the_papers_like_for_like_column():
+    paper = load_paper(ROOT / "results" / "reference", []).efficiency
+    rows = pd.DataFrame(_rows("h100/paper-efficiency", "H100", "2026-12-01T00:00:00+00:00",
+                              {"moda": 4.0, "moda-triton": 5.0, "fa2-triton": 3.0}))
+    run = paper_runs(rows, paper)[0]
+    assert run.triton_rows == 2 and run.lines[0]["m_ms"] == 4.0          # the entry point is M
+    assert run.lines[0]["extra_triton_pct"] == pytest.approx(40.0)       # (5 - 3) / 5
+    md = paper_efficiency_markdown(rows, paper)
+    assert "moda-triton extra % vs fa2-triton" in md
+    without = paper_efficiency_markdown(rows[rows["provider"] != "moda-triton"], paper)
+    assert "moda-triton extra %" not in without                           # no column when it was not timed
