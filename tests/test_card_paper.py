@@ -99,3 +99,14 @@ def test_the_triton_kernel_alone_gets_the_papers_like_for_like_column():
     assert "moda-triton extra % vs fa2-triton" in md
     without = paper_efficiency_markdown(rows[rows["provider"] != "moda-triton"], paper)
     assert "moda-triton extra %" not in without                           # no column when it was not timed
+
+
+def test_moda_faster_than_fa4_is_flagged_as_noise():
+    paper = load_paper(ROOT / "results" / "reference", []).efficiency
+    rows = pd.DataFrame(_rows("h100/paper-efficiency", "H100", "2026-12-01T00:00:00+00:00",
+                              {"moda": 2.0, "fa2-triton": 3.0, "fa4": 2.5}))
+    md = paper_efficiency_markdown(rows, paper)
+    assert "At row(s) 1, 6 `moda` measured faster than fa4" in md
+    fine = paper_efficiency_markdown(rows.assign(median_ms=rows["median_ms"].where(rows["provider"] != "fa4", 1.0)),
+                                     paper)
+    assert "measured faster than fa4" not in fine

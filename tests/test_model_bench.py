@@ -87,6 +87,7 @@ def test_the_report_writes_models_md_from_model_files_alone(runs, tmp_path):
     text = (tmp_path / "report" / "MODELS.md").read_text()
     assert "### Training step: smoke, 2 of 4 layers, B=2, T=8, grad_accum 2" in text
     assert "whole-model est. ms (x2.00)" in text and "| mhc | ok |" in text
+    assert "Sequence attention of every variant: `" in text   # which kernel vanilla and the variants ran
     assert "### Generation: smoke, 2 of 4 layers, B=1, T=8, 3 new tokens" in text
     assert "### Depth-KV memory" not in text   # no CUDA peaks: no measured memory to compare
     assert generate_report([out], tmp_path / "again") and (tmp_path / "again" / "MODELS.md").read_text() == text

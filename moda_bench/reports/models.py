@@ -70,6 +70,16 @@ def _heading(k: dict, what: str) -> str:
             f"{'compiled' if k['compiled'] else 'eager'} on {k['gpu']}")
 
 
+def sequence_line(g) -> str:
+    """The sentence naming the sequence attention the table's variants ran ("sequence: X" in impl_detail)."""
+    names = sorted({str(d).split(";")[0].split(":", 1)[1].strip() for d in g["impl_detail"]
+                    if str(d).startswith("sequence:")})
+    if not names:
+        return "Sequence attention: not recorded."
+    return ("Sequence attention of every variant: " if len(names) == 1 else "Sequence attention (differs by row): ") \
+        + ", ".join(f"`{n}`" for n in names) + "."
+
+
 def train_markdown(frame) -> list[str]:
     out = []
     for k, g in _groups(frame, "train"):
@@ -89,7 +99,7 @@ def train_markdown(frame) -> list[str]:
             if scale != 1:
                 cells.insert(3, _f(r["step_ms"] * scale, ".0f"))
             rows.append(cells)
-        out += [_heading(k, "Training step"), md_table(headers, rows)]
+        out += [_heading(k, "Training step"), sequence_line(g), md_table(headers, rows)]
         flops = {r["provider"]: r for r in g.to_dict("records") if r["provider"] in ("vanilla", "moda")}
         if "vanilla" in flops and "moda" in flops:
             ours = flops["moda"]["model_flops"] / flops["vanilla"]["model_flops"] - 1

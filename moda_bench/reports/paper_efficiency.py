@@ -147,6 +147,11 @@ def paper_run_markdown(run: PaperRun, name_gpu: bool, moda: str = "moda") -> str
                    "fa4 compare with a baseline.**")
     elif run.baseline_rows < run.matched:
         say.append(f"`{BASELINE}` is missing at {run.matched - run.baseline_rows} of the rows `{moda}` has.")
+    below = [str(ln["row"]) for ln in run.lines if ln["extra_fa4_pct"] < 0]
+    if below:
+        say.append(f"At row(s) {', '.join(below)} `{moda}` measured faster than fa4, which does strictly less work "
+                   "(the same sequence attention without the depth part): a difference inside this run's "
+                   "round-to-round spread, not a gain; read those rows' fa4 column as about zero.")
     body = [[str(ln["row"]), str(ln["T"]), str(ln["G"]), str(ln["L"]), fmt_num(ln["paper_f_ms"], ".3f"),
              fmt_num(ln["paper_m_ms"], ".3f"), fmt_num(ln["paper_extra_pct"], ".2f"), fmt_num(ln["f_ms"], ".3f"),
              fmt_num(ln["m_ms"], ".3f"), fmt_num(ln["extra_pct"], ".2f"), fmt_num(ln["extra_fa2_pct"], ".2f"),
