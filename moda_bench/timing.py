@@ -7,8 +7,8 @@ Owns:
   - statistics and stopping rules in pure Python, driven by any sample source and clock so they
     are tested on the CPU: `quantile`, `summarize` -> `Measurement`, `StopRule` + `collect`
     (NVBench-style: sample until min_samples AND min_time AND a stable spread, capped by
-    max_time, min_samples always honoured), `RoundRule` + `interleave` (rounds A B C A B C ...
-    for fair ratios) -> `Interleaved`, and `ratio_ci` (paired confidence interval of a ratio);
+    max_time, min_samples always honoured), `RoundRule` + `interleave` (rounds of every callable,
+    in a shuffled order after the first, for fair paired ratios) -> `Interleaved`, and `ratio_ci` (paired confidence interval of a ratio);
   - GPU repetition samplers, `make_sampler(fn, "eager" | "graph")`: repetitions queued back
     to back, each with the L2 flushed (a 256 MB buffer zeroed) and timed by CUDA events; "eager"
     counts host launch latency where the host is slower than the GPU, "graph" replays fn captured
@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import random
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
@@ -341,6 +342,13 @@ class RoundRule:
     max_time_s: float = 60.0        # the cap (wall clock)
     max_rounds: int = 1000
     method: str = "t"               # ratio_ci method: 't' or 'bootstrap'
+    # The order of the callables in each round: "shuffle" (the first round in mapping order, each later
+    # one a permutation drawn from a generator seeded with `seed`, so the run is reproducible) or "fixed"
+    # (always mapping order). A fixed order always runs a callable after the same neighbour: on a GPU at
+    # its power cap, a call after a heavy one starts at a lower clock, which a fixed order turns into a
+    # bias of one callable against another; shuffled rounds spread it over every pair.
+    order: str = "shuffle"
+    seed: int = 0
 
     def rounds_needed(self, reps: int) -> int:
         return max(self.min_rounds, -(-self.min_samples // max(1, reps)))
@@ -377,14 +385,18 @@ def choose_reps(est_ms: float, target_ms: float = 50.0, max_reps: int = 5) -> in
 def interleave(samplers: Mapping[str, Callable[[], float]], *, baseline: Optional[str] = None,
                reps: int = 1, rule: RoundRule | None = None, timer: str = "",
                clock: Callable[[], float] = time.perf_counter, on_switch=lambda name: None) -> Interleaved:
-    """Run rounds A B C A B C ... (mapping order), each round `reps` repetitions of every sampler
-    (sampler.batch(reps) where it has one, else reps calls returning one repetition in ms each),
+    """Run rounds of every sampler (A B C, then as `rule.order` says: shuffled by default), each round
+    `reps` repetitions of every sampler (sampler.batch(reps) where it has one, else reps calls
+    returning one repetition in ms each),
     until `rule` says stop. on_switch(name) runs before a sampler's repetitions of a round and
     on_switch(None) after them (what a tagged health.GpuSampler reads)."""
     rule = rule or RoundRule()
     names = list(samplers)
     if not names:
         raise ValueError("nothing to interleave")
+    if rule.order not in ("shuffle", "fixed"):
+        raise ValueError(f"round order must be 'shuffle' or 'fixed', got {rule.order!r}")
+    shuffler = random.Random(rule.seed)
     if baseline is not None and baseline not in samplers:
         raise ValueError(f"baseline {baseline!r} is not one of {names}")
     reps = max(1, int(reps))
@@ -394,7 +406,10 @@ def interleave(samplers: Mapping[str, Callable[[], float]], *, baseline: Optiona
     medians = {n: [] for n in names}
     ratios, total_ms, t0, rounds = {}, 0.0, clock(), 0
     while True:
-        for name in names:
+        order = list(names)
+        if rule.order == "shuffle" and rounds > 0:
+            shuffler.shuffle(order)
+        for name in order:
             batch = getattr(samplers[name], "batch", None)
             on_switch(name)
             got = sorted(float(x) for x in (batch(reps) if batch else [samplers[name]() for _ in range(reps)]))

@@ -228,11 +228,28 @@ def test_interleave_runs_rounds_in_order_and_keeps_round_medians():
 def test_interleave_honours_min_samples_with_one_rep_for_slow_calls():
     order, clock = [], FakeClock()
     samplers = _recording(order, clock, {"slow": 400.0, "slower": [480.0, 520.0]})
-    res = timing.interleave(samplers, baseline="slow", reps=1, rule=RoundRule(min_rounds=3, max_time_s=1.0),
-                            clock=clock)
+    res = timing.interleave(samplers, baseline="slow", reps=1,
+                            rule=RoundRule(min_rounds=3, max_time_s=1.0, order="fixed"), clock=clock)
     assert res.rounds == 10 and res.stop_reason == "max_time"
     assert order == ["slow", "slower"] * 10
     assert res.measurements["slower"].n_samples == 10
+
+
+def test_interleave_shuffles_later_rounds_so_no_callable_always_follows_the_same_one():
+    order, clock = [], FakeClock()
+    names = ["A", "B", "C", "D"]
+    res = timing.interleave(_recording(order, clock, {n: 1.0 for n in names}), baseline="A",
+                            rule=RoundRule(min_rounds=40, min_samples=1, max_time_s=1e9, ci_tol=1.0), clock=clock)
+    rounds = [order[i:i + 4] for i in range(0, len(order), 4)]
+    assert rounds[0] == names and all(sorted(r) == names for r in rounds) and len(rounds) == res.rounds == 40
+    follows = {(r[i - 1], r[i]) for r in rounds for i in range(1, 4)}
+    assert follows == {(a, b) for a in names for b in names if a != b}      # every pair, both ways
+    again = []
+    timing.interleave(_recording(again, FakeClock(), {n: 1.0 for n in names}), baseline="A",
+                      rule=RoundRule(min_rounds=40, min_samples=1, max_time_s=1e9, ci_tol=1.0), clock=FakeClock())
+    assert again == order                                                   # seeded: the same run twice
+    with pytest.raises(ValueError, match="round order"):
+        timing.interleave(_recording([], FakeClock(), {"A": 1.0}), rule=RoundRule(order="random"))
 
 
 def test_interleave_keeps_going_until_the_ratio_ci_is_narrow():
