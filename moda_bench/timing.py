@@ -7,8 +7,9 @@ Owns:
   - statistics and stopping rules in pure Python, driven by any sample source and clock so they
     are tested on the CPU: `quantile`, `summarize` -> `Measurement`, `StopRule` + `collect`
     (NVBench-style: sample until min_samples AND min_time AND a stable spread, capped by
-    max_time, min_samples always honoured), `RoundRule` + `interleave` (rounds of every callable,
-    in a shuffled order after the first, for fair paired ratios) -> `Interleaved`, and `ratio_ci` (paired confidence interval of a ratio);
+    max_time, min_samples always honoured), `RoundRule` + `interleave` (rounds of every
+    callable, in a shuffled order after the first, for fair paired ratios) -> `Interleaved`, and
+    `ratio_ci` (paired confidence interval of a ratio);
   - GPU repetition samplers, `make_sampler(fn, "eager" | "graph")`: repetitions queued back
     to back, each with the L2 flushed (a 256 MB buffer zeroed) and timed by CUDA events; "eager"
     counts host launch latency where the host is slower than the GPU, "graph" replays fn captured
