@@ -21,7 +21,7 @@ import torch
 
 from moda_bench.bench.providers import get_provider
 from moda_bench.bench.runner import Point
-from moda_bench.timing import make_inputs, make_pass_fn
+from moda_bench.timing import grad_inputs, make_inputs, make_pass_fn
 
 
 def build(name: str, T: int, G: int, L: int, Hk: int, d: int):
@@ -33,7 +33,13 @@ def build(name: str, T: int, G: int, L: int, Hk: int, d: int):
     prepared = prov.prepare(inputs, point, None)
     if prepared.do is not None:
         inputs = dict(inputs, do=prepared.do)
-    return make_pass_fn(prepared.forward, inputs, "fwdbwd"), prepared.impl_detail
+    step, grads = make_pass_fn(prepared.forward, inputs, "fwdbwd"), grad_inputs(inputs)
+
+    def fn():  # gradients set to None first, as the sweep's timer does: no AccumulateGrad additions
+        for t in grads:
+            t.grad = None
+        return step()
+    return fn, prepared.impl_detail
 
 
 def profile_one(fn, calls: int):
