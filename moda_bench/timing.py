@@ -345,9 +345,9 @@ class RoundRule:
     method: str = "t"               # ratio_ci method: 't' or 'bootstrap'
     # The order of the callables in each round: "shuffle" (the first round in mapping order, each later
     # one a permutation drawn from a generator seeded with `seed`, so the run is reproducible) or "fixed"
-    # (always mapping order). A fixed order always runs a callable after the same neighbour: on a GPU at
-    # its power cap, a call after a heavy one starts at a lower clock, which a fixed order turns into a
-    # bias of one callable against another; shuffled rounds spread it over every pair.
+    # (always mapping order). A fixed order always runs a callable after the same neighbour, so whatever
+    # one call leaves for the next (clock state at the power cap, allocator state, side-stream work)
+    # biases the same pair in every round; shuffled rounds spread any such effect over every pair.
     order: str = "shuffle"
     seed: int = 0
 
