@@ -138,7 +138,9 @@ def break_details(explained) -> list[dict]:
 
 def break_summary(breaks: list) -> str:
     """The CSV's break_reasons: each distinct (frame, reason, context) once, "N x frame: reason
-    [context]", in order of first appearance, joined by " | "."""
+    [context]", in order of first appearance, joined by " | ". The counts are of the breaks dynamo
+    reports; explain's graph_break_count may be larger (a break inside an inlined call also splits
+    each frame above it)."""
     counts = Counter((b["frame"], b["reason"], b["context"]) for b in breaks)
     return " | ".join(f"{n} x {frame}: {reason}" + (f" [{ctx}]" if ctx else "")
                       for (frame, reason, ctx), n in counts.items())
