@@ -61,13 +61,14 @@ def slot_range(sl: slice, entries: int) -> tuple[int, int, int]:
     step = 1 if sl.step is None else sl.step
     if step <= 0:
         raise ValueError(f"depth slots are read with a positive step, got {sl}")
+    return _slot_bound(sl.start, 0, entries), _slot_bound(sl.stop, entries, entries), step
 
-    def bound(i, default):
-        if i is None:
-            return default
-        return min(max(i + entries if i < 0 else i, 0), entries)
 
-    return bound(sl.start, 0), bound(sl.stop, entries), step
+def _slot_bound(i: Optional[int], default: int, entries: int) -> int:
+    """A slice bound over `entries` slots: None -> default, negative -> from the end, clamped."""
+    if i is None:
+        return default
+    return min(max(i + entries if i < 0 else i, 0), entries)
 
 
 # ------------------------------------------------------------------ what both paths run
