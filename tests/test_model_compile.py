@@ -154,6 +154,7 @@ def test_compile_check_tool_writes_a_row_per_variant(tmp_path):
     rows = json.loads((tmp_path / "compile_check.json").read_text())["rows"]
     assert rc == 0 and [r["variant"] for r in rows] == ["moda", "depth-attention-torch"]
     assert all(r["graph_breaks"] == 0 and r["grad_max_rel_err"] <= 1e-6 for r in rows)
+    assert all(r["breaks"] == [] and r["break_reasons"] == "" and r["graph_count"] == 1 for r in rows)
 
 
 @pytest.mark.gpu

@@ -3,17 +3,20 @@
     python3 tools/compile_check.py --out DIR
 
 Per case (configuration, layers, T; default: smoke at T = 512, 4-layer dattn-1.5b and moda-700m at
-T = 2048) and variant, in bf16: the graph breaks of `Decoder.loss` (torch._dynamo.explain, with
-the first reasons), the seconds of the first compiled step (compilation included), and the
-relative error (norm of the difference / norm of eager's) of the compiled loss and the largest
-over the parameter gradients, against the same model in eager. A variant that breaks or fails
-still gets its row. Then the strided-depth check: `moda_attention` on a slice of one depth buffer
-against the same call on a contiguous copy (out and the five gradients, max abs difference; the
-kernels read the slice in place, so it should be 0).
+T = 2048) and variant, in bf16: the graph breaks of `Decoder.loss` (torch._dynamo.explain; every
+break's reason, the function dynamo refused and the user frame it was in: `break_details`), the
+seconds of the first compiled step (compilation included), and the relative error (norm of the
+difference / norm of eager's) of the compiled loss and the largest over the parameter gradients,
+against the same model in eager. A variant that breaks or fails still gets its row. Then the
+strided-depth check: `moda_attention` on a slice of one depth buffer against the same call on a
+contiguous copy (out and the five gradients, max abs difference; the kernels read the slice in
+place, so it should be 0).
 
-Writes DIR/compile_check.csv (one row per case and variant) and DIR/compile_check.json (those rows
-plus the strided check), and prints each row as it finishes. Off CUDA (--device cpu, under
-TRITON_INTERPRET=1) it runs the same at whatever small --cases are given.
+Writes DIR/compile_check.csv (one row per case and variant; break_reasons: each distinct break
+once, with its count) and DIR/compile_check.json (those rows, each with its full list of breaks
+under "breaks", plus the strided check, the torch and Triton versions), and prints each row as it
+finishes. Off CUDA (--device cpu, under TRITON_INTERPRET=1) it runs the same at whatever small
+--cases are given.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import csv
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -31,8 +35,9 @@ from moda_bench.models.config import get_config
 from moda_bench.models.decoder import Decoder
 
 DEFAULT_CASES = ("smoke::512", "dattn-1.5b:4:2048", "moda-700m:4:2048")
-FIELDS = ("case", "model", "layers", "T", "variant", "dtype", "backend", "graph_breaks", "break_reasons", "compile_s",
-          "loss_rel_err", "grad_max_rel_err", "n_grads", "error")
+FIELDS = ("case", "model", "layers", "T", "variant", "dtype", "backend", "graph_breaks", "graph_count", "break_reasons",
+          "compile_s", "loss_rel_err", "grad_max_rel_err", "n_grads", "error")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_case(text: str):
@@ -75,8 +80,9 @@ def check_variant(cfg, run_variant: str, *, dtype, device, backend: str, batch: 
         eager_loss, eager_grads = _step(model, fn, tokens)
         torch._dynamo.reset()
         explained = torch._dynamo.explain(fn)(tokens)
-        row["graph_breaks"] = explained.graph_break_count
-        row["break_reasons"] = " | ".join(str(r.reason).splitlines()[0][:160] for r in explained.break_reasons[:3])
+        row["graph_breaks"], row["graph_count"] = explained.graph_break_count, explained.graph_count
+        row["breaks"] = break_details(explained)
+        row["break_reasons"] = break_summary(row["breaks"])
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend=backend)
         _sync(device)
@@ -97,6 +103,47 @@ def check_variant(cfg, run_variant: str, *, dtype, device, backend: str, batch: 
         if str(device).startswith("cuda"):
             torch.cuda.empty_cache()
     return row
+
+
+def _where(frame) -> str:
+    path = Path(frame.filename)
+    try:
+        path = path.resolve().relative_to(ROOT)
+    except ValueError:
+        pass
+    return f"{path}:{frame.lineno} {frame.name}"
+
+
+def _field(lines: list, tag: str, limit: int) -> str:
+    return next((ln[len(tag):].strip()[:limit] for ln in lines if ln.startswith(tag)), "")
+
+
+def break_details(explained) -> list[dict]:
+    """Every graph break of a `torch._dynamo.explain` result, in order: its reason (the headline),
+    dynamo's explanation, its debug context (module and qualname of a function it refused), the
+    innermost user frame ("file:line function", repository-relative), that frame's source line and
+    the user stack (outermost first)."""
+    rows = []
+    for r in explained.break_reasons:
+        lines = [ln.strip() for ln in str(r.reason).splitlines() if ln.strip()]
+        stack = list(getattr(r, "user_stack", None) or [])
+        rows.append({"reason": lines[0][:200] if lines else "",
+                     "explanation": _field(lines, "Explanation:", 400),
+                     "context": _field(lines, "Developer debug context:", 300),
+                     "frame": _where(stack[-1]) if stack else "",
+                     "source": (stack[-1].line or "").strip()[:200] if stack else "",
+                     "stack": [_where(f) for f in stack]})
+    return rows
+
+
+def break_summary(breaks: list) -> str:
+    """The CSV's break_reasons: each distinct (frame, reason, context) once, "N x frame: reason
+    [context]", in order of first appearance, joined by " | ". The counts are of the breaks dynamo
+    reports; explain's graph_break_count may be larger (a break inside an inlined call also splits
+    each frame above it)."""
+    counts = Counter((b["frame"], b["reason"], b["context"]) for b in breaks)
+    return " | ".join(f"{n} x {frame}: {reason}" + (f" [{ctx}]" if ctx else "")
+                      for (frame, reason, ctx), n in counts.items())
 
 
 def strided_depth_check(device, dtype, *, B=1, T=1000, Hk=4, G=4, d=64, entries=12, L=7) -> dict:
@@ -120,6 +167,14 @@ def strided_depth_check(device, dtype, *, B=1, T=1000, Hk=4, G=4, d=64, entries=
         results[name] = [out.detach()] + [t.grad for t in (*leaves, kd, vd)]
     diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(results["slice"], results["contiguous"]))
     return {"shape": {"B": B, "T": T, "Hk": Hk, "G": G, "d": d, "entries": entries, "L": L}, "max_abs_diff": diff}
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return ""
+    return triton.__version__
 
 
 def _sync(device) -> None:
@@ -157,8 +212,8 @@ def main(argv=None) -> int:
                 rows.append(row)
                 writer.writerow({f: row.get(f, "") for f in FIELDS})
                 fh.flush()
-                print(json.dumps(row), flush=True)
-    report = {"rows": rows, "torch": torch.__version__, "device": args.device,
+                print(json.dumps({k: v for k, v in row.items() if k != "breaks"}), flush=True)   # full list: .json
+    report = {"rows": rows, "torch": torch.__version__, "triton": _triton_version(), "device": args.device,
               "gpu": torch.cuda.get_device_name() if str(args.device).startswith("cuda") else ""}
     if not args.no_strided:
         report["strided_depth"] = strided_depth_check(args.device, dtype)

@@ -54,6 +54,23 @@ def _store(handle: int) -> "DepthKVBuffer":
     return store
 
 
+def slot_range(sl: slice, entries: int) -> tuple[int, int, int]:
+    """(start, stop, step) of `sl` over `entries` slots, as `sl.indices(entries)` gives them for a
+    positive step (the only kind a tensor slice takes), in plain int arithmetic: dynamo traces this
+    where some torch releases do not trace the builtin `slice.indices` (a graph break per read)."""
+    step = 1 if sl.step is None else sl.step
+    if step <= 0:
+        raise ValueError(f"depth slots are read with a positive step, got {sl}")
+    return _slot_bound(sl.start, 0, entries), _slot_bound(sl.stop, entries, entries), step
+
+
+def _slot_bound(i: Optional[int], default: int, entries: int) -> int:
+    """A slice bound over `entries` slots: None -> default, negative -> from the end, clamped."""
+    if i is None:
+        return default
+    return min(max(i + entries if i < 0 else i, 0), entries)
+
+
 # ------------------------------------------------------------------ what both paths run
 def _write_slot(store, index: int, k, v) -> None:
     store.k_data[:, :, index].copy_(k)
@@ -240,7 +257,7 @@ class DepthKVBuffer:
         the newest). copy: the caller's consumers are plain torch ops, which get a copy under
         torch.compile (module docstring)."""
         if through_ops():
-            kd, vd = depth_read_op(token, self.handle, *sl.indices(self.entries))
+            kd, vd = depth_read_op(token, self.handle, *slot_range(sl, self.entries))
             if copy and torch.compiler.is_compiling():
                 kd, vd = kd.clone(), vd.clone()
             return kd, vd
