@@ -37,6 +37,7 @@ import triton.language as tl
 
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv
 from moda_bench.kernels.moda.config import MoDAConfig, check_config, pointer_block_l, resolve_config
+from moda_bench.kernels.moda.fa4.seq_op import sequence_attention
 from moda_bench.kernels.moda.triton.depth import depth_bwd, depth_fwd
 from moda_bench.kernels.moda.triton.interface import (
     MERGE_BLOCK,
@@ -459,7 +460,11 @@ def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
 def fa4_attention(q, k, v, *, scale: float | None = None):
     """Causal GQA attention through FlashAttention-4's `flash_attn_func` (autograd-enabled):
     q (B,T,Hq,d), k, v (B,T,Hk,d), fp16/bf16 CUDA tensors, d a multiple of 8 in [8, 256].
-    Returns out (B,T,Hq,d)."""
+    Returns out (B,T,Hq,d). Under torch.compile it calls the custom op `seq_op.sequence_attention`
+    with FA4's raw forward and backward (dynamo cannot trace into `flash_attn_func`); its inputs are
+    then checked when the op runs."""
+    if torch.compiler.is_compiling():
+        return sequence_attention(q, k, v, FA4_BACKEND, scale=scale)
     shape = check_inputs(q, k, v, None, None, head_dims=None)
     check_backend_dtype(q, FA4_BACKEND, "fa4_attention")
     if q.device.type != "cuda":
