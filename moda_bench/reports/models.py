@@ -80,6 +80,14 @@ def sequence_line(g) -> str:
         + ", ".join(f"`{n}`" for n in names) + "."
 
 
+def moda_lines(g) -> list[str]:
+    """The sentence naming what each MoDA row's attention ran (impl_detail after its "sequence: X; ",
+    e.g. "moda: auto -> fused for L=2..46 (...), depth attached"); none without MoDA rows."""
+    ran = [f"{_variant(r)}: `{str(r['impl_detail']).split('; ', 1)[1]}`" for r in g.to_dict("records")
+           if r["provider"] == "moda" and "; " in str(r["impl_detail"])]
+    return ["MoDA attention, " + "; ".join(ran) + "."] if ran else []
+
+
 def train_markdown(frame) -> list[str]:
     out = []
     for k, g in _groups(frame, "train"):
@@ -99,7 +107,7 @@ def train_markdown(frame) -> list[str]:
             if scale != 1:
                 cells.insert(3, _f(r["step_ms"] * scale, ".0f"))
             rows.append(cells)
-        out += [_heading(k, "Training step"), sequence_line(g), md_table(headers, rows)]
+        out += [_heading(k, "Training step"), sequence_line(g), *moda_lines(g), md_table(headers, rows)]
         flops = {r["provider"]: r for r in g.to_dict("records") if r["provider"] in ("vanilla", "moda")}
         if "vanilla" in flops and "moda" in flops:
             ours = flops["moda"]["model_flops"] / flops["vanilla"]["model_flops"] - 1
@@ -122,7 +130,7 @@ def generate_markdown(frame) -> list[str]:
             rows.append([_variant(r), str(r["status"]), _f(r["step_ms"] / 1e3, ".2f"), _ratio(r),
                          f"{ref:.1f} ({ref / SEED002_GENERATE_S['vanilla']:.4f})" if ref else "-",
                          _f(r["tokens_per_s"], ".0f"), _f(r["peak_mem_gb"], ".2f")])
-        out += [_heading(k, "Generation"), md_table(headers, rows)]
+        out += [_heading(k, "Generation"), *moda_lines(g), md_table(headers, rows)]
     return out
 
 
