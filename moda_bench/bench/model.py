@@ -228,7 +228,7 @@ def moda_detail(model, spec: ModelSpec, depth_grad: bool) -> str:
     count and the reason of its first layer (e.g. "auto -> fused for L=2..46 (23 layers; h100
     rule: ...)"); generate: the prefill's (decode steps run moda_decode)."""
     if spec.compile:
-        ignored = "" if spec.moda_impl in ("auto", "triton") else f"; moda_impl {spec.moda_impl} not applied"
+        ignored = "" if model.moda_impl in ("auto", "triton") else f"; moda_impl {model.moda_impl} not applied"
         return f"triton (custom op, compiled{ignored})"
     B, T = spec.batch, spec.config().seq_len
     routes = model.moda_routes(B, T, depth_grad=depth_grad, training=spec.mode == "train")
@@ -241,7 +241,7 @@ def moda_detail(model, spec: ModelSpec, depth_grad: bool) -> str:
         where = f"L={Ls[0]}" if len(set(Ls)) == 1 else f"L={min(Ls)}..{max(Ls)}"
         count = f"{len(items)} layer" + ("s" if len(items) > 1 else "")
         parts.append(f"{impl} for {where} ({count}; {items[0][1]})")
-    text = f"{spec.moda_impl} -> " + ", ".join(parts)
+    text = f"{model.moda_impl} -> " + ", ".join(parts)
     return text + ("; decode: moda_decode" if spec.mode == "generate" else "")
 
 

@@ -232,7 +232,7 @@ class Decoder(nn.Module):
 
     def _moda(self, i: int, q, k, v, st: Step):
         from moda_bench.kernels.decode import moda_decode
-        from moda_bench.kernels.moda import moda_attention
+        from moda_bench.kernels.moda import dispatch, moda_attention
         from moda_bench.kernels.moda.routed import moda_route_into
         n = moda_depth_entries(i)
         kd = vd = None
@@ -251,8 +251,10 @@ class Decoder(nn.Module):
                 if n and st.depth.reads_attached(st.token):
                     o = moda_route_into(route, q, k, v, kd, vd, *st.depth.grad_slices(slice(0, n)),
                                         in_kernel=self.depth_grad_in_kernel)
+                elif route.impl == "triton":
+                    o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad, impl="triton")
                 else:
-                    o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad, impl=route.impl)
+                    o = dispatch.run(route, q, k, v, kd, vd, scale=None, return_lse=False, depth_grad=st.depth_grad)
         if st.depth is not None and 2 * i < st.depth.entries:
             with label("depth-kv"):
                 st.token = st.depth.write(st.token, 2 * i, k, v)
