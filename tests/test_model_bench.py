@@ -209,6 +209,14 @@ def test_moda_rows_name_the_route_of_each_layer(tmp_path, monkeypatch):
     assert detail["1moda"].endswith("; " + want + "attached") and detail["0moda"].endswith("; " + want + "detached")
     assert moda_lines(frame) == [f"MoDA attention, moda: `{want}attached`; moda (detached): `{want}detached`."]
     assert moda_lines(frame[frame["provider"] == "vanilla"]) == []
+    import pandas as pd
+
+    from moda_bench.reports.models import train_markdown
+    pinned = spec.replace(moda_impl="triton").label
+    assert pinned == "smoke-train-moda-triton"
+    heads = [line for line in train_markdown(pd.concat([frame, frame.assign(sweep=f"model-{pinned}")]))
+             if line.startswith("### ")]
+    assert len(heads) == 2 and heads[0].endswith("(run smoke-train)") and heads[1].endswith(f"(run {pinned})")
 
     model = Decoder(spec.config(), ("moda",), moda_impl="fa4")
     text = bm.impl_detail(model, "moda", spec.replace(moda_impl="fa4"))

@@ -87,7 +87,11 @@ class ModelSpec:
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.model}-{self.mode}"
+        """The run's name (its CSV's, its rows' sweep "model-<label>"): name, else model-mode, with
+        the pinned MoDA implementation where it is not auto (an A/B of routes into one --out keeps
+        its runs apart)."""
+        pinned = "" if self.moda_impl == "auto" else f"-moda-{self.moda_impl}"
+        return (self.name or f"{self.model}-{self.mode}") + pinned
 
     def replace(self, **kw) -> "ModelSpec":
         return dataclasses.replace(self, **kw)

@@ -57,6 +57,7 @@ def _ratio(r) -> str:
 def _groups(frame, mode: str):
     part = frame[frame["pass"] == mode]
     keys = ["gpu", "model", "layers", "layers_total", "B", "T", "grad_accum", "new_tokens", "dtype", "compiled"]
+    keys += ["sweep"] if "sweep" in part else []   # runs of one configuration apart (`--moda-impl` A/Bs)
     for key, g in part.groupby(keys, sort=True, dropna=False):
         yield dict(zip(keys, key)), _sort(g)
 
@@ -67,7 +68,12 @@ def _heading(k: dict, what: str) -> str:
     extra = f", grad_accum {int(k['grad_accum'])}" if k["grad_accum"] > 1 else ""
     extra += f", {int(k['new_tokens'])} new tokens" if k["new_tokens"] else ""
     return (f"### {what}: {k['model']}, {layers}, B={int(k['B'])}, T={int(k['T'])}{extra}, {k['dtype']}, "
-            f"{'compiled' if k['compiled'] else 'eager'} on {k['gpu']}")
+            f"{'compiled' if k['compiled'] else 'eager'} on {k['gpu']}" + _run_name(k))
+
+
+def _run_name(k: dict) -> str:
+    sweep = k.get("sweep")
+    return f" (run {str(sweep).removeprefix('model-')})" if isinstance(sweep, str) and sweep else ""
 
 
 def sequence_line(g) -> str:
