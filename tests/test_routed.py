@@ -4,19 +4,18 @@ the caller's buffer slices, added to what is there, and nowhere else.
 The route is "fa4" with `merge.moda_fa4` run on its plain-torch sequence backend (`TORCH_BACKEND`,
 the route's own code but FA4 itself: the depth-only Triton launches, the merge, the backward's
 dq sum), so it runs here. fp32 against the fp64 `moda_reference`: ||err|| / ||ref|| < 1e-4 for
-the output and every gradient; the depth gradients added into the buffer to 1e-6 absolute.
+the output and every gradient (`helpers.TOLERANCE`). On the GPU (`-m gpu`) each FA4 route itself,
+bf16 (2e-2).
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_inputs, rel_err
+from helpers import TOLERANCE, random_inputs, rel_err
 
 from moda_bench.kernels.moda import dispatch, moda_reference
 from moda_bench.kernels.moda.fa4 import merge
 from moda_bench.kernels.moda.routed import moda_route_into
-
-TOL = 1e-4
 
 
 @pytest.fixture
@@ -32,30 +31,56 @@ def torch_fa4(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("impl", ["fa4", "triton"])
-def test_route_into_adds_the_depth_gradients_into_the_buffer_slices(torch_fa4, impl):
-    B, T, Hq, Hk, d, L, E = 1, 13, 4, 2, 16, 3, 5
-    q, k, v, _, _, do = random_inputs(B, T, Hq, Hk, d, 0, torch.float32, seed=2, dev="cpu")
+def check_route_into(impl, dtype, dev, B=1, T=13, Hq=4, Hk=2, d=16, L=3, E=5, first=1):
+    """moda_route_into(impl) on depth K/V that are slices [first, first + L) of (B, T, E, Hk, d)
+    buffers, against the fp64 reference (`helpers.TOLERANCE`): out, q/k/v gradients, the depth
+    gradients added into the gradient buffers' slice (prefilled: random in fp32; zeros in 16-bit,
+    whose rounding of a sum would swamp the check) and nothing outside it, the buffers themselves
+    no gradient."""
+    tol = TOLERANCE[dtype]
+    q, k, v, _, _, do = random_inputs(B, T, Hq, Hk, d, 0, dtype, seed=2, dev=dev)
     g = torch.Generator().manual_seed(5)
-    buf_k, buf_v = (torch.randn(B, T, E, Hk, d, generator=g).requires_grad_(True) for _ in range(2))
-    before = [torch.randn(B, T, E, Hk, d, generator=g) for _ in range(2)]
+    buf_k, buf_v = (torch.randn(B, T, E, Hk, d, generator=g).to(dev, dtype).requires_grad_(True) for _ in range(2))
+    before = [torch.randn(B, T, E, Hk, d, generator=g).to(dev, dtype) * (dtype == torch.float32) for _ in range(2)]
     gk, gv = (t.clone() for t in before)
-    kd, vd = buf_k[:, :, 1:1 + L], buf_v[:, :, 1:1 + L]        # strided slices of one buffer, as a model reads
-    out = moda_route_into(dispatch.Choice(impl, "test"), q, k, v, kd, vd, gk[:, :, 1:1 + L], gv[:, :, 1:1 + L])
+    sl = slice(first, first + L)
+    kd, vd = buf_k[:, :, sl], buf_v[:, :, sl]                   # strided slices of one buffer, as a model reads
+    out = moda_route_into(dispatch.Choice(impl, "test"), q, k, v, kd, vd, gk[:, :, sl], gv[:, :, sl])
     out.backward(do)
-    assert torch_fa4 == ([True] if impl == "fa4" else [])
 
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v, kd, vd)]
     ref = moda_reference(*leaves, out_dtype=torch.float64)
     ref.backward(do.double())
-    assert rel_err(out, ref) < TOL
+    assert rel_err(out, ref) < tol
     for got, want in zip((q.grad, k.grad, v.grad), leaves[:3]):
-        assert rel_err(got, want.grad) < TOL
+        assert rel_err(got, want.grad) < tol
     assert buf_k.grad is None and buf_v.grad is None           # the depth K/V get no gradient of their own
     for into, start, want in ((gk, before[0], leaves[3].grad), (gv, before[1], leaves[4].grad)):
-        added = (into - start)[:, :, 1:1 + L].double()
-        assert rel_err(added, want) < TOL                       # exactly the depth gradients, added
-        assert torch.equal(into[:, :, :1], start[:, :, :1]) and torch.equal(into[:, :, 1 + L:], start[:, :, 1 + L:])
+        assert rel_err((into - start)[:, :, sl].double(), want) < tol     # exactly the depth gradients, added
+        assert torch.equal(into[:, :, :first], start[:, :, :first])
+        assert torch.equal(into[:, :, first + L:], start[:, :, first + L:])
+
+
+@pytest.mark.parametrize("impl", ["fa4", "triton"])
+def test_route_into_adds_the_depth_gradients_into_the_buffer_slices(torch_fa4, impl):
+    check_route_into(impl, torch.float32, "cpu")
+    assert torch_fa4 == ([True] if impl == "fa4" else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["fa4", "overlap", "fused"])
+def test_gpu_route_into_each_route(monkeypatch, impl):
+    """Each FA4 route on the GPU (bf16, G=2 as seed 000's 700M, an odd T, a slice of a wider buffer),
+    with a check that the route itself ran (`dispatch.run` sees it); skips where it cannot run here."""
+    from moda_bench.kernels.moda.validate import MoDAShape
+    shape = MoDAShape(B=2, T=131, Hq=16, Hk=8, d=64, L=5)
+    why = dispatch.unavailable(impl, shape, torch.bfloat16, "cuda")
+    if why is not None:
+        pytest.skip(why)
+    real, ran = dispatch.run, []
+    monkeypatch.setattr(dispatch, "run", lambda choice, *a, **kw: ran.append(choice.impl) or real(choice, *a, **kw))
+    check_route_into(impl, torch.bfloat16, "cuda", B=2, T=131, Hq=16, Hk=8, d=64, L=5, E=9, first=2)
+    assert ran == [impl]
 
 
 def test_route_into_refuses_no_depth_and_unknown_routes():
