@@ -120,6 +120,7 @@ def test_presets_and_specs_reject_what_does_not_exist(tmp_path):
     (["--mode", "serve"], "mode must be one of train, prefill, generate"),
     (["--preset", "nope"], "unknown model preset"),
     (["--layers", "9"], "--layers must be between 1 and 4"),
+    (["--moda-impl", "fa5"], "moda_impl must be auto or one of triton, fa4, overlap, fused"),
 ])
 def test_user_mistakes_are_one_line_errors(args, message):
     res = CliRunner().invoke(app, ["model"] + args)
@@ -192,3 +193,61 @@ def test_model_cli_resume_skips_done_runs_and_a_second_writer_is_refused(tmp_pat
         holder.kill()
         (tmp_path / runstate.LOCK_NAME).unlink(missing_ok=True)
     assert len(list(tmp_path.glob("model_*.csv"))) == 1
+
+
+def test_moda_rows_name_the_route_of_each_layer(tmp_path, monkeypatch):
+    """impl_detail says which implementation each MoDA layer ran (here: triton, the only one off
+    CUDA), grouped by implementation with the layers' depth-slot counts; MODELS.md repeats it;
+    a mocked dispatcher's mixed choice is grouped; compiled rows name the custom op."""
+    from moda_bench.kernels.moda import dispatch
+    from moda_bench.models import Decoder
+    from moda_bench.reports.models import moda_lines
+    spec = bm.ModelSpec("smoke", ("vanilla", "moda", "moda-detached"), layers=2, seq_len=8)
+    frame = bm.run_model(spec, tmp_path / "model.csv", device="cpu", progress=False, timer=one_sample)
+    detail = dict(zip(frame["depth_grad"].astype(str) + frame["provider"], frame["impl_detail"]))
+    want = "moda: auto -> triton for L=0..2 (2 layers; not a CUDA device (cpu)), depth "
+    assert detail["1moda"].endswith("; " + want + "attached") and detail["0moda"].endswith("; " + want + "detached")
+    assert moda_lines(frame) == [f"MoDA attention, moda: `{want}attached`; moda (detached): `{want}detached`."]
+    assert moda_lines(frame[frame["provider"] == "vanilla"]) == []
+    import pandas as pd
+
+    from moda_bench.reports.models import train_markdown
+    pinned = spec.replace(moda_impl="triton").label
+    assert pinned == "smoke-train-moda-triton"
+    heads = [line for line in train_markdown(pd.concat([frame, frame.assign(sweep=f"model-{pinned}")]))
+             if line.startswith("### ")]
+    assert len(heads) == 2 and heads[0].endswith("(run smoke-train)") and heads[1].endswith(f"(run {pinned})")
+
+    model = Decoder(spec.config(), ("moda",), moda_impl="fa4")
+    text = bm.impl_detail(model, "moda", spec.replace(moda_impl="fa4"))
+    assert text.endswith("moda: fa4 -> triton for L=0..2 (2 layers; fa4 unavailable: fa4: FA4 takes fp16/bf16, not "
+                         "float32), depth attached")
+    monkeypatch.setattr(dispatch, "choose", lambda shape, *a, **kw: dispatch.Choice(
+        "fused" if shape.L else "fa4", f"rule at L={shape.L}"))
+    spec4 = bm.ModelSpec("smoke", ("moda",), seq_len=8, mode="prefill")
+    text = bm.impl_detail(Decoder(spec4.config(), ("moda",)), "moda", spec4)
+    assert text.endswith("; moda: auto -> fa4 for L=0 (1 layer; rule at L=0), fused for L=2..6 (3 layers; "
+                         "rule at L=2), depth attached")
+    model.moda_impl = "overlap"
+    compiled = bm.impl_detail(model, "moda-detached", spec.replace(compile=True))
+    assert compiled.endswith("; moda: triton (custom op, compiled; moda_impl overlap not applied), depth detached")
+
+
+def test_the_moda_impl_option_reaches_every_spec(tmp_path, monkeypatch):
+    import pandas as pd
+    seen = []
+
+    def fake_run(spec, csv, **kw):
+        seen.append(spec.moda_impl)
+        return pd.DataFrame([], columns=schema.MODEL_COLUMNS)
+    monkeypatch.setattr(bm, "run_model", fake_run)
+    base = ["model", "--out", str(tmp_path)]
+    for extra, want in (([], ["auto"]), (["--moda-impl", "fused"], ["fused"]),
+                        (["--preset", "seed002-train", "--moda-impl", "overlap"], ["overlap", "overlap"]),
+                        (["--preset", "seed002-train"], ["auto", "auto"])):
+        seen.clear()
+        res = CliRunner().invoke(app, base + extra)
+        assert res.exit_code == 0, res.output
+        assert seen == want, extra
+    with pytest.raises(ValueError, match="moda_impl must be auto or one of"):
+        bm.ModelSpec("smoke", moda_impl="cute")

@@ -166,6 +166,31 @@ def test_moda_detached_depth_gets_no_gradient_through_depth():
     assert _check_variant("moda", depth_grad=False) >= 4 * TINY.layers
 
 
+@pytest.mark.parametrize("depth_grad", [True, False])
+def test_moda_on_a_non_triton_route_matches_the_reference(monkeypatch, depth_grad):
+    """The dispatcher choosing "fa4" for every layer (`dispatch.choose` mocked; the route's function
+    `merge.moda_fa4` run on its plain-torch sequence backend, CPU-runnable): each layer runs the
+    route (attached: `moda_route_into`, its depth gradients added into the buffer's gradient
+    slots; detached: depth_grad=False), once per shape decided, and the logits and every
+    parameter's gradient still match the fp64 reference."""
+    from moda_bench.kernels.moda import dispatch
+    from moda_bench.kernels.moda.fa4 import merge
+    real, calls, chosen = merge.moda_fa4, [], []
+
+    def route(q, k, v, kd=None, vd=None, *, depth_grad=True, **kw):
+        calls.append((0 if kd is None else kd.shape[2], depth_grad))
+        return real(q, k, v, kd, vd, depth_grad=depth_grad, backend=merge.TORCH_BACKEND, **kw)
+
+    def choose(shape, *a, **kw):
+        chosen.append(shape.L)
+        return dispatch.Choice("fa4", "test")
+    monkeypatch.setattr(merge, "moda_fa4", route)
+    monkeypatch.setattr(dispatch, "choose", choose)
+    assert _check_variant("moda", depth_grad=depth_grad) >= 4 * TINY.layers
+    assert calls == [(2 * i, depth_grad) for i in range(TINY.layers)]
+    assert chosen == [2 * i for i in range(TINY.layers)]   # each layer shape decided once, by the model
+
+
 @pytest.mark.parametrize("ops", [False, True])
 def test_depth_buffer_reads_are_views_of_one_buffer_and_route_gradients(monkeypatch, ops):
     """Eager (autograd Functions) and through the custom ops (`oplib.set_eager_ops`): reads are

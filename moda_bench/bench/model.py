@@ -3,7 +3,9 @@
 One `ModelSpec` (built by the command line, or a preset's) says which configuration, how many of
 its layers, which variants, which mode (a training step: forward, backward, gradient clipping
 and an AdamW step over grad_accum micro-batches; a prefill; a generation of new_tokens after
-the prompt through a KV cache), batch, sequence length, dtype, eager or torch.compile.
+the prompt through a KV cache), batch, sequence length, dtype, eager or torch.compile, and which
+MoDA implementation eager MoDA layers run (moda_impl: "auto", the dispatcher's choice per layer
+shape, or one of `dispatch.IMPLS`; a row's impl_detail says what each layer ran).
 
 All variants share one `models.Decoder` (one set of weights plus each variant's own
 parameters) and one AdamW, so they fit side by side: each is staged (one untimed step, its
@@ -52,9 +54,13 @@ class ModelSpec:
     timing: TimingOptions = field(default_factory=TimingOptions)
     seed: int = 0
     name: str = ""
+    moda_impl: str = "auto"
 
     def __post_init__(self):
+        from moda_bench.kernels.moda.dispatch import IMPLS
         object.__setattr__(self, "variants", tuple(dict.fromkeys(self.variants)))
+        if self.moda_impl not in ("auto",) + IMPLS:
+            raise ValueError(f"moda_impl must be auto or one of {', '.join(IMPLS)}, got {self.moda_impl!r}")
         if self.mode not in schema.MODEL_MODES:
             raise ValueError(f"mode must be one of {', '.join(schema.MODEL_MODES)}, got {self.mode!r}")
         bad = [v for v in self.variants if v not in RUN_VARIANTS]
@@ -81,7 +87,11 @@ class ModelSpec:
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.model}-{self.mode}"
+        """The run's name (its CSV's, its rows' sweep "model-<label>"): name, else model-mode, with
+        the pinned MoDA implementation where it is not auto (an A/B of routes into one --out keeps
+        its runs apart)."""
+        pinned = "" if self.moda_impl == "auto" else f"-moda-{self.moda_impl}"
+        return (self.name or f"{self.model}-{self.mode}") + pinned
 
     def replace(self, **kw) -> "ModelSpec":
         return dataclasses.replace(self, **kw)
@@ -198,12 +208,15 @@ def make_step(spec: ModelSpec, model, optimizer, inputs, run_variant: str, row: 
     return lambda: generate(model, prompt, variant, spec.new_tokens)
 
 
-def impl_detail(model, run_variant: str) -> str:
-    """What ran: the sequence attention of vanilla layers, and the variant's own kernels."""
+def impl_detail(model, run_variant: str, spec: Optional[ModelSpec] = None) -> str:
+    """What ran: the sequence attention of vanilla layers, and the variant's own kernels (MoDA:
+    the implementation of each layer, `moda_detail`; spec None: a default ModelSpec's step)."""
     variant, depth_grad = model_variant(run_variant)
     text = f"sequence: {model.seq_attn_name}"
     if variant == "moda":
-        text += "; moda_attention (Triton), depth " + ("attached" if depth_grad else "detached")
+        spec = spec or ModelSpec(model.cfg.name)
+        text += "; moda: " + moda_detail(model, spec, depth_grad) + ", depth " + ("attached" if depth_grad else
+                                                                                  "detached")
     elif variant == "depth-attention":
         from moda_bench.kernels.dattn import chain_backend
         w = model.embed.weight
@@ -211,6 +224,29 @@ def impl_detail(model, run_variant: str) -> str:
     elif variant == "depth-attention-torch":
         text += "; mix: plain PyTorch"
     return text
+
+
+def moda_detail(model, spec: ModelSpec, depth_grad: bool) -> str:
+    """The MoDA implementation(s) of a step's layers: compiled, the Triton custom op; eager, the
+    model's `moda_routes` grouped by implementation, each with its depth-slot counts L, its layer
+    count and the reason of its first layer (e.g. "auto -> fused for L=2..46 (23 layers; h100
+    rule: ...)"); generate: the prefill's (decode steps run moda_decode)."""
+    if spec.compile:
+        ignored = "" if model.moda_impl in ("auto", "triton") else f"; moda_impl {model.moda_impl} not applied"
+        return f"triton (custom op, compiled{ignored})"
+    B, T = spec.batch, spec.config().seq_len
+    routes = model.moda_routes(B, T, depth_grad=depth_grad, training=spec.mode == "train")
+    groups: dict = {}
+    for L, choice in routes:
+        groups.setdefault(choice.impl, []).append((L, choice.reason))
+    parts = []
+    for impl, items in groups.items():
+        Ls = [L for L, _ in items]
+        where = f"L={Ls[0]}" if len(set(Ls)) == 1 else f"L={min(Ls)}..{max(Ls)}"
+        count = f"{len(items)} layer" + ("s" if len(items) > 1 else "")
+        parts.append(f"{impl} for {where} ({count}; {items[0][1]})")
+    text = f"{model.moda_impl} -> " + ", ".join(parts)
+    return text + ("; decode: moda_decode" if spec.mode == "generate" else "")
 
 
 def cpu_timer(fn, grad_to_none=None, warmup_ms: float = 0.0, rep_ms: float = 0.0, samples: int = 3) -> dict:
@@ -247,7 +283,7 @@ def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, 
     dtype = torch_dtype(spec.dtype_name())
     torch.manual_seed(spec.seed)
     variants = tuple(dict.fromkeys(model_variant(v)[0] for v in spec.variants))
-    model = Decoder(cfg, variants, dtype=dtype, device=device)
+    model = Decoder(cfg, variants, dtype=dtype, device=device, moda_impl=spec.moda_impl)
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW, foreach=on_cuda)
     gen = torch.Generator(device="cpu").manual_seed(spec.seed)
     micro = spec.grad_accum if spec.mode == "train" else 1
@@ -269,7 +305,7 @@ def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, 
         for name in order:
             row = base_row(spec, cfg, name, meta)
             rows.append(row)
-            row["impl_detail"] = impl_detail(model, name)
+            row["impl_detail"] = impl_detail(model, name, spec)
             st = guarded(row, device, lambda name=name, row=row: stage(spec, model, optimizer, inputs, name, row,
                                                                           on_cuda))
             if st is not None:
@@ -386,9 +422,9 @@ def fill_model_columns(staged: dict, result, spec: ModelSpec, cfg: ModelConfig) 
 # Named runs (`moda-bench model --preset NAME`) are TOML files in the shipped presets' `model/`
 # folder (sweeps/model/ in a checkout): seed 002's training table, seed 000's MoDA sizes, seed
 # 002's generation run, a smoke run. Each file: `description` and `[[run]]` tables of ModelSpec
-# fields (model, variants, mode, layers, batch, grad_accum, seq_len, new_tokens, dtype, name).
+# fields (model, variants, mode, layers, batch, grad_accum, seq_len, new_tokens, dtype, name, moda_impl).
 PRESET_FIELDS = ("model", "variants", "mode", "layers", "batch", "grad_accum", "seq_len", "new_tokens", "dtype",
-                 "name")
+                 "name", "moda_impl")
 
 
 def model_presets() -> dict[str, Path]:

@@ -77,6 +77,11 @@ def model_command(
                                                  show_default=False)] = None,
     detached: Annotated[bool, typer.Option("--detached", help="Run MoDA with detached depth K/V.")] = False,
     compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the forward (and its backward).")] = False,
+    moda_impl: Annotated[Optional[str], typer.Option(
+        "--moda-impl", help="MoDA implementation of eager MoDA layers: auto (the dispatcher's choice per layer "
+                            "shape, `moda-bench dispatch`), triton, fa4, overlap or fused (one that cannot run "
+                            "falls back to triton; compiled steps run triton). Default: auto, or the preset's.",
+        show_default=False)] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", help="A named set of runs, sweeps/model/NAME.toml "
                                                   "(smoke, seed002-train, seed000-moda, seed002-generate), or "
                                                   "the path of your own .toml.", show_default=False)] = None,
@@ -107,12 +112,12 @@ def model_command(
     try:
         if preset is not None:
             specs = bm.preset_specs(preset, variants=names, layers=layers, dtype=dtype, compile=compile_ or None,
-                                    timing=timing, seed=seed)
+                                    timing=timing, seed=seed, moda_impl=moda_impl)
         else:
             names = names or tuple(v for v in bm.RUN_VARIANTS if v != bm.DETACHED)
             specs = (bm.ModelSpec(model, names, mode=mode, layers=layers or 0, batch=batch, grad_accum=grad_accum,
                                   seq_len=seq_len or 0, new_tokens=new_tokens, dtype=dtype or "", compile=compile_,
-                                  timing=timing, seed=seed),)
+                                  timing=timing, seed=seed, moda_impl=moda_impl or "auto"),)
         if detached:
             specs = tuple(s.replace(variants=tuple(bm.DETACHED if v == "moda" else v for v in s.variants))
                           for s in specs)

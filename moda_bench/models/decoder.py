@@ -9,12 +9,15 @@ side by side (each step touches only its own parameters' gradients).
 
 Attention per variant (`config.ATTENTION_OF`):
 - vanilla: `layers.sequence_attention` (FA4 where it runs, else SDPA);
-- moda: `moda_attention` over the layer's sequence K/V and its depth slice of the model's one
+- moda: MoDA attention over the layer's sequence K/V and its depth slice of the model's one
   `DepthKVBuffer` (slot 2i: layer i's attention K/V, slot 2i + 1: its FFN's K/V projection of
-  the FFN input, rotated like a key of the same position); attached depth in eager mode through
-  `moda_attention_into` (the depth gradients added into the buffer's gradient slots, by the
-  backward kernel where it takes the pointer passes);
-  detached depth with depth_grad=False;
+  the FFN input, rotated like a key of the same position). Eager, by the implementation the
+  dispatcher chooses for the layer's shape (`moda_route`: `dispatch.choose` with the model's
+  `moda_impl`, "auto" by default; decided on a shape's first call and kept): attached depth
+  through `routed.moda_route_into` (the depth gradients added into the buffer's gradient slots:
+  by the Triton backward kernel where it takes the pointer passes, else after the route's
+  backward), detached depth through the route with depth_grad=False. Compiled, `moda_attention`'s
+  custom op (the Triton kernel) whatever moda_impl says;
 - depth-attention (-torch): `depth_attention` with the fused (plain-PyTorch) mix over the
   stride's source layers, whose keys and mixed values sit in a buffer slot per layer.
 With a `generate.KVCache` a call is a prefill (cache empty) or a decode step: MoDA through
@@ -101,9 +104,14 @@ class Decoder(nn.Module):
     depth_grad_in_kernel = None
 
     def __init__(self, cfg: ModelConfig, variants=("vanilla",), *, dtype=torch.float32, device="cpu",
-                 init_std: float = 0.01):
+                 init_std: float = 0.01, moda_impl: str = "auto"):
         super().__init__()
+        from moda_bench.kernels.moda.dispatch import IMPLS
+        if moda_impl not in ("auto",) + IMPLS:
+            raise ValueError(f"moda_impl must be auto or one of {', '.join(IMPLS)}, got {moda_impl!r}")
         self.cfg, self.variants = cfg, tuple(check_variant(v) for v in variants)
+        self.moda_impl = moda_impl
+        self._routes: dict = {}   # (B, T, L, depth_grad, training) -> dispatch.Choice (`moda_route`)
         D = cfg.hidden
         self.embed = nn.Embedding(cfg.vocab, D, dtype=dtype, device=device)
         moda = "moda" in self.variants
@@ -168,6 +176,30 @@ class Decoder(nn.Module):
         attached = grad and (bool(depth_grad) or ATTENTION_OF[check_variant(variant)] == "dattn")
         return self.depth_buffer(variant, B, T, attached)
 
+    # ------------------------------------------------------------------ MoDA routes
+    def moda_route(self, B: int, T: int, L: int, *, depth_grad: bool, training: bool):
+        """The `dispatch.Choice` a MoDA layer with L depth slots runs on (B, T) tokens, eager:
+        `dispatch.choose` for its shape with this model's moda_impl, made on the shape's first
+        call and kept (never inside a compiled trace: compiled steps take the custom op). Without
+        training depth_grad means nothing and counts as True (a prefill passes none)."""
+        depth_grad = bool(depth_grad) or not training
+        key = (B, T, L, depth_grad, bool(training))
+        hit = self._routes.get(key)
+        if hit is None:
+            from moda_bench.kernels.moda import dispatch
+            from moda_bench.kernels.moda.validate import MoDAShape
+            cfg, w = self.cfg, self.embed.weight
+            shape = MoDAShape(B=B, T=T, Hq=cfg.heads, Hk=cfg.kv_heads, d=cfg.head_dim, L=L)
+            hit = dispatch.choose(shape, w.dtype, w.device, depth_grad=depth_grad, training=training,
+                                  impl=self.moda_impl)
+            self._routes[key] = hit
+        return hit
+
+    def moda_routes(self, B: int, T: int, *, depth_grad: bool, training: bool) -> list:
+        """[(L, Choice)] of every layer in order (`moda_route`), as an eager MoDA step runs them."""
+        Ls = [moda_depth_entries(i) for i in range(self.cfg.layers)]
+        return [(L, self.moda_route(B, T, L, depth_grad=depth_grad, training=training)) for L in Ls]
+
     # ------------------------------------------------------------------ sublayers
     def attention(self, i: int, x, st: Step):
         layer, cfg = self.layers[i], self.cfg
@@ -200,8 +232,8 @@ class Decoder(nn.Module):
 
     def _moda(self, i: int, q, k, v, st: Step):
         from moda_bench.kernels.decode import moda_decode
-        from moda_bench.kernels.moda import moda_attention
-        from moda_bench.kernels.moda.triton.accumulate import moda_attention_into
+        from moda_bench.kernels.moda import dispatch, moda_attention
+        from moda_bench.kernels.moda.routed import moda_route_into
         n = moda_depth_entries(i)
         kd = vd = None
         if n:
@@ -211,11 +243,18 @@ class Decoder(nn.Module):
         with label("attention"):
             if st.decoding:
                 o = moda_decode(q, st.cache.k[i], st.cache.v[i], kd, vd, cache_seqlens=st.seqlens)
-            elif n and st.depth.reads_attached(st.token) and not torch.compiler.is_compiling():
-                o = moda_attention_into(q, k, v, kd, vd, *st.depth.grad_slices(slice(0, n)),
-                                        in_kernel=self.depth_grad_in_kernel)
-            else:
+            elif torch.compiler.is_compiling():   # the custom op (the Triton kernel)
                 o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad)
+            else:
+                B, T = q.shape[:2]
+                route = self.moda_route(B, T, n, depth_grad=st.depth_grad, training=torch.is_grad_enabled())
+                if n and st.depth.reads_attached(st.token):
+                    o = moda_route_into(route, q, k, v, kd, vd, *st.depth.grad_slices(slice(0, n)),
+                                        in_kernel=self.depth_grad_in_kernel)
+                elif route.impl == "triton":
+                    o = moda_attention(q, k, v, kd, vd, depth_grad=st.depth_grad, impl="triton")
+                else:
+                    o = dispatch.run(route, q, k, v, kd, vd, scale=None, return_lse=False, depth_grad=st.depth_grad)
         if st.depth is not None and 2 * i < st.depth.entries:
             with label("depth-kv"):
                 st.token = st.depth.write(st.token, 2 * i, k, v)

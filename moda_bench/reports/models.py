@@ -57,6 +57,7 @@ def _ratio(r) -> str:
 def _groups(frame, mode: str):
     part = frame[frame["pass"] == mode]
     keys = ["gpu", "model", "layers", "layers_total", "B", "T", "grad_accum", "new_tokens", "dtype", "compiled"]
+    keys += ["sweep"] if "sweep" in part else []   # runs of one configuration apart (`--moda-impl` A/Bs)
     for key, g in part.groupby(keys, sort=True, dropna=False):
         yield dict(zip(keys, key)), _sort(g)
 
@@ -67,7 +68,12 @@ def _heading(k: dict, what: str) -> str:
     extra = f", grad_accum {int(k['grad_accum'])}" if k["grad_accum"] > 1 else ""
     extra += f", {int(k['new_tokens'])} new tokens" if k["new_tokens"] else ""
     return (f"### {what}: {k['model']}, {layers}, B={int(k['B'])}, T={int(k['T'])}{extra}, {k['dtype']}, "
-            f"{'compiled' if k['compiled'] else 'eager'} on {k['gpu']}")
+            f"{'compiled' if k['compiled'] else 'eager'} on {k['gpu']}" + _run_name(k))
+
+
+def _run_name(k: dict) -> str:
+    sweep = k.get("sweep")
+    return f" (run {str(sweep).removeprefix('model-')})" if isinstance(sweep, str) and sweep else ""
 
 
 def sequence_line(g) -> str:
@@ -78,6 +84,14 @@ def sequence_line(g) -> str:
         return "Sequence attention: not recorded."
     return ("Sequence attention of every variant: " if len(names) == 1 else "Sequence attention (differs by row): ") \
         + ", ".join(f"`{n}`" for n in names) + "."
+
+
+def moda_lines(g) -> list[str]:
+    """The sentence naming what each MoDA row's attention ran (impl_detail after its "sequence: X; ",
+    e.g. "moda: auto -> fused for L=2..46 (...), depth attached"); none without MoDA rows."""
+    ran = [f"{_variant(r)}: `{str(r['impl_detail']).split('; ', 1)[1]}`" for r in g.to_dict("records")
+           if r["provider"] == "moda" and "; " in str(r["impl_detail"])]
+    return ["MoDA attention, " + "; ".join(ran) + "."] if ran else []
 
 
 def train_markdown(frame) -> list[str]:
@@ -99,7 +113,7 @@ def train_markdown(frame) -> list[str]:
             if scale != 1:
                 cells.insert(3, _f(r["step_ms"] * scale, ".0f"))
             rows.append(cells)
-        out += [_heading(k, "Training step"), sequence_line(g), md_table(headers, rows)]
+        out += [_heading(k, "Training step"), sequence_line(g), *moda_lines(g), md_table(headers, rows)]
         flops = {r["provider"]: r for r in g.to_dict("records") if r["provider"] in ("vanilla", "moda")}
         if "vanilla" in flops and "moda" in flops:
             ours = flops["moda"]["model_flops"] / flops["vanilla"]["model_flops"] - 1
@@ -122,7 +136,7 @@ def generate_markdown(frame) -> list[str]:
             rows.append([_variant(r), str(r["status"]), _f(r["step_ms"] / 1e3, ".2f"), _ratio(r),
                          f"{ref:.1f} ({ref / SEED002_GENERATE_S['vanilla']:.4f})" if ref else "-",
                          _f(r["tokens_per_s"], ".0f"), _f(r["peak_mem_gb"], ".2f")])
-        out += [_heading(k, "Generation"), md_table(headers, rows)]
+        out += [_heading(k, "Generation"), *moda_lines(g), md_table(headers, rows)]
     return out
 
 
