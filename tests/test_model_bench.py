@@ -225,8 +225,12 @@ def test_moda_rows_name_the_route_of_each_layer(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "choose", lambda shape, *a, **kw: dispatch.Choice(
         "fused" if shape.L else "fa4", f"rule at L={shape.L}"))
     spec4 = bm.ModelSpec("smoke", ("moda",), seq_len=8, mode="prefill")
+    from moda_bench.models.decoder import IN_PLACE_REASON
     text = bm.impl_detail(Decoder(spec4.config(), ("moda",)), "moda", spec4)
-    assert text.endswith("; moda: auto -> fa4 for L=0 (1 layer; rule at L=0), fused for L=2..6 (3 layers; "
+    assert text.endswith(f"; moda: auto -> fa4 for L=0 (1 layer; rule at L=0), triton for L=2..6 (3 layers; "
+                         f"{IN_PLACE_REASON}), depth attached")   # the model's auto: in place where there is depth
+    text = bm.impl_detail(Decoder(spec4.config(), ("moda",), moda_impl="fused"), "moda", spec4)
+    assert text.endswith("; moda: fused -> fa4 for L=0 (1 layer; rule at L=0), fused for L=2..6 (3 layers; "
                          "rule at L=2), depth attached")
     model.moda_impl = "overlap"
     compiled = bm.impl_detail(model, "moda-detached", spec.replace(compile=True))

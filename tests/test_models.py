@@ -126,9 +126,9 @@ def _rel(a, b):
     return float((a.detach().double() - b.detach()).norm() / b.detach().norm().clamp_min(1e-30))
 
 
-def _check_variant(variant, depth_grad=True):
+def _check_variant(variant, depth_grad=True, moda_impl="auto"):
     torch.manual_seed(0)
-    model = Decoder(TINY, (variant,), init_std=0.2)
+    model = Decoder(TINY, (variant,), init_std=0.2, moda_impl=moda_impl)
     with torch.no_grad():   # non-trivial norms, DWA, AttnRes queries and mHC scales
         for name, p in model.named_parameters():
             if p.dim() == 1 or "alphas" in name or "queries" in name or "scales" in name:
@@ -168,7 +168,8 @@ def test_moda_detached_depth_gets_no_gradient_through_depth():
 
 @pytest.mark.parametrize("depth_grad", [True, False])
 def test_moda_on_a_non_triton_route_matches_the_reference(monkeypatch, depth_grad):
-    """The dispatcher choosing "fa4" for every layer (`dispatch.choose` mocked; the route's function
+    """A model pinned to a non-Triton route (its auto keeps the in-place Triton kernel), the dispatcher choosing
+    "fa4" for every layer (`dispatch.choose` mocked; the route's function
     `merge.moda_fa4` run on its plain-torch sequence backend, CPU-runnable): each layer runs the
     route (attached: `moda_route_into`, its depth gradients added into the buffer's gradient
     slots; detached: depth_grad=False), once per shape decided, and the logits and every
@@ -186,7 +187,7 @@ def test_moda_on_a_non_triton_route_matches_the_reference(monkeypatch, depth_gra
         return dispatch.Choice("fa4", "test")
     monkeypatch.setattr(merge, "moda_fa4", route)
     monkeypatch.setattr(dispatch, "choose", choose)
-    assert _check_variant("moda", depth_grad=depth_grad) >= 4 * TINY.layers
+    assert _check_variant("moda", depth_grad=depth_grad, moda_impl="fa4") >= 4 * TINY.layers
     assert calls == [(2 * i, depth_grad) for i in range(TINY.layers)]
     assert chosen == [2 * i for i in range(TINY.layers)]   # each layer shape decided once, by the model
 

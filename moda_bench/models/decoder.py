@@ -13,7 +13,10 @@ Attention per variant (`config.ATTENTION_OF`):
   `DepthKVBuffer` (slot 2i: layer i's attention K/V, slot 2i + 1: its FFN's K/V projection of
   the FFN input, rotated like a key of the same position). Eager, by the implementation the
   dispatcher chooses for the layer's shape (`moda_route`: `dispatch.choose` with the model's
-  `moda_impl`, "auto" by default; decided on a shape's first call and kept): attached depth
+  `moda_impl`; decided on a shape's first call and kept). "auto", the default, takes only the
+  routes that read the buffer's strided slice in place, today the Triton kernel: the FA4 routes
+  copy each layer's slice to contiguous and keep the copy for the backward (memory growing with
+  layers squared); a pinned `moda_impl` runs them anyway (an A/B). Attached depth
   through `routed.moda_route_into` (the depth gradients added into the buffer's gradient slots:
   by the Triton backward kernel where it takes the pointer passes, else after the route's
   backward), detached depth through the route with depth_grad=False. Compiled, `moda_attention`'s
@@ -95,6 +98,11 @@ class Layer(nn.Module):
         self.q_norm, self.k_norm = RMSNorm(d, cfg.rms_eps, dtype, device), RMSNorm(d, cfg.rms_eps, dtype, device)
         self.ffn = SwiGLU(D, cfg.intermediate, dtype, device)
         self.ffn_kv = nn.Linear(D, 2 * kv, **kw) if ffn_kv else None
+
+
+# why the model's "auto" runs the Triton kernel for a layer with depth slots (moda_route)
+IN_PLACE_REASON = ("the model's auto: the only route that reads the strided depth slice in place (the FA4 routes "
+                   "copy it per layer and keep the copy for the backward)")
 
 
 class Decoder(nn.Module):
@@ -190,8 +198,11 @@ class Decoder(nn.Module):
             from moda_bench.kernels.moda.validate import MoDAShape
             cfg, w = self.cfg, self.embed.weight
             shape = MoDAShape(B=B, T=T, Hq=cfg.heads, Hk=cfg.kv_heads, d=cfg.head_dim, L=L)
-            hit = dispatch.choose(shape, w.dtype, w.device, depth_grad=depth_grad, training=training,
-                                  impl=self.moda_impl)
+            if self.moda_impl == "auto" and L > 0:
+                hit = dispatch.Choice("triton", IN_PLACE_REASON)
+            else:
+                hit = dispatch.choose(shape, w.dtype, w.device, depth_grad=depth_grad, training=training,
+                                      impl=self.moda_impl)
             self._routes[key] = hit
         return hit
 
