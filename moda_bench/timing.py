@@ -9,7 +9,7 @@ Owns:
     (NVBench-style: sample until min_samples AND min_time AND a stable spread, capped by
     max_time, min_samples always honoured), `RoundRule` + `interleave` (rounds of every
     callable, in a shuffled order after the first, for fair paired ratios) -> `Interleaved`, and
-    `ratio_ci` (paired confidence interval of a ratio);
+    `ratio_ci` (paired confidence interval of a ratio, from `moda_bench.ratios`);
   - GPU repetition samplers, `make_sampler(fn, "eager" | "graph")`: repetitions queued back
     to back, each with the L2 flushed (a 256 MB buffer zeroed) and timed by CUDA events; "eager"
     counts host launch latency where the host is slower than the GPU, "graph" replays fn captured
@@ -29,6 +29,8 @@ import random
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
+
+from moda_bench.ratios import ratio_ci, t_two_sided  # noqa: F401  (part of this module's API)
 
 QUANTILES = [0.5, 0.2, 0.8]
 TIMERS = ("eager", "graph")
@@ -247,81 +249,6 @@ def warmup(sample: Callable[[], float], warmup_s: float = 0.025, *, min_calls: i
         times.append(float(sample()))
     rest = sorted(times[1:] or times)
     return quantile(rest, 0.5)
-
-
-# ----------------------------------------------------------------------------- ratio intervals
-
-def t_two_sided(conf: float, df: int) -> float:
-    """t such that P(|T| <= t) = conf for Student's t with df (>= 1) degrees of freedom."""
-    return _t_two_sided(round(float(conf), 12), int(df))
-
-
-@functools.lru_cache(maxsize=256)
-def _t_two_sided(conf: float, df: int) -> float:
-    if not 0 < conf < 1 or df < 1:
-        raise ValueError(f"need 0 < conf < 1 and df >= 1, got conf={conf}, df={df}")
-
-    def inside(t: float) -> float:   # P(|T| <= t), exact finite series (Abramowitz & Stegun 26.7.3-4)
-        th = math.atan(t / math.sqrt(df))
-        c, s = math.cos(th), math.sin(th)
-        if df % 2:
-            total, term = 0.0, c
-            for j in range(1, (df - 1) // 2 + 1):
-                total += term
-                term *= c * c * (2 * j) / (2 * j + 1)
-            return 2 / math.pi * (th + s * total) if df > 1 else 2 * th / math.pi
-        total, term = 0.0, 1.0
-        for j in range(1, df // 2 + 1):
-            total += term
-            term *= c * c * (2 * j - 1) / (2 * j)
-        return s * total
-
-    lo, hi = 0.0, 1.0
-    while inside(hi) < conf:
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if inside(mid) < conf else (lo, mid)
-    return (lo + hi) / 2
-
-
-def ratio_ci(num_rounds: Sequence[float], den_rounds: Sequence[float], conf: float = 0.95, *,
-             method: str = "t", n_boot: int = 2000, seed: int = 0) -> tuple:
-    """(ratio, lo, hi): num / den with a `conf` confidence interval, from paired rounds (round i
-    of num and of den ran back to back, so drift shared by the round cancels in the ratio).
-
-    method 't' (default): Student-t interval of the mean of the paired log ratios
-    log(num_i / den_i); ratio = their geometric mean. Exact for multiplicative (log-normal) noise,
-    shrinks like 1/sqrt(rounds), and keeps its coverage with as few as 10 rounds, where
-    a bootstrap under-covers. method 'bootstrap': ratio = median(num) / median(den), interval =
-    percentiles of that statistic over n_boot resamples of the rounds (pairs kept), seeded, so
-    results are reproducible; more robust to a few outlying rounds. Fewer than 2 rounds give
-    (ratio, nan, nan).
-    """
-    import numpy as np
-    num = np.asarray(num_rounds, dtype=float)
-    den = np.asarray(den_rounds, dtype=float)
-    if num.shape != den.shape or num.ndim != 1 or num.size == 0:
-        raise ValueError(f"need two equally long, non-empty round lists, got {num.shape} and {den.shape}")
-    if np.any(num <= 0) or np.any(den <= 0):
-        raise ValueError("round times must be positive")
-    n = num.size
-    if method == "t":
-        logs = np.log(num) - np.log(den)
-        mean = float(logs.mean())
-        if n < 2:
-            return math.exp(mean), math.nan, math.nan
-        half = t_two_sided(conf, n - 1) * float(logs.std(ddof=1)) / math.sqrt(n)
-        return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-    if method == "bootstrap":
-        ratio = float(np.median(num) / np.median(den))
-        if n < 2:
-            return ratio, math.nan, math.nan
-        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-        boots = np.median(num[idx], axis=1) / np.median(den[idx], axis=1)
-        lo, hi = np.quantile(boots, [(1 - conf) / 2, (1 + conf) / 2])
-        return ratio, float(lo), float(hi)
-    raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
 
 
 # ----------------------------------------------------------------------------- interleaved rounds

@@ -21,7 +21,7 @@ import pytest
 PKG = "moda_bench"
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
-    ("core", ["schema", "timing", "results", "health", "floor", "host"]),
+    ("core", ["schema", "ratios", "timing", "results", "health", "floor", "host"]),
     ("kernels", ["kernels", "models"]),
     ("tuning", ["tuning"]),
     ("bench", ["bench"]),
