@@ -17,7 +17,7 @@ import math
 
 import pytest
 import torch
-from helpers import TOLERANCE, rel_err, small_tma_config
+from helpers import TOLERANCE, device, rel_err, small_tma_config
 
 from moda_bench.kernels.moda import moda_attention, moda_reference
 from moda_bench.kernels.moda.triton import bwd_tma, descriptors
@@ -34,7 +34,7 @@ def _case(B, T, Hq, Hk, d, L, dtype, seed, first=2, extra=3):
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=g).to(dtype)
+        return torch.randn(*shape, generator=g).to(device(), dtype)
     q, k, v, do = rnd(B, T, Hq, d), rnd(B, T, Hk, d), rnd(B, T, Hk, d), rnd(B, T, Hq, d)
     bk, bv = rnd(B, T, L + extra, Hk, d), rnd(B, T, L + extra, Hk, d)
     gk0, gv0 = rnd(B, T, L + extra + 1, Hk, d), rnd(B, T, L + extra + 1, Hk, d)
@@ -108,7 +108,7 @@ def test_depth_gradients_added_into_strided_buffer(monkeypatch, B, T, G, L, dtyp
         assert rel_err(got, want) < tol
     for buf, buf0, want in ((gk, gk0, ref[3]), (gv, gv0, ref[4])):
         assert rel_err(buf[:, :, sl].double() - buf0[:, :, sl].double(), want) < tol   # prefill + gradient
-        outside = torch.ones(buf.shape[2], dtype=torch.bool)
+        outside = torch.ones(buf.shape[2], dtype=torch.bool, device=buf.device)
         outside[sl] = False
         assert torch.equal(buf[:, :, outside], buf0[:, :, outside])
     # the launches read the slices and wrote the buffers in place
@@ -197,3 +197,36 @@ def test_moda_attention_into_makes_no_copy(monkeypatch):
         assert rel_err(t.grad, r) < 1e-4
     assert rel_err(gk[:, :, sl].double() - gk0[:, :, sl].double(), ref[3]) < 1e-4
     assert rel_err(gv[:, :, sl].double() - gv0[:, :, sl].double(), ref[4]) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1000, 4099, 9001])  # one launch / two with host-side descriptors / device-side ones
+def test_gpu_default_backward_adds_into_model_buffer(T):
+    """Hopper's default backward (the descriptor one, as resolved for the shape) on a model's layout:
+    slots [0, L) of (B, T, 48, Hk, d) bf16 buffers. dq, dk, dv equal the contiguous call's bitwise; the
+    gradient buffer's slice holds prefill + the contiguous call's depth gradients to one bf16
+    rounding (relative error <= 1e-2), twice after two calls (the kept launch and tensor maps);
+    the slots after L untouched."""
+    B, Hq, Hk, d, E, L = 1, 16, 4, 128, 48, 23
+    g = torch.Generator(device="cuda").manual_seed(T)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+    q, k, v, do = rnd(B, T, Hq, d), rnd(B, T, Hk, d), rnd(B, T, Hk, d), rnd(B, T, Hq, d)
+    bk, bv = rnd(B, T, E, Hk, d), rnd(B, T, E, Hk, d)
+    kd, vd = bk[:, :, :L], bv[:, :, :L]
+    shape = check_inputs(q, k, v, kd, vd, need_cuda=True)
+    cfg = kernel_mod.resolve_config(shape, torch.bfloat16)
+    assert cfg.bwd_depth == "tma"
+    with torch.no_grad():
+        out, lse = moda_attention(q, k, v, kd, vd, return_lse=True)
+    plain = kernel_mod.moda_bwd(do, q, k, v, kd.contiguous(), vd.contiguous(), out, lse, d ** -0.5, shape, cfg)
+    gk0, gv0 = (rnd(B, T, E, Hk, d) * p.float().pow(2).mean().sqrt().to(torch.bfloat16) for p in plain[3:])
+    gk, gv = gk0.clone(), gv0.clone()
+    for n in (1, 2):
+        res = kernel_mod.moda_bwd(do, q, k, v, kd, vd, out, lse, d ** -0.5, shape, cfg,
+                                  depth_grad_into=(gk[:, :, :L], gv[:, :, :L]))
+        assert all(torch.equal(a, b) for a, b in zip(res[:3], plain[:3]))
+        for buf, buf0, p in ((gk, gk0, plain[3]), (gv, gv0, plain[4])):
+            assert rel_err(buf[:, :, :L].float() - buf0[:, :, :L].float(), n * p.float()) < 1e-2
+            assert torch.equal(buf[:, :, L:], buf0[:, :, L:])
