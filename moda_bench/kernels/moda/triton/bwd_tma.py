@@ -362,9 +362,12 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if into:  # the caller's buffers, added to in place
         dkd, dvd = into
+    elif not p.depth_grad:
+        dkd = dvd = None
+    elif dstr is None:
+        dkd, dvd = torch.empty_like(kd), torch.empty_like(vd)
     else:  # contiguous, whatever kd's strides
-        dkd, dvd = (torch.empty(kd.shape, device=kd.device, dtype=kd.dtype),
-                    torch.empty(vd.shape, device=vd.device, dtype=vd.dtype)) if p.depth_grad else (None, None)
+        dkd, dvd = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (kd, vd))
     kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
     dkd_, dvd_ = (dkd, dvd) if p.depth_grad else (kd_, vd_)  # never written without depth_grad
     dq_in = (q, k, v, do, kd_, vd_, dkd_, dvd_)  # the dq pass's tensors (descriptors of them: `host_ins`)
