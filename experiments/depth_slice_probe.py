@@ -2,11 +2,13 @@
 
 GPU ms of one `moda_attention` fwd and fwd+bwd with the depth K/V (a) contiguous, (b) a slice
 [:, :, :L] of a (B, T, Lmax, Hk, d) buffer per K and V read in place (the pointer kernels; with a
-"tma" config the descriptor forward falls back to the pointer kernel and the descriptor backward
-copies the slice), (c) the same slice copied first (`.contiguous()`, what every call paid before);
-then host us per eager fwd+bwd call through the autograd Function (default) and through the torch
-custom ops (`oplib.set_eager_ops(True)`), and, with --compile, a torch.compile(fullgraph=True)
-call against eager. Timing: `triton.testing.do_bench` medians (a probe, not the suite's timer).
+"tma" config the descriptor forward falls back to the pointer kernel, the descriptor backward
+reads the slice through descriptors with its strides), (c) the same slice copied first
+(`.contiguous()`, what every call paid before); `moda_attention_into` on the slice with a gradient
+buffer, its depth gradients added in the backward kernel (DEPTH_ACC) and after it; then host us
+per eager fwd+bwd call through the autograd Function (default) and through the torch custom ops
+(`oplib.set_eager_ops(True)`), and, with --compile, a torch.compile(fullgraph=True) call against
+eager. Timing: `triton.testing.do_bench` medians (a probe, not the suite's timer).
 
     python3 experiments/depth_slice_probe.py [--T 2048] [--L 24] [--lmax 48] [--G 4] [--Hk 8] [--d 64] [--compile]
 """
@@ -20,6 +22,7 @@ import triton
 
 from moda_bench.kernels import oplib
 from moda_bench.kernels.moda import moda_attention
+from moda_bench.kernels.moda.triton.accumulate import moda_attention_into
 
 
 def _fwd_bwd(q, k, v, kd, vd, do):
@@ -48,6 +51,12 @@ def main() -> None:
         fwd = triton.testing.do_bench(lambda: moda_attention(q, k, v, *depth()))
         both = triton.testing.do_bench(lambda: _fwd_bwd(q, k, v, *depth(), do))
         print(f"  {name:15s} fwd {fwd:.4f} ms   fwd+bwd {both:.4f} ms")
+    gk, gv = torch.zeros_like(bufk), torch.zeros_like(bufv)
+    for label, in_kernel in (("in the kernel", True), ("after the kernel", False)):
+        def into(in_kernel=in_kernel):
+            out = moda_attention_into(q, k, v, sk, sv, gk[:, :, :a.L], gv[:, :, :a.L], in_kernel=in_kernel)
+            out.backward(do)
+        print(f"  into, added {label:17s} fwd+bwd {triton.testing.do_bench(into):.4f} ms")
     for label, through in (("autograd Function", False), ("custom ops", True)):
         old = oplib.set_eager_ops(through)
         try:

@@ -27,9 +27,9 @@ class _Spy:
     def __init__(self, real, at):
         self.real, self.at, self.ptrs = real, at, []
 
-    def __call__(self, key, grid, args, meta):
+    def __call__(self, key, grid, args, meta, *descs):
         self.ptrs.append(tuple(args[i].data_ptr() for i in self.at))
-        return self.real(key, grid, args, meta)
+        return self.real(key, grid, args, meta, *descs)
 
 
 def _run(q, k, v, kd, vd, do, **kw):
@@ -48,7 +48,8 @@ def test_moda_reads_depth_slice_in_place(monkeypatch, placement, depth_grad):
     depth gradients are contiguous of the slice's shape, and out, lse and all gradients equal the
     contiguous call's bit for bit. "tma": the descriptor forward takes contiguous depth only, so the
     slice takes the pointer kernel in place (fp32 rounding apart from the descriptor kernel's result,
-    checked to 1e-5), and the descriptor backward copies the slice (its one documented copy)."""
+    checked to 1e-5), and the descriptor backward reads it in place too (its launch that reads the
+    depth, `_DQ_LAUNCH` or `_ONE_LAUNCH`, gets the slice's pointers)."""
     q, k, v, _, _, do = random_inputs(1, 21, 4, 2, 16, 0, torch.float32, seed=5)
     kd, vd, _, _ = _slices(1, 21, 2, 16, 3, torch.float32)
     assert not kd.is_contiguous()
@@ -57,6 +58,10 @@ def test_moda_reads_depth_slice_in_place(monkeypatch, placement, depth_grad):
     spies = {name: _Spy(getattr(kernel_mod, name), (3, 4)) for name in ("_FWD_PTR", "_BWD_Q_PTR", "_BWD_KV_PTR")}
     for name, spy in spies.items():
         monkeypatch.setattr(kernel_mod, name, spy)
+    from moda_bench.kernels.moda.triton import bwd_tma
+    tma_spies = [_Spy(getattr(bwd_tma, name), (3, 4)) for name in ("_DQ_LAUNCH", "_ONE_LAUNCH")]
+    for name, spy in zip(("_DQ_LAUNCH", "_ONE_LAUNCH"), tma_spies):
+        monkeypatch.setattr(bwd_tma, name, spy)
     got = _run(q, k, v, kd, vd, do, config=cfg, depth_grad=depth_grad)
     want = _run(q, k, v, kd.contiguous(), vd.contiguous(), do, config=cfg, depth_grad=depth_grad)
     n_strided = len(spies["_FWD_PTR"].ptrs) // 2  # the strided call's launches came first
@@ -65,6 +70,9 @@ def test_moda_reads_depth_slice_in_place(monkeypatch, placement, depth_grad):
         for name in ("_BWD_Q_PTR", "_BWD_KV_PTR"):
             ptrs = spies[name].ptrs
             assert ptrs[:len(ptrs) // 2] == [(kd.data_ptr(), vd.data_ptr())] * (len(ptrs) // 2)
+    else:  # one descriptor-backward launch reads the depth a call: the strided call's came first
+        ptrs = [p for spy in tma_spies for p in spy.ptrs]
+        assert len(ptrs) == 2 and ptrs[0] == (kd.data_ptr(), vd.data_ptr())
     same = torch.equal if placement != "tma" else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5))
     assert same(got[0], want[0]) and same(got[1], want[1])
     for i, (a, b) in enumerate(zip(got[2], want[2])):

@@ -107,8 +107,8 @@ IN_PLACE_REASON = ("the model's auto: the only route that reads the strided dept
 
 class Decoder(nn.Module):
     # MoDA with attached depth, eager: `moda_attention_into` adds each layer's depth gradients into
-    # the depth buffer's gradient slots; in its backward kernel (True), after it (False), or where
-    # the backward takes the pointer passes anyway (None: `accumulate.in_kernel_default`)
+    # the depth buffer's gradient slots; in its backward kernel (True), after it (False), or by
+    # `accumulate.in_kernel_default` (None: in the kernel, every backward placement)
     depth_grad_in_kernel = None
 
     def __init__(self, cfg: ModelConfig, variants=("vanilla",), *, dtype=torch.float32, device="cpu",

@@ -6,12 +6,14 @@ layer's read of slots [a, b) hands the kernel those slots of the gradient buffer
 backward adds the layer's depth gradients there in the kernel (each entry has one owning
 program: load, add, store). Without it the kernel writes a gradient tensor of the slice's size,
 which the caller reads and adds into its buffer again: three times the kernel's own depth
-gradient bytes, and the slice's size in transient memory at the deepest layer.
+gradient bytes, and the slice's size in transient memory at the deepest layer. Both backwards
+(pointer passes and the descriptor one, Hopper's default) add in the kernel and read strided
+depth slices in place.
 
 The depth K/V stay inputs of the autograd node (their producers, e.g. a buffer read, run their
 backward after this one, which orders the additions before anyone reads the buffer) but get no
-gradient from it. Where the backward is the descriptor one (Hopper's default) the addition is
-made after it, as the buffer's read would (`in_kernel_default`). An eager autograd Function over
+gradient from it. in_kernel=False makes the addition after the kernel instead, as the buffer's
+read would (A/B checks and timing). An eager autograd Function over
 the same launches as `moda_attention` (`moda_fwd`, `moda_bwd`, the config resolved as its op
 does); torch.compile takes `moda_attention`'s custom op instead.
 """
@@ -28,11 +30,10 @@ from moda_bench.kernels.oplib import config_key
 
 
 def in_kernel_default(cfg: MoDAConfig) -> bool:
-    """Whether a call adds its depth gradients in the kernel when not told: where its backward
-    takes the pointer passes anyway. The descriptor backward ("tma", Hopper's default, much the
-    faster there) stores flat contiguous rows and copies a strided slice; forcing the pointer
-    passes for the sake of the addition would cost more backward time than the addition saves."""
-    return cfg.bwd_depth != "tma"
+    """Whether a call adds its depth gradients in the kernel when not told: always, every backward
+    placement has the mode (the pointer passes' and the descriptor backward's DEPTH_ACC, which
+    reads and writes the strided slices in place through descriptors built with their strides)."""
+    return True
 
 
 class _MoDAInto(torch.autograd.Function):
@@ -69,8 +70,9 @@ def moda_attention_into(q, k, v, k_depth, v_depth, grad_k_depth, grad_v_depth, *
     gradients of k_depth, v_depth (B, T, L, Hk, d, L >= 1) into grad_k_depth, grad_v_depth (their
     shape, dtype and device, one set of strides with a unit last stride: e.g. slices of a
     model's depth gradient buffer) and gives k_depth, v_depth none. q, k, v get theirs.
-    in_kernel: True adds them in the backward kernel (`moda_bwd`'s depth_grad_into: the pointer
-    passes), False after it; None (default): `in_kernel_default` of the call's config."""
+    in_kernel: True adds them in the backward kernel (`moda_bwd`'s depth_grad_into), False after it;
+    None (default): `in_kernel_default` of the call's config. Depth slices sharing one set of
+    strides (unit last stride) are read in place, never copied (`interface.depth_views`)."""
     check_inputs(q, k, v, k_depth, v_depth, need_cuda=True)
     if k_depth is None or k_depth.shape[2] == 0:
         raise ValueError("moda_attention_into needs depth K/V (L >= 1); call moda_attention at L = 0")

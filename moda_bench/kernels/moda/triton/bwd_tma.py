@@ -87,6 +87,7 @@ from moda_bench.kernels.moda.triton.bwd_tma_tiles import (  # noqa: F401
 from moda_bench.kernels.moda.triton.descriptors import (  # noqa: F401
     depth_desc,
     depth_descs,
+    depth_descs_at,
     depth_hdesc,
     ensure_allocator,
     keys_desc,
@@ -107,11 +108,11 @@ _STATS: dict = {}  # the rows' lse2 and delta, a buffer a stream (`counters.scra
 
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "NCH", "N_ITEMS", "N_TILES", "N_DEPTH"])
 def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L,
-               LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_DEPTH, GP: tl.constexpr, BM: tl.constexpr,
-               BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, STATS: tl.constexpr,
-               CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
+               LD, G, Hk, RP, NCH, N_ITEMS, N_TILES, N_DEPTH, sdb, sdt, sdl, sgb, sgt, sgl, GP: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
+               STATS: tl.constexpr, CHUNK: tl.constexpr, DEPTH_ITEMS: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
                DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DP_FIRST: tl.constexpr, NSUB: tl.constexpr,
-               POLY: tl.constexpr, HOST_DESC: tl.constexpr):
+               POLY: tl.constexpr, HOST_DESC: tl.constexpr, DEPTH_ACC: tl.constexpr, STRIDED: tl.constexpr):
     """Key-major pass: dk, dv of BN keys of (batch, KV head); grid (B*Hk, cdiv(T, BN)). STATS: it
     computes its rows' lse2 and delta itself (from LSE, O, DO), so it may run beside the dq pass.
     CHUNK > 0 (positions, a multiple of BN): grid (B*Hk, N_ITEMS), a program per (key tile, chunk
@@ -127,7 +128,9 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
     the sub-groups' fp32 dk, dv go to WS like chunks', the last to arrive sums them. HOST_DESC: Q, DO,
     K, V (and O with STATS) are host-side descriptors (`descriptors`), not tensors. The NSUB = 1
     branches here, in `kv_item` and `_kv_step` keep the expressions the unsplit pass had before
-    sub-groups: folded alike, they still compiled to more SASS and spills (`tools/sass_diff.py`)."""
+    sub-groups: folded alike, they still compiled to more SASS and spills (`tools/sass_diff.py`).
+    DEPTH_ACC, STRIDED (depth items): `depth_part`'s, with the strides (sdb, sdt, sdl) of KD, VD and
+    (sgb, sgt, sgl) of DKD, DVD (unread unless STRIDED)."""
     GS: tl.constexpr = GP // NSUB
     P: tl.constexpr = BM // GS
     bhs = tl.program_id(0)
@@ -159,13 +162,17 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
         idx = tl.where(is_depth, u - tl.cdiv((u + 1) * N_ITEMS, total), i)
         if is_depth:
             kddesc, vddesc, dkddesc, dvddesc = None, None, None, None
-            if USE_DESC:
+            if USE_DESC and STRIDED:
+                kddesc, vddesc = depth_descs_at(KD, VD, B, T, LD, Hk, sdb, sdt, sdl, P, BL, D)
+                if DEPTH_GRAD:
+                    dkddesc, dvddesc = depth_descs_at(DKD, DVD, B, T, LD, Hk, sgb, sgt, sgl, P, BL, D)
+            elif USE_DESC:
                 kddesc, vddesc = depth_descs(KD, VD, B, T, LD, Hk, P, BL, D)
                 if DEPTH_GRAD:
                     dkddesc, dvddesc = depth_descs(DKD, DVD, B, T, LD, Hk, P, BL, D)
             depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, vddesc, dkddesc, dvddesc, b,
                        j, bh, idx * P, T, L, G, Hk, RP, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC,
-                       DEPTH_STAGES, DEPTH_GRAD)
+                       DEPTH_STAGES, DEPTH_GRAD, DEPTH_ACC, STRIDED, (sdb, sdt, sdl, sgb, sgt, sgl))
         else:
             kv_item(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, qdesc, dodesc, odesc, qk_scale, sm_scale, B,
                     T, G, Hk, RP, NCH, N_ITEMS, N_TILES, bh, b, j, idx, 0, GP, 1, BM, BN, D, USE_DESC, PREC, STATS,
@@ -178,25 +185,28 @@ def _kv_kernel(Q, K, V, DO, O, LSE, LSE2, DELTA, DK, DV, WS, CNT, KD, VD, DQ, DK
 
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "n_m"])
 def _dq_kernel(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
-               n_m, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr,
-               S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr,
-               USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr,
-               DP_FIRST: tl.constexpr, POLY: tl.constexpr, HOST_DESC: tl.constexpr):
+               n_m, sdb, sdt, sdl, sgb, sgt, sgl, GP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               TAIL: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr,
+               DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
+               MIX: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr, HOST_DESC: tl.constexpr,
+               DEPTH_ACC: tl.constexpr, STRIDED: tl.constexpr):
     """Query-major pass, grid (B*Hk, n_m): a row block a program (`dq_block`), its rows' lse2 and
-    delta stored for the key-major pass."""
+    delta stored for the key-major pass (DEPTH_ACC, STRIDED and the strides as `_kv_kernel`'s)."""
     dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP, n_m,
              tl.program_id(0), tl.program_id(1), GP, BM, BN, TAIL, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC,
-             DEPTH_STAGES, MIX, DP_FIRST, POLY, HOST_DESC, True)
+             DEPTH_STAGES, MIX, DP_FIRST, POLY, HOST_DESC, True, None, False, DEPTH_ACC, STRIDED,
+             (sdb, sdt, sdl, sgb, sgt, sgl))
 
 
 @triton.jit(do_not_specialize=["B", "T", "L", "LD", "G", "Hk", "RP", "n_m", "NCH", "N_ITEMS", "N_TILES"])
 def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, LSE2, DELTA, DQ, DK, DV, WS, CNT, SYNC, DKD, DVD, qk_scale, sm_scale,
-                B, T, L, LD, G, Hk, RP, n_m, NCH, N_ITEMS, N_TILES, GP: tl.constexpr, BM: tl.constexpr,
+                B, T, L, LD, G, Hk, RP, n_m, NCH, N_ITEMS, N_TILES, sdb, sdt, sdl, sgb, sgt, sgl, GP: tl.constexpr,
+                BM: tl.constexpr,
                 BN: tl.constexpr, TAIL: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
                 DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
                 DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr, DP_FIRST: tl.constexpr, POLY: tl.constexpr,
                 CHUNK: tl.constexpr, KV_DP_FIRST: tl.constexpr, KV_POLY: tl.constexpr, HOST_DESC: tl.constexpr,
-                WAIT: tl.constexpr):
+                WAIT: tl.constexpr, DEPTH_ACC: tl.constexpr, STRIDED: tl.constexpr):
     """Both passes in one launch, grid (B*Hk, N_ITEMS + n_m), sharing their tiles (BM rows, BN keys),
     warps and stages; the key-major items are `kv_item`s (CHUNK as `_kv_kernel`'s), the rest the dq
     pass's row blocks (`dq_block`, o by pointers). Two orders:
@@ -209,7 +219,7 @@ def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, LSE2, DELTA, DQ, DK, DV, WS, CN
     * else: the key-major items first, each computing its rows' lse2 and delta itself (`row_stats`,
       o through OD), the row blocks after, storing none.
     HOST_DESC: Q, DO, K, V, OD (and KD, VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side
-    descriptors; O is the tensor."""
+    descriptors; O is the tensor. DEPTH_ACC, STRIDED and the strides: `_kv_kernel`'s."""
     P: tl.constexpr = BM // GP
     bh = tl.program_id(0)
     u = tl.program_id(1)
@@ -241,7 +251,7 @@ def _one_kernel(Q, K, V, KD, VD, O, OD, DO, LSE, LSE2, DELTA, DQ, DK, DV, WS, CN
     else:
         dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, sm_scale, B, T, L, LD, G, Hk, RP,
                  n_m, bh, dq_i, GP, BM, BN, TAIL, D, S, BL, DEPTH, DEPTH_GRAD, USE_DESC, PREC, DEPTH_STAGES, MIX,
-                 DP_FIRST, POLY, HOST_DESC, WAIT, SYNC, WAIT)
+                 DP_FIRST, POLY, HOST_DESC, WAIT, SYNC, WAIT, DEPTH_ACC, STRIDED, (sdb, sdt, sdl, sgb, sgt, sgl))
     if WAIT:  # the last program done puts the counters back
         tl.debug_barrier()
         n_bh = tl.num_programs(0)
@@ -297,7 +307,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                  kv_warps: int = 4, kv_stages: int = 3, kv_maxnreg: int = 0, block_l: int = 0, depth_stages: int = 2,
                  use_desc: bool = True, depth_grad: bool = True, beside=None, mix: bool = False, kv_chunk: int = 0,  # noqa: F811
                  depth_items: bool = False, dp_first=None, kv_sub: int = 1, poly: int = 0, heads: bool = False,
-                 one: bool = False, state=None):
+                 one: bool = False, state=None, depth_into=None):
     """The folded backward's two launches (or one): returns (dq, dk, dv, dkd, dvd). q, k, v, o, do (and kd,
     vd unless None: L = 0) contiguous and, with use_desc, `kernel_fwd_tma.aligned`; the caller
     checks shapes. Row blocks smaller than GP are widened to GP.
@@ -327,14 +337,22 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     is planned once per set of sizes and arguments (`kernel_bwd_rules.bwd_plan`, memoised): a call
     allocates the gradients, checks lse's alignment and launches. The rows' statistics (lse2, delta)
     live in a per-stream scratch buffer (`counters.scratch_views`): written and read inside the call.
-    state: `counters.stream_state` of q's device where the caller has it (None: asked here)."""
+    state: `counters.stream_state` of q's device where the caller has it (None: asked here).
+    kd, vd may be strided views sharing one set of strides (e.g. slices along the slot axis of one
+    model-wide (B, T, slots, Hk, d) buffer: head stride d, unit last stride; with use_desc every
+    other stride a 16-byte multiple): read in place, their descriptors built with those strides.
+    depth_into (with depth_grad, L > 0): (gk, gv) of kd's shape, one set of such strides for both
+    (a model's depth gradient buffer): the depth gradients are added to them in the kernel
+    (DEPTH_ACC: each entry's one owning program loads, adds in fp32, stores) and returned as dkd, dvd."""
     B, T, Hq, d = q.shape
     Hk, L = k.shape[2], 0 if kd is None else kd.shape[2]
+    into = depth_into if depth_into is not None and depth_grad and L else None
+    dstr = depth_strides(kd, into[0] if into else None) if L else None
     key = (q.dtype, do.dtype, None if kd is None else kd.dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n,
            q_warps, q_stages, q_maxnreg, kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l,
            depth_stages, bool(use_desc), bool(depth_grad), bool(mix), kv_chunk, bool(depth_items), dp_first, kv_sub,
            2 if one else int(beside is not None), interpreting(), poly, bool(heads),
-           bool(use_desc) and host_desc_bwd(T))
+           bool(use_desc) and host_desc_bwd(T), dstr, into is not None)
     p = bwd_plan(key)
     lse2 = delta = lse  # the rows' statistics the dq blocks store for the key-major pass, where it reads them
     if state is None:
@@ -342,12 +360,20 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     if not one or p.one_wait:
         lse2, delta = scratch_views(_STATS, q.device, ((B * Hk, p.RP), (B * Hk, p.RP)), state=state)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dkd, dvd = (torch.empty_like(kd), torch.empty_like(vd)) if p.depth_grad else (None, None)
+    if into:  # the caller's buffers, added to in place
+        dkd, dvd = into
+    elif not p.depth_grad:
+        dkd = dvd = None
+    elif dstr is None:
+        dkd, dvd = torch.empty_like(kd), torch.empty_like(vd)
+    else:  # contiguous, whatever kd's strides
+        dkd, dvd = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (kd, vd))
     kd_, vd_ = (kd, vd) if L else (k, v)  # never read at L = 0
     dkd_, dvd_ = (dkd, dvd) if p.depth_grad else (kd_, vd_)  # never written without depth_grad
     dq_in = (q, k, v, do, kd_, vd_, dkd_, dvd_)  # the dq pass's tensors (descriptors of them: `host_ins`)
     kv_in = (q, k, v, do, o)  # the key-major pass's (o read only beside the dq pass, for its row statistics)
 
+    sargs = dstr or _NO_STRIDES  # the kernels' depth stride arguments (read only where STRIDED)
     made: list = []  # host_ins' answer, built at most once a call
 
     def host_ins():
@@ -363,8 +389,10 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
                                               keys_hdesc(v, kv_block_n), rows_hdesc(do, kvP, kvGS), od)
         qP, qG = (qBM, 1) if heads else (P, gp)
         dq_d = (rows_hdesc(q, qP, qG), keys_hdesc(k, q_block_n), keys_hdesc(v, q_block_n), rows_hdesc(do, qP, qG),
-                *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl) if L and not heads else x) for x in (kd_, vd_)),
-                *((depth_hdesc(x, B, T, L, Hk, d, P, bl) if p.depth_grad else x) for x in (dkd_, dvd_)))
+                *((depth_hdesc(x, B, T, max(L, 1), Hk, d, P, bl, dstr and dstr[:3]) if L and not heads else x)
+                  for x in (kd_, vd_)),
+                *((depth_hdesc(x, B, T, L, Hk, d, P, bl, dstr and dstr[3:]) if p.depth_grad else x)
+                  for x in (dkd_, dvd_)))
         made.append((dq_d, kv_d))
         return made[0]
 
@@ -385,7 +413,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
             return _DQH_LAUNCH(p.dq_key if cached else None, p.dq_grid, args, p.dq_meta, descs)
         args, descs = with_descs(lambda di, ki: (di[0], di[1], di[2], di[4], di[5], o, di[3], lse, lse2, delta, dq,
                                                  di[6], di[7], scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP,
-                                                 p.n_m))
+                                                 p.n_m, *sargs))
         _DQ_LAUNCH(p.dq_key if cached else None, p.dq_grid, args, p.dq_meta, descs)
 
     def chunk_buffers():
@@ -399,7 +427,7 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
         ws, cnt = chunk_buffers()
         args, descs = with_descs(lambda di, ki: (*ki, lse, lse2, delta, dk, dv, ws, cnt, kd_, vd_, dq, dkd_, dvd_,
                                                  scale * LOG2E, scale, B, T, L, max(L, 1), G, Hk, p.RP, p.nch,
-                                                 p.n_items, p.n_tiles, p.n_depth))
+                                                 p.n_items, p.n_tiles, p.n_depth, *sargs))
         _KV_LAUNCH(p.kv_keys[stats] if cached else None, p.kv_grid, args, p.kv_meta[stats], descs)
 
     if one:  # the dq blocks and the key-major items (`_one_kernel`; o through kv_in's where they compute statistics)
@@ -407,7 +435,8 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
         sync = arrival_counters(_ONE_COUNTERS, q.device, B * Hk + 1, state=state) if p.one_wait else cnt
         args, descs = with_descs(lambda di, ki: (di[0], di[1], di[2], di[4], di[5], o, ki[4], di[3], lse, lse2, delta,
                                                  dq, dk, dv, ws, cnt, sync, di[6], di[7], scale * LOG2E, scale, B, T,
-                                                 L, max(L, 1), G, Hk, p.RP, p.n_m, p.nch, p.n_items, p.n_tiles))
+                                                 L, max(L, 1), G, Hk, p.RP, p.n_m, p.nch, p.n_items, p.n_tiles,
+                                                 *sargs))
         _ONE_LAUNCH(p.one_key if cached else None, p.one_grid, args, p.one_meta, descs)
     elif beside is None:
         dq_pass()
@@ -415,6 +444,39 @@ def moda_bwd_tma(do, q, k, v, kd, vd, o, lse, scale: float, G: int, *, q_block_m
     else:
         beside(dq_pass, lambda: kv_pass(True))
     return dq, dk, dv, dkd, dvd
+
+
+_NO_STRIDES = (0,) * 6
+
+
+def depth_strides(kd, g):
+    """(sb, st, sl) of kd and of the depth gradients g (None: contiguous, allocated here) as the
+    kernels' STRIDED mode takes them, or None where both are contiguous (the kernels' own
+    contiguous addressing: what every call without a strided view compiles and runs)."""
+    if kd.is_contiguous() and (g is None or g.is_contiguous()):
+        return None
+    B, T, L, Hk, d = kd.shape
+
+    def of(x):
+        return (T * L * Hk * d, L * Hk * d, Hk * d) if x is None or x.is_contiguous() else tuple(x.stride()[:3])
+    return (*of(kd), *of(g))
+
+
+def heads_merged(x) -> bool:
+    """Whether a (B, T, L, Hk, d) view's last two dimensions are one (Hk*d) row with unit stride: what the
+    descriptor backward's depth addressing needs (any other strides are passed to it)."""
+    return x.stride(-1) == 1 and (x.shape[-2] == 1 or x.stride(-2) == x.shape[-1])
+
+
+def depth_layout(kd, vd, L: int, usable):
+    """(kd, vd, usable) as `moda_bwd_tma` takes them: contiguous ones as they are; strided views
+    sharing one set of strides with `heads_merged` rows (slices of one model-wide buffer) in place,
+    usable None (the forward's answer was about contiguous tensors: ask again); else copies."""
+    if L == 0 or (kd.is_contiguous() and vd.is_contiguous()):
+        return kd, vd, usable
+    if kd.stride() == vd.stride() and heads_merged(kd):
+        return kd, vd, None
+    return kd.contiguous(), vd.contiguous(), None
 
 
 _DQ_LAUNCH, _DQH_LAUNCH, _KV_LAUNCH = CachedLaunch(_dq_kernel), CachedLaunch(_dq_head_kernel), CachedLaunch(_kv_kernel)

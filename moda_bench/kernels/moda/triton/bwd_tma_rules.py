@@ -244,8 +244,12 @@ class BwdPlan(NamedTuple):
 
 def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_block_n, q_warps, q_stages, q_maxnreg,
                kv_block_m, kv_block_n, kv_warps, kv_stages, kv_maxnreg, block_l, depth_stages, use_desc, depth_grad,
-               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, heads, host) -> BwdPlan:
-    """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take)."""
+               mix, kv_chunk, depth_items, dp_order, kv_sub, beside, interp, poly, heads, host, dstr=None,
+               acc=False) -> BwdPlan:
+    """`moda_bwd_tma`'s launches for its key (ValueError for arguments the kernels cannot take).
+    dstr: the depth tensors' strides where strided (`bwd_tma.depth_strides`: the kernels' STRIDED
+    mode, and part of every launch key: host-side descriptors are kept by pointer); acc: the depth
+    gradients added into the caller's buffers (DEPTH_ACC)."""
     gp = next_pow2(G)
     if heads and not dq_heads_possible(L, G):
         raise ValueError(f"a dq pass a query head a program needs L = 0 and G a power of two above 1 (L={L}, G={G})")
@@ -272,15 +276,16 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
     # the launches' specialisation: every tensor of q's dtype but the fp32 row statistics and
     # partials, every pointer 16-byte aligned (the caller's `aligned`; lse checked per call)
     shape_key = (dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, kv_block_m, S, bl, depth_grad, prec,
-                 depth_stages, kv_sub, host)
+                 depth_stages, kv_sub, host, dstr, acc)
+    depth_modes = dict(DEPTH_ACC=bool(acc) and depth_grad, STRIDED=dstr is not None)
     dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAIL=tail, D=d, S=S, BL=bl, DEPTH=L > 0 and not depth_items,
                    DEPTH_GRAD=depth_grad, USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix,
-                   DP_FIRST=bool(q_dp_first), POLY=q_poly, HOST_DESC=host,
+                   DP_FIRST=bool(q_dp_first), POLY=q_poly, HOST_DESC=host, **depth_modes,
                    **launch_options(q_warps, q_stages, q_maxnreg))
     kv_meta = tuple(dict(GP=gp, BM=kv_block_m, BN=kv_block_n, D=d, USE_DESC=use_desc, PREC=prec, STATS=stats,
                          CHUNK=chunk, DEPTH_ITEMS=depth_items, S=S, BL=bl, DEPTH_STAGES=depth_stages,
                          DEPTH_GRAD=depth_grad, DP_FIRST=bool(kv_dp_first), NSUB=kv_sub, POLY=kv_poly, HOST_DESC=host,
-                         **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
+                         **depth_modes, **launch_options(kv_warps, kv_stages, kv_maxnreg)) for stats in (False, True))
     dq_grid = (B * Hk, n_m)
     if heads:  # BM positions of one head a program; rows from T to RP // GP: +inf / 0 (`_dq_head_kernel`)
         dq_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, TAILN=next_pow2(max(1, RP // gp - T)), D=d,
@@ -297,7 +302,7 @@ def _make_plan(dtype, do_dtype, kd_dtype, B, T, Hq, Hk, d, L, G, q_block_m, q_bl
         one_meta = dict(GP=gp, BM=q_block_m, BN=q_block_n, D=d, S=S, BL=bl, DEPTH=L > 0, DEPTH_GRAD=depth_grad,
                         USE_DESC=use_desc, PREC=prec, DEPTH_STAGES=depth_stages, MIX=mix, DP_FIRST=bool(q_dp_first),
                         POLY=q_poly, CHUNK=chunk, KV_DP_FIRST=bool(kv_dp_first), KV_POLY=kv_poly, HOST_DESC=host,
-                        TAIL=tail, WAIT=ONE_WAIT, **launch_options(q_warps, q_stages, q_maxnreg))
+                        TAIL=tail, WAIT=ONE_WAIT, **depth_modes, **launch_options(q_warps, q_stages, q_maxnreg))
         one = ((shape_key, "one", q_block_n, mix, bool(q_dp_first), bool(kv_dp_first), chunk, q_warps, q_stages,
                 q_maxnreg, q_poly, kv_poly, ONE_WAIT), (B * Hk, n_items + n_m), lambda: dict(one_meta), ONE_WAIT)
     return BwdPlan(RP, n_m, depth_grad,

@@ -11,7 +11,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moda_bench.kernels.moda.triton.descriptors import depth_descs, keys_desc, keys_tile, rows_desc, rows_ptr, rows_tile
+from moda_bench.kernels.moda.triton.descriptors import (
+    depth_descs,
+    depth_descs_at,
+    keys_desc,
+    keys_tile,
+    rows_desc,
+    rows_ptr,
+    rows_tile,
+)
 from moda_bench.kernels.moda.triton.utils import exp2_mix, mm, mm_acc
 
 
@@ -105,10 +113,12 @@ def store_kv(DK, DV, dk, dv, b, j, kn, T, Hk, sm_scale, D: tl.constexpr):
 def depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, vddesc, dkddesc, dvddesc, b, j, bh,
                t0, T, L, G, Hk, RP, qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr,
                S: tl.constexpr, BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr,
-               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr):
+               DEPTH_STAGES: tl.constexpr, DEPTH_GRAD: tl.constexpr, DEPTH_ACC: tl.constexpr = False,
+               STRIDED: tl.constexpr = False, DST=None):
     """The depth part of the BM folded rows from position t0 as an item of the key-major grid
-    (`depth_part`; the rows' lse2 and delta from the dq pass's buffers): dk_depth, dv_depth stored,
-    its dq share added to the dq the depth-less dq pass stored (the rows are this item's alone)."""
+    (`depth_part`; the rows' lse2 and delta from the dq pass's buffers): dk_depth, dv_depth stored
+    (added with DEPTH_ACC), its dq share added to the dq the depth-less dq pass stored (the rows are
+    this item's alone)."""
     q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
@@ -116,7 +126,7 @@ def depth_item(Q, DO, KD, VD, DQ, DKD, DVD, LSE2, DELTA, qdesc, dodesc, kddesc, 
     delta = tl.load(DELTA + bh * RP + r)
     dq = depth_part(q, do, lse2, delta, tl.zeros([BM, D], tl.float32), KD, VD, DKD, DVD, kddesc, vddesc, dkddesc,
                     dvddesc, b, j, t0, T, L, Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES,
-                    DEPTH_GRAD)
+                    DEPTH_GRAD, DEPTH_ACC, STRIDED, DST)
     optr, ok = rows_ptr(b, j, 0, r, T, G, G * Hk, GP, D)
     old = tl.load(DQ + optr, mask=ok, other=0.0).to(tl.float32)
     tl.store(DQ + optr, (old + dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)
@@ -238,10 +248,17 @@ def dq_rows(q, do, lse2, delta, t, t0, K, V, kdesc, vdesc, b, j, T, Hk, qk_scale
 @triton.jit
 def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L, Hk,
                qk_scale, sm_scale, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
-                BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
-                DEPTH_GRAD: tl.constexpr):
+               BL: tl.constexpr, USE_DESC: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr,
+               DEPTH_GRAD: tl.constexpr, DEPTH_ACC: tl.constexpr = False, STRIDED: tl.constexpr = False,
+               DST=None):
     """dq += the depth share of one row block; with DEPTH_GRAD, dk_depth and dv_depth of its P
-    positions are stored (nothing is written to DKD, DVD without it)."""
+    positions are stored (nothing is written to DKD, DVD without it). DEPTH_ACC: DKD, DVD hold a
+    caller's gradients (slices of a model's depth gradient buffer) and this block's are added to
+    them: load, add in fp32, one rounding, store. A depth entry is read by the G rows of its own
+    position only, so this program is its one owner (no atomics). STRIDED: DST = (sb, st, sl, gb,
+    gt, gl), the (batch, position, slot) element strides of KD, VD and of DKD, DVD (head stride D,
+    unit last), for the pointer loads (the descriptors were built with them by the caller); else
+    all four are contiguous (B,T,L,Hk,D)."""
     P: tl.constexpr = BM // GP
     NB: tl.constexpr = P // S
     R: tl.constexpr = S * GP
@@ -255,8 +272,17 @@ def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc
     pos = t0 + tl.arange(0, P)
     for l0 in tl.range(0, L, BL, num_stages=DEPTH_STAGES):
         ll = l0 + tl.arange(0, BL)
-        ptr = ((((b * T + pos).to(tl.int64) * L)[:, None, None] + ll[None, :, None]) * Hk + j) * D \
-            + tl.arange(0, D)[None, None, :]
+        if STRIDED:
+            sb, st, sl, gb, gt, gl = DST
+            row = b.to(tl.int64) * sb + pos.to(tl.int64) * st
+            inner = (ll * sl)[None, :, None] + j * D + tl.arange(0, D)[None, None, :]
+            ptr = row[:, None, None] + inner
+            grow = b.to(tl.int64) * gb + pos.to(tl.int64) * gt
+            gptr = grow[:, None, None] + (ll * gl)[None, :, None] + j * D + tl.arange(0, D)[None, None, :]
+        else:
+            ptr = ((((b * T + pos).to(tl.int64) * L)[:, None, None] + ll[None, :, None]) * Hk + j) * D \
+                + tl.arange(0, D)[None, None, :]
+            gptr = ptr
         ok = (pos < T)[:, None, None] & (ll < L)[None, :, None]
         if USE_DESC:
             kd = tl.reshape(kddesc.load([b, t0, l0, j * D]), (NB, C, D))
@@ -269,14 +295,26 @@ def depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc
         ds3 = p3 * (mm(do3, tl.trans(vd, 0, 2, 1), PREC) - delta3)
         dq += tl.reshape(mm(ds3.to(kd.dtype), kd, PREC), (BM, D))
         if DEPTH_GRAD:  # batched (mma.sync) products: these operand transposes are GPU-tested
-            dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC).to(kd.dtype)
-            dkd = (mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale).to(kd.dtype)
+            if DEPTH_ACC:  # the caller's gradients + this block's, in fp32, rounded once
+                dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC)
+                dkd = mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale
+                if USE_DESC:  # out-of-range entries load as zeros and are not stored
+                    dkd += tl.reshape(dkddesc.load([b, t0, l0, j * D]), (NB, C, D)).to(tl.float32)
+                    dvd += tl.reshape(dvddesc.load([b, t0, l0, j * D]), (NB, C, D)).to(tl.float32)
+                else:
+                    dkd += tl.reshape(tl.load(DKD + gptr, mask=ok, other=0.0), (NB, C, D)).to(tl.float32)
+                    dvd += tl.reshape(tl.load(DVD + gptr, mask=ok, other=0.0), (NB, C, D)).to(tl.float32)
+                dkd = dkd.to(kd.dtype)  # the buffers have the depth K/V's dtype (`check_depth_grad_into`)
+                dvd = dvd.to(kd.dtype)
+            else:
+                dvd = mm(tl.trans(p3.to(do.dtype), 0, 2, 1), do3, PREC).to(kd.dtype)
+                dkd = (mm(tl.trans(ds3.to(q.dtype), 0, 2, 1), q3, PREC) * sm_scale).to(kd.dtype)
             if USE_DESC:
                 dkddesc.store([b, t0, l0, j * D], tl.reshape(dkd, (1, P, BL, D)))
                 dvddesc.store([b, t0, l0, j * D], tl.reshape(dvd, (1, P, BL, D)))
             else:
-                tl.store(DKD + ptr, tl.reshape(dkd, (P, BL, D)), mask=ok)
-                tl.store(DVD + ptr, tl.reshape(dvd, (P, BL, D)), mask=ok)
+                tl.store(DKD + gptr, tl.reshape(dkd, (P, BL, D)), mask=ok)
+                tl.store(DVD + gptr, tl.reshape(dvd, (P, BL, D)), mask=ok)
     return dq
 
 
@@ -286,7 +324,7 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
              S: tl.constexpr, BL: tl.constexpr, DEPTH: tl.constexpr, DEPTH_GRAD: tl.constexpr, USE_DESC: tl.constexpr,
              PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr, MIX: tl.constexpr, DP_FIRST: tl.constexpr,
              POLY: tl.constexpr, HOST_DESC: tl.constexpr, STATS_OUT: tl.constexpr, READY=None,
-             RELEASE: tl.constexpr = False):
+             RELEASE: tl.constexpr = False, DEPTH_ACC: tl.constexpr = False, STRIDED: tl.constexpr = False, DST=None):
     """Row block i of (batch, KV head) bh of the query-major pass (`kernel_bwd_tma._dq_kernel`, and
     the dq items of `_one_kernel`): with STATS_OUT the rows' lse2 and delta stored in the flat
     buffers for the key-major pass (block 0 also the TAIL rows after the last block), and with
@@ -294,7 +332,8 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
     count with acquire, `_one_kernel`'s key-major items); dq from the
     sequence keys and (DEPTH) the depth keys with dk_depth, dv_depth (DEPTH_GRAD). Block i is the
     last but i, or (MIX) the last, the first, the last but one, ... HOST_DESC: Q, DO, K, V (and KD,
-    VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side descriptors."""
+    VD with DEPTH; DKD, DVD with DEPTH_GRAD) are host-side descriptors. DEPTH_ACC, STRIDED, DST:
+    `depth_part`'s (device-side descriptors then built with DST's strides, `depth_descs_at`)."""
     P: tl.constexpr = BM // GP
     if MIX:  # heavy and light blocks alternate: co-resident programs mix sequence math and depth bytes
         t0 = tl.where(i % 2 == 0, n_m - 1 - i // 2, i // 2) * P
@@ -316,9 +355,14 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
         kdesc = keys_desc(K, B, T, Hk, BN, D)
         vdesc = keys_desc(V, B, T, Hk, BN, D)
         if DEPTH:
-            kddesc, vddesc = depth_descs(KD, VD, B, T, LD, Hk, P, BL, D)
-            if DEPTH_GRAD:
-                dkddesc, dvddesc = depth_descs(DKD, DVD, B, T, LD, Hk, P, BL, D)
+            if STRIDED:
+                kddesc, vddesc = depth_descs_at(KD, VD, B, T, LD, Hk, DST[0], DST[1], DST[2], P, BL, D)
+                if DEPTH_GRAD:
+                    dkddesc, dvddesc = depth_descs_at(DKD, DVD, B, T, LD, Hk, DST[3], DST[4], DST[5], P, BL, D)
+            else:
+                kddesc, vddesc = depth_descs(KD, VD, B, T, LD, Hk, P, BL, D)
+                if DEPTH_GRAD:
+                    dkddesc, dvddesc = depth_descs(DKD, DVD, B, T, LD, Hk, P, BL, D)
     q = rows_tile(Q, qdesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     do = rows_tile(DO, dodesc, b, j, 0, t0, T, G, G * Hk, GP, BM, D, USE_DESC)
     r = t0 * GP + tl.arange(0, BM)
@@ -339,5 +383,6 @@ def dq_block(Q, K, V, KD, VD, O, DO, LSE, LSE2, DELTA, DQ, DKD, DVD, qk_scale, s
                  PREC, DP_FIRST, POLY)
     if DEPTH:
         dq = depth_part(q, do, lse2, delta, dq, KD, VD, DKD, DVD, kddesc, vddesc, dkddesc, dvddesc, b, j, t0, T, L,
-                        Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD)
+                        Hk, qk_scale, sm_scale, GP, BM, D, S, BL, USE_DESC, PREC, DEPTH_STAGES, DEPTH_GRAD,
+                        DEPTH_ACC, STRIDED, DST)
     tl.store(DQ + optr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=ok)

@@ -65,6 +65,16 @@ def depth_descs(X, Y, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.con
 
 
 @triton.jit
+def depth_descs_at(X, Y, B, T, LD, Hk, sb, st, sl, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
+    """`depth_descs` of two (B,T,LD,Hk,D) views sharing the element strides (sb, st, sl, D, 1): e.g.
+    slices along the slot axis of one model-wide (B, T, slots, Hk, D) buffer, described in place."""
+    shape = [B, T, LD, Hk * D]
+    strides = [sb.to(tl.int64), st, sl, 1]
+    return (tl.make_tensor_descriptor(X, shape=shape, strides=strides, block_shape=[1, P, BL, D]),
+            tl.make_tensor_descriptor(Y, shape=shape, strides=strides, block_shape=[1, P, BL, D]))
+
+
+@triton.jit
 def rows_ptr(b, j, g0, r, T, G, Hq, GP: tl.constexpr, D: tl.constexpr):
     """Offsets [BM, D] of folded rows r (GP heads a position from head g0 of KV head j's group)
     into a (B,T,Hq,D) tensor and their mask (t < T, g < G)."""
@@ -146,9 +156,11 @@ def depth_rows_hdesc(x, B: int, T: int, LD: int, Hk: int, D: int, P: int, BL: in
     return _desc(x, [B * T, LD, Hk * D], [LD * Hk * D, Hk * D, 1], [P, BL, D])
 
 
-def depth_hdesc(x, B: int, T: int, LD: int, Hk: int, D: int, P: int, BL: int):
-    """`depth_desc` on the host (x as in `depth_rows_hdesc`)."""
-    return _desc(x, [B, T, LD, Hk * D], [T * LD * Hk * D, LD * Hk * D, Hk * D, 1], [1, P, BL, D])
+def depth_hdesc(x, B: int, T: int, LD: int, Hk: int, D: int, P: int, BL: int, strides=None):
+    """`depth_desc` on the host (x as in `depth_rows_hdesc`); strides: x's (batch, position, slot)
+    element strides where it is a strided view (`depth_descs_at`), else None (contiguous)."""
+    sb, st, sl = strides or (T * LD * Hk * D, LD * Hk * D, Hk * D)
+    return _desc(x, [B, T, LD, Hk * D], [sb, st, sl, 1], [1, P, BL, D])
 
 
 def descriptors_available() -> bool:

@@ -85,7 +85,7 @@ from moda_bench.kernels.moda.triton.bwd import (
     moda_bwd_kv_kernel,
     moda_bwd_q_kernel,
 )
-from moda_bench.kernels.moda.triton.bwd_tma import moda_bwd_tma
+from moda_bench.kernels.moda.triton.bwd_tma import depth_layout, heads_merged, moda_bwd_tma
 from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_mix, kv_beside, kv_chunk, kv_depth_items, kv_one
 from moda_bench.kernels.moda.triton.fwd import (
     FWD_BOTH,
@@ -303,9 +303,9 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     still adds its share of dq). usable: the forward's `tma_usable` of q, k, v, kd, vd (None: asked here).
     depth_grad_into (off by default): (gk, gv) of kd's shape, e.g. slices of a model's depth
     gradient buffer (strided, unit last stride, one set of strides for both): the depth gradients
-    are added to them in the kernel (`DEPTH_ACC`) and they are returned as dkd, dvd, so no
-    gradient tensor is allocated and none is read and added again by the caller. It takes the
-    pointer passes (the descriptor backward stores flat contiguous rows)."""
+    are added to them in the kernel (`DEPTH_ACC`, pointer and descriptor passes alike) and they are
+    returned as dkd, dvd, so no gradient tensor is allocated and none is read and added again by
+    the caller. Strided depth K/V (and buffers) are read in place by both (`bwd_tma.depth_layout`)."""
     B, T, Hq, d = q.shape
     Hk, G, L = shape.Hk, shape.G, shape.L
     gp = group_pad(G)
@@ -313,16 +313,13 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
     acc = depth_grad_into is not None and bool(depth_grad) and L > 0
     if acc:
         check_depth_grad_into(depth_grad_into, kd)
-    if cfg.bwd_depth == "tma" and not depth_only and delta is None and not acc:
-        o = o.contiguous()
-        if L > 0 and not (kd.is_contiguous() and vd.is_contiguous()):
-            # its passes address the depth K/V as flat contiguous (B*T*L*Hk, d) rows: a strided
-            # slice of a larger buffer is copied here (the pointer passes below read it in place)
-            kd, vd = kd.contiguous(), vd.contiguous()
-            usable = None
+    if cfg.bwd_depth == "tma" and not depth_only and delta is None and (not acc or heads_merged(depth_grad_into[0])):
+        o, into = o.contiguous(), depth_grad_into if acc else ()
+        kd, vd, usable = depth_layout(kd, vd, L, usable)  # a strided slice in place (the forward's usable: contiguous)
         state = stream_state(q.device)
         chunk, items, heads, one, beside = tma_route(cfg, B, T, Hk, G, L, q.device, state[1])
-        use_desc = (tma_usable(q, k, v, kd, vd, L) if usable is None else usable) and aligned(o, do)
+        use_desc = (descriptors_available() and aligned(q, k, v, contiguous=True) and (L == 0 or aligned(kd, vd))
+                    if usable is None else usable) and aligned(o, do, *into)
         return moda_bwd_tma(do, q, k, v, kd if L > 0 else None, vd if L > 0 else None, o, lse.contiguous(), scale, G,
                             q_block_m=cfg.bwd_q_block_m, q_block_n=cfg.bwd_q_block_n, q_warps=cfg.bwd_q_warps,
                             q_stages=cfg.bwd_q_stages, q_maxnreg=cfg.bwd_q_maxnreg, kv_block_m=cfg.bwd_kv_block_m,
@@ -331,7 +328,7 @@ def moda_bwd(do, q, k, v, kd, vd, o, lse, scale, shape: MoDAShape, cfg: MoDAConf
                             depth_stages=cfg.bwd_depth_stages, use_desc=use_desc, depth_grad=depth_grad,
                             beside=(lambda main, side: run_beside(q.device, main, side, False, True))
                             if beside else None, mix=dq_mix(T, L), kv_chunk=chunk, depth_items=items,
-                            poly=cfg.exp_poly, heads=heads, one=one, state=state)
+                            poly=cfg.exp_poly, heads=heads, one=one, state=state, depth_into=into or None)
     cfg = pointer_bwd_config(cfg, T, L)  # a caller's delta or a depth-only launch: the pointer passes
     mode = cfg.bwd_depth if L > 0 else "none"
     # the q-major pass runs first in "none"/"fused": it computes delta itself (one launch fewer)
