@@ -125,37 +125,12 @@ def test_interpreter_g32_d128():
                 assert dkd is None and dvd is None
 
 
-def _shared_sm90(kind: str, G: int, bm: int, d: int, stages: int, bl: int, L: int = 0, grad: bool = True) -> int:
-    """Shared memory of the kernel compiled for sm_90 (no GPU needed; run without TRITON_INTERPRET)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from moda_bench.kernels.moda.triton.depth import depth_bwd_kernel, depth_fwd_kernel
-    if kind == "fwd":
-        gp, P, S, BL = depth_geometry(G, bm, 0, bl)
-        sig = {**{n: "*bf16" for n in ("Q", "KD", "VD", "OD")}, "LSED": "*fp32", "qk_scale": "fp32"}
-        ints = ("B", "T", "L", "G", "Hk", "Hq", "n_items")
-        cons = dict(GP=gp, BLOCK_M=P * gp, HEAD_DIM=d, S=S, BL=BL, PREC="tf32", DEPTH_STAGES=stages)
-        kern = depth_fwd_kernel
-    else:
-        gp, P, S, BL = bwd_depth_geometry(G, bm, L, bl)
-        sig = {**{n: "*bf16" for n in ("Q", "DO", "O")}, "LSE": "*fp32",
-               **{n: "*bf16" for n in ("KD", "VD", "DQ", "DKD", "DVD")}, "qk_scale": "fp32", "sm_scale": "fp32"}
-        ints = ("B", "T", "L", "G", "Hk", "n_items")
-        cons = dict(GP=gp, BLOCK_M=P * gp, D=d, S=S, BL=BL, PREC="tf32", DEPTH_STAGES=stages, DEPTH_GRAD=grad)
-        kern = depth_bwd_kernel
-    sig.update({n: "i32" for n in ints}, **{n: "constexpr" for n in cons})
-    compiled = triton.compile(ASTSource(kern, sig, cons), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=8 if kind == "fwd" else 4))
-    return compiled.metadata.shared
-
-
 def _compiled_sm90(items: list) -> list:
-    """`_shared_sm90` of each (kind, G, bm, d, stages, bl, L, grad) in a process without the
-    interpreter (the kernels here are interpreted functions), or skip where this machine cannot."""
-    code = ("import json, sys; sys.path[:0] = sys.argv[1:3]; from test_depth_smem import _shared_sm90; "
-            f"print(json.dumps([_shared_sm90(*a) for a in {items!r}]))")
+    """`depth_smem.compiled_smem` of each (kind, G, bm, d, stages, bl, L, grad) in a process without
+    the interpreter (the kernels here are interpreted functions), or skip where this machine cannot."""
+    code = ("import json, sys; sys.path[:0] = sys.argv[1:3]; "
+            "from moda_bench.kernels.moda.triton.depth_smem import compiled_smem; "
+            f"print(json.dumps([compiled_smem(*a) for a in {items!r}]))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     here = os.path.dirname(os.path.abspath(__file__))
     run = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], env=env, capture_output=True,
