@@ -61,8 +61,9 @@ def test_every_shape_fits(limit, elems):
 
 def test_fitting_items_are_kept():
     """The asked item comes back as asked wherever its bound fits: every d = 64 shape (the tuned
-    items of the overlap route, 256-row forward and 64-row backward, three stages), the backward
-    at d = 128; at G=32, d=128 the forward shrinks (fewer stages, then fewer columns)."""
+    items of the overlap route, 256-row forward and 64-row backward, three stages; at G <= 8 the
+    four-stage forward too), the backward at d = 128; at G=32, d=128 the forward shrinks (fewer
+    stages, then fewer columns)."""
     for G in GS:
         for L in LS:
             for grad in (True, False):
@@ -71,6 +72,8 @@ def test_fitting_items_are_kept():
                         (_asked(G, False), STAGES, 0)
         assert fit_fwd(G, 64, 2, HOPPER_SMEM, _asked(G, True), STAGES) == (_asked(G, True), STAGES, 0)
         assert fit_fwd(G, 64, 2, HOPPER_SMEM, 128, 3, 32) == (128, 3, 32)  # an asked block_l kept too
+        if G <= 8:  # the tuner's deepest 256-row forward item (four stages) at d = 64
+            assert fit_fwd(G, 64, 2, HOPPER_SMEM, 256, 4) == (256, 4, 0)
     assert fit_fwd(32, 128, 2, HOPPER_SMEM, 256, 3) == (256, 2, 16)
     assert fwd_smem(32, 256, 128, 3, 2) > HOPPER_SMEM  # what failed on the H100
 
@@ -79,9 +82,9 @@ def test_order_is_stages_then_columns_then_rows():
     G, d = 32, 128
     # the bound of the asked 256-row item: 2 stages fit only with half the columns
     assert fwd_smem(G, 256, d, 2, 2) > HOPPER_SMEM >= fwd_smem(G, 256, d, 2, 2, 16)
-    # G=1 has one column a position at 256 rows (BL can not shrink): rows halve
-    bm, s, bl = fit_fwd(1, d, 2, HOPPER_SMEM, 256, 3)
-    assert (bm, s) == (128, 2) and bl == 0
+    # G=1 at d=256: one column a position at 256 rows (BL can not shrink), so rows halve, then columns
+    assert depth_geometry(1, 256)[3] == 1
+    assert fit_fwd(1, 256, 2, HOPPER_SMEM, 256, 3) == (128, 2, 16)
     # a limit nothing fits is a clear error
     with pytest.raises(ValueError, match="no streaming depth item fits"):
         fit_fwd(32, 256, 4, 4096, 256, 3)

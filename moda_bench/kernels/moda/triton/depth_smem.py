@@ -18,9 +18,9 @@ The bound counts every shared buffer Triton allocates for these loops as if all 
 * the depth K and V tiles, [P, BL, d] each, max(1, stages - 1) buffers of each (the software
   pipeliner's ring; one staging buffer without pipelining);
 * the backward with depth gradients: one more tile, the staging of the dk_depth / dv_depth stores;
-* two row tiles, [BLOCK_M, d] each: q, which stays in shared memory as a dot operand where the
-  reshape to sub-tiles moves no data, and in the forward the output tile's layout conversion, in
-  the backward do;
+* row tiles, [BLOCK_M, d] each: in the backward two (q and do); in the forward q, and where a
+  sub-tile is one position (S = 1: the reshape to sub-tiles moves no data, so q stays in shared
+  memory as a dot operand) one more for the output tile's layout conversion;
 * the barriers (a few bytes a stage), inside BARRIER_SLACK.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from moda_bench.kernels.moda.triton.bwd_tma_rules import bwd_depth_geometry
 from moda_bench.kernels.moda.triton.fwd_tma import depth_geometry
 
 HOPPER_SMEM = 232448  # sm_90's opt-in shared memory a block (227 KiB): the default off CUDA
-BARRIER_SLACK = 1024
+BARRIER_SLACK = 2048
 
 
 def _buffers(stages: int) -> int:
@@ -46,7 +46,8 @@ def fwd_smem(G: int, block_m: int, d: int, stages: int, elem: int, block_l: int 
     block_l as `depth_fwd`'s: 0 is `depth_geometry`'s choice)."""
     gp, P, S, bl = depth_geometry(G, max(block_m, next_pow2(G)), 0, block_l)
     bm = P * gp
-    return elem * d * (2 * _buffers(stages) * P * bl + 2 * bm) + BARRIER_SLACK
+    rows = 2 if S == 1 else 1
+    return elem * d * (2 * _buffers(stages) * P * bl + rows * bm) + BARRIER_SLACK
 
 
 def bwd_smem(G: int, block_m: int, d: int, L: int, stages: int, elem: int, depth_grad: bool = True,
