@@ -281,12 +281,13 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
 def _item_prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, elem: int, limit: int) -> Optional[str]:
     """A streaming item whose shared memory `depth_smem` bounds above the limit: the kernel would
     run a smaller item (`fit_fwd` / `fit_bwd`), which another candidate already is."""
-    if kernel == "fwd_items":
-        item = (cfg.depth_block_m, cfg.depth_stages, 0)
-        fit = fit_fwd(shape.G, shape.d, elem, limit, *item)
-    else:
-        item = (cfg.bwd_depth_block_m, cfg.bwd_depth_stages, 0)
-        fit = fit_bwd(shape.G, shape.d, shape.L, elem, limit, item[0], item[1], True)
+    fwd = kernel == "fwd_items"
+    item = (cfg.depth_block_m, cfg.depth_stages, 0) if fwd else (cfg.bwd_depth_block_m, cfg.bwd_depth_stages, 0)
+    try:
+        fit = fit_fwd(shape.G, shape.d, elem, limit, *item) if fwd else \
+            fit_bwd(shape.G, shape.d, shape.L, elem, limit, item[0], item[1], True)
+    except ValueError as exc:  # no item fits this limit
+        return f"shared memory: {exc}"
     if fit[:2] != (max(item[0], group_pad(shape.G)), item[1]) or fit[2] != 0:
         return f"shared memory: the item (rows, stages) = {item[:2]} does not fit {limit // 1024} KiB (runs as {fit})"
     return None
