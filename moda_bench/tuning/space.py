@@ -62,6 +62,7 @@ from moda_bench.kernels.moda.config import (
     group_pad,
 )
 from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_heads_possible, kv_one_fits, pass_options
+from moda_bench.kernels.moda.triton.depth_smem import fit_bwd, fit_fwd
 from moda_bench.kernels.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -257,7 +258,9 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
         return f"invalid: {probs[0]}"
     if kernel in DEPTH_GROUPS:
         return _depth_prune_reason(cfg, shape, kernel, max_regs)
-    if kernel in OVERLAP_GROUPS:  # a program count or a streaming item: compile failures are skipped
+    if kernel in ITEM_ROWS:
+        return _item_prune_reason(cfg, shape, kernel, elem, smem_limit)
+    if kernel in OVERLAP_GROUPS:  # a program count: nothing to estimate
         return None
     smem = smem_bytes(cfg, shape, kernel, elem)
     if smem > smem_limit:
@@ -273,6 +276,21 @@ def prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, *, elem: int = 
     if n > max(min(COL_BLOCKS), next_pow2(shape.T)):
         return f"oversized: {n_name}={n} > next_pow2(T={shape.T})"
     return _oversized_depth_cols("block_l", cfg.block_l, shape) if kernel == "fwd" else None
+
+
+def _item_prune_reason(cfg: MoDAConfig, shape: MoDAShape, kernel: str, elem: int, limit: int) -> Optional[str]:
+    """A streaming item whose shared memory `depth_smem` bounds above the limit: the kernel would
+    run a smaller item (`fit_fwd` / `fit_bwd`), which another candidate already is."""
+    fwd = kernel == "fwd_items"
+    item = (cfg.depth_block_m, cfg.depth_stages, 0) if fwd else (cfg.bwd_depth_block_m, cfg.bwd_depth_stages, 0)
+    try:
+        fit = fit_fwd(shape.G, shape.d, elem, limit, *item) if fwd else \
+            fit_bwd(shape.G, shape.d, shape.L, elem, limit, item[0], item[1], True)
+    except ValueError as exc:  # no item fits this limit
+        return f"shared memory: {exc}"
+    if fit[:2] != (max(item[0], group_pad(shape.G)), item[1]) or fit[2] != 0:
+        return f"shared memory: the item (rows, stages) = {item[:2]} does not fit {limit // 1024} KiB (runs as {fit})"
+    return None
 
 
 def _oversized_rows(name: str, m: int, shape: MoDAShape) -> Optional[str]:

@@ -35,6 +35,8 @@ DETACHED_BWD = 0.6
 # program count), so more warps on a larger item raise its rate; the forward's 256-row items gain
 # beside FA4 too. The backward's 128-row 8-warp items stream faster alone but cost more beside FA4
 # at G=2 and L=256, so the backward keeps 64 rows and 4 warps (docs/DESIGN.md, "The overlap route").
+# Where an item would not fit the SM's shared memory (d >= 128) the kernels run the largest that does
+# (`triton.depth_smem.fit_fwd` / `fit_bwd`: fewer stages, then depth columns, then rows).
 FWD_BLOCK_M, FWD_WARPS, BWD_BLOCK_M, BWD_WARPS, STAGES = 256, 8, 64, 4, 3
 # The backward's depth part as the CuTe kernel of independent warps (`depth_bwd_sm90`, where it takes
 # the shape): it streams about twice Triton's rate a program, so it needs fewer SMs beside FA4: a

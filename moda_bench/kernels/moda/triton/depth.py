@@ -39,6 +39,7 @@ import triton.language as tl
 from moda_bench.kernels.launch import CachedLaunch, aligned16, cdiv, next_pow2
 from moda_bench.kernels.moda.triton.bwd_tma_rules import bwd_depth_geometry
 from moda_bench.kernels.moda.triton.bwd_tma_tiles import depth_part
+from moda_bench.kernels.moda.triton.depth_smem import fit_bwd, fit_fwd, smem_limit
 from moda_bench.kernels.moda.triton.descriptors import depth_descs, rows_ptr, rows_tile
 from moda_bench.kernels.moda.triton.fwd_tma import depth_geometry as fwd_depth_geometry
 from moda_bench.kernels.moda.triton.fwd_tma import depth_phase, depth_rows_desc, ensure_allocator, rows_desc
@@ -132,12 +133,14 @@ def depth_fwd(q, kd, vd, scale: float, G: int, programs: int, *, block_m: int = 
     """The depth partial (o_d (B,T,Hq,d) in q's dtype, lse_d (B,T,Hq) float32) on `programs`
     persistent programs, items of block_m folded rows (widened to GP), `stages` depth steps in
     flight, block_l depth columns a sub-tile per step (0: `depth_geometry`'s, about 256 depth rows
-    a step; smaller gives an item more steps). Inputs contiguous and 16-byte aligned (the caller
+    a step; smaller gives an item more steps), all three shrunk where the item would not fit the
+    device's shared memory (`depth_smem.fit_fwd`). Inputs contiguous and 16-byte aligned (the caller
     checks)."""
     B, T, Hq, d = q.shape
     L, Hk = kd.shape[2], kd.shape[3]
     od = torch.empty_like(q)
     lsed = torch.empty((B, T, Hq), device=q.device, dtype=torch.float32)
+    block_m, stages, block_l = fit_fwd(G, d, q.element_size(), smem_limit(q.device), block_m, stages, block_l)
     gp, P, S, bl = fwd_depth_geometry(G, max(block_m, next_pow2(G)), 0, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()
@@ -154,12 +157,14 @@ def depth_bwd(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, dep
               block_m: int = 64, stages: int = 3, num_warps: int = 4, block_l: int = 0):
     """(dq share (q's dtype), dk_depth, dv_depth) given the merged o and lse (B,T,Hq); dk_depth =
     dv_depth = None without depth_grad (never allocated). Items as in `depth_fwd` (block_l 0:
-    `bwd_depth_geometry`'s)."""
+    `bwd_depth_geometry`'s; shrunk to fit by `depth_smem.fit_bwd`)."""
     B, T, Hq, d = q.shape
     L, Hk = kd.shape[2], kd.shape[3]
     dq = torch.empty_like(q)
     dkd = torch.empty_like(kd) if depth_grad else None
     dvd = torch.empty_like(vd) if depth_grad else None
+    block_m, stages, block_l = fit_bwd(G, d, L, q.element_size(), smem_limit(q.device), block_m, stages,
+                                       bool(depth_grad), block_l)
     gp, P, S, bl = bwd_depth_geometry(G, max(block_m, next_pow2(G)), L, block_l)
     n_items = cdiv(T, P) * B * Hk
     ensure_allocator()
