@@ -1,7 +1,7 @@
 """The streaming depth kernels' shared memory over issue 60's grid, without a GPU: for every G, d, L
 and depth_grad, the item moda-overlap asks (`fa4.overlap`: 256-row forward, 64-row backward, three
 stages) and the item `depth_smem.fit_fwd` / `fit_bwd` run instead, each compiled for sm_90 on this
-machine (`depth_smem.compiled_smem`; ptxas and Triton's NVIDIA backend, no device), beside the bound.
+machine (`depth.compiled_smem`; ptxas and Triton's NVIDIA backend, no device), beside the bound.
 
     python3 experiments/depth_smem_check.py                 # the whole grid (a few minutes on 2 cores)
     python3 experiments/depth_smem_check.py --G 32 --d 128   # one corner
@@ -16,7 +16,8 @@ import sys
 
 from moda_bench.kernels.launch import next_pow2
 from moda_bench.kernels.moda.fa4.overlap import BWD_BLOCK_M, FWD_BLOCK_M, STAGES
-from moda_bench.kernels.moda.triton.depth_smem import HOPPER_SMEM, bwd_smem, compiled_smem, fit_bwd, fit_fwd, fwd_smem
+from moda_bench.kernels.moda.triton.depth import compiled_smem
+from moda_bench.kernels.moda.triton.depth_smem import HOPPER_SMEM, bwd_smem, fit_bwd, fit_fwd, fwd_smem
 
 
 def main() -> int:

@@ -129,10 +129,10 @@ def test_interpreter_g32_d128():
 
 
 def _compiled_sm90(items: list) -> list:
-    """`depth_smem.compiled_smem` of each (kind, G, bm, d, stages, bl, L, grad) in a process without
+    """`depth.compiled_smem` of each (kind, G, bm, d, stages, bl, L, grad) in a process without
     the interpreter (the kernels here are interpreted functions), or skip where this machine cannot."""
     code = ("import json, sys; sys.path[:0] = sys.argv[1:3]; "
-            "from moda_bench.kernels.moda.triton.depth_smem import compiled_smem; "
+            "from moda_bench.kernels.moda.triton.depth import compiled_smem; "
             f"print(json.dumps([compiled_smem(*a) for a in {items!r}]))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     here = os.path.dirname(os.path.abspath(__file__))

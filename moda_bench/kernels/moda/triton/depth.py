@@ -179,3 +179,32 @@ def depth_bwd(do, q, o, lse, kd, vd, scale: float, G: int, programs: int, *, dep
 
 
 _FWD, _BWD = CachedLaunch(depth_fwd_kernel), CachedLaunch(depth_bwd_kernel)
+
+
+def compiled_smem(kind: str, G: int, block_m: int, d: int, stages: int, block_l: int = 0, L: int = 1,
+                  depth_grad: bool = True, num_warps: int = 0, arch: int = 90) -> int:
+    """Shared memory in bytes that Triton allocates for `depth_fwd_kernel` (kind "fwd", 8 warps by
+    default, as moda-overlap's items) or `depth_bwd_kernel` ("bwd", 4 warps) with 16-bit inputs,
+    compiled for sm_`arch` on this machine (no GPU; raises where this Triton or ptxas cannot, and
+    under TRITON_INTERPRET=1, whose kernels are not compiled)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    if kind == "fwd":
+        gp, P, S, bl = fwd_depth_geometry(G, max(block_m, next_pow2(G)), 0, block_l)
+        sig = {**dict.fromkeys(("Q", "KD", "VD", "OD"), "*bf16"), "LSED": "*fp32", "qk_scale": "fp32",
+               **dict.fromkeys(("B", "T", "L", "G", "Hk", "Hq", "n_items"), "i32")}
+        cons = dict(GP=gp, BLOCK_M=P * gp, HEAD_DIM=d, S=S, BL=bl, PREC="tf32", DEPTH_STAGES=stages)
+        kern, warps = depth_fwd_kernel, num_warps or 8
+    else:
+        gp, P, S, bl = bwd_depth_geometry(G, max(block_m, next_pow2(G)), L, block_l)
+        sig = {**dict.fromkeys(("Q", "DO", "O"), "*bf16"), "LSE": "*fp32",
+               **dict.fromkeys(("KD", "VD", "DQ", "DKD", "DVD"), "*bf16"), "qk_scale": "fp32", "sm_scale": "fp32",
+               **dict.fromkeys(("B", "T", "L", "G", "Hk", "n_items"), "i32")}
+        cons = dict(GP=gp, BLOCK_M=P * gp, D=d, S=S, BL=bl, PREC="tf32", DEPTH_STAGES=stages,
+                    DEPTH_GRAD=bool(depth_grad))
+        kern, warps = depth_bwd_kernel, num_warps or 4
+    sig.update(dict.fromkeys(cons, "constexpr"))
+    return triton_compile(ASTSource(kern, sig, cons), target=GPUTarget("cuda", arch, 32),
+                   options=dict(num_warps=warps)).metadata.shared

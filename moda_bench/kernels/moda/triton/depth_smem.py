@@ -5,9 +5,9 @@ rule that fits their items into a multiprocessor's shared memory.
 Owns: `fwd_smem` / `bwd_smem` (an upper bound of one program's shared memory in bytes, a pure function
 of the item's geometry, head size, stages and element size), `fit_fwd` / `fit_bwd` (the largest item
 at most the asked one that fits a limit: fewer stages first, then fewer depth columns a step, then
-fewer rows), `smem_limit` (a device's opt-in shared memory a block, looked up once a device) and
-`compiled_smem` (what Triton allocates for an item, compiled for sm_90 without a GPU: the bound's check,
-`tests/test_depth_smem.py`, `experiments/depth_smem_check.py`).
+fewer rows) and `smem_limit` (a device's opt-in shared memory a block, looked up once a device). The
+bound is checked against `depth.compiled_smem` (what Triton allocates for an item, compiled for sm_90
+without a GPU; `tests/test_depth_smem.py`, `experiments/depth_smem_check.py`).
 
 Why: a program's depth tiles grow with the head size, and at d = 128 the forward's 256-row items with
 three stages need more than Hopper's 227 KiB (Triton's OutOfResources at launch). The tuned items at
@@ -124,33 +124,3 @@ def smem_limit(device) -> int:
             got = int(getattr(props, "shared_memory_per_block_optin", 0) or HOPPER_SMEM)
         _LIMITS[device] = got
     return got
-
-
-def compiled_smem(kind: str, G: int, block_m: int, d: int, stages: int, block_l: int = 0, L: int = 1,
-                  depth_grad: bool = True, num_warps: int = 0, arch: int = 90) -> int:
-    """Shared memory in bytes that Triton allocates for `depth_fwd_kernel` (kind "fwd", 8 warps by
-    default, as moda-overlap's items) or `depth_bwd_kernel` ("bwd", 4 warps) with 16-bit inputs,
-    compiled for sm_`arch` on this machine (no GPU; raises where this Triton or ptxas cannot, and
-    under TRITON_INTERPRET=1, whose kernels are not compiled)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler import compile as triton_compile
-
-    from moda_bench.kernels.moda.triton.depth import depth_bwd_kernel, depth_fwd_kernel
-    if kind == "fwd":
-        gp, P, S, bl = depth_geometry(G, max(block_m, next_pow2(G)), 0, block_l)
-        sig = {**dict.fromkeys(("Q", "KD", "VD", "OD"), "*bf16"), "LSED": "*fp32", "qk_scale": "fp32",
-               **dict.fromkeys(("B", "T", "L", "G", "Hk", "Hq", "n_items"), "i32")}
-        cons = dict(GP=gp, BLOCK_M=P * gp, HEAD_DIM=d, S=S, BL=bl, PREC="tf32", DEPTH_STAGES=stages)
-        kern, warps = depth_fwd_kernel, num_warps or 8
-    else:
-        gp, P, S, bl = bwd_depth_geometry(G, max(block_m, next_pow2(G)), L, block_l)
-        sig = {**dict.fromkeys(("Q", "DO", "O"), "*bf16"), "LSE": "*fp32",
-               **dict.fromkeys(("KD", "VD", "DQ", "DKD", "DVD"), "*bf16"), "qk_scale": "fp32", "sm_scale": "fp32",
-               **dict.fromkeys(("B", "T", "L", "G", "Hk", "n_items"), "i32")}
-        cons = dict(GP=gp, BLOCK_M=P * gp, D=d, S=S, BL=bl, PREC="tf32", DEPTH_STAGES=stages,
-                    DEPTH_GRAD=bool(depth_grad))
-        kern, warps = depth_bwd_kernel, num_warps or 4
-    sig.update(dict.fromkeys(cons, "constexpr"))
-    return triton_compile(ASTSource(kern, sig, cons), target=GPUTarget("cuda", arch, 32),
-                   options=dict(num_warps=warps)).metadata.shared
