@@ -196,11 +196,11 @@ class Decoder(nn.Module):
         if hit is None:
             from moda_bench.kernels.moda import dispatch
             from moda_bench.kernels.moda.validate import MoDAShape
-            cfg, w = self.cfg, self.embed.weight
-            shape = MoDAShape(B=B, T=T, Hq=cfg.heads, Hk=cfg.kv_heads, d=cfg.head_dim, L=L)
             if self.moda_impl == "auto" and L > 0:
                 hit = dispatch.Choice("triton", IN_PLACE_REASON)
             else:
+                cfg, w = self.cfg, self.embed.weight
+                shape = MoDAShape(B=B, T=T, Hq=cfg.heads, Hk=cfg.kv_heads, d=cfg.head_dim, L=L)
                 hit = dispatch.choose(shape, w.dtype, w.device, depth_grad=depth_grad, training=training,
                                       impl=self.moda_impl)
             self._routes[key] = hit

@@ -62,7 +62,7 @@ from moda_bench.kernels.moda.config import (
     group_pad,
 )
 from moda_bench.kernels.moda.triton.bwd_tma_rules import dq_heads, dq_heads_possible, kv_one_fits, pass_options
-from moda_bench.kernels.moda.triton.depth_smem import fit_bwd, fit_fwd
+from moda_bench.kernels.moda.triton.depth_smem import HOPPER_SMEM, fit_bwd, fit_fwd, smem_limit
 from moda_bench.kernels.moda.validate import MoDAShape
 
 TILE_KERNELS = ("fwd", "bwd_q", "bwd_kv")
@@ -75,7 +75,7 @@ OVERLAP_GROUPS = ("fwd_items", "fwd_ctas", "bwd_kernel", "bwd_items", "bwd_ctas"
 OVERLAP_DEFAULT = ("fwd_ctas", "bwd_kernel", "bwd_ctas")
 KERNELS = DEPTH_GROUPS + TILE_KERNELS  # tuning order of moda and moda-fa4 (moda-overlap: OVERLAP_GROUPS)
 DEFAULT_BUDGET = 40
-DEFAULT_SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
+DEFAULT_SMEM_BYTES = HOPPER_SMEM  # H100 / H200 opt-in shared memory per block (227 KiB)
 MAX_REGS_PER_THREAD = 255
 
 # Search values (the brief's spaces); row blocks are further filtered by GP.
@@ -203,8 +203,7 @@ def device_smem_limit(device_index: Optional[int] = None, default: int = DEFAULT
         import torch
         if torch.cuda.is_available():
             idx = torch.cuda.current_device() if device_index is None else device_index
-            props = torch.cuda.get_device_properties(idx)
-            return int(getattr(props, "shared_memory_per_block_optin", 0) or default)
+            return smem_limit(torch.device("cuda", idx))
     except Exception:  # pragma: no cover - a broken driver only costs the estimate
         pass
     return default

@@ -50,6 +50,7 @@ from moda_bench.kernels.moda.triton.interface import (
 )
 from moda_bench.kernels.moda.triton.utils import lse_merge
 from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
+from moda_bench.kernels.oplib import through_ops
 
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_DTYPES = (torch.float16, torch.bfloat16)
@@ -460,10 +461,10 @@ def moda_fa4(q, k, v, k_depth=None, v_depth=None, *, scale: float | None = None,
 def fa4_attention(q, k, v, *, scale: float | None = None):
     """Causal GQA attention through FlashAttention-4's `flash_attn_func` (autograd-enabled):
     q (B,T,Hq,d), k, v (B,T,Hk,d), fp16/bf16 CUDA tensors, d a multiple of 8 in [8, 256].
-    Returns out (B,T,Hq,d). Under torch.compile it calls the custom op `seq_op.sequence_attention`
-    with FA4's raw forward and backward (dynamo cannot trace into `flash_attn_func`); its inputs are
-    then checked when the op runs."""
-    if torch.compiler.is_compiling():
+    Returns out (B,T,Hq,d). Under torch.compile (`oplib.through_ops`) it calls the custom op
+    `seq_op.sequence_attention` with FA4's raw forward and backward (dynamo cannot trace into
+    `flash_attn_func`); the inputs are then checked by FA4 itself when the op runs."""
+    if through_ops():
         return sequence_attention(q, k, v, FA4_BACKEND, scale=scale)
     shape = check_inputs(q, k, v, None, None, head_dims=None)
     check_backend_dtype(q, FA4_BACKEND, "fa4_attention")

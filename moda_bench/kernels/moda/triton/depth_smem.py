@@ -109,18 +109,12 @@ def fit_bwd(G: int, d: int, L: int, elem: int, limit: int, block_m: int, stages:
                 lambda m, b: bwd_depth_geometry(G, m, L, b), G, block_m, stages, block_l, limit)
 
 
-_LIMITS: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def smem_limit(device) -> int:
     """Opt-in shared memory a block of a CUDA device (its properties, looked up once a device);
     HOPPER_SMEM off CUDA (the interpreter runs what the H100 would)."""
-    got = _LIMITS.get(device)
-    if got is None:
-        got = HOPPER_SMEM
-        dev = torch.device(device)
-        if dev.type == "cuda":
-            props = torch.cuda.get_device_properties(dev)
-            got = int(getattr(props, "shared_memory_per_block_optin", 0) or HOPPER_SMEM)
-        _LIMITS[device] = got
-    return got
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return HOPPER_SMEM
+    props = torch.cuda.get_device_properties(dev)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or HOPPER_SMEM)
