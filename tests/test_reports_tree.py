@@ -139,6 +139,23 @@ def test_readme_headline_tables(tmp_path):
         f"{(tmp_path / 'results').as_posix()}/h100/paper"]
 
 
+def test_readme_headline_prefers_the_efficiency_run(tmp_path):
+    """With paper-efficiency/ beside paper/, the headline is the dispatcher over FA4 with its route,
+    the paper's like-for-like pair, and a mark where MoDA measured under FA4."""
+    for run in ("paper", "paper-efficiency"):
+        shutil.copytree(RESULTS / "h100" / run, tmp_path / "results" / "h100" / run)
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- moda-bench:headline:h100 -->\n<!-- /moda-bench:headline:h100 -->\n")
+    assert update_readme(readme, tmp_path / "results", lambda message: None) == ["h100"]
+    text = readme.read_text()
+    assert "[`results/h100/paper-efficiency/`](results/h100/paper-efficiency)" in text
+    head = next(line for line in text.splitlines() if line.startswith("| sweep"))
+    assert "| moda / FA4 [95% CI] | route | moda-triton / FA2-Triton |" in head and "FA2-Triton / FA4" not in head
+    row = next(line for line in text.splitlines() if line.startswith("| T | 4096 |"))
+    assert "| fused | 1.245 |" in row
+    assert "† `moda` measured under FA4" in text and " † | fused |" in text
+
+
 @pytest.mark.slow
 def test_readme_headline_tables_are_current():
     """README's headline blocks (where it has the markers) are what `moda-bench report` writes."""

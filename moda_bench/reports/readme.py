@@ -1,12 +1,15 @@
 """README's headline tables: one per GPU, written by `moda-bench report` between the markers
 `<!-- moda-bench:headline:<gpu> -->` and `<!-- /moda-bench:headline:<gpu> -->` (the text around
-them is left alone), from the GPU's canonical paper run `<results>/<gpu>/paper/`.
+them is left alone), from the GPU's canonical paper run: `<results>/<gpu>/paper-efficiency/` (every
+route and peer in one run), else the older `<results>/<gpu>/paper/`.
 
 A table has one line per paper row (the T, G and L sweeps, fwd+bwd, the default timer): FA2's and
-FA4's median ms, `moda / FA2` (the paired ratio with its 95% interval) and, for every other
-provider of the run, its time over FA4 (the paired ratio to the fastest attention where FA4 was
-that, else the ratio of the medians); with no FA4 rows every ratio is to FA2. Above the table:
-the GPU, the run's commit, date, folder and command (its run.json).
+FA4's median ms; the MoDA column: the entry point `moda` over FA4 with the route its dispatcher
+took, where the run has both (else `moda` or `moda-triton` over FA2); `moda-triton / FA2-Triton`,
+the paper's like-for-like quantity, where the run has both; and, for every other provider of the
+run, its time over FA4 (the paired ratio to the fastest attention where FA4 was that, else the
+ratio of the medians); with no FA4 rows every ratio is to FA2. Above the table: the GPU, the
+run's commit, folder and command (its run.json).
 """
 from __future__ import annotations
 
@@ -19,12 +22,12 @@ from typing import Callable, Optional
 from moda_bench import schema
 from moda_bench.reports.vocab import PAPER_AXES, ReportError, sort_providers
 
-HEADLINE_RUN = "paper"
+HEADLINE_RUNS = ("paper-efficiency", "paper")   # the first that exists is the headline run
 BEGIN, END = "<!-- moda-bench:headline:{name} -->", "<!-- /moda-bench:headline:{name} -->"
 MARKER = re.compile(r"<!-- moda-bench:headline:([A-Za-z0-9_.-]+) -->")
-FA2, FA4 = "fa2", "fa4"
+FA2, FA4, FA2_TRITON = "fa2", "fa4", "fa2-triton"
 MODAS = ("moda", "moda-triton")   # the MoDA column: the entry point, else the Triton kernel's (older) rows
-LABEL = {"fa2": "FA2", "fa4": "FA4", "cudnn": "cuDNN"}
+LABEL = {"fa2": "FA2", "fa4": "FA4", "cudnn": "cuDNN", "fa2-triton": "FA2-Triton"}
 
 
 def marker_names(text: str) -> list[str]:
@@ -68,6 +71,19 @@ def _cell(row, baseline: Optional[object], base_name: str) -> str:
     return _ratio(row["median_ms"] / baseline["median_ms"])
 
 
+def _route(row) -> str:
+    """The implementation the dispatcher ran ("auto -> fused (...)" -> "fused"), or "-"."""
+    if row is None or str(row["status"]).strip() != "ok":
+        return "-"
+    found = re.search(r"->\s*([A-Za-z0-9_-]+)", str(row.get("impl_detail", "")))
+    return found.group(1) if found else "-"
+
+
+def _medians(row, base) -> str:
+    ok = row is not None and base is not None and all(str(r["status"]).strip() == "ok" for r in (row, base))
+    return _ratio(row["median_ms"] / base["median_ms"]) if ok else "-"
+
+
 def _ms(row) -> str:
     return "-" if row is None or str(row["status"]).strip() != "ok" else f"{row['median_ms']:.3f}"
 
@@ -83,11 +99,16 @@ def headline_table(rows) -> str:
     providers = set(part["provider"])
     base = FA4 if FA4 in providers else FA2
     moda = next((m for m in MODAS if m in providers), None)
-    others = [p for p in sort_providers(providers) if p not in (FA2, FA4, moda)]
+    routed = moda == "moda" and FA4 in providers           # the dispatcher against the fastest attention
+    like = "moda-triton" in providers and FA2_TRITON in providers   # the paper's like-for-like pair
+    shown = {FA2, FA4, moda} | ({"moda-triton", FA2_TRITON} if like else set())
+    others = [p for p in sort_providers(providers) if p not in shown]
     head = ["sweep", "T", "G", "L", "FA2 ms"] + (["FA4 ms"] if FA4 in providers else []) \
-        + ([f"{moda} / FA2 [95% CI]"] if moda in providers else []) \
+        + ([f"{moda} / FA4 [95% CI]", "route"] if routed else [f"{moda} / FA2 [95% CI]"] if moda else []) \
+        + (["moda-triton / FA2-Triton"] if like else []) \
         + [f"{LABEL.get(p, p)} / {LABEL[base]} [95% CI]" for p in others]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    marked = False
     for sweep in [a for a in PAPER_AXES if a in set(part["sweep"])]:
         points = part[part["sweep"] == sweep]
         for key, point in points.groupby(["T", "G", "L"], sort=True):
@@ -95,10 +116,20 @@ def headline_table(rows) -> str:
             cells = [sweep] + [str(int(v)) for v in key] + [_ms(by.get(FA2))]
             if FA4 in providers:
                 cells.append(_ms(by.get(FA4)))
-            if moda in providers:
+            if routed:
+                cell = _cell(by.get(moda), by.get(FA4), FA4)
+                below = cell[:1].isdigit() and float(cell.split()[0]) < 1
+                cells += [cell + (" †" if below else ""), _route(by.get(moda))]
+                marked = marked or below
+            elif moda:
                 cells.append(_cell(by.get(moda), by.get(FA2), FA2))
+            if like:
+                cells.append(_medians(by.get("moda-triton"), by.get(FA2_TRITON)))
             cells += [_cell(by.get(p), by.get(base), base) for p in others]
             lines.append("| " + " | ".join(cells) + " |")
+    if marked:
+        lines.append(f"\n† `{moda}` measured under FA4, which does strictly less work (the same sequence attention "
+                     "without the depth part): not a gain; read it as about 1.")
     return "\n".join(lines)
 
 
@@ -118,14 +149,21 @@ def headline_markdown(folder: Path, link: str, warn: Optional[Callable[[str], No
     return intro + "\n\n" + headline_table(rows)
 
 
+def headline_folder(results_root: Path, name: str) -> Path:
+    """GPU name's headline run: the first of HEADLINE_RUNS under `<results_root>/<name>/` that exists
+    (the last, missing, when none does)."""
+    folders = [Path(results_root) / name / run for run in HEADLINE_RUNS]
+    return next((f for f in folders if f.is_dir()), folders[-1])
+
+
 def headline_text(readme: Path, results_root: Path, warn: Callable[[str], None]) -> tuple[str, list[str]]:
-    """(readme's text with every headline block whose folder `<results_root>/<name>/paper` exists
+    """(readme's text with every headline block whose run folder (`headline_folder`) exists
     rewritten, the names rewritten); a marker without its run folder is left as it is, with a warning."""
     readme = Path(readme)
     text = readme.read_text(encoding="utf-8")
     done = []
     for name in marker_names(text):
-        folder = Path(results_root) / name / HEADLINE_RUN
+        folder = headline_folder(results_root, name)
         if not folder.is_dir():
             warn(f"{readme}: headline marker '{name}' left as it is: no run folder {folder}")
             continue
@@ -148,7 +186,7 @@ def check_readme(readme: Path, results_root: Path, warn: Callable[[str], None]) 
     text, done = headline_text(readme, results_root, warn)
     old = Path(readme).read_text(encoding="utf-8")
     return [f"{Path(readme).as_posix()}: headline table '{name}' is not what `moda-bench report` writes from "
-            f"{Path(results_root).as_posix()}/{name}/{HEADLINE_RUN}" for name in done
+            f"{headline_folder(results_root, name).as_posix()}" for name in done
             if _block(old, name) != _block(text, name)]
 
 
