@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from moda_bench.kernels import oplib
 from moda_bench.kernels.moda.fa4 import merge
 from moda_bench.kernels.moda.fa4.seq_op import sequence_attention, sequence_attention_op
 from moda_bench.kernels.oplib import backend_key
@@ -79,3 +80,13 @@ def test_fa4_attention_compiles_through_the_op_with_no_graph_break(monkeypatch):
     assert abs(float(loss) - float(ref)) / abs(float(ref)) < 1e-5
     for got, want in zip(grads, torch.autograd.grad(ref, (qr, kr, vr))):
         assert _rel(got, want) < 1e-5
+
+
+def test_a_backend_is_registered_when_made_and_passes_as_its_name():
+    """Made once, found by name; `backend_key` only reads the name (torch 2.11's dynamo cannot rebuild
+    a frozen dataclass to run a function on it at trace time, nor replay a registry write)."""
+    assert oplib.backend_of("torch") is merge.TORCH_BACKEND and oplib.backend_of("fa4") is merge.FA4_BACKEND
+    made = merge.SequenceBackend("registered-on-make", merge.TORCH_BACKEND.fwd, merge.TORCH_BACKEND.bwd,
+                                 merge.TORCH_BACKEND.dtypes)
+    assert oplib.backend_of("registered-on-make") is made and oplib.backend_key(made) == "registered-on-make"
+    assert not hasattr(oplib.backend_key, "__wrapped__")   # not an assume_constant_result function

@@ -3,10 +3,13 @@ public call takes (a frozen config dataclass, a named sequence backend) into op 
 
 A custom op's schema takes tensors, scalars and strings. A config becomes its JSON (`config_key`:
 "" for None, memoised per object) and is rebuilt inside the op (`config_of`, memoised per key);
-a `SequenceBackend` becomes its name (`backend_key`, which registers it) and is found again by
-`backend_of`. Both key functions are `torch.compiler.assume_constant_result`: under dynamo they
-run once at trace time and their answer is a constant of the graph (guarded by the object), so a
-compiled call with `config=` traces with no graph break.
+a `SequenceBackend` registers itself under its name when it is made (`register_backend`), passes
+as that name (`backend_key`, a field read) and is found again by `backend_of`. `config_key` is
+`torch.compiler.assume_constant_result`: under dynamo it runs once at trace time and its answer is
+a constant of the graph (guarded by the object), so a compiled call with `config=` traces with no
+graph break. `backend_key` does nothing a trace must replay: torch 2.11's dynamo cannot rebuild a
+frozen dataclass to run a function on it at trace time ("can't reconstruct arbitrary frozen
+dataclass instances"), and a registry write inside a trace would be such a replayed side effect.
 
 Eager calls do not go through the dispatcher by default (`through_ops`): a Python custom op with
 autograd costs several times the host time of the `torch.autograd.Function` that runs the same
@@ -57,16 +60,19 @@ def config_of(key: str, cls):
     return obj
 
 
-@torch.compiler.assume_constant_result
-def backend_key(backend) -> str:
-    """The op argument standing for a `SequenceBackend`: its name, registered for `backend_of`
-    (a later backend of the same name replaces it)."""
+def register_backend(backend) -> None:
+    """Make `backend` (a `SequenceBackend`, which calls this when made) the one `backend_of` returns for
+    its name (a later backend of the same name replaces it)."""
     _BACKENDS[backend.name] = backend
+
+
+def backend_key(backend) -> str:
+    """The op argument standing for a `SequenceBackend`: its name (registered when it was made)."""
     return backend.name
 
 
 def backend_of(name: str):
-    """The `SequenceBackend` registered under name (KeyError if none was passed to `backend_key`)."""
+    """The `SequenceBackend` registered under name (KeyError if none was made with it)."""
     return _BACKENDS[name]
 
 

@@ -50,7 +50,7 @@ from moda_bench.kernels.moda.triton.interface import (
 )
 from moda_bench.kernels.moda.triton.utils import lse_merge
 from moda_bench.kernels.moda.validate import SUPPORTED_DTYPES, MoDAShape, check_inputs, cute_bwd_shape_problem
-from moda_bench.kernels.oplib import through_ops
+from moda_bench.kernels.oplib import register_backend, through_ops
 
 FA4_DISTRIBUTION = "flash-attn-4"
 FA4_DTYPES = (torch.float16, torch.bfloat16)
@@ -137,6 +137,9 @@ class SequenceBackend:
     bwd: Callable
     dtypes: tuple
     needs_fa4: bool = False
+
+    def __post_init__(self):
+        register_backend(self)   # found by name inside the custom ops (oplib.backend_of)
 
 
 def _fa4_fwd(q, k, v, scale):
