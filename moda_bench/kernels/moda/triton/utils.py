@@ -70,7 +70,7 @@ def depth_tile(t_lo, f0, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr, R: t
                BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Depth step f0 of a block whose first position is t_lo, cut into NB sub-tiles of S positions.
 
-    Returns (offs [NB, BLOCK_L, d] element offsets of the depth entries relative to the
+    Returns (offs [NB, BLOCK_L, d] int64 element offsets of the depth entries relative to the
     (b, KV head) base, ld_ok [NB, BLOCK_L, 1] load mask, own [NB, R, BLOCK_L] score mask).
     Flat column f (0 <= f < S*L) of sub-tile nb is depth entry f % L of position
     t_lo + nb*S + f // L; row rr of the sub-tile belongs to position t_lo + nb*S + rr // GP.
@@ -82,7 +82,8 @@ def depth_tile(t_lo, f0, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr, R: t
     f_l = f[None, :, None]
     pos_l = t_lo + nb[:, None, None] * S + f_l // L
     ld_ok = (f_l < S * L) & (pos_l < T)
-    offs = pos_l * sdt + (f_l % L) * sdl + offs_d[None, None, :]
+    # 64-bit: a position's offset passes 2**31 at T = 64K, L = 64, Hk = 8, d = 128 (sdt = 65536)
+    offs = pos_l.to(tl.int64) * sdt + (f_l % L) * sdl + offs_d[None, None, :]
     # score side [NB, R, BLOCK_L]
     f_s = f[None, None, :]
     pos_s = t_lo + nb[:, None, None] * S + f_s // L
