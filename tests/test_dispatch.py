@@ -197,6 +197,19 @@ def test_rules_regenerated_from_a_sweep_csv(tmp_path):
         dispatch_rules.build_rules([tmp_path / "out"])
 
 
+def test_dispatcher_rows_fill_a_route_no_provider_measured(tmp_path):
+    """A run that timed `moda` (auto -> triton) beside `moda-fused` only (FP16, d = 128) gives a point
+    with both routes; where the route's own provider was measured, the dispatcher's row is left out."""
+    _write(tmp_path / "sweep_T.csv",
+           [_row("moda", 4096, 1.6, "auto -> triton (h100 rule: ...); moda_attention block_m=64"),
+            _row("moda-fused", 4096, 1.3),
+            _row("moda", 8192, 3.0, "auto -> fused (h100 rule: ...)"), _row("moda-fused", 8192, 4.0),
+            _row("moda-triton", 8192, 5.0), _row("moda", 16384, 9.0, "auto -> triton (...)")])
+    pts = dispatch_rules.build_rules([tmp_path])[H100]["points"]
+    assert [(q["T"], [(e["impl"], e["ms"]) for e in q["ranking"]]) for q in pts] == [
+        (4096, [("fused", 1.3), ("triton", 1.6)]), (8192, [("fused", 4.0), ("triton", 5.0)])]
+
+
 def test_moda_provider_is_the_dispatcher_and_moda_triton_the_kernel():
     """On the CPU interpreter `moda` runs moda_attention(impl="auto") -> Triton, its impl_detail says
     so, and its forward equals `moda-triton`'s; a pinned C runs the Triton kernel with that chunk."""

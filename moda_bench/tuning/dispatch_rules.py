@@ -5,8 +5,10 @@ implementations timed there, fastest first. From the CSVs under the given paths 
 reader, `moda_bench.results`): training passes fwd and fwdbwd, status ok, both timers (a point of
 each: "eager" decides eager calls, "graph" calls captured into a CUDA graph), the providers of
 `dispatch.IMPL_OF` (moda-triton, including the committed `moda` rows that were the Triton kernel,
-moda-fa4, moda-overlap, moda-fused; the dispatcher's own `moda` rows are not an implementation and
-are left out). A provider's newest row at a point counts, whichever run it came from; a point with
+moda-fa4, moda-overlap, moda-fused). The dispatcher's own `moda` rows count as a measurement of the
+route they ran (`auto -> fused (...)` in impl_detail) only where no row of that route's provider
+exists at the point, in any run: they fill gaps (an FP16 or d = 128 run that timed `moda` beside
+`moda-fused` only), never override. A provider's newest row at a point counts, whichever run it came from; a point with
 fewer than two implementations measured decides nothing and is left out. Implementations within
 TIE (1%) of a point's fastest are tied, and the simpler one (`dispatch.IMPLS` order: triton, fa4,
 overlap, fused) is ranked first. One file per GPU name in the rows, `<gpu-slug>.json`; writing
@@ -18,14 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
+
 from moda_bench import results
 from moda_bench.kernels.moda.config import gpu_slug
-from moda_bench.kernels.moda.dispatch import IMPL_OF, IMPLS, RULES_DIR, RULES_SCHEMA_VERSION
+from moda_bench.kernels.moda.dispatch import IMPL_OF, IMPLS, PROVIDER_OF, RULES_DIR, RULES_SCHEMA_VERSION
 
 POINT_COLUMNS = ["timer", "pass", "dtype", "d", "G", "L", "T", "B", "Hk", "Hq", "depth_grad"]
 PASSES = ("fwd", "fwdbwd")
 TIMERS = ("eager", "graph")
 TIE = 0.01  # implementations within 1% of a point's fastest count as tied (`ranked`)
+DISPATCHER = "moda"                       # the entry point's provider; its impl_detail names the route
+ROUTE = r"^\s*auto\s*->\s*([a-z0-9]+)"
 
 
 class RulesError(ValueError):
@@ -53,10 +59,24 @@ def ranked(g, tie: float = TIE):
         .drop(columns=["_far", "_key"])
 
 
+def routed_rows(df):
+    """The dispatcher's `moda` rows of df renamed to the provider of the route they ran (impl_detail
+    "auto -> <impl> ..."); rows naming no known route are dropped."""
+    rows = df[df["provider"] == DISPATCHER]
+    impl = rows["impl_detail"].astype(str).str.extract(ROUTE, expand=False)
+    rows = rows.assign(provider=impl.map(PROVIDER_OF))
+    return rows[rows["provider"].notna()]
+
+
 def rules_from_frame(df, command: str = "", gpu: Optional[str] = None) -> dict:
     """{gpu name: rules dict} from a results frame (`results.read_results`); gpu: that GPU's only."""
-    df = df[df["pass"].isin(PASSES) & (df["status"] == "ok") & df["timer"].isin(TIMERS)
-            & df["provider"].isin(list(IMPL_OF)) & df["median_ms"].notna()]
+    df = df[df["pass"].isin(PASSES) & (df["status"] == "ok") & df["timer"].isin(TIMERS) & df["median_ms"].notna()]
+    direct = df[df["provider"].isin(list(IMPL_OF))]
+    routed = routed_rows(df)
+    keys = ["gpu", "provider"] + POINT_COLUMNS
+    measured = pd.MultiIndex.from_frame(direct[keys].astype(str))
+    routed = routed[~pd.MultiIndex.from_frame(routed[keys].astype(str)).isin(measured)] if len(routed) else routed
+    df = pd.concat([direct, routed], ignore_index=True) if len(routed) else direct
     if gpu is not None:
         df = df[df["gpu"] == gpu]
     df, _ = results.newest(df, ["gpu", "provider"] + POINT_COLUMNS)
