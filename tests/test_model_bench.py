@@ -255,3 +255,29 @@ def test_the_moda_impl_option_reaches_every_spec(tmp_path, monkeypatch):
         assert seen == want, extra
     with pytest.raises(ValueError, match="moda_impl must be auto or one of"):
         bm.ModelSpec("smoke", moda_impl="cute")
+
+
+def test_a_backward_goes_to_the_op_that_made_its_node_not_a_detached_read_before_it():
+    """A no-node op (a detached slice) under 'depth-kv' records the sequence number the next node
+    takes; the heavy op under 'attention' makes that node, and its backward is attention's
+    (the H100 profile of detached MoDA had given it to depth-kv)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from moda_bench.bench.model_profile import breakdown
+    from moda_bench.models.decoder import label
+    x = torch.randn(640, 640, requires_grad=True)
+    buf = torch.randn(4, 640, 640)
+
+    def step():
+        with label("depth-kv"):
+            side = buf.detach()[:2]            # no node: records the next node's number
+        with label("attention"):
+            y = torch.matmul(x, x) @ x          # the nodes, and the backward's work
+        (y.sum() + side.sum()).backward()
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    cats = breakdown(prof.events(), on_cuda=False)
+    assert cats["attention"] > 4 * cats["depth-kv"]

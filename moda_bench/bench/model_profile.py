@@ -5,7 +5,10 @@ depth-kv, projections, ffn, residual-mix, lm-head) and the step its optimizer ('
 A forward range's time is the device time of the kernels launched inside it (CPU time off
 CUDA). Backward work runs on autograd's thread outside those ranges: each backward node is
 given the label of the forward op it differentiates (the op with the same sequence number,
-whose enclosing range names it). What no label claims is 'other'. Rows: schema.PROFILE_COLUMNS.
+whose enclosing range names it). Ops that make no node record the sequence number the next node
+will take, so of the forward events with one number the last (in time) is the op that made the
+node: a detached depth read just before MoDA's call shares its number, and the first event would
+give MoDA's backward to 'depth-kv'. What no label claims is 'other'. Rows: schema.PROFILE_COLUMNS.
 """
 from __future__ import annotations
 
@@ -28,6 +31,11 @@ def _time(event, on_cuda: bool, self_only: bool = False) -> float:
     return float(event.self_cpu_time_total if self_only else event.cpu_time_total)
 
 
+def _start(event) -> float:
+    span = getattr(event, "time_range", None)
+    return float(getattr(span, "start", 0.0) or 0.0)
+
+
 def _label_of(event, labels: set) -> str | None:
     e = event
     while e is not None:
@@ -48,6 +56,7 @@ def breakdown(events, on_cuda: bool) -> dict:
     events = [e for e in events if e.device_type == DeviceType.CPU]
     out = {c: 0.0 for c in list(LABELS) + [OPTIMIZER]}
     seq_label = {}
+    events.sort(key=_start)
     for e in events:
         if e.name in labels and _label_of(e.cpu_parent, labels) is None:
             out[e.name] += _time(e, on_cuda) / 1e3
@@ -55,7 +64,7 @@ def breakdown(events, on_cuda: bool) -> dict:
         if seq is not None and seq >= 0 and not e.name.startswith(BACKWARD_PREFIX):
             label = _label_of(e, labels)
             if label is not None:
-                seq_label.setdefault(seq, label)
+                seq_label[seq] = label   # the last: the op that made the node (see the docstring)
     for e in events:
         if e.name.startswith(BACKWARD_PREFIX) and _label_of(e.cpu_parent, labels) is None:
             label = seq_label.get(getattr(e, "sequence_nr", -1))
