@@ -169,7 +169,8 @@ def memory_markdown(frame) -> list[str]:
             m = memory_row(r, vanilla)
             if math.isnan(m["measured"]):   # no CUDA peak measured
                 continue
-            rows.append([k["gpu"], k["model"], f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
+            run = str(k.get("sweep", "")).removeprefix("model-") or "-"
+            rows.append([k["gpu"], k["model"], run, f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
                          _f(m["formula"], ".3f"), _f(m["buffer"], ".3f"), _f(m["grad"], ".3f"), _f(m["params"], ".3f"),
                          _f(m["accounted"], ".3f"), _f(m["measured"], ".3f"),
                          _f(m["measured"] / m["formula"], ".2f"),
@@ -195,7 +196,7 @@ def memory_markdown(frame) -> list[str]:
             "optimizer state (2 x the parameters' bytes). "
             f"Seed 001's example (T={T}, L={L}, {H} KV heads, d={d}, {b} bytes) is {T * L * H * d * b * 2 / 1e9:.1f} "
             "GB by the same formula.",
-            md_table(["GPU", "model", "layers", "B x T", "variant", "formula GB", "buffer GB", "grad buffer GB",
+            md_table(["GPU", "model", "run", "layers", "B x T", "variant", "formula GB", "buffer GB", "grad buffer GB",
                       "extra params GB", "accounted GB", "measured GB", "measured / formula", "unaccounted GB"],
                      rows)]
 
