@@ -273,7 +273,8 @@ def test_remeasure_runs_only_the_ambiguous_points_and_providers(rng, tmp_path, m
     res, cur = run_gate(tmp_path, base)
     assert len(calls) == 2, res.output
     assert calls[1]["providers"] == ["moda-chunk", "fa2"] and [p.T for p in calls[1]["points"]] == [ambiguous_T]
-    assert "1 AMBIGUOUS row(s): measuring them once more" in res.output
+    assert "1 AMBIGUOUS row(s): measuring them again (round 1 of at most 2, up to 180 s a point)" in res.output
+    assert "round 2" not in res.output                                     # decided: no second round
     assert res.exit_code == 0 and "PASS" in res.output, res.output   # decided SAME the second time
     df = pd.read_csv(cur)
     assert len(df) == 9 and not df.duplicated(schema.KEY_COLUMNS[:2] + ["T"]).any()   # replaced, not appended
@@ -325,7 +326,8 @@ def test_remeasure_result_replaces_the_first(rng, tmp_path, monkeypatch, second,
     monkeypatch.setattr(gate_run, "run_current", first_run)
     monkeypatch.setattr(gate_run, "remeasure", fake_remeasure)
     res, cur = run_gate(tmp_path, base)
-    assert len(remeasured) == 1 and sorted(remeasured[0]["provider"]) == ["fa2"] * 3 + ["moda"] * 3   # + reference
+    assert len(remeasured) == (2 if second == "AMBIGUOUS" else 1)   # still undecided: a second, longer round
+    assert sorted(remeasured[0]["provider"]) == ["fa2"] * 3 + ["moda"] * 3   # + reference
     assert res.exit_code == code, res.output
     assert f"{6 if second == 'SAME' else 3} {second}" in res.output   # SAME: moda-chunk's too
     df = pd.read_csv(cur)
@@ -333,7 +335,9 @@ def test_remeasure_result_replaces_the_first(rng, tmp_path, monkeypatch, second,
     moda = df[df["provider"] == "moda"]
     assert (moda["ratio_to_fa2_hi"] / moda["ratio_to_fa2"]).apply(math.log).round(3).eq(round(ci, 3)).all()
     if second == "AMBIGUOUS":
-        assert run_gate(tmp_path, base, "--fail-ambiguous")[0].exit_code == 1
+        remeasured.clear()
+        assert run_gate(tmp_path, base, "--fail-ambiguous", "--recheck-rounds", "1")[0].exit_code == 1
+        assert len(remeasured) == 1
 
 
 def test_run_on_unhealthy_gpu_exits_2(rng, tmp_path, monkeypatch):

@@ -143,7 +143,7 @@ class FixedRecheck:
 @pytest.mark.parametrize("again", [0, 1])
 def test_measure_runs_the_baseline_then_what_the_recheck_chooses(rng, tmp_path, monkeypatch, again):
     """bench.gate.measure with the runner stubbed: one run of the baseline's points, then (when the
-    recheck chooses rows) one run of those rows, merged as the recheck says."""
+    recheck chooses rows) one run of those rows per recheck round, merged as the recheck says."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     calls = []
@@ -158,7 +158,7 @@ def test_measure_runs_the_baseline_then_what_the_recheck_chooses(rng, tmp_path, 
     base = make_run(rng)
     chosen = base[base["provider"].isin(["moda", "fa2"])].head(2 * again)
     recheck = FixedRecheck(chosen)
-    spec = GateSpec(baseline=tmp_path / "b.csv", current=tmp_path / "cur.csv", run=True)
+    spec = GateSpec(baseline=tmp_path / "b.csv", current=tmp_path / "cur.csv", run=True, recheck_rounds=1)
     out = gate_run.measure(spec, base, recheck, health="healthy", log=lambda m: None)
     assert out == spec.current_csv and out.exists()
     assert calls[0] == (["fa2", "moda", "moda-chunk"], sorted(set(base["T"])), "healthy")
@@ -166,3 +166,17 @@ def test_measure_runs_the_baseline_then_what_the_recheck_chooses(rng, tmp_path, 
     if again:
         assert calls[1][0] == sorted(set(chosen["provider"])) and recheck.asked[1][0] == "merge"
         assert not list(tmp_path.glob(".gate-*"))
+    calls.clear()
+    logged = []
+    spec = GateSpec(baseline=tmp_path / "b.csv", current=tmp_path / "cur.csv", run=True)   # 2 rounds, x3 each
+    gate_run.measure(spec, base, FixedRecheck(chosen), health="healthy", log=logged.append)
+    assert len(calls) == 1 + 2 * again
+    assert [m.split("again (")[1].split(")")[0] for m in logged if "again (" in m] == \
+        ["round 1 of at most 2, up to 180 s a point", "round 2 of at most 2, up to 540 s a point"][:2 * again]
+
+
+def test_gate_spec_rejects_bad_recheck_settings(tmp_path):
+    with pytest.raises(SpecError, match="recheck rounds"):
+        GateSpec(baseline=tmp_path / "b.csv", run=True, recheck_rounds=-1)
+    with pytest.raises(SpecError, match="recheck time"):
+        GateSpec(baseline=tmp_path / "b.csv", run=True, recheck_time=0.5)

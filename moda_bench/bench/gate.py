@@ -4,9 +4,12 @@ that decides is `moda_bench.reports.gate`, which needs no GPU).
 `measure(spec, baseline)`: the baseline's ok points and providers measured on this GPU into
 `spec.current` (one runner group per pass, timer and provider set: `run_plan`, `run_current`),
 then the rows the caller's comparison cannot decide (a `Recheck`: the AMBIGUOUS ones with their
-reference providers) measured once more (`remeasure`, into a temporary CSV) and merged over the
-first ones. The GPU health canary around it is the command's, as for `sweep`; its verdict and the
-floor's rates come in as arguments and go into every row.
+reference providers) measured again (`remeasure`, into a temporary CSV) and merged over the
+earlier ones, for up to `spec.recheck_rounds` rounds, each sampling `spec.recheck_time` times
+longer than the one before (`recheck_timing`): a row undecided at a short sampling time is
+decided by a longer one, and the rows that are decided are not measured again. The GPU health
+canary around it is the command's, as for `sweep`; its verdict and the floor's rates come in as
+arguments and go into every row.
 
 `GateInputError` (exit code 2 in the command) is shared with the comparison: input the gate can
 neither judge nor measure.
@@ -142,11 +145,17 @@ def require_cuda() -> None:
                              "(compare two existing CSVs with --current instead)")
 
 
+def recheck_timing(timing, factor: float):
+    """timing (point.TimingOptions) with its per-point cap and sampled GPU time multiplied by factor."""
+    return replace(timing, max_time_s=timing.max_time_s * factor, min_time_ms=timing.min_time_ms * factor)
+
+
 def measure(spec, baseline_df: pd.DataFrame, recheck: Recheck, *, health: str = "", rates=None,
             log: Callable[[str], None] = print) -> Path:
-    """gate --run (spec: bench.spec.GateSpec): the baseline's points into spec.current, then the
-    rows `recheck` cannot decide measured once more and merged in place of the first ones.
-    GateInputError without CUDA; returns spec.current."""
+    """gate --run (spec: bench.spec.GateSpec): the baseline's points into spec.current, then, for up
+    to spec.recheck_rounds rounds, the rows `recheck` cannot decide measured again with longer
+    sampling (`recheck_timing`) and merged in place of the earlier ones. GateInputError without
+    CUDA; returns spec.current."""
     from moda_bench.bench.runner import schema_rows
 
     require_cuda()
@@ -154,11 +163,17 @@ def measure(spec, baseline_df: pd.DataFrame, recheck: Recheck, *, health: str = 
     run_kw = dict(use_tuned=spec.use_tuned, timing=spec.timing, health=health, rates=rates, log=log)
     run_current(baseline_df, current, **run_kw)
     log(f"gate --run: wrote {current}")
-    first = read_measured(current, "current")
-    what, again = recheck.plan(first)
-    if len(again):
-        log(f"gate --run: {what}: measuring them once more")
-        new = remeasure(again, current, **run_kw)
-        results.write_csv_atomic(current, schema_rows(recheck.merge(first, new)))
-        log(f"gate --run: {len(new)} re-measured row(s) replace the first ones in {current}")
+    rows = read_measured(current, "current")
+    timing = spec.timing
+    for n in range(1, spec.recheck_rounds + 1):
+        what, again = recheck.plan(rows)
+        if not len(again):
+            break
+        timing = recheck_timing(timing, spec.recheck_time)
+        log(f"gate --run: {what}: measuring them again (round {n} of at most {spec.recheck_rounds}, "
+            f"up to {timing.max_time_s:g} s a point)")
+        new = remeasure(again, current, **{**run_kw, "timing": timing})
+        rows = recheck.merge(rows, new)
+        results.write_csv_atomic(current, schema_rows(rows))
+        log(f"gate --run: {len(new)} re-measured row(s) replace the earlier ones in {current}")
     return current

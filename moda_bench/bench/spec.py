@@ -248,7 +248,9 @@ class GateSpec:
     warn_only. The outputs: summary (Markdown file; None: $GITHUB_STEP_SUMMARY if set), all_rows,
     update_baseline. `run` (bench.gate.measure): use_tuned, timing (point.TimingOptions; each row
     group keeps the baseline's timer), strict (stop before measuring on an unhealthy GPU),
-    health_check."""
+    health_check, recheck_rounds (how often the rows the comparison cannot decide are measured
+    again) and recheck_time (each such round's sampling time over the one before: its max_time_s
+    and min_time_ms multiplied by it, so the intervals narrow)."""
 
     baseline: Path
     current: Optional[Path] = None
@@ -266,9 +268,16 @@ class GateSpec:
     timing: TimingOptions = field(default_factory=TimingOptions)
     strict: bool = False
     health_check: bool = True
+    recheck_rounds: int = 2
+    recheck_time: float = 3.0
 
     def __post_init__(self):
         object.__setattr__(self, "metric", Metric(self.metric).value)
+        if not isinstance(self.recheck_rounds, int) or self.recheck_rounds < 0:
+            raise SpecError(f"recheck rounds must be a whole number >= 0, got {self.recheck_rounds!r}",
+                            "--recheck-rounds")
+        if not isinstance(self.recheck_time, (int, float)) or not self.recheck_time >= 1:
+            raise SpecError(f"recheck time must be a factor >= 1, got {self.recheck_time!r}", "--recheck-time")
         if not isinstance(self.threshold, (int, float)) or not math.isfinite(self.threshold) or self.threshold < 0:
             raise SpecError(f"threshold must be a non-negative fraction, got {self.threshold!r}", "--threshold")
         if self.current is None and not self.run:

@@ -5,7 +5,8 @@ measurements of `--run` are `moda_bench.bench.gate.measure`.
 
 `--run`: the GPU health canary at the start (`cli.checks.RunHealth`, as `sweep` does), the
 baseline's points and providers measured, the AMBIGUOUS rows (`reports.gate.Recheck`) measured
-once more with the new rows replacing the first ones in the current CSV, the canary at the end
+again with longer sampling (up to --recheck-rounds rounds), the new rows replacing the earlier ones
+in the current CSV, the canary at the end
 (`cli.checks.finish` marks the rows when a check was not healthy); then the current CSV is gated
 like a given one.
 
@@ -90,7 +91,8 @@ def gate_command(
         "--threshold", help="Smallest change that counts, as 5% or 0.05 (the interval must clear it).")] = "5%",
     metric: Annotated[Metric, typer.Option("--metric", help=METRIC_HELP)] = Metric.ratio,
     run: Annotated[bool, typer.Option("--run", help="Run the baseline's points and providers on this GPU "
-                                                    "first (AMBIGUOUS rows twice), then gate that run.")] = False,
+                                                    "first (AMBIGUOUS rows again: --recheck-rounds), then gate "
+                                                    "that run.")] = False,
     update_baseline: Annotated[bool, typer.Option(
         "--update-baseline", help="After gating, copy the current CSV over the baseline (deliberate).")] = False,
     allow_gpu_change: Annotated[bool, typer.Option(
@@ -115,6 +117,11 @@ def gate_command(
         "--strict", help="--run: stop before measuring when the start health check is not healthy (default: "
                          "measure, mark the rows, then exit 2 all the same).")] = False,
     health_check: checks.CheckOption = True,
+    recheck_rounds: Annotated[int, typer.Option(
+        help="--run: rounds of measuring the AMBIGUOUS rows again (with their references); 0: none.")] = 2,
+    recheck_time: Annotated[float, typer.Option(
+        help="--run: each recheck round samples this many times longer than the one before (its --max-time "
+             "and --rep-ms), so the intervals narrow.")] = 3.0,
 ) -> None:
     """Compare a results CSV with a baseline; exit 1 on a regression the intervals confirm (SLOW),
     a broken provider, or missing evidence; exit 2 on unusable input or an unhealthy GPU."""
@@ -128,7 +135,7 @@ def gate_command(
                         run=run, update_baseline=update_baseline, allow_gpu_change=allow_gpu_change,
                         allow_missing=allow_missing, fail_ambiguous=fail_ambiguous, warn_only=warn_only,
                         summary=summary, all_rows=all_rows, use_tuned=use_tuned, timing=timing, strict=strict,
-                        health_check=health_check)
+                        health_check=health_check, recheck_rounds=recheck_rounds, recheck_time=recheck_time)
     except SpecError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.option or None) from None
     try:
