@@ -106,3 +106,45 @@ def test_the_seed_presets_train_gpu_bound_batches_within_their_layers():
     gen = bm.preset_specs("seed002-generate")[0]
     assert (gen.batch, gen.config().seq_len, gen.new_tokens) == (64, 2048, 2048)
     assert bm.preset_specs("seed002-train", layers=48)[0].config().layers == 48   # --layers still overrides
+
+
+def test_depth_traffic_counts_each_layers_reads_and_gradients():
+    """MoDA: sum over layers of 2 l entries, K and V, read forward and backward (+ gradient read and
+    write attached); Depth-Attention: its source layers; vanilla and the residual variants: none.
+    The detached part equals the floor model's depth reads of a fwd+bwd call summed over layers."""
+    from moda_bench.floor import moda_work
+    from moda_bench.models.flops import depth_entries_read, depth_traffic_bytes
+    cfg = CONFIGS["smoke"]
+    B, T, e = 2, 37, 2
+    L = cfg.layers
+    assert depth_entries_read(cfg, "moda") == sum(2 * layer for layer in range(L)) == L * (L - 1)
+    row = B * T * cfg.kv_heads * cfg.head_dim * e * 2
+    assert depth_traffic_bytes(cfg, "moda", B, T, e) == 4 * L * (L - 1) * row
+    assert depth_traffic_bytes(cfg, "moda", B, T, e, depth_grad=False) == 2 * L * (L - 1) * row
+    hq, hk, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+    reads = sum(moda_work("fwdbwd", B, T, hq, hk, d, 2 * layer, depth_grad=False).bytes
+                - moda_work("fwdbwd", B, T, hq, hk, d, 0, depth_grad=False).bytes for layer in range(L))
+    assert depth_traffic_bytes(cfg, "moda", B, T, e, depth_grad=False) == reads
+    sources = sum(len(dattn_sources(layer, cfg.dattn_stride)) for layer in range(L))
+    assert depth_traffic_bytes(cfg, "depth-attention", B, T, e) == 4 * sources * row
+    for variant in ("vanilla", "denseformer", "attnres", "mhc"):
+        assert depth_traffic_bytes(cfg, variant, B, T, e) == 0
+
+
+def test_the_report_sets_the_depth_traffic_beside_the_measured_overhead():
+    """One run (12 layers of the 700M, B=1, T=4096) on an H100: MoDA attached and detached get their
+    traffic (132 entries a position), its ms at the table copy rate and its share of vanilla's step."""
+    from moda_bench.health import known_reference
+    from moda_bench.models.flops import depth_traffic_bytes
+    from moda_bench.reports.models import traffic_markdown
+    cfg = CONFIGS["moda-700m"].with_layers(12)
+    rows = [dict(_row(p, g, 8.0, 1), gpu="NVIDIA H100 80GB HBM3", status="ok", step_ms=ms, sweep="model-x")
+            for p, g, ms in (("vanilla", 1, 100.0), ("moda", 1, 130.0), ("moda", 0, 110.0))]
+    text = "\n".join(traffic_markdown(pd.DataFrame(rows)))
+    rate = known_reference("NVIDIA H100 80GB HBM3")["copy_gbps"]
+    for grad, extra in ((True, "30.0"), (False, "10.0")):
+        gb = depth_traffic_bytes(cfg, "moda", 1, 4096, 2, grad) / 1e9
+        ms = gb / rate * 1e3
+        name = "moda" if grad else "moda (detached)"
+        assert f"| {name} | 132 | {gb:.2f} | {ms:.1f} | {ms:.1f} | {extra} | {extra} |" in text
+    assert "| vanilla |" not in text and traffic_markdown(pd.DataFrame(rows[1:])) == []

@@ -13,6 +13,8 @@ forward alone (the LM head on the last position only); a generation adds one for
 new token over its cache (4 Hq d n per layer for a cache of n positions).
 
 Memory: `depth_kv_bytes` is seed 004's retained depth-KV formula for the slots a variant keeps.
+Traffic: `depth_traffic_bytes` is the least depth K/V a training step moves between HBM and the
+SMs (what a kernel can at best hide under compute, never avoid).
 """
 from __future__ import annotations
 
@@ -133,3 +135,25 @@ def depth_kv_bytes(cfg: ModelConfig, B: int, T: int, bytes_per_element: int, var
     head dim x bytes x 2 (K and V), the contributing layers counted as the slots the variant keeps
     (`depth_slots`: MoDA keeps two per earlier layer)."""
     return B * T * depth_slots(cfg, variant) * cfg.kv_heads * cfg.head_dim * bytes_per_element * 2
+
+
+def depth_entries_read(cfg: ModelConfig, variant: str) -> int:
+    """Depth entries (a K and a V row each) the variant's layers read per position, summed over the
+    layers: MoDA's layer l reads 2 l (`moda_depth_entries`), Depth-Attention's its source layers
+    (`dattn_sources`); 0 for the others."""
+    kind = ATTENTION_OF[variant]
+    if kind == "moda":
+        return sum(moda_depth_entries(layer) for layer in range(cfg.layers))
+    if kind == "dattn":
+        return sum(len(dattn_sources(layer, cfg.dattn_stride)) for layer in range(cfg.layers))
+    return 0
+
+
+def depth_traffic_bytes(cfg: ModelConfig, variant: str, B: int, T: int, bytes_per_element: int,
+                        depth_grad: bool = True) -> int:
+    """Least depth K/V bytes a training step moves: each layer reads its entries' K and V in the
+    forward and again in the backward, and with depth gradients reads and writes their gradients
+    too (a slot's gradient collects from every later layer, so it is read, added to and written).
+    The slices each layer writes once are left out (one entry's worth a layer)."""
+    passes = 4 if depth_grad else 2
+    return depth_entries_read(cfg, variant) * B * T * cfg.kv_heads * cfg.head_dim * bytes_per_element * 2 * passes

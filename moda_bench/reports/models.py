@@ -4,7 +4,8 @@ the `moda-bench model` CSVs (`results.read_models`, `results.read_profiles`).
 Per GPU: the training step-cost table beside seed 002's Table 3 (its plain-PyTorch seconds per
 step and overhead over vanilla) and seed 000's FLOP counts; the generation table beside seed
 002's run; the depth-KV memory table (each depth variant's peak over vanilla's against seed 004's
-formula and against what the run held for depth, and seed 001's 128K example); the profile
+formula and against what the run held for depth, and seed 001's 128K example); the depth K/V
+traffic a training step moves at least, against what the variant measured; the profile
 figure (each variant's step split into attention, depth-KV handling, projections, FFN, residual
 mixing, LM head, optimizer, other).
 A run of fewer layers than its configuration says so, with the step scaled by layers_total /
@@ -201,6 +202,49 @@ def memory_markdown(frame) -> list[str]:
                      rows)]
 
 
+def traffic_markdown(frame) -> list[str]:
+    """Per training run with vanilla: each depth variant's least depth K/V traffic
+    (`flops.depth_traffic_bytes`), its time at the GPU's table copy rate against vanilla's step,
+    beside the step time the variant measured over vanilla."""
+    from moda_bench.health import known_reference
+    from moda_bench.models.config import get_config
+    from moda_bench.models.flops import depth_entries_read, depth_traffic_bytes
+    rows = []
+    for k, g in _groups(frame, "train"):
+        base = g[g["provider"] == "vanilla"]
+        ref = known_reference(str(k["gpu"]))
+        if base.empty or ref is None:
+            continue
+        vanilla_ms = float(base.iloc[0]["step_ms"])
+        try:
+            cfg = get_config(str(k["model"])).with_layers(int(k["layers"]))
+        except ValueError:
+            continue
+        for r in g.to_dict("records"):
+            entries = depth_entries_read(cfg, str(r["provider"])) if r["provider"] != "vanilla" else 0
+            if not entries or r["status"] != "ok":
+                continue
+            gb = depth_traffic_bytes(cfg, str(r["provider"]), int(r["B"]), int(r["T"]),
+                                     DTYPE_BYTES.get(str(r["dtype"]), 2), bool(r["depth_grad"])) * int(
+                                         r["grad_accum"]) / 1e9
+            ms = gb / ref["copy_gbps"] * 1e3
+            run = str(k.get("sweep", "")).removeprefix("model-") or "-"
+            rows.append([k["model"], run, f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
+                         f"{entries}", _f(gb, ".2f"), _f(ms, ".1f"), _f(100 * ms / vanilla_ms, ".1f"),
+                         _f(r["step_ms"] - vanilla_ms, ".1f"), _f(100 * (r["step_ms"] / vanilla_ms - 1), ".1f")])
+    if not rows:
+        return []
+    return ["### Depth K/V traffic of a training step",
+            "The least depth K/V bytes a step moves (moda_bench.models.flops.depth_traffic_bytes): every layer "
+            "reads its entries' K and V in the forward and again in the backward, and with depth gradients reads "
+            "and writes their gradients (a slot collects from every later layer). At the GPU's table copy rate "
+            "(health.KNOWN_GPUS, conservative) that is a time a step pays unless a kernel hides it under compute; "
+            "beside it, what the variant measured over vanilla (its whole overhead: kernels, extra projections, "
+            "traffic).",
+            md_table(["model", "run", "layers", "B x T", "variant", "entries read (sum over layers)", "traffic GB",
+                      "ms at copy rate", "% of vanilla step", "measured extra ms", "measured extra %"], rows)]
+
+
 def profile_figure(profiles, out_dir: Path) -> list[Path]:
     """One stacked-bar figure per (GPU, run): each variant's step time by category."""
     from moda_bench.reports.plotting import figure_style, new_figure, save_figure
@@ -246,7 +290,7 @@ def write_models_report(results_dirs, out_dir: Path, *, figures: bool = True, wa
           "MFU against the doctor's table peak of the GPU. Seed columns are the seeds' own hardware and plain-PyTorch "
           "implementations: compare the ratios, not the seconds."]
     for title, part in (("## Training step", train_markdown(frame)), ("## Generation", generate_markdown(frame)),
-                        ("## Memory", memory_markdown(frame))):
+                        ("## Memory", memory_markdown(frame)), ("## Depth traffic", traffic_markdown(frame))):
         if part:
             md += [title] + part
     links = [os.path.relpath(p, out_dir).replace(os.sep, "/") for p in written if p.suffix == ".png"]
