@@ -326,7 +326,8 @@ class Decoder(nn.Module):
                     h = self.dense.mix(i, outputs)
             return h
         if residual == "attnres":
-            blocks, partial = [h], None
+            with label("residual-mix"):
+                blocks, partial = self.attnres.start(h), None
             for sub in range(2 * L):
                 with label("residual-mix"):
                     u = self.attnres.aggregate(sub, blocks, partial)

@@ -43,26 +43,45 @@ class DenseFormer(nn.Module):
 
 
 class BlockAttnRes(nn.Module):
-    """Pseudo-queries of the 2L sublayers and the final aggregation."""
+    """Pseudo-queries of the 2L sublayers and the final aggregation.
 
-    def __init__(self, layers: int, dim: int, dtype=None, device=None):
+    The published weights softmax_r(w_s . rms(V_r)) are computed as (V_r . w_s) / rms_r, with rms_r
+    = sqrt(mean(V_r^2) + eps) (the same quantity): a stored block's rms_r is taken once, when the
+    block is finished (`after`), and kept beside it, so a sublayer reads each source twice (its
+    dot with w_s, its weighted sum) instead of stacking and normalising every source again."""
+
+    def __init__(self, layers: int, dim: int, dtype=None, device=None, eps: float = 1e-6):
         super().__init__()
         self.block = attnres_block_size(layers)
+        self.eps = eps
         self.queries = nn.Parameter(torch.zeros(2 * layers + 1, dim, dtype=dtype, device=device))
 
+    def inv_rms(self, v: torch.Tensor) -> torch.Tensor:
+        """1 / sqrt(mean(v^2) + eps) over the last dimension, float32 (B, T)."""
+        sq = torch.linalg.vector_norm(v, dim=-1, dtype=torch.float32).square() / v.shape[-1]
+        return torch.rsqrt(sq + self.eps)
+
+    def start(self, h: torch.Tensor) -> list:
+        """The stored sources before the first sublayer: the embedding, with its 1 / rms."""
+        return [(h, self.inv_rms(h))]
+
     def aggregate(self, sub: int, blocks: list, partial) -> torch.Tensor:
-        """Sublayer `sub`'s input from the stored blocks and the current block's running sum."""
-        sources = blocks + ([partial] if partial is not None else [])
-        values = torch.stack(sources, dim=0)                          # (R, B, T, D)
-        logits = (rms(values) * self.queries[sub]).sum(-1)             # (R, B, T)
-        weights = torch.softmax(logits.float(), dim=0).to(values.dtype)
-        return (weights.unsqueeze(-1) * values).sum(0)
+        """Sublayer `sub`'s input from the stored blocks ((value, 1 / rms) pairs) and the current
+        block's running sum."""
+        sources = blocks + ([(partial, self.inv_rms(partial))] if partial is not None else [])
+        w = self.queries[sub]
+        logits = torch.stack([torch.matmul(v, w).float() * inv for v, inv in sources], dim=0)   # (R, B, T)
+        weights = torch.softmax(logits, dim=0).to(w.dtype)
+        out = sources[0][0] * weights[0].unsqueeze(-1)
+        for r in range(1, len(sources)):
+            out = torch.addcmul(out, sources[r][0], weights[r].unsqueeze(-1))
+        return out
 
     def after(self, sub: int, blocks: list, partial, out):
         """(blocks, partial) once sublayer `sub` has produced `out`."""
         partial = out if partial is None else partial + out
         if (sub + 1) % self.block == 0:
-            return blocks + [partial], None
+            return blocks + [(partial, self.inv_rms(partial))], None
         return blocks, partial
 
 
