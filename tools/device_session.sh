@@ -22,6 +22,9 @@
 #   precision   the paper preset in FP16 and at d = 128 (paper-fp16/, paper-d128/)
 #   ladder      the cumulative ablation ladder with Nsight Compute counters (tools/ladder_profile.sh)
 #   model       `moda-bench model` presets seed002-train and seed000-moda (model/), LAYERS layers each
+#   generate    seed 002's generation run, short: dattn-3b, 8 layers, batch 64, 2048-token prompts, NEW_TOKENS
+#               (default 256) generated, vanilla and Depth-Attention (model/; the report scales nothing: the
+#               seed's 2048 tokens are NEW_TOKENS=2048)
 #   compile     tools/compile_check.py: graph breaks, compile time and error against eager of every variant
 #   dispatch    the fastest-MoDA check: every MoDA route and FA4 over T (eager and graph timers), then the
 #               per-GPU dispatch rules regenerated from it into dispatch/rules/ (`moda-bench dispatch --rules-from`)
@@ -82,6 +85,9 @@ for s in "$@"; do
     model) stage model-train $MB model --preset seed002-train --layers "$LAYERS" --profile --out "$R/model"
            stage model-moda $MB model --preset seed000-moda --layers "$LAYERS" --profile --out "$R/model" ;;
     compile) stage compile python3 tools/compile_check.py --out "$R/compile-check" ;;
+    generate) stage generate $MB model --model dattn-3b --mode generate --layers 8 --batch 64 \
+                  --new-tokens "${NEW_TOKENS:-256}" --variants vanilla,depth-attention --quick --max-time-s 30 \
+                  --out "$R/model" ;;
     dispatch) stage dispatch-sweep $MB sweep --require fa4,moda-fused --vary T \
                   --values 1024,2048,4096,8192,16384,32768,65536 --timer eager,graph \
                   --providers moda,moda-triton,moda-fa4,moda-overlap,moda-fused,fa4 --max-time "$MAX_TIME" --out "$R/dispatch"
