@@ -329,14 +329,15 @@ def write_json_atomic(path, data, **dump_kw) -> None:
         raise
 
 
-def write_csv_atomic(path, frame) -> None:
-    """Write frame (schema columns) to path through a temporary file and a rename."""
+def write_csv_atomic(path, frame, columns=None) -> None:
+    """Write frame's `columns` (default: the schema's, `schema_frame`) to path through a temporary
+    file and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", newline="") as f:
-            schema_frame(frame).to_csv(f, index=False)
+            (schema_frame(frame) if columns is None else frame[list(columns)]).to_csv(f, index=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -281,3 +281,30 @@ def test_a_backward_goes_to_the_op_that_made_its_node_not_a_detached_read_before
         step()
     cats = breakdown(prof.events(), on_cuda=False)
     assert cats["attention"] > 4 * cats["depth-kv"]
+
+
+def test_model_cli_runs_the_health_canary_and_marks_its_rows(tmp_path, monkeypatch):
+    """The canary's start verdict goes into every row's `health`; a bad end check re-marks the rows
+    and --strict exits 3 (the canary itself stubbed: no GPU here)."""
+    import pandas as pd
+
+    from moda_bench import health
+    from moda_bench.cli import checks
+    verdicts = iter([health.Verdict("healthy", "ok"), health.Verdict("shared", "another process on the GPU")] * 2)
+    monkeypatch.setattr(health, "check_health", lambda i: next(verdicts))
+    made = []
+
+    class Enabled(checks.RunHealth):   # on this CPU machine the command would switch the canary off
+        def __init__(self, devices, enabled=True):
+            super().__init__(devices, enabled=True)
+            made.append(self)
+
+    monkeypatch.setattr(checks, "RunHealth", Enabled)
+    args = ["model", "--model", "smoke", "--layers", "2", "--seq-len", "8", "--variants", "vanilla",
+            "--quick", "--max-time-s", "1", "--out", str(tmp_path)]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0 and len(made) == 1, (done.exit_code, repr(done.exception), done.output[-300:])
+    rows = pd.read_csv(next(tmp_path.glob("model_*.csv")))
+    assert list(rows["health"]) == ["shared: another process on the GPU"]   # healthy at the start, shared at the end
+    strict = CliRunner().invoke(app, args + ["--strict"])
+    assert strict.exit_code == checks.STRICT_EXIT, (strict.exit_code, strict.output[-300:])

@@ -39,7 +39,8 @@ CLIP_NORM = 1.0
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One `moda-bench model` run. layers / seq_len 0: the configuration's; dtype '': its own."""
+    """One `moda-bench model` run. layers / seq_len 0: the configuration's; dtype '': its own; health:
+    the start verdict of the GPU health canary, written into every row."""
 
     model: str = "smoke"
     variants: tuple = RUN_VARIANTS
@@ -55,6 +56,7 @@ class ModelSpec:
     seed: int = 0
     name: str = ""
     moda_impl: str = "auto"
+    health: str = ""          # the GPU's verdict at the start of the run (the rows' `health`)
 
     def __post_init__(self):
         from moda_bench.kernels.moda.dispatch import IMPLS
@@ -142,7 +144,7 @@ def base_row(spec: ModelSpec, cfg: ModelConfig, run_variant: str, meta: dict) ->
                 "T": cfg.seq_len, "grad_accum": spec.grad_accum if spec.mode == "train" else 1,
                 "new_tokens": spec.new_tokens if spec.mode == "generate" else 0, "dtype": spec.dtype_name(),
                 "depth_grad": int(depth_grad), "compiled": int(spec.compile), "status": "", "reason": "",
-                "timer": spec.timing.timer, "stop_reason": "", "health": ""})
+                "timer": spec.timing.timer, "stop_reason": "", "health": spec.health})
     row.update(meta)
     row["params"] = flops.param_count(cfg, variant)
     row["model_flops"] = step_flops(spec, cfg, variant)

@@ -125,20 +125,26 @@ def finish(run: RunHealth, console, csvs: Sequence[Path], strict: bool) -> None:
 
 
 def mark_rows(csvs: Sequence[Path], since: str, text: str) -> None:
-    """Set `health` = text on every row of csvs measured at or after `since` (ISO time)."""
+    """Set `health` = text on every row of csvs measured at or after `since` (ISO time); sweep files
+    and `moda-bench model` files (schema.MODEL_COLUMNS) alike."""
     import pandas as pd
 
-    from moda_bench import results
+    from moda_bench import results, schema
     from moda_bench.bench.runner import schema_rows
     t0 = pd.Timestamp(since)
     for csv in csvs:
         csv = Path(csv)
         if not csv.exists():
             continue
-        df = results.read_csv(csv, warn=lambda m: None)
+        model = results.is_model_file(csv)
+        df = pd.read_csv(csv) if model else results.read_csv(csv, warn=lambda m: None)
         ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
+        df["health"] = df["health"].astype(object)
         df.loc[ts >= t0, "health"] = text
-        results.write_csv_atomic(csv, schema_rows(df))
+        if model:
+            results.write_csv_atomic(csv, df, columns=schema.MODEL_COLUMNS)
+        else:
+            results.write_csv_atomic(csv, schema_rows(df))
 
 
 def timing_options(timer: str, min_samples: int, ci_tol: float, max_time: float, warmup_ms: float,

@@ -15,6 +15,7 @@ import typer
 
 from moda_bench.bench.point import TimingOptions
 from moda_bench.bench.runner import QUICK_REP_MS, QUICK_WARMUP_MS
+from moda_bench.cli import checks
 
 
 def _fmt(v, spec: str) -> str:
@@ -97,6 +98,8 @@ def model_command(
                                          "others run again.")] = False,
     allow_commit_change: Annotated[bool, typer.Option("--allow-commit-change", help="With --resume: keep runs "
                                                       "measured at another commit.")] = False,
+    strict: checks.StrictOption = False,
+    health_check: checks.CheckOption = True,
 ) -> None:
     """Time a whole decoder's training step, prefill or generation for each variant."""
     from rich.console import Console
@@ -132,6 +135,11 @@ def model_command(
     from moda_bench.cli.lifecycle import resume_command, take_lock
     lock = take_lock(out, None, console)
     meta = schema.run_metadata() if resume else {}
+    import torch
+    gpu_run = checks.RunHealth(checks.device_indices(None), enabled=health_check and torch.cuda.is_available())
+    gpu_run.check("start", console)   # each row's `health` is the start verdict; finish() re-marks on a bad end
+    specs = tuple(s.replace(health=gpu_run.row_label()) for s in specs)
+    csvs = []
     try:
         with runstate.interrupts():
             for spec in specs:
@@ -150,6 +158,7 @@ def model_command(
                 if profile:
                     from moda_bench.bench.model_profile import profile_hook
                     hook = profile_hook(spec, out / f"profile_{spec.label}.csv")
+                csvs.append(csv)
                 frame = bm.run_model(spec, csv, console=console, on_model=hook)
                 console.print(summary_table(frame, _title(spec)))
     except runstate.Interrupted as exc:
@@ -159,3 +168,4 @@ def model_command(
     finally:
         lock.release()
     console.print(f"wrote {out}/model_*.csv")
+    checks.finish(gpu_run, console, csvs, strict)
