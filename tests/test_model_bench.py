@@ -308,3 +308,16 @@ def test_model_cli_runs_the_health_canary_and_marks_its_rows(tmp_path, monkeypat
     assert list(rows["health"]) == ["shared: another process on the GPU"]   # healthy at the start, shared at the end
     strict = CliRunner().invoke(app, args + ["--strict"])
     assert strict.exit_code == checks.STRICT_EXIT, (strict.exit_code, strict.output[-300:])
+
+
+def test_model_cli_depth_knobs_name_the_run_and_say_what_ran(tmp_path):
+    import pandas as pd
+    args = ["model", "--model", "smoke", "--layers", "2", "--seq-len", "8", "--variants", "vanilla,moda",
+            "--quick", "--max-time-s", "1", "--out", str(tmp_path), "--depth-read", "copy", "--depth-grad-add", "after"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    rows = pd.read_csv(tmp_path / "model_smoke-train-depth-copy-grad-after.csv")
+    detail = rows.set_index("provider").loc["moda", "impl_detail"]
+    assert "depth slices copied first" in detail and "depth gradients added after it" in detail
+    bad = CliRunner().invoke(app, args[:-1] + ["later"])
+    assert bad.exit_code == 2 and "depth_grad_add must be one of" in bad.output and "Traceback" not in bad.output

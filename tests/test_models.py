@@ -264,3 +264,22 @@ def test_param_count_is_the_modules_and_flops_match_a_hand_count():
     assert train_flops(cfg, "moda", 1, 4, grad_accum=3) == 3 * train_flops(cfg, "moda", 1, 4)
     assert math.isclose(train_flops(cfg, "depth-attention", 1, 4) - train_flops(cfg, "vanilla", 1, 4),
                         3 * 4.0 * 2 * 4 * 4)   # layer 1 mixes S = 1 source: 4 (S + 1) Hk d per token
+
+
+@pytest.mark.parametrize("copy, in_kernel", [(True, False), (False, False), (True, True)])
+def test_moda_with_copied_depth_slices_or_gradients_added_after_matches_the_reference(monkeypatch, copy, in_kernel):
+    """The A/B knobs of `moda-bench model` (--depth-read copy, --depth-grad-add after/kernel) change
+    where the depth bytes go, not the numbers: logits and every gradient against fp64."""
+    monkeypatch.setattr(Decoder, "depth_copy", copy)
+    monkeypatch.setattr(Decoder, "depth_grad_in_kernel", in_kernel)
+    assert _check_variant("moda") >= 4 * TINY.layers
+
+
+def test_model_spec_names_and_checks_the_depth_knobs():
+    from moda_bench.bench.model import ModelSpec
+    spec = ModelSpec("smoke", ("vanilla", "moda"), depth_read="copy", depth_grad_add="after")
+    assert spec.label == "smoke-train-depth-copy-grad-after" and ModelSpec("smoke").label == "smoke-train"
+    with pytest.raises(ValueError, match="depth_read must be one of in-place, copy"):
+        ModelSpec("smoke", depth_read="strided")
+    with pytest.raises(ValueError, match="depth_grad_add must be one of auto, kernel, after"):
+        ModelSpec("smoke", depth_grad_add="later")

@@ -33,6 +33,8 @@ from moda_bench.models.config import VARIANTS, ModelConfig, get_config
 DETACHED = "moda-detached"     # MoDA with detached depth (the kernels' depth_grad=False)
 RUN_VARIANTS = VARIANTS + (DETACHED,)
 BASELINE = "vanilla"
+DEPTH_READS = ("in-place", "copy")
+DEPTH_GRAD_ADDS = ("auto", "kernel", "after")
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "weight_decay": 0.1}   # seed 002, Table 8
 CLIP_NORM = 1.0
 
@@ -57,10 +59,16 @@ class ModelSpec:
     name: str = ""
     moda_impl: str = "auto"
     health: str = ""          # the GPU's verdict at the start of the run (the rows' `health`)
+    depth_read: str = "in-place"   # MoDA layers read their depth slice in place, or copy it first ("copy")
+    depth_grad_add: str = "auto"   # attached depth gradients added in the backward kernel, after it, or auto
 
     def __post_init__(self):
         from moda_bench.kernels.moda.dispatch import IMPLS
         object.__setattr__(self, "variants", tuple(dict.fromkeys(self.variants)))
+        if self.depth_read not in DEPTH_READS:
+            raise ValueError(f"depth_read must be one of {', '.join(DEPTH_READS)}, got {self.depth_read!r}")
+        if self.depth_grad_add not in DEPTH_GRAD_ADDS:
+            raise ValueError(f"depth_grad_add must be one of {', '.join(DEPTH_GRAD_ADDS)}, got {self.depth_grad_add!r}")
         if self.moda_impl not in ("auto",) + IMPLS:
             raise ValueError(f"moda_impl must be auto or one of {', '.join(IMPLS)}, got {self.moda_impl!r}")
         if self.mode not in schema.MODEL_MODES:
@@ -90,9 +98,11 @@ class ModelSpec:
     @property
     def label(self) -> str:
         """The run's name (its CSV's, its rows' sweep "model-<label>"): name, else model-mode, with
-        the pinned MoDA implementation where it is not auto (an A/B of routes into one --out keeps
-        its runs apart)."""
+        the pinned MoDA implementation, depth read and gradient addition where they are not the
+        defaults (an A/B into one --out keeps its runs apart)."""
         pinned = "" if self.moda_impl == "auto" else f"-moda-{self.moda_impl}"
+        pinned += "" if self.depth_read == "in-place" else f"-depth-{self.depth_read}"
+        pinned += "" if self.depth_grad_add == "auto" else f"-grad-{self.depth_grad_add}"
         return (self.name or f"{self.model}-{self.mode}") + pinned
 
     def replace(self, **kw) -> "ModelSpec":
@@ -219,6 +229,9 @@ def impl_detail(model, run_variant: str, spec: Optional[ModelSpec] = None) -> st
         spec = spec or ModelSpec(model.cfg.name)
         text += "; moda: " + moda_detail(model, spec, depth_grad) + ", depth " + ("attached" if depth_grad else
                                                                                   "detached")
+        text += ", depth slices copied first" if spec.depth_read == "copy" else ""
+        if depth_grad and spec.depth_grad_add != "auto":
+            text += f", depth gradients added {'in the kernel' if spec.depth_grad_add == 'kernel' else 'after it'}"
     elif variant == "depth-attention":
         from moda_bench.kernels.dattn import chain_backend
         w = model.embed.weight
@@ -286,6 +299,8 @@ def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, 
     torch.manual_seed(spec.seed)
     variants = tuple(dict.fromkeys(model_variant(v)[0] for v in spec.variants))
     model = Decoder(cfg, variants, dtype=dtype, device=device, moda_impl=spec.moda_impl)
+    model.depth_copy = spec.depth_read == "copy"
+    model.depth_grad_in_kernel = {"auto": None, "kernel": True, "after": False}[spec.depth_grad_add]
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW, foreach=on_cuda)
     gen = torch.Generator(device="cpu").manual_seed(spec.seed)
     micro = spec.grad_accum if spec.mode == "train" else 1
@@ -424,9 +439,10 @@ def fill_model_columns(staged: dict, result, spec: ModelSpec, cfg: ModelConfig) 
 # Named runs (`moda-bench model --preset NAME`) are TOML files in the shipped presets' `model/`
 # folder (sweeps/model/ in a checkout): seed 002's training table, seed 000's MoDA sizes, seed
 # 002's generation run, a smoke run. Each file: `description` and `[[run]]` tables of ModelSpec
-# fields (model, variants, mode, layers, batch, grad_accum, seq_len, new_tokens, dtype, name, moda_impl).
+# fields (model, variants, mode, layers, batch, grad_accum, seq_len, new_tokens, dtype, name, moda_impl,
+# depth_read, depth_grad_add).
 PRESET_FIELDS = ("model", "variants", "mode", "layers", "batch", "grad_accum", "seq_len", "new_tokens", "dtype",
-                 "name", "moda_impl")
+                 "name", "moda_impl", "depth_read", "depth_grad_add")
 
 
 def model_presets() -> dict[str, Path]:

@@ -98,6 +98,14 @@ def model_command(
                                          "others run again.")] = False,
     allow_commit_change: Annotated[bool, typer.Option("--allow-commit-change", help="With --resume: keep runs "
                                                       "measured at another commit.")] = False,
+    depth_read: Annotated[Optional[str], typer.Option(
+        "--depth-read", help="MoDA layers read their depth slice of the model's buffer in place (in-place) or "
+                             "copy it first (copy): an A/B of the copy's cost against the strided kernels'. "
+                             "Default: in-place, or the preset's.", show_default=False)] = None,
+    depth_grad_add: Annotated[Optional[str], typer.Option(
+        "--depth-grad-add", help="Attached MoDA's depth gradients added into the buffer's gradient in the "
+                                 "backward kernel (kernel), after it (after), or as the kernel decides (auto). "
+                                 "Default: auto, or the preset's.", show_default=False)] = None,
     strict: checks.StrictOption = False,
     health_check: checks.CheckOption = True,
 ) -> None:
@@ -115,12 +123,14 @@ def model_command(
     try:
         if preset is not None:
             specs = bm.preset_specs(preset, variants=names, layers=layers, dtype=dtype, compile=compile_ or None,
-                                    timing=timing, seed=seed, moda_impl=moda_impl)
+                                    timing=timing, seed=seed, moda_impl=moda_impl, depth_read=depth_read,
+                                    depth_grad_add=depth_grad_add)
         else:
             names = names or tuple(v for v in bm.RUN_VARIANTS if v != bm.DETACHED)
             specs = (bm.ModelSpec(model, names, mode=mode, layers=layers or 0, batch=batch, grad_accum=grad_accum,
                                   seq_len=seq_len or 0, new_tokens=new_tokens, dtype=dtype or "", compile=compile_,
-                                  timing=timing, seed=seed, moda_impl=moda_impl or "auto"),)
+                                  timing=timing, seed=seed, moda_impl=moda_impl or "auto",
+                                  depth_read=depth_read or "in-place", depth_grad_add=depth_grad_add or "auto"),)
         if detached:
             specs = tuple(s.replace(variants=tuple(bm.DETACHED if v == "moda" else v for v in s.variants))
                           for s in specs)

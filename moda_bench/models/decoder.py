@@ -110,6 +110,9 @@ class Decoder(nn.Module):
     # the depth buffer's gradient slots; in its backward kernel (True), after it (False), or by
     # `accumulate.in_kernel_default` (None: in the kernel, every backward placement)
     depth_grad_in_kernel = None
+    # MoDA, eager: copy each layer's depth slice to a contiguous tensor before its kernel (an A/B
+    # of reading the buffer in place, the default)
+    depth_copy = False
 
     def __init__(self, cfg: ModelConfig, variants=("vanilla",), *, dtype=torch.float32, device="cpu",
                  init_std: float = 0.01, moda_impl: str = "auto"):
@@ -250,6 +253,8 @@ class Decoder(nn.Module):
         if n:
             with label("depth-kv"):
                 kd, vd = st.depth.read(st.token, slice(0, n))
+                if self.depth_copy and not torch.compiler.is_compiling():
+                    kd, vd = kd.contiguous(), vd.contiguous()
         self._cache_write(st, i, k, v)
         with label("attention"):
             if st.decoding:
