@@ -22,6 +22,8 @@
 #   precision   the paper preset in FP16 and at d = 128 (paper-fp16/, paper-d128/)
 #   ladder      the cumulative ablation ladder with Nsight Compute counters (tools/ladder_profile.sh)
 #   model       `moda-bench model` presets seed002-train and seed000-moda (model/), LAYERS layers each
+#   shapes      MoDA at seed 000's model layer shapes (`--preset moda-models`: G=2, T=4096, an L sweep, every
+#               route and FA4) into moda-models/, for the dispatcher's rules (`moda-bench dispatch --rules-from`)
 #   generate    seed 002's generation run, short: dattn-3b, 8 layers, batch 64, 2048-token prompts, NEW_TOKENS
 #               (default 256) generated, vanilla and Depth-Attention (model/; the report scales nothing: the
 #               seed's 2048 tokens are NEW_TOKENS=2048)
@@ -85,6 +87,7 @@ for s in "$@"; do
     model) stage model-train $MB model --preset seed002-train --layers "$LAYERS" --profile --out "$R/model"
            stage model-moda $MB model --preset seed000-moda --layers "$LAYERS" --profile --out "$R/model" ;;
     compile) stage compile python3 tools/compile_check.py --out "$R/compile-check" ;;
+    shapes) stage shapes $MB sweep --preset moda-models --require fa4 --max-time "$MAX_TIME" --out "$R/moda-models" ;;
     generate) stage generate $MB model --model dattn-3b --mode generate --layers 8 --batch 64 \
                   --new-tokens "${NEW_TOKENS:-256}" --variants vanilla,depth-attention --quick --max-time-s 30 \
                   --out "$R/model" ;;
