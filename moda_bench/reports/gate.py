@@ -1,7 +1,7 @@
 """`moda-bench gate`'s judgement: whether a provider got slower than a stored baseline, from two
 results CSVs and without a GPU. The command (options, messages, exit codes, the GPU health checks
 of `--run`) is `moda_bench.cli.gate`; the measurements of `--run` are `moda_bench.bench.gate`,
-which asks this module (`Recheck`) which rows to measure once more; the table, verdict and
+which asks this module (`Recheck`) which rows to measure again; the table, verdict and
 Markdown of a result are `moda_bench.reports.gate_text`.
 
 Both CSVs are read through `moda_bench.results` (`read_run`); rows are matched on
