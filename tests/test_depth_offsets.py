@@ -1,9 +1,11 @@
 """The pointer kernels' depth offsets in 64 bits (CPU, Triton interpreter).
 
-`utils.depth_tile` gives each depth entry's element offset pos * sdt + l * sdl + c. At T = 65536,
-L = 64, Hk = 8, d = 128 (the paper preset at d = 128) pos * sdt passes 2**31; in 32 bits it wrapped
-and the H100 run read out of bounds (an illegal memory access). A tiny kernel writes the offsets of
-the last positions of such a shape; they must equal Python's integers exactly."""
+A depth entry's element offset is pos * sdt + l * sdl + c. At T = 65536, L = 64, Hk = 8, d = 128
+(the paper preset at d = 128) pos * sdt passes 2**31; in 32 bits it wrapped and the H100 run read
+out of bounds (an illegal memory access). The kernels now add `utils.depth_base` (the block's first
+position times sdt, a 64-bit scalar) to their base and `utils.depth_tile`'s offsets relative to it
+(32-bit: a 64-bit tensor of offsets spilled registers). A tiny kernel writes base + offsets of the
+last positions of such a shape, as the kernels form them; they must equal Python's integers."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +16,7 @@ tl = triton.language
 
 from helpers import device  # noqa: E402
 
-from moda_bench.kernels.moda.triton.utils import depth_tile  # noqa: E402
+from moda_bench.kernels.moda.triton.utils import depth_base, depth_tile  # noqa: E402
 
 
 @triton.jit
@@ -23,7 +25,7 @@ def _offsets_kernel(OUT, t_lo, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr
     offs, ld_ok, own = depth_tile(t_lo, 0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
     i = (tl.arange(0, NB)[:, None, None] * BLOCK_L + tl.arange(0, BLOCK_L)[None, :, None]) * HEAD_DIM \
         + tl.arange(0, HEAD_DIM)[None, None, :]
-    tl.store(OUT + i, tl.where(ld_ok, offs, -1))
+    tl.store(OUT + i, tl.where(ld_ok, depth_base(t_lo, sdt) + offs, -1))
 
 
 @pytest.mark.parametrize("T, L, Hk, d", [(65536, 64, 8, 128), (70001, 7, 4, 64)])

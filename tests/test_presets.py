@@ -27,8 +27,9 @@ def _expected() -> dict:
     decode = tuple(SweepSpec("B", None, f"decode-T{t}", (("T", t),) + heads) for t in (2048, 8192, 32768, 131072))
     dattn = tuple(SweepSpec("S", None, f"dattn-{m}-T{t}", (("T", t), ("G", 4), ("Hk", hk), ("d", 64)))
                   for m, hk in (("3B", 8), ("1.5B", 6)) for t in (16384, 8192, 4096, 2048))
+    shapes = (("700m", (2, 8, 16, 24, 32, 46), 8, 2), ("1.5b", (2, 8, 16, 24, 34), 12, 4))
     models = tuple(SweepSpec("L", values, f"moda-{m}-T4096", (("T", 4096), ("G", 2), ("Hk", hk), ("d", 64), ("B", b)))
-                   for m, values, hk, b in (("700m", (2, 8, 16, 24, 32, 46), 8, 2), ("1.5b", (2, 8, 16, 24, 34), 12, 4)))
+                   for m, values, hk, b in shapes)
     return {
         "paper": ((SweepSpec("T"), SweepSpec("G"), SweepSpec("L")), None, None, ()),
         "smoke": ((SweepSpec("T", (1024, 4096)),), None, None, ()),
@@ -90,7 +91,8 @@ def test_a_mistake_is_one_line_naming_the_file_and_key(tmp_path, text, key):
 
 
 def test_unknown_names_missing_files_and_bad_toml(tmp_path):
-    with pytest.raises(PresetError, match="unknown preset 'nope'; known: decode, depth-attention, moda-models, paper, smoke"):
+    known = "known: decode, depth-attention, moda-models, paper, smoke"
+    with pytest.raises(PresetError, match=f"unknown preset 'nope'; {known}"):
         load_preset("nope")
     with pytest.raises(PresetError, match="no such preset file"):
         load_preset(str(tmp_path / "absent.toml"))

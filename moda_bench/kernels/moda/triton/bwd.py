@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moda_bench.kernels.moda.triton.utils import depth_tile, key_span, mm, row_ptrs
+from moda_bench.kernels.moda.triton.utils import depth_base, depth_tile, key_span, mm, row_ptrs
 
 
 @triton.jit
@@ -115,6 +115,8 @@ def _bwd_depth_phase(q, do, lse2, delta, dq, KD, VD, DKD, DVD, dbase, gbase, t_l
     do3 = tl.reshape(do, (NB, R, HEAD_DIM))
     lse3 = tl.reshape(lse2, (NB, R, 1))
     delta3 = tl.reshape(delta, (NB, R, 1))
+    dbase = dbase + depth_base(t_lo, sdt)
+    gbase = gbase + depth_base(t_lo, sgt)
     for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
         offs, ld_ok, own = depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
         kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moda_bench.kernels.moda.triton.utils import depth_tile, key_span, lse_merge, mm, row_ptrs
+from moda_bench.kernels.moda.triton.utils import depth_base, depth_tile, key_span, lse_merge, mm, row_ptrs
 
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked (padding) rows stay finite
 
@@ -62,6 +62,7 @@ def _fwd_depth_phase(q, acc, m_i, l_i, KD, VD, dbase, t_lo, T, L, sdt, sdl, qk_s
                      BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr, PREC: tl.constexpr, DEPTH_STAGES: tl.constexpr):
     """Fold the depth keys of the block's positions into (acc, m_i, l_i) with batched tiles."""
     q3 = tl.reshape(q, (NB, R, HEAD_DIM))
+    dbase = dbase + depth_base(t_lo, sdt)
     for f0 in tl.range(0, S * L, BLOCK_L, num_stages=DEPTH_STAGES):
         offs, ld_ok, own = depth_tile(t_lo, f0, T, L, sdt, sdl, NB, S, R, GP, BLOCK_L, HEAD_DIM)
         kd = tl.load(KD + dbase + offs, mask=ld_ok, other=0.0)  # [NB, BLOCK_L, d]

@@ -66,12 +66,22 @@ def row_ptrs(base, b, j, rows, offs_d, G, sb, st, sh, GP: tl.constexpr):
 
 
 @triton.jit
+def depth_base(t_lo, sdt):
+    """The 64-bit element offset of position t_lo's depth entries (stride sdt a position):
+    what `depth_tile`'s offsets are relative to."""
+    return t_lo.to(tl.int64) * sdt
+
+
+@triton.jit
 def depth_tile(t_lo, f0, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr, R: tl.constexpr, GP: tl.constexpr,
                BLOCK_L: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Depth step f0 of a block whose first position is t_lo, cut into NB sub-tiles of S positions.
 
-    Returns (offs [NB, BLOCK_L, d] int64 element offsets of the depth entries relative to the
-    (b, KV head) base, ld_ok [NB, BLOCK_L, 1] load mask, own [NB, R, BLOCK_L] score mask).
+    Returns (offs [NB, BLOCK_L, d] element offsets of the depth entries relative to position
+    t_lo's first entry, ld_ok [NB, BLOCK_L, 1] load mask, own [NB, R, BLOCK_L] score mask). A
+    caller adds `depth_base(t_lo, sdt)` to its (b, KV head) base first: t_lo * sdt passes 2**31
+    (T = 64K, L = 64, Hk = 8, d = 128), so it is a 64-bit scalar, while offs, below a block's
+    positions x sdt, stay 32-bit (64-bit tensors of offsets spilled registers in the kernels).
     Flat column f (0 <= f < S*L) of sub-tile nb is depth entry f % L of position
     t_lo + nb*S + f // L; row rr of the sub-tile belongs to position t_lo + nb*S + rr // GP.
     """
@@ -80,10 +90,9 @@ def depth_tile(t_lo, f0, T, L, sdt, sdl, NB: tl.constexpr, S: tl.constexpr, R: t
     nb = tl.arange(0, NB)
     # load side [NB, BLOCK_L, 1]
     f_l = f[None, :, None]
-    pos_l = t_lo + nb[:, None, None] * S + f_l // L
-    ld_ok = (f_l < S * L) & (pos_l < T)
-    # 64-bit: a position's offset passes 2**31 at T = 64K, L = 64, Hk = 8, d = 128 (sdt = 65536)
-    offs = pos_l.to(tl.int64) * sdt + (f_l % L) * sdl + offs_d[None, None, :]
+    rel_l = nb[:, None, None] * S + f_l // L
+    ld_ok = (f_l < S * L) & (t_lo + rel_l < T)
+    offs = rel_l * sdt + (f_l % L) * sdl + offs_d[None, None, :]
     # score side [NB, R, BLOCK_L]
     f_s = f[None, None, :]
     pos_s = t_lo + nb[:, None, None] * S + f_s // L
