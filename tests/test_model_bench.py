@@ -131,11 +131,12 @@ def test_user_mistakes_are_one_line_errors(args, message):
 @pytest.mark.slow
 def test_the_compiled_step_runs_through_the_depth_buffer(tmp_path):
     """--compile: torch.compile of the loss, the depth buffer's ops included; each row records
-    its graph breaks (none), an eager row none (blank)."""
-    spec = bm.ModelSpec("smoke", ("vanilla", "moda"), layers=2, seq_len=8, compile=True)
+    its graph breaks (none), an eager row none (blank). MoDA alone: vanilla's compile is
+    tests/test_model_compile.py's."""
+    spec = bm.ModelSpec("smoke", ("moda",), layers=2, seq_len=8, compile=True)
     frame = bm.run_model(spec, tmp_path / "model.csv", device="cpu", progress=False, timer=one_sample)
-    assert list(frame["status"]) == ["ok"] * 2 and (frame["compiled"] == 1).all()
-    assert list(frame["graph_breaks"]) == [0, 0]
+    assert list(frame["status"]) == ["ok"] and (frame["compiled"] == 1).all()
+    assert list(frame["graph_breaks"]) == [0]
     eager = bm.run_model(spec.replace(compile=False, variants=("vanilla",)), tmp_path / "eager.csv", device="cpu",
                          progress=False, timer=one_sample)
     assert eager["graph_breaks"].isna().all()
@@ -321,3 +322,32 @@ def test_model_cli_depth_knobs_name_the_run_and_say_what_ran(tmp_path):
     assert "depth slices copied first" in detail and "depth gradients added after it" in detail
     bad = CliRunner().invoke(app, args[:-1] + ["later"])
     assert bad.exit_code == 2 and "depth_grad_add must be one of" in bad.output and "Traceback" not in bad.output
+
+
+def test_model_cli_writes_the_folders_run_json(tmp_path, monkeypatch):
+    """run.json holds every command that wrote the folder (once each) and each run's fields by label,
+    as the results index reads it; keys another tool added stay."""
+    import json
+    import sys
+
+    from moda_bench.reports.index import commands_of, read_run_json
+    base = ["model", "--model", "smoke", "--layers", "2", "--seq-len", "8", "--quick", "--max-time-s", "1",
+            "--out", str(tmp_path)]
+
+    def run(*extra):
+        args = base + list(extra)
+        monkeypatch.setattr(sys, "argv", ["moda-bench", *args])   # what command_line() reads
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code == 0, done.output
+
+    run("--variants", "vanilla")
+    record = json.loads((tmp_path / "run.json").read_text())
+    record["question"] = "added by hand"
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    run("--variants", "vanilla,mhc", "--batch", "2")
+    run("--variants", "vanilla,mhc", "--batch", "2")
+    meta = read_run_json(tmp_path)
+    commands = commands_of(meta)
+    assert len(commands) == 2 and all(c.startswith("moda-bench model --model smoke") for c in commands)
+    assert "--batch 2" in commands[1] and meta["question"] == "added by hand"
+    assert meta["runs"]["smoke-train"]["variants"] == ["vanilla", "mhc"] and meta["runs"]["smoke-train"]["batch"] == 2

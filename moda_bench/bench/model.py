@@ -491,3 +491,36 @@ def preset_specs(name: str, **overrides) -> tuple[ModelSpec, ...]:
         raise ValueError(f"unknown model preset {name!r}; known: {', '.join(shipped)}, or the path of a .toml file")
     kw = {k: v for k, v in overrides.items() if v is not None}
     return tuple(s.replace(**kw) for s in specs)
+
+
+def record_run(out: Path, command: str, specs, *, gpu_header: list | None = None) -> Path:
+    """Write or extend `<out>/run.json` (the folder's provenance, as `sweep` writes its own): the
+    command appended to `commands` (once), each spec's fields under `runs` by label, the GPU's
+    health-check header, versions, commit and the time. Keys another tool added are kept."""
+    import json
+
+    from moda_bench.bench.sweep import RUN_RECORD
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RUN_RECORD
+    try:
+        record = json.loads(path.read_text())
+        record = record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        record = {}
+    commands = [str(c) for c in record.get("commands", [])] if isinstance(record.get("commands"), list) else []
+    if command not in commands:
+        commands.append(command)
+    meta = schema.run_metadata()
+    runs = dict(record.get("runs") or {})
+    for spec in specs:
+        d = dataclasses.asdict(spec)
+        d["variants"] = list(spec.variants)
+        runs[spec.label] = d
+    record.update(commands=commands, runs=runs, gpu=meta["gpu"], torch=meta["torch_version"],
+                  triton=meta["triton_version"], commit=meta["git_commit"], updated=meta["timestamp"])
+    if gpu_header:
+        record["gpu_header"] = gpu_header
+    record.setdefault("date", meta["timestamp"])
+    results.write_json_atomic(path, record, indent=1)
+    return path

@@ -149,6 +149,8 @@ def model_command(
     gpu_run = checks.RunHealth(checks.device_indices(None), enabled=health_check and torch.cuda.is_available())
     gpu_run.check("start", console)   # each row's `health` is the start verdict; finish() re-marks on a bad end
     specs = tuple(s.replace(health=gpu_run.row_label()) for s in specs)
+    from moda_bench.cli.lifecycle import command_line
+    bm.record_run(out, command_line(), specs, gpu_header=gpu_run.header())
     csvs = []
     try:
         with runstate.interrupts():
