@@ -63,14 +63,13 @@ class ModelSpec:
     depth_grad_add: str = "auto"   # attached depth gradients added in the backward kernel, after it, or auto
 
     def __post_init__(self):
-        from moda_bench.kernels.moda.dispatch import IMPLS
+        from moda_bench.kernels.moda.dispatch import check_impl_name
         object.__setattr__(self, "variants", tuple(dict.fromkeys(self.variants)))
         if self.depth_read not in DEPTH_READS:
             raise ValueError(f"depth_read must be one of {', '.join(DEPTH_READS)}, got {self.depth_read!r}")
         if self.depth_grad_add not in DEPTH_GRAD_ADDS:
             raise ValueError(f"depth_grad_add must be one of {', '.join(DEPTH_GRAD_ADDS)}, got {self.depth_grad_add!r}")
-        if self.moda_impl not in ("auto",) + IMPLS:
-            raise ValueError(f"moda_impl must be auto or one of {', '.join(IMPLS)}, got {self.moda_impl!r}")
+        check_impl_name(self.moda_impl, "moda_impl")
         if self.mode not in schema.MODEL_MODES:
             raise ValueError(f"mode must be one of {', '.join(schema.MODEL_MODES)}, got {self.mode!r}")
         bad = [v for v in self.variants if v not in RUN_VARIANTS]
@@ -497,17 +496,12 @@ def record_run(out: Path, command: str, specs, *, gpu_header: list | None = None
     """Write or extend `<out>/run.json` (the folder's provenance, as `sweep` writes its own): the
     command appended to `commands` (once), each spec's fields under `runs` by label, the GPU's
     health-check header, versions, commit and the time. Keys another tool added are kept."""
-    import json
-
-    from moda_bench.bench.sweep import RUN_RECORD
+    from moda_bench.bench.sweep import RUN_RECORD, read_run_record
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RUN_RECORD
-    try:
-        record = json.loads(path.read_text())
-        record = record if isinstance(record, dict) else {}
-    except (OSError, ValueError):
-        record = {}
+    record = read_run_record(out)
+    record = record if isinstance(record, dict) else {}
     commands = [str(c) for c in record.get("commands", [])] if isinstance(record.get("commands"), list) else []
     if command not in commands:
         commands.append(command)

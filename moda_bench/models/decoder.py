@@ -117,9 +117,8 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, variants=("vanilla",), *, dtype=torch.float32, device="cpu",
                  init_std: float = 0.01, moda_impl: str = "auto"):
         super().__init__()
-        from moda_bench.kernels.moda.dispatch import IMPLS
-        if moda_impl not in ("auto",) + IMPLS:
-            raise ValueError(f"moda_impl must be auto or one of {', '.join(IMPLS)}, got {moda_impl!r}")
+        from moda_bench.kernels.moda.dispatch import check_impl_name
+        check_impl_name(moda_impl, "moda_impl")
         self.cfg, self.variants = cfg, tuple(check_variant(v) for v in variants)
         self.moda_impl = moda_impl
         self._routes: dict = {}   # (B, T, L, depth_grad, training) -> dispatch.Choice (`moda_route`)

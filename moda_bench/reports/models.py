@@ -72,9 +72,14 @@ def _heading(k: dict, what: str) -> str:
             f"{'compiled' if k['compiled'] else 'eager'} on {k['gpu']}" + _run_name(k))
 
 
-def _run_name(k: dict) -> str:
+def _run(k: dict) -> str:
+    """The run a group's rows came from (their sweep "model-<run>"), "" when unnamed."""
     sweep = k.get("sweep")
-    return f" (run {str(sweep).removeprefix('model-')})" if isinstance(sweep, str) and sweep else ""
+    return sweep.removeprefix("model-") if isinstance(sweep, str) else ""
+
+
+def _run_name(k: dict) -> str:
+    return f" (run {_run(k)})" if _run(k) else ""
 
 
 def sequence_line(g) -> str:
@@ -170,8 +175,8 @@ def memory_markdown(frame) -> list[str]:
             m = memory_row(r, vanilla)
             if math.isnan(m["measured"]):   # no CUDA peak measured
                 continue
-            run = str(k.get("sweep", "")).removeprefix("model-") or "-"
-            rows.append([k["gpu"], k["model"], run, f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
+            rows.append([k["gpu"], k["model"], _run(k) or "-", f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}",
+                         _variant(r),
                          _f(m["formula"], ".3f"), _f(m["buffer"], ".3f"), _f(m["grad"], ".3f"), _f(m["params"], ".3f"),
                          _f(m["accounted"], ".3f"), _f(m["measured"], ".3f"),
                          _f(m["measured"] / m["formula"], ".2f"),
@@ -221,15 +226,14 @@ def traffic_markdown(frame) -> list[str]:
         except ValueError:
             continue
         for r in g.to_dict("records"):
-            entries = depth_entries_read(cfg, str(r["provider"])) if r["provider"] != "vanilla" else 0
+            entries = depth_entries_read(cfg, str(r["provider"]))
             if not entries or r["status"] != "ok":
                 continue
             gb = depth_traffic_bytes(cfg, str(r["provider"]), int(r["B"]), int(r["T"]),
                                      DTYPE_BYTES.get(str(r["dtype"]), 2), bool(r["depth_grad"])) * int(
                                          r["grad_accum"]) / 1e9
             ms = gb / ref["copy_gbps"] * 1e3
-            run = str(k.get("sweep", "")).removeprefix("model-") or "-"
-            rows.append([k["model"], run, f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
+            rows.append([k["model"], _run(k) or "-", f"{int(k['layers'])}", f"{int(k['B'])}x{int(k['T'])}", _variant(r),
                          f"{entries}", _f(gb, ".2f"), _f(ms, ".1f"), _f(100 * ms / vanilla_ms, ".1f"),
                          _f(r["step_ms"] - vanilla_ms, ".1f"), _f(100 * (r["step_ms"] / vanilla_ms - 1), ".1f")])
     if not rows:

@@ -71,12 +71,11 @@ def routed_rows(df):
 def rules_from_frame(df, command: str = "", gpu: Optional[str] = None) -> dict:
     """{gpu name: rules dict} from a results frame (`results.read_results`); gpu: that GPU's only."""
     df = df[df["pass"].isin(PASSES) & (df["status"] == "ok") & df["timer"].isin(TIMERS) & df["median_ms"].notna()]
-    direct = df[df["provider"].isin(list(IMPL_OF))]
-    routed = routed_rows(df)
+    direct, routed = df[df["provider"].isin(list(IMPL_OF))], routed_rows(df)
     keys = ["gpu", "provider"] + POINT_COLUMNS
     measured = pd.MultiIndex.from_frame(direct[keys].astype(str))
-    routed = routed[~pd.MultiIndex.from_frame(routed[keys].astype(str)).isin(measured)] if len(routed) else routed
-    df = pd.concat([direct, routed], ignore_index=True) if len(routed) else direct
+    df = pd.concat([direct, routed[~pd.MultiIndex.from_frame(routed[keys].astype(str)).isin(measured)]],
+                   ignore_index=True)
     if gpu is not None:
         df = df[df["gpu"] == gpu]
     df, _ = results.newest(df, ["gpu", "provider"] + POINT_COLUMNS)

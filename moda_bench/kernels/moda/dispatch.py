@@ -121,6 +121,13 @@ def device_gpu(device) -> str:
     return torch.cuda.get_device_name(device)
 
 
+def check_impl_name(impl: str, what: str = "impl") -> str:
+    """impl when it is "auto" or one of IMPLS, else ValueError naming `what` (e.g. a model's moda_impl)."""
+    if impl not in ("auto",) + IMPLS:
+        raise ValueError(f"{what} must be auto or one of {', '.join(IMPLS)}, got {impl!r}")
+    return impl
+
+
 def shape_problem(impl: str, shape: MoDAShape, dtype) -> Optional[str]:
     """Why `impl` refuses this shape or dtype whatever the machine (None: it takes it)."""
     if impl not in IMPLS:
