@@ -407,6 +407,14 @@ def read_models(paths, *, warn: Warn = default_warn):
     return keep
 
 
+def read_model_rows(path, *, warn: Warn = default_warn):
+    """Every row of one `moda-bench model` CSV as text, superseded ones included and every
+    schema.MODEL_COLUMNS present (missing ones empty): what a rewrite of the file in place keeps."""
+    path = Path(path)
+    header, rows = _split_rows(path.read_text(), str(path), warn)
+    return text_frame(header, rows, schema.MODEL_COLUMNS, ())
+
+
 def append_model_row(csv_path, row: dict) -> None:
     """Append one model row (schema.MODEL_COLUMNS) to csv_path, header written once."""
     import pandas as pd

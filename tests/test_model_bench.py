@@ -305,10 +305,13 @@ def test_model_cli_runs_the_health_canary_and_marks_its_rows(tmp_path, monkeypat
             "--quick", "--max-time-s", "1", "--out", str(tmp_path)]
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0 and len(made) == 1, (done.exit_code, repr(done.exception), done.output[-300:])
-    rows = pd.read_csv(next(tmp_path.glob("model_*.csv")))
+    csv = next(tmp_path.glob("model_*.csv"))
+    rows = pd.read_csv(csv)
     assert list(rows["health"]) == ["shared: another process on the GPU"]   # healthy at the start, shared at the end
+    before = csv.read_text()
     strict = CliRunner().invoke(app, args + ["--strict"])
     assert strict.exit_code == checks.STRICT_EXIT, (strict.exit_code, strict.output[-300:])
+    assert csv.read_text().startswith(before)   # re-marking the new row rewrites the earlier one as it was
 
 
 def test_model_cli_depth_knobs_name_the_run_and_say_what_ran(tmp_path):

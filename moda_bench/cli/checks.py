@@ -137,7 +137,8 @@ def mark_rows(csvs: Sequence[Path], since: str, text: str) -> None:
         if not csv.exists():
             continue
         model = results.is_model_file(csv)
-        df = pd.read_csv(csv) if model else results.read_csv(csv, warn=lambda m: None)
+        quiet = lambda message: None  # noqa: E731
+        df = results.read_model_rows(csv, warn=quiet) if model else results.read_csv(csv, warn=quiet)
         ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
         df["health"] = df["health"].astype(object)
         df.loc[ts >= t0, "health"] = text

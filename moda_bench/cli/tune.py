@@ -18,6 +18,7 @@ are imported inside the command.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -102,7 +103,7 @@ def _show_cache(path) -> None:
                       num(e, "default_ms", ".4g"), num(e, "tuned_ms", ".4g"), num(e, "speedup", ".3f"),
                       _ci(e), str(e.get("decision") or "-"), num(e, "tuning_wall_s", ".1f"),
                       str(e.get("date", "?"))[:10])
-    console.print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)   # a pipe or log keeps every column
 
 
 def _export(cache, out_dir: Path) -> None:

@@ -34,7 +34,10 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-def rms(x, eps: float = 1e-6):
+RMS_EPS = 1e-6   # the parameter-free norms' eps (rms, Block AttnRes's key norm)
+
+
+def rms(x, eps: float = RMS_EPS):
     """Parameter-free RMS normalisation over the last dimension (`F.rms_norm`)."""
     return F.rms_norm(x, x.shape[-1:], None, eps)
 

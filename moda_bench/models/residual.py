@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from moda_bench.models.config import MHC_SINKHORN_ITERS, MHC_STREAMS, attnres_block_size
-from moda_bench.models.layers import rms
+from moda_bench.models.layers import RMS_EPS, rms
 
 
 class DenseFormer(nn.Module):
@@ -50,7 +50,7 @@ class BlockAttnRes(nn.Module):
     block is finished (`after`), and kept beside it, so a sublayer reads each source twice (its
     dot with w_s, its weighted sum) instead of stacking and normalising every source again."""
 
-    def __init__(self, layers: int, dim: int, dtype=None, device=None, eps: float = 1e-6):
+    def __init__(self, layers: int, dim: int, dtype=None, device=None, eps: float = RMS_EPS):
         super().__init__()
         self.block = attnres_block_size(layers)
         self.eps = eps

@@ -56,19 +56,28 @@ def _ratio(value, lo=math.nan, hi=math.nan) -> str:
     return f"{value:.3f} [{lo:.3f}-{hi:.3f}]"
 
 
-def _cell(row, baseline: Optional[object], base_name: str) -> str:
-    """One provider's ratio to base_name at a point: paired where the CSV holds it, else medians."""
+def _paired(row, baseline: Optional[object], base_name: str) -> tuple[float, float, float]:
+    """(ratio, lo, hi) of an ok row to base_name at a point: paired where the CSV holds it, else the
+    medians' ratio (no interval); NaNs when the baseline has no time."""
+    nan = (math.nan, math.nan, math.nan)
+    if base_name == FA2 and not math.isnan(row["ratio_to_fa2"]):
+        return row["ratio_to_fa2"], row["ratio_to_fa2_lo"], row["ratio_to_fa2_hi"]
+    if str(row["best_provider"]).strip() == base_name and not math.isnan(row["ratio_to_best"]):
+        return row["ratio_to_best"], row["ratio_to_best_lo"], row["ratio_to_best_hi"]
+    if baseline is None or str(baseline["status"]).strip() != "ok":
+        return nan
+    return row["median_ms"] / baseline["median_ms"], math.nan, math.nan
+
+
+def _cell(row, baseline: Optional[object], base_name: str, mark_below_one: bool = False) -> str:
+    """One provider's ratio to base_name at a point (see _paired), its status when not ok; with
+    mark_below_one, " †" after a ratio under 1."""
     if row is None:
         return "-"
     if str(row["status"]).strip() != "ok":
         return str(row["status"]).strip() or "-"
-    if base_name == FA2 and not math.isnan(row["ratio_to_fa2"]):
-        return _ratio(row["ratio_to_fa2"], row["ratio_to_fa2_lo"], row["ratio_to_fa2_hi"])
-    if str(row["best_provider"]).strip() == base_name and not math.isnan(row["ratio_to_best"]):
-        return _ratio(row["ratio_to_best"], row["ratio_to_best_lo"], row["ratio_to_best_hi"])
-    if baseline is None or str(baseline["status"]).strip() != "ok":
-        return "-"
-    return _ratio(row["median_ms"] / baseline["median_ms"])
+    value, lo, hi = _paired(row, baseline, base_name)
+    return _ratio(value, lo, hi) + (" †" if mark_below_one and value < 1 else "")
 
 
 def _route(row) -> str:
@@ -117,10 +126,9 @@ def headline_table(rows) -> str:
             if FA4 in providers:
                 cells.append(_ms(by.get(FA4)))
             if routed:
-                cell = _cell(by.get(moda), by.get(FA4), FA4)
-                below = cell[:1].isdigit() and float(cell.split()[0]) < 1
-                cells += [cell + (" †" if below else ""), _route(by.get(moda))]
-                marked = marked or below
+                cell = _cell(by.get(moda), by.get(FA4), FA4, mark_below_one=True)
+                cells += [cell, _route(by.get(moda))]
+                marked = marked or cell.endswith(" †")
             elif moda:
                 cells.append(_cell(by.get(moda), by.get(FA2), FA2))
             if like:
