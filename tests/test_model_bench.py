@@ -77,6 +77,8 @@ def test_the_profile_splits_each_step_into_the_labelled_categories(runs):
         assert cats["attention"] > 0 and cats["ffn"] > 0 and cats["projections"] > 0 and cats["optimizer"] > 0
     mhc = prof[prof["provider"] == "mhc"].set_index("category")["ms"]
     assert mhc["residual-mix"] > 0
+    vanilla = prof[prof["provider"] == "vanilla"].set_index("category")["ms"]
+    assert vanilla["ffn-kv"] == vanilla["depth-kv"] == 0   # every label has its row, MoDA's empty in vanilla
 
 
 def test_the_report_writes_models_md_from_model_files_alone(runs, tmp_path):
@@ -354,3 +356,16 @@ def test_model_cli_writes_the_folders_run_json(tmp_path, monkeypatch):
     assert len(commands) == 2 and all(c.startswith("moda-bench model --model smoke") for c in commands)
     assert "--batch 2" in commands[1] and meta["question"] == "added by hand"
     assert meta["runs"]["smoke-train"]["variants"] == ["vanilla", "mhc"] and meta["runs"]["smoke-train"]["batch"] == 2
+
+
+def test_the_profile_keeps_moda_ffn_kv_apart_from_the_depth_buffer(tmp_path):
+    """MoDA's FFN K/V projection (seed 000's, `ffn-kv`) and the depth buffer's handling (`depth-kv`)
+    are separate categories, and vanilla has neither."""
+    spec = bm.ModelSpec("smoke", ("vanilla", "moda"), layers=2, seq_len=8, batch=1)
+    hook = profile_hook(spec, tmp_path / f"profile_{spec.label}.csv")
+    bm.run_model(spec, tmp_path / f"model_{spec.label}.csv", device="cpu", progress=False, timer=one_sample,
+                 on_model=hook)
+    prof = results.read_profiles([tmp_path])
+    moda, vanilla = (prof[prof["provider"] == p].set_index("category")["ms"] for p in ("moda", "vanilla"))
+    assert moda["ffn-kv"] > 0 and moda["depth-kv"] > 0 and moda["attention"] > 0
+    assert vanilla["ffn-kv"] == vanilla["depth-kv"] == 0

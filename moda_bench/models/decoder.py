@@ -64,7 +64,7 @@ from moda_bench.models.layers import (
 )
 from moda_bench.models.residual import MHC, BlockAttnRes, DenseFormer
 
-LABELS = ("attention", "depth-kv", "projections", "ffn", "residual-mix", "lm-head")
+LABELS = ("attention", "depth-kv", "ffn-kv", "projections", "ffn", "residual-mix", "lm-head")
 
 
 @dataclass
@@ -305,9 +305,11 @@ class Decoder(nn.Module):
         layer, cfg = self.layers[i], self.cfg
         if ATTENTION_OF[st.variant] == "moda" and layer.ffn_kv is not None:
             B, T, _ = x.shape
-            with label("depth-kv"):
+            with label("ffn-kv"):
                 kf, vf = layer.ffn_kv(x).view(B, T, 2, cfg.kv_heads, cfg.head_dim).unbind(2)   # backward: one stack
-                st.token = st.depth.write(st.token, 2 * i + 1, apply_rope(kf, st.cos, st.sin), vf)
+                kf = apply_rope(kf, st.cos, st.sin)
+            with label("depth-kv"):
+                st.token = st.depth.write(st.token, 2 * i + 1, kf, vf)
         with label("ffn"):
             return layer.ffn(x)
 
