@@ -67,11 +67,13 @@ def depth_descs(X, Y, B, T, LD, Hk, P: tl.constexpr, BL: tl.constexpr, D: tl.con
 @triton.jit
 def depth_descs_at(X, Y, B, T, LD, Hk, sb, st, sl, P: tl.constexpr, BL: tl.constexpr, D: tl.constexpr):
     """`depth_descs` of two (B,T,LD,Hk,D) views sharing the element strides (sb, st, sl, D, 1): e.g.
-    slices along the slot axis of one model-wide (B, T, slots, Hk, D) buffer, described in place."""
-    shape = [B, T, LD, Hk * D]
-    strides = [sb.to(tl.int64), st, sl, 1]
-    return (tl.make_tensor_descriptor(X, shape=shape, strides=strides, block_shape=[1, P, BL, D]),
-            tl.make_tensor_descriptor(Y, shape=shape, strides=strides, block_shape=[1, P, BL, D]))
+    slices along the slot axis of one model-wide (B, T, slots, Hk, D) buffer, described in place.
+    The lists are written in each call: a list bound to a name becomes a tuple of tensors, and a
+    descriptor's last stride must stay the constant 1 (compiled, not interpreted, code rejects it)."""
+    return (tl.make_tensor_descriptor(X, shape=[B, T, LD, Hk * D], strides=[sb.to(tl.int64), st, sl, 1],
+                                      block_shape=[1, P, BL, D]),
+            tl.make_tensor_descriptor(Y, shape=[B, T, LD, Hk * D], strides=[sb.to(tl.int64), st, sl, 1],
+                                      block_shape=[1, P, BL, D]))
 
 
 @triton.jit
