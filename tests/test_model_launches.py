@@ -1,6 +1,6 @@
 """Host work per layer of a training step (forward and backward) in the model paths: the aten ops
 dispatched (each a launch, or an allocation, on the GPU; views and detach not counted) and the
-Triton kernels launched, per layer of MoDA and Depth-Attention against vanilla's. At B=1 an
+Triton kernels launched, per layer of MoDA, Depth-Attention and Block AttnRes against vanilla's. At B=1 an
 eager step is host-bound, so each op a layer adds is time the step pays; these bounds keep the
 variants' extra host work from growing back. Counted on the CPU: the Triton interpreter's own
 tensor work inside a launch is not counted, the launch is (one op)."""
@@ -79,7 +79,8 @@ BOUNDS = [("moda", True, 32, {"triton:moda_fwd_kernel": 1, "triton:moda_bwd_q_ke
                               "triton:moda_bwd_kv_kernel": 1}),
           ("moda", False, 18, {"triton:moda_fwd_kernel": 1, "triton:moda_bwd_q_kernel": 1,
                                "triton:moda_bwd_kv_kernel": 1}),
-          ("depth-attention", True, 22, {"triton:mix_fwd_kernel": 1, "triton:mix_bwd_kernel": 1})]
+          ("depth-attention", True, 22, {"triton:mix_fwd_kernel": 1, "triton:mix_bwd_kernel": 1}),
+          ("attnres", True, 100, {})]   # a source-count-free mix (one source a sublayer here: block size 1)
 
 
 @pytest.mark.parametrize("variant, depth_grad, extra, launches", BOUNDS)
