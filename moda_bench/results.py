@@ -369,8 +369,10 @@ def is_profile_file(path) -> bool:
 
 
 def read_profiles(paths, *, warn: Warn = default_warn):
-    """Every `moda-bench model --profile` row under `paths` (headers with schema.PROFILE_REQUIRED;
-    other CSVs passed over), ms and share as floats, plus `_file`."""
+    """The `moda-bench model --profile` rows under `paths` (headers with schema.PROFILE_REQUIRED;
+    other CSVs passed over), ms and share as floats, plus `_file`: of each profiled step
+    (schema.PROFILE_RUN_KEY) only the newest run's rows, so a rerun appended to a file replaces
+    the earlier one instead of adding to it."""
     import pandas as pd
     frames = []
     for path, display in find_csvs(paths):
@@ -382,7 +384,11 @@ def read_profiles(paths, *, warn: Warn = default_warn):
         frames.append(df[schema.PROFILE_COLUMNS].assign(_file=display))
     if not frames:
         return pd.DataFrame(columns=schema.PROFILE_COLUMNS + ["_file"])
-    return pd.concat(frames, ignore_index=True)
+    df = pd.concat(frames, ignore_index=True)
+    ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
+    run = df[schema.PROFILE_RUN_KEY].astype(str).agg("|".join, axis=1)
+    latest = ts.groupby(run).transform("max")
+    return df[latest.isna() | (ts == latest)].reset_index(drop=True)
 
 
 def read_models(paths, *, warn: Warn = default_warn):

@@ -156,6 +156,8 @@ MODEL_REQUIRED = ["sweep", "provider", "pass", "model", "step_ms", "model_flops"
 PROFILE_COLUMNS = (["sweep", "provider", "pass", "model", "layers", "depth_grad", "compiled", "category", "ms",
                     "share", "clock"] + META_COLUMNS)
 PROFILE_REQUIRED = ["sweep", "provider", "category", "ms", "share"]
+# one profiled step: its rows (a row a category) share these and the timestamp; a rerun supersedes them
+PROFILE_RUN_KEY = ["sweep", "gpu", "provider", "pass", "model", "layers", "depth_grad", "compiled"]
 
 
 def check_pass(pass_: str) -> str:

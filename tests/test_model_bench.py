@@ -369,3 +369,18 @@ def test_the_profile_keeps_moda_ffn_kv_apart_from_the_depth_buffer(tmp_path):
     moda, vanilla = (prof[prof["provider"] == p].set_index("category")["ms"] for p in ("moda", "vanilla"))
     assert moda["ffn-kv"] > 0 and moda["depth-kv"] > 0 and moda["attention"] > 0
     assert vanilla["ffn-kv"] == vanilla["depth-kv"] == 0
+
+
+def test_a_profile_rerun_appended_to_its_file_replaces_the_earlier_run(runs, tmp_path):
+    """Two profiled steps of one variant in one file: the reader keeps the newer run's rows only
+    (the figure sums a variant's rows by category, so both would double its bar)."""
+    import pandas as pd
+    out, *_ = runs
+    src = next(out.glob("profile_*.csv"))
+    first = pd.read_csv(src)
+    again = first.assign(ms=first["ms"] * 2, timestamp="2099-01-01T00:00:00+00:00")
+    path = tmp_path / src.name
+    pd.concat([first, again]).to_csv(path, index=False)
+    got = results.read_profiles([path])
+    assert len(got) == len(first) and set(got["timestamp"]) == {"2099-01-01T00:00:00+00:00"}
+    assert got["ms"].sum() == pytest.approx(2 * first["ms"].sum())
