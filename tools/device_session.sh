@@ -25,7 +25,8 @@
 #   shapes      MoDA at seed 000's model layer shapes (`--preset moda-models`: G=2, T=4096, an L sweep, every
 #               route and FA4) into moda-models/, for the dispatcher's rules (`moda-bench dispatch --rules-from`)
 #   generate    seed 002's generation run, short: dattn-3b, 8 layers, batch 64, 2048-token prompts, NEW_TOKENS
-#               (default 256) generated, vanilla and Depth-Attention (model/; the report scales nothing: the
+#               (default 256) generated, vanilla and Depth-Attention, GEN_TIME s of rounds (default 60: at 30 s the
+#               H100 interval was 0.94-1.35) (model/; the report scales nothing: the
 #               seed's 2048 tokens are NEW_TOKENS=2048)
 #   compile     tools/compile_check.py: graph breaks, compile time and error against eager of every variant
 #   dispatch    the fastest-MoDA check: every MoDA route and FA4 over T (eager and graph timers), then the
@@ -89,7 +90,7 @@ for s in "$@"; do
     compile) stage compile python3 tools/compile_check.py --out "$R/compile-check" ;;
     shapes) stage shapes $MB sweep --preset moda-models --require fa4 --max-time "$MAX_TIME" --out "$R/moda-models" ;;
     generate) stage generate $MB model --model dattn-3b --mode generate --layers 8 --batch 64 \
-                  --new-tokens "${NEW_TOKENS:-256}" --variants vanilla,depth-attention --quick --max-time-s 30 \
+                  --new-tokens "${NEW_TOKENS:-256}" --variants vanilla,depth-attention --quick --max-time-s "${GEN_TIME:-60}" \
                   --out "$R/model" ;;
     dispatch) stage dispatch-sweep $MB sweep --require fa4,moda-fused --vary T \
                   --values 1024,2048,4096,8192,16384,32768,65536 --timer eager,graph \
