@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -235,3 +238,19 @@ def markdown_table(lines) -> tuple[list[str], list[list[str]]]:
         header = header + t[0][n:]
         body = [r + extra[n:] for r, extra in zip(body, t[2:])]
     return header, body
+
+
+def compiled_sm90_json(imports: str, expression: str, timeout: int = 600):
+    """json.loads of `expression` evaluated after `imports` in a fresh process without the Triton
+    interpreter (the tests' kernels are interpreted functions; compiling for sm_90 needs the real
+    ones), with tests/ and the checkout first on sys.path; pytest.skip with the error's last line
+    where this machine's Triton cannot compile for sm_90."""
+    import pytest
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import json, sys; sys.path[:0] = sys.argv[1:3]; {imports}; print(json.dumps({expression}))"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    if run.returncode:
+        pytest.skip(f"cannot compile for sm_90 here: {(run.stderr.strip().splitlines() or ['?'])[-1][:160]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])

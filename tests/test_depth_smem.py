@@ -10,15 +10,11 @@ forward's item is shrunk) against the fp64 depth partial / `depth_backward_refer
 `helpers.TOLERANCE`. CPU, slow: the kernels compiled for sm_90 without a GPU (`triton.compile`,
 where this Triton can) use at most the bound, and the shrunk items fit the limit.
 """
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import TOLERANCE, random_inputs, rel_err
+from helpers import TOLERANCE, compiled_sm90_json, random_inputs, rel_err
 
 from moda_bench.kernels.launch import next_pow2
 from moda_bench.kernels.moda.fa4.overlap import BWD_BLOCK_M, FWD_BLOCK_M, STAGES
@@ -129,18 +125,9 @@ def test_interpreter_g32_d128():
 
 
 def _compiled_sm90(items: list) -> list:
-    """`depth.compiled_smem` of each (kind, G, bm, d, stages, bl, L, grad) in a process without
-    the interpreter (the kernels here are interpreted functions), or skip where this machine cannot."""
-    code = ("import json, sys; sys.path[:0] = sys.argv[1:3]; "
-            "from moda_bench.kernels.moda.triton.depth import compiled_smem; "
-            f"print(json.dumps([compiled_smem(*a) for a in {items!r}]))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    if run.returncode:
-        pytest.skip(f"cannot compile for sm_90 here: {(run.stderr.strip().splitlines() or ['?'])[-1][:160]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    """`depth.compiled_smem` of each (kind, G, bm, d, stages, bl, L, grad), compiled for sm_90 (or skip)."""
+    return compiled_sm90_json("from moda_bench.kernels.moda.triton.depth import compiled_smem",
+                              f"[compiled_smem(*a) for a in {items!r}]")
 
 
 @pytest.mark.slow

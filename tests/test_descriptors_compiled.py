@@ -5,14 +5,9 @@ to a name became a tuple of tensors, and the descriptor's last stride was no lon
 `test_gpu_default_backward_adds_into_model_buffer[9001]`). Each builder is called from a small
 kernel that loads a box through it and stores it back; skipped where this Triton cannot compile
 for sm_90 here."""
-import json
-import os
-import subprocess
-import sys
-
-import pytest
 import triton
 import triton.language as tl
+from helpers import compiled_sm90_json
 
 from moda_bench.kernels.moda.triton import descriptors as D
 
@@ -72,13 +67,5 @@ def compile_all() -> dict:
 
 
 def test_descriptor_builders_compile_for_sm90():
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import json, sys; sys.path[:0] = sys.argv[1:3]; import test_descriptors_compiled as t; "
-            "print(json.dumps(t.compile_all()))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], env=env, capture_output=True,
-                         text=True, timeout=300)
-    if run.returncode:
-        pytest.skip(f"cannot compile for sm_90 here: {(run.stderr.strip().splitlines() or ['?'])[-1][:160]}")
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = compiled_sm90_json("import test_descriptors_compiled as t", "t.compile_all()", timeout=300)
     assert got == dict.fromkeys(KERNELS, "ok"), got

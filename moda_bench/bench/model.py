@@ -34,7 +34,9 @@ DETACHED = "moda-detached"     # MoDA with detached depth (the kernels' depth_gr
 RUN_VARIANTS = VARIANTS + (DETACHED,)
 BASELINE = "vanilla"
 DEPTH_READS = ("in-place", "copy")
-DEPTH_GRAD_ADDS = ("auto", "kernel", "after")
+# --depth-grad-add -> Decoder.depth_grad_in_kernel (None: `accumulate.in_kernel_default` decides)
+DEPTH_GRAD_IN_KERNEL = {"auto": None, "kernel": True, "after": False}
+DEPTH_GRAD_ADDS = tuple(DEPTH_GRAD_IN_KERNEL)
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "weight_decay": 0.1}   # seed 002, Table 8
 CLIP_NORM = 1.0
 
@@ -299,7 +301,7 @@ def run_model(spec: ModelSpec, csv_path: Path, *, device: Optional[str] = None, 
     variants = tuple(dict.fromkeys(model_variant(v)[0] for v in spec.variants))
     model = Decoder(cfg, variants, dtype=dtype, device=device, moda_impl=spec.moda_impl)
     model.depth_copy = spec.depth_read == "copy"
-    model.depth_grad_in_kernel = {"auto": None, "kernel": True, "after": False}[spec.depth_grad_add]
+    model.depth_grad_in_kernel = DEPTH_GRAD_IN_KERNEL[spec.depth_grad_add]
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW, foreach=on_cuda)
     gen = torch.Generator(device="cpu").manual_seed(spec.seed)
     micro = spec.grad_accum if spec.mode == "train" else 1

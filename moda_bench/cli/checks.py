@@ -132,12 +132,12 @@ def mark_rows(csvs: Sequence[Path], since: str, text: str) -> None:
     from moda_bench import results, schema
     from moda_bench.bench.runner import schema_rows
     t0 = pd.Timestamp(since)
+    quiet = lambda message: None  # noqa: E731
     for csv in csvs:
         csv = Path(csv)
         if not csv.exists():
             continue
         model = results.is_model_file(csv)
-        quiet = lambda message: None  # noqa: E731
         df = results.read_model_rows(csv, warn=quiet) if model else results.read_csv(csv, warn=quiet)
         ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
         df["health"] = df["health"].astype(object)

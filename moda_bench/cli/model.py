@@ -140,16 +140,16 @@ def model_command(
         raise typer.BadParameter(str(exc)) from None
     import sys
     console = Console(width=None if sys.stdout.isatty() else 200)   # logs keep every column
+    import torch
+
     from moda_bench import schema
     from moda_bench.bench import runstate
-    from moda_bench.cli.lifecycle import resume_command, take_lock
+    from moda_bench.cli.lifecycle import command_line, resume_command, take_lock
     lock = take_lock(out, None, console)
     meta = schema.run_metadata() if resume else {}
-    import torch
     gpu_run = checks.RunHealth(checks.device_indices(None), enabled=health_check and torch.cuda.is_available())
     gpu_run.check("start", console)   # each row's `health` is the start verdict; finish() re-marks on a bad end
     specs = tuple(s.replace(health=gpu_run.row_label()) for s in specs)
-    from moda_bench.cli.lifecycle import command_line
     bm.record_run(out, command_line(), specs, gpu_header=gpu_run.header())
     csvs = []
     try:
